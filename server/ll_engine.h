@@ -1,0 +1,75 @@
+// ll_engine.h - the inference engine as the rest of the server sees it.
+//
+// An engine = one loaded model (weights stay quantized) + a compute backend + a thread pool
+// + a paged KV cache shared by up to n_parallel sequences. It is driven from ONE thread at a
+// time (the scheduler's compute thread); the engine parallelises internally on its pool.
+//
+// Sequences: ll_engine_seq_new() hands out a sequence slot; each decode call appends tokens
+// at the sequence's current length (positions are implicit); ll_engine_seq_free() returns
+// its KV blocks to the pool at once.
+#ifndef LL_ENGINE_H
+#define LL_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct ll_engine;
+struct ll_tokenizer;
+
+struct ll_engine_params {
+  const char *model_path;  // any format ll_model_open() reads
+  int n_threads;           // compute workers (0: number of online CPUs)
+  int n_ctx;               // max positions per sequence (0: model's context length, capped 4096)
+  int n_parallel;          // max live sequences (>= 1)
+  int kv_blocks;           // KV pool size in blocks of LL_KV_BLOCK positions (0: n_ctx*n_parallel/LL_KV_BLOCK)
+  int kv_f16;              // store K/V as f16 (default 1, as llama.cpp)
+  const char *device;      // "auto", "cpu", "opencl[:P[:D]]" (NULL = auto)
+};
+
+#define LL_KV_BLOCK 16
+
+struct ll_engine_info {
+  char arch[32];            // "llama", "qwen2"
+  char name[128];           // general.name or file name
+  char quant[16];           // dominant weight type ("q4_1")
+  char backend[16];         // "cpu", "opencl"
+  char device_name[128];    // CPU model / GPU name
+  char device_reason[160];  // why this device was chosen ("no OpenCL GPU platform found")
+  int64_t n_params;
+  int64_t weight_bytes;
+  int64_t kv_bytes;         // whole pool
+  int n_vocab, n_ctx_train, n_ctx, n_embd, n_layer, n_head, n_head_kv, n_parallel, n_threads;
+  int kv_blocks_total;
+};
+
+void ll_engine_params_default(struct ll_engine_params *p);
+int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, char *err, size_t errlen);
+void ll_engine_close(struct ll_engine *e); // accepts NULL
+
+void ll_engine_get_info(const struct ll_engine *e, struct ll_engine_info *info);
+// NULL for a model without a tokenizer (llama2.c .bin): then only ids are accepted.
+const struct ll_tokenizer *ll_engine_tokenizer(const struct ll_engine *e);
+int ll_engine_n_vocab(const struct ll_engine *e);
+int ll_engine_kv_blocks_used(const struct ll_engine *e);
+
+// ---- sequences ----
+int ll_engine_seq_new(struct ll_engine *e);          // slot id >= 0, or LL_EBUSY
+void ll_engine_seq_free(struct ll_engine *e, int seq);
+int ll_engine_seq_len(const struct ll_engine *e, int seq);
+
+// ---- one forward step over a batch of sequences ----
+// Item i appends tokens[0..n_tokens) to sequence seq. Logits (n_vocab floats per row):
+//   logits_mode 0: none; 1: for the last token only (1 row); 2: for every token (n_tokens rows).
+// Rows are written to `logits`, which the caller sizes. Items must name distinct sequences.
+// Errors: LL_ELIMIT (sequence would exceed n_ctx, or KV pool exhausted: nothing is appended
+// for that call), LL_EINVAL.
+struct ll_batch_item {
+  int seq;
+  int n_tokens;
+  const int32_t *tokens;
+  int logits_mode;
+  float *logits;
+};
+int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_items, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,49 @@
+// ll_sample.h - token sampling: greedy, temperature, top-k, top-p, min-p, repetition /
+// frequency / presence penalties, seeded RNG (same seed, same output), optional top-n
+// logprobs; plus stop-string matching across token boundaries.
+#ifndef LL_SAMPLE_H
+#define LL_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct ll_sampler_params {
+  float temperature;       // 0 = greedy
+  int top_k;               // 0 = off
+  float top_p;             // 1 = off
+  float min_p;             // 0 = off
+  float repeat_penalty;    // 1 = off
+  int repeat_last_n;       // window for penalties (64)
+  float frequency_penalty; // 0 = off
+  float presence_penalty;  // 0 = off
+  uint64_t seed;
+  int n_probs;             // top-n logprobs to report (0 = off, max 20)
+};
+
+struct ll_sampler;
+
+void ll_sampler_params_default(struct ll_sampler_params *p);
+// Returns NULL on allocation failure.
+struct ll_sampler *ll_sampler_new(const struct ll_sampler_params *p, int n_vocab);
+void ll_sampler_free(struct ll_sampler *s);
+// Record a token as part of the context (prompt tokens and sampled tokens) for penalties.
+void ll_sampler_accept(struct ll_sampler *s, int32_t token);
+
+struct ll_token_prob { int32_t id; float logprob; };
+// Samples from logits (modified in place). probs (if n_probs > 0) receives n_probs entries.
+int32_t ll_sampler_sample(struct ll_sampler *s, float *logits, struct ll_token_prob *probs);
+
+// Stop strings: feed generated text; reports how much of it is safe to emit now (text that
+// cannot be the start of a stop string) and whether a stop string has matched.
+#define LL_MAX_STOP 8
+struct ll_stop_matcher;
+struct ll_stop_matcher *ll_stop_new(const char *const *stops, int n_stops);
+void ll_stop_free(struct ll_stop_matcher *m);
+// Appends text; writes the text now safe to emit to out (cap bytes) and sets *stopped when a
+// stop string completed (the stop string itself and anything after it are not emitted).
+// Returns bytes written to out.
+size_t ll_stop_push(struct ll_stop_matcher *m, const char *text, size_t len, char *out, size_t cap, int *stopped);
+// At the end of generation: the held-back text (a partial stop-string prefix) to emit.
+size_t ll_stop_flush(struct ll_stop_matcher *m, char *out, size_t cap);
+
+#endif
