@@ -1,0 +1,134 @@
+// ll_backend.h - the compute backend interface (one struct of function pointers per backend).
+//
+// The model code (server/model.c) composes a Llama forward/backward pass from these calls and
+// knows nothing of how a backend computes. The CPU backend (kernels/cpu/) is the first
+// implementation and the reference; the OpenCL backend (kernels/opencl/) slots in later.
+//
+// Conventions
+// - Activations are f32, row-major; shape comments give (rows, cols) with cols contiguous.
+// - Weights are `struct ll_weight`: a 2-D matrix (N rows of K elements, GGUF ne = {K, N}) in any
+//   supported ll_type, kept quantized; backends dequantize on the fly.
+// - Buffers: on the CPU backend every pointer is host memory. A device backend gets host
+//   pointers for activations too in this first version and moves data itself (upload/download
+//   hooks are optional members for the day buffers become device-resident).
+// - Every op returns 0 or a negative LL_E* code; ops are synchronous unless `sync` is provided.
+// - Members marked (optional) may be NULL; callers check and fall back to the CPU backend.
+#ifndef LL_BACKEND_H
+#define LL_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct ll_backend;
+
+struct ll_weight {
+  int type;           // enum ll_type
+  int64_t k;          // elements per row (ne[0]); multiple of the type's block size
+  int64_t n;          // rows (ne[1])
+  const void *data;   // n * ll_row_size(type, k) bytes
+  void *dev;          // backend-private handle (device copy), NULL on CPU
+};
+
+enum ll_rope_mode { LL_ROPE_NORMAL = 0, LL_ROPE_NEOX = 2 }; // ggml's numbering
+
+struct ll_rope_params {
+  int mode;            // LL_ROPE_NORMAL: rotate (x[2i], x[2i+1]); NEOX: (x[i], x[i + n_rot/2])
+  int n_rot;           // rotated dims per head (<= head_dim, even)
+  float freq_base;     // theta
+  float freq_scale;    // 1 / linear scaling factor
+  const float *freq_factors; // (n_rot/2) llama-3 style per-frequency divisors, or NULL
+};
+
+// Paged KV cache view for one layer. Each block stores LL_KV_BLOCK positions:
+//   k: (n_blocks, block, n_head_kv, head_dim) in kv_type (f16 or f32), same for v.
+struct ll_kv_view {
+  int kv_type;         // LL_TYPE_F16 or LL_TYPE_F32
+  int block;           // positions per block
+  int n_head_kv, head_dim;
+  void *k, *v;         // pool base for this layer
+  const int32_t *block_table; // logical block -> physical block, for this sequence
+};
+
+struct ll_backend_info {
+  char name[16];          // "cpu", "opencl"
+  char device[128];       // "AMD Ryzen ... (2 threads, AVX-512)" / GPU name
+  int compute_units;
+  int64_t mem_total;      // bytes, -1 if unknown
+  int64_t mem_used;       // bytes, -1 if unknown
+};
+
+struct ll_backend_i {
+  void (*free)(struct ll_backend *b);
+  void (*get_info)(struct ll_backend *b, struct ll_backend_info *info);
+
+  // ---- weights ----
+  // (optional) make a weight resident on the device (fills w->dev); CPU: NULL.
+  int (*weight_upload)(struct ll_backend *b, struct ll_weight *w);
+  void (*weight_release)(struct ll_backend *b, struct ll_weight *w); // (optional)
+
+  // ---- forward ops ----
+  // out (T, N) = x (T, K) · W (N, K)ᵀ     [+= when accumulate]
+  int (*matmul)(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w,
+                int T, int accumulate);
+  // out (T, C) = W[ids[t], :] dequantized   (embedding lookup)
+  int (*get_rows)(struct ll_backend *b, float *out, const struct ll_weight *w, const int32_t *ids, int T);
+  // out (T, C) = x / rms(x) * g            (out may alias x)
+  int (*rmsnorm)(struct ll_backend *b, float *out, const float *x, const float *g, int T, int C, float eps);
+  // x (T, n_head, head_dim) rotated in place at positions pos (T)
+  int (*rope)(struct ll_backend *b, float *x, const int32_t *pos, int T, int n_head, int head_dim,
+              const struct ll_rope_params *p);
+  // Store k, v (T, n_head_kv, head_dim) at positions pos (T) of a sequence into the cache.
+  int (*kv_store)(struct ll_backend *b, const struct ll_kv_view *kv, const float *k, const float *v,
+                  const int32_t *pos, int T);
+  // Causal attention of one sequence: q (T, n_head, head_dim) at positions pos (T) attends to
+  // cache positions [0, pos[t]]; out (T, n_head, head_dim). scale = 1/sqrt(head_dim).
+  // Grouped-query: head h reads kv head h / (n_head / n_head_kv).
+  int (*attention)(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv,
+                   const int32_t *pos, int T, int n_head, float scale);
+  // out (T, F) = silu(gate) * up
+  int (*swiglu)(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n);
+  // out = a + b (n)
+  int (*add)(struct ll_backend *b, float *out, const float *a, const float *x, int64_t n);
+
+  // ---- training (optional until the LoRA training issue; scalar references live in
+  //      kernels/cpu/ beside the forward ops) ----
+  // dx (T, K) += dout (T, N) · W (N, K);  dW (N, K) += dout (T, N)ᵀ · x (T, K) (f32 W only)
+  int (*matmul_backward)(struct ll_backend *b, float *dx, float *dw, const float *dout,
+                         const float *x, const struct ll_weight *w, int T);              // (optional)
+  int (*rmsnorm_backward)(struct ll_backend *b, float *dx, float *dg, const float *dout,
+                          const float *x, const float *g, int T, int C, float eps);       // (optional)
+  int (*rope_backward)(struct ll_backend *b, float *dx, const int32_t *pos, int T, int n_head,
+                       int head_dim, const struct ll_rope_params *p);                      // (optional)
+  int (*swiglu_backward)(struct ll_backend *b, float *dgate, float *dup, const float *dout,
+                         const float *gate, const float *up, int64_t n);                   // (optional)
+  // loss = mean over T of -log softmax(logits)[target]; dlogits (T, V) if non-NULL
+  int (*softmax_xent)(struct ll_backend *b, float *loss, float *dlogits, const float *logits,
+                      const int32_t *targets, int T, int V);                               // (optional)
+  // AdamW step on n params: p -= lr * (m̂ / (sqrt(v̂) + eps) + wd * p)
+  int (*adamw)(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n,
+               float lr, float beta1, float beta2, float eps, float wd, int step);        // (optional)
+
+  int (*sync)(struct ll_backend *b); // (optional) wait for queued work
+};
+
+struct ll_backend {
+  const struct ll_backend_i *i;
+  void *ctx; // backend-private state
+};
+
+// ---- creation and device choice (kernels/device.c) ----
+struct ll_backend_params {
+  int n_threads;       // CPU worker threads (0: online CPUs)
+  const char *device;  // "auto" | "cpu" | "opencl[:P[:D]]" (NULL = auto)
+};
+// Creates the best backend for params->device. `reason` receives one line saying what was
+// chosen and why ("cpu: no OpenCL GPU platform found"). Errors only when an explicitly
+// requested device cannot be used.
+int ll_backend_create(struct ll_backend **out, const struct ll_backend_params *p, char *reason,
+                      size_t reason_len, char *err, size_t errlen);
+void ll_backend_free(struct ll_backend *b); // accepts NULL
+
+// CPU backend (always available).
+int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, size_t errlen);
+
+#endif
