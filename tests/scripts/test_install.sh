@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# cmake --install puts the binaries, the man pages and the example configs where users look.
+set -u
+prefix=$(mktemp -d)
+trap 'rm -rf "$prefix"' EXIT
+fail=0 pass=0
+cmake --install "$LL_BINARY_DIR" --prefix "$prefix" >/dev/null || { echo "cmake --install failed"; exit 1; }
+for f in bin/llsrv share/man/man1/llsrv.1 share/man/man5/llsrv.yaml.5 share/man/man5/llsrv-ckpt.5 \
+         share/man/man7/llsrv-protocol.7 share/llsrv/configs/demo.yaml; do
+  if [ -e "$prefix/$f" ]; then pass=$((pass+1)); else echo "missing after install: $f"; fail=$((fail+1)); fi
+done
+# Every installed man page is well-formed roff (man's own checker).
+if command -v groff >/dev/null; then
+  for m in "$prefix"/share/man/man*/*; do
+    if groff -man -Tutf8 -ww -z "$m" 2>&1 | grep -q .; then echo "roff warnings in $m:"; groff -man -Tutf8 -ww -z "$m"; fail=$((fail+1)); else pass=$((pass+1)); fi
+  done
+fi
+"$prefix/bin/llsrv" --version | grep -q '^llsrv ' && pass=$((pass+1)) || { echo "llsrv --version"; fail=$((fail+1)); }
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
