@@ -183,6 +183,34 @@ static void db_str(struct dbuf *b, const struct ll_str *s) {
   db_put(b, s->ptr, s->len);
 }
 
+// F32 values are held widened to double (ll_kv_value). A float -> double conversion quiets a
+// signaling NaN, so NaNs are moved bit by bit (payload in the top mantissa bits) to keep
+// GGUF -> .ckpt -> GGUF bit-exact for every f32 pattern.
+static double f32_bits_to_f64(uint32_t u) {
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) {
+    uint64_t d = (uint64_t)(u >> 31) << 63 | 0x7ffull << 52 | (uint64_t)(u & 0x7fffffu) << 29;
+    double x;
+    memcpy(&x, &d, 8);
+    return x;
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static uint32_t f64_to_f32_bits(double x) {
+  uint64_t d;
+  memcpy(&d, &x, 8);
+  if ((d & 0x7ff0000000000000ull) == 0x7ff0000000000000ull && (d & 0xfffffffffffffull)) {
+    uint32_t m = (uint32_t)((d >> 29) & 0x7fffffu);
+    return (uint32_t)(d >> 63) << 31 | 0x7f800000u | (m ? m : 0x400000u);
+  }
+  float f = (float)x;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
 static void db_scalar(struct dbuf *b, const struct ll_kv_value *v) {
   unsigned char t[8];
   switch (v->type) {
@@ -194,13 +222,7 @@ static void db_scalar(struct dbuf *b, const struct ll_kv_value *v) {
   case LL_KV_I32: db_u32(b, (uint32_t)(int32_t)v->v.i64); break;
   case LL_KV_U64: db_u64(b, v->v.u64); break;
   case LL_KV_I64: db_u64(b, (uint64_t)v->v.i64); break;
-  case LL_KV_F32: {
-    float f = (float)v->v.f64;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    db_u32(b, u);
-    break;
-  }
+  case LL_KV_F32: db_u32(b, f64_to_f32_bits(v->v.f64)); break;
   case LL_KV_F64: {
     uint64_t u;
     memcpy(&u, &v->v.f64, 8);
@@ -338,8 +360,12 @@ static int rd_value(struct rd *r, struct ll_kv_value *v, int type, int depth, co
         if ((rc = rd_str(r, &s[i], LL_MAX_STRING, key))) return rc;
     } else if (et == LL_KV_ARR) {
       struct ll_kv_value *c = data;
-      for (uint64_t i = 0; i < n; i++, v->v.arr.n++)
-        if ((rc = rd_value(r, &c[i], LL_KV_ARR, depth + 1, key))) return rc;
+      for (uint64_t i = 0; i < n; i++, v->v.arr.n++) {
+        if ((rc = rd_value(r, &c[i], LL_KV_ARR, depth + 1, key))) {
+          ll_kv_value_free(&c[i]); // partly read: not yet counted in n
+          return rc;
+        }
+      }
     } else {
       memcpy(data, r->p + r->pos, n * es);
       r->pos += n * es;
@@ -363,13 +389,7 @@ static int rd_value(struct rd *r, struct ll_kv_value *v, int type, int depth, co
   case LL_KV_I32: v->v.i64 = (int32_t)get_u32(p); break;
   case LL_KV_U64: v->v.u64 = get_u64(p); break;
   case LL_KV_I64: v->v.i64 = (int64_t)get_u64(p); break;
-  case LL_KV_F32: {
-    uint32_t u = get_u32(p);
-    float f;
-    memcpy(&f, &u, 4);
-    v->v.f64 = f;
-    break;
-  }
+  case LL_KV_F32: v->v.f64 = f32_bits_to_f64(get_u32(p)); break;
   case LL_KV_F64: {
     uint64_t u = get_u64(p);
     memcpy(&v->v.f64, &u, 8);

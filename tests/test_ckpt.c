@@ -221,6 +221,19 @@ static void test_kv_codec(void) {
   unsigned char c[32] = {1, 0, 0, 0, 0, 0, 0, 0, 200, 0, 0, 0, 0, 0, 0, 0, 'k'};
   CHECK(ll_ckpt_kv_decode(c, sizeof c, &mf, err, sizeof err) == LL_ETRUNC);
   CHECK(mf.n_kv == 0);
+  // f32 values survive decode -> encode bit for bit, signaling NaN and -0 included.
+  static const uint32_t pats[] = {0x7f800001u, 0xffbfffffu, 0x7fc00000u, 0x80000000u, 0x00000001u, 0x3dcccccdu};
+  for (size_t i = 0; i < sizeof pats / sizeof pats[0]; i++) {
+    unsigned char blob[8 + 8 + 1 + 4 + 4] = {1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 'f', LL_KV_F32, 0, 0, 0};
+    memcpy(blob + 21, &pats[i], 4);
+    unsigned char *enc = NULL;
+    size_t enclen = 0;
+    CHECK(ll_ckpt_kv_decode(blob, sizeof blob, &mf, err, sizeof err) == 0);
+    CHECK(ll_ckpt_kv_encode(&mf, &enc, &enclen, err, sizeof err) == 0);
+    CHECKF(enc && enclen == sizeof blob && memcmp(enc, blob, sizeof blob) == 0, "f32 bits 0x%08x changed", pats[i]);
+    free(enc);
+    ll_modelfile_free(&mf);
+  }
   ll_modelfile_free(&mf);
 }
 
