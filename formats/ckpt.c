@@ -850,9 +850,17 @@ struct wctx {
   int level;
 };
 
-struct wjob {
+// Compression pipeline: workers claim shards in order and compress them while the calling
+// thread writes finished shards in file order. A worker may run at most `window` shards
+// ahead of the writer, which bounds memory at about window x (raw + compressed) shard sizes.
+struct wpipe {
   struct wctx *ctx;
-  struct wshard *s;
+  struct wshard *sh;
+  uint64_t ns, next, written, window;
+  int abort;
+  unsigned char *done; // per shard: compressed (or failed)
+  pthread_mutex_t mu;
+  pthread_cond_t ready, space;
 };
 
 static int compress_shard(struct wctx *c, struct wshard *s) {
@@ -889,9 +897,22 @@ static int compress_shard(struct wctx *c, struct wshard *s) {
 }
 
 static void *compress_thread(void *arg) {
-  struct wjob *j = arg;
-  j->s->rc = compress_shard(j->ctx, j->s);
-  return NULL;
+  struct wpipe *p = arg;
+  for (;;) {
+    pthread_mutex_lock(&p->mu);
+    while (!p->abort && p->next < p->ns && p->next >= p->written + p->window) pthread_cond_wait(&p->space, &p->mu);
+    if (p->abort || p->next >= p->ns) {
+      pthread_mutex_unlock(&p->mu);
+      return NULL;
+    }
+    uint64_t i = p->next++;
+    pthread_mutex_unlock(&p->mu);
+    p->sh[i].rc = compress_shard(p->ctx, &p->sh[i]);
+    pthread_mutex_lock(&p->mu);
+    p->done[i] = 1;
+    pthread_cond_broadcast(&p->ready);
+    pthread_mutex_unlock(&p->mu);
+  }
 }
 
 static json_t *jint_or_null(const struct ll_modelfile *mf, const char *key, int arch) {
@@ -1130,34 +1151,68 @@ int ll_ckpt_write(const char *path, const struct ll_modelfile *mf, const struct 
   }
   uint64_t pos = LL_CKPT_HEADER_SIZE;
   struct wctx ctx = {mf, toff, o.zstd_level};
-  // Metadata shard, then tensor shards in batches of n_threads compressed in parallel
-  // (memory stays at n_threads x (raw + compressed) shard sizes).
-  for (uint64_t b = 0; b < ns; b += (uint64_t)o.n_threads) {
-    uint64_t e = b + (uint64_t)o.n_threads < ns ? b + (uint64_t)o.n_threads : ns;
-    pthread_t th[256];
-    struct wjob jobs[256];
-    int started[256] = {0};
-    for (uint64_t i = b; i < e; i++) {
-      jobs[i - b] = (struct wjob){&ctx, &sh[i]};
-      if (e - b > 1 && pthread_create(&th[i - b], NULL, compress_thread, &jobs[i - b]) == 0)
-        started[i - b] = 1;
-      else
-        compress_thread(&jobs[i - b]);
+  // Metadata shard, then tensor shards: compressed by n_threads workers, written here in order.
+  {
+    struct wpipe pp;
+    memset(&pp, 0, sizeof pp);
+    pp.ctx = &ctx;
+    pp.sh = sh;
+    pp.ns = ns;
+    pp.window = 2 * (uint64_t)o.n_threads;
+    pp.done = calloc(ns, 1);
+    if (!pp.done) {
+      rc = ll_errf(err, errlen, LL_ENOMEM, "ckpt: out of memory");
+      goto out;
     }
-    for (uint64_t i = b; i < e; i++)
-      if (started[i - b]) pthread_join(th[i - b], NULL);
-    for (uint64_t i = b; i < e; i++) {
+    pthread_mutex_init(&pp.mu, NULL);
+    pthread_cond_init(&pp.ready, NULL);
+    pthread_cond_init(&pp.space, NULL);
+    pthread_t th[256];
+    int nw = 0;
+    for (int t = 0; t < o.n_threads; t++)
+      if (pthread_create(&th[nw], NULL, compress_thread, &pp) == 0) nw++;
+    int io_failed = 0, werr = 0;
+    for (uint64_t i = 0; i < ns && !rc && !io_failed; i++) {
+      if (nw == 0) { // no worker could start: compress here
+        sh[i].rc = compress_shard(&ctx, &sh[i]);
+        pp.done[i] = 1;
+      }
+      pthread_mutex_lock(&pp.mu);
+      while (!pp.done[i]) pthread_cond_wait(&pp.ready, &pp.mu);
+      pthread_mutex_unlock(&pp.mu);
       if (sh[i].rc) {
         rc = ll_errf(err, errlen, sh[i].rc, "ckpt: shard %llu: %s", (unsigned long long)i, sh[i].err);
-        goto out;
+        break;
       }
       sh[i].offset = pos;
-      if (write_all(fd, sh[i].cbuf, sh[i].csize)) goto ioerr;
+      if (write_all(fd, sh[i].cbuf, sh[i].csize)) {
+        werr = errno;
+        io_failed = 1;
+        break;
+      }
       pos += sh[i].csize;
       free(sh[i].cbuf);
       sh[i].cbuf = NULL;
       done_raw += sh[i].rsize;
+      pthread_mutex_lock(&pp.mu);
+      pp.written = i + 1;
+      pthread_cond_broadcast(&pp.space);
+      pthread_mutex_unlock(&pp.mu);
       if (o.progress) o.progress(o.progress_user, "write", done_raw, total_raw);
+    }
+    pthread_mutex_lock(&pp.mu);
+    pp.abort = 1; // stops workers early after an error; a no-op once all shards are claimed
+    pthread_cond_broadcast(&pp.space);
+    pthread_mutex_unlock(&pp.mu);
+    for (int t = 0; t < nw; t++) pthread_join(th[t], NULL);
+    pthread_cond_destroy(&pp.ready);
+    pthread_cond_destroy(&pp.space);
+    pthread_mutex_destroy(&pp.mu);
+    free(pp.done);
+    if (rc) goto out;
+    if (io_failed) {
+      errno = werr;
+      goto ioerr;
     }
   }
   // Manifest after the shards; the header that points at it is written last of all.
