@@ -1,6 +1,7 @@
 // modelfile.c - the format-neutral model container: metadata lookup and building.
 #include "ll_modelfile.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
