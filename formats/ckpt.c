@@ -17,6 +17,7 @@
 #include <zstd.h>
 
 #include "ll_error.h"
+#include "ll_gguf.h"
 #include "ll_quant.h"
 
 #ifndef LL_VERSION
@@ -136,334 +137,6 @@ int ll_ckpt_role_from_tensor_name(const char *name) {
 
 int ll_ckpt_is_ckpt(const void *buf, size_t len) {
   return len >= 8 && memcmp(buf, LL_CKPT_MAGIC, 8) == 0;
-}
-
-// ---------------------------------------------------------------- KV codec (GGUF v3 encoding)
-
-struct dbuf {
-  unsigned char *p;
-  size_t n, cap;
-  int oom;
-};
-
-static void db_put(struct dbuf *b, const void *src, size_t n) {
-  if (b->oom) return;
-  if (b->cap - b->n < n) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap - b->n < n) {
-      if (cap > SIZE_MAX / 2) {
-        b->oom = 1;
-        return;
-      }
-      cap *= 2;
-    }
-    unsigned char *np = realloc(b->p, cap);
-    if (!np) {
-      b->oom = 1;
-      return;
-    }
-    b->p = np;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->n, src, n);
-  b->n += n;
-}
-static void db_u32(struct dbuf *b, uint32_t v) {
-  unsigned char t[4];
-  put_u32(t, v);
-  db_put(b, t, 4);
-}
-static void db_u64(struct dbuf *b, uint64_t v) {
-  unsigned char t[8];
-  put_u64(t, v);
-  db_put(b, t, 8);
-}
-static void db_str(struct dbuf *b, const struct ll_str *s) {
-  db_u64(b, s->len);
-  db_put(b, s->ptr, s->len);
-}
-
-// F32 values are held widened to double (ll_kv_value). A float -> double conversion quiets a
-// signaling NaN, so NaNs are moved bit by bit (payload in the top mantissa bits) to keep
-// GGUF -> .ckpt -> GGUF bit-exact for every f32 pattern.
-static double f32_bits_to_f64(uint32_t u) {
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) {
-    uint64_t d = (uint64_t)(u >> 31) << 63 | 0x7ffull << 52 | (uint64_t)(u & 0x7fffffu) << 29;
-    double x;
-    memcpy(&x, &d, 8);
-    return x;
-  }
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static uint32_t f64_to_f32_bits(double x) {
-  uint64_t d;
-  memcpy(&d, &x, 8);
-  if ((d & 0x7ff0000000000000ull) == 0x7ff0000000000000ull && (d & 0xfffffffffffffull)) {
-    uint32_t m = (uint32_t)((d >> 29) & 0x7fffffu);
-    return (uint32_t)(d >> 63) << 31 | 0x7f800000u | (m ? m : 0x400000u);
-  }
-  float f = (float)x;
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-
-static void db_scalar(struct dbuf *b, const struct ll_kv_value *v) {
-  unsigned char t[8];
-  switch (v->type) {
-  case LL_KV_U8: case LL_KV_BOOL: t[0] = (unsigned char)v->v.u64; db_put(b, t, 1); break;
-  case LL_KV_I8: t[0] = (unsigned char)(int8_t)v->v.i64; db_put(b, t, 1); break;
-  case LL_KV_U16: put_u32(t, (uint32_t)v->v.u64); db_put(b, t, 2); break;
-  case LL_KV_I16: put_u32(t, (uint32_t)(uint16_t)(int16_t)v->v.i64); db_put(b, t, 2); break;
-  case LL_KV_U32: db_u32(b, (uint32_t)v->v.u64); break;
-  case LL_KV_I32: db_u32(b, (uint32_t)(int32_t)v->v.i64); break;
-  case LL_KV_U64: db_u64(b, v->v.u64); break;
-  case LL_KV_I64: db_u64(b, (uint64_t)v->v.i64); break;
-  case LL_KV_F32: db_u32(b, f64_to_f32_bits(v->v.f64)); break;
-  case LL_KV_F64: {
-    uint64_t u;
-    memcpy(&u, &v->v.f64, 8);
-    db_u64(b, u);
-    break;
-  }
-  default: break;
-  }
-}
-
-static int db_value(struct dbuf *b, const struct ll_kv_value *v, int depth) {
-  if (v->type == LL_KV_STR) {
-    db_str(b, &v->v.str);
-    return 0;
-  }
-  if (v->type != LL_KV_ARR) {
-    if (ll_kv_type_size(v->type) == 0) return LL_EINVAL;
-    db_scalar(b, v);
-    return 0;
-  }
-  if (depth >= LL_MAX_ARRAY_DEPTH) return LL_ELIMIT;
-  const struct ll_kv_array *a = &v->v.arr;
-  db_u32(b, (uint32_t)a->elem_type);
-  db_u64(b, a->n);
-  if (a->elem_type == LL_KV_STR) {
-    const struct ll_str *s = a->data;
-    for (uint64_t i = 0; i < a->n; i++) db_str(b, &s[i]);
-  } else if (a->elem_type == LL_KV_ARR) {
-    const struct ll_kv_value *c = a->data;
-    for (uint64_t i = 0; i < a->n; i++) {
-      int rc = db_value(b, &c[i], depth + 1);
-      if (rc) return rc;
-    }
-  } else {
-    size_t es = ll_kv_type_size(a->elem_type);
-    if (es == 0) return LL_EINVAL;
-    db_put(b, a->data, (size_t)a->n * es); // packed little-endian already
-  }
-  return 0;
-}
-
-int ll_ckpt_kv_encode(const struct ll_modelfile *mf, unsigned char **out, size_t *outlen,
-                      char *err, size_t errlen) {
-  struct dbuf b = {0};
-  db_u64(&b, mf->n_kv);
-  for (uint64_t i = 0; i < mf->n_kv; i++) {
-    db_str(&b, &mf->kv[i].key);
-    db_u32(&b, (uint32_t)mf->kv[i].value.type);
-    int rc = db_value(&b, &mf->kv[i].value, 0);
-    if (rc) {
-      free(b.p);
-      return ll_errf(err, errlen, rc, "ckpt: metadata key '%s' has an unsupported value type %d",
-                     mf->kv[i].key.ptr, mf->kv[i].value.type);
-    }
-  }
-  if (b.oom) {
-    free(b.p);
-    return ll_errf(err, errlen, LL_ENOMEM, "ckpt: out of memory encoding metadata");
-  }
-  *out = b.p;
-  *outlen = b.n;
-  return 0;
-}
-
-struct rd {
-  const unsigned char *p;
-  size_t len, pos;
-  char *err;
-  size_t errlen;
-};
-
-static int rd_need(struct rd *r, uint64_t n, const char *what) {
-  if (n > r->len - r->pos)
-    return ll_errf(r->err, r->errlen, LL_ETRUNC, "ckpt metadata: %s at offset %zu needs %llu bytes, %zu left",
-                   what, r->pos, (unsigned long long)n, r->len - r->pos);
-  return 0;
-}
-
-static int rd_str(struct rd *r, struct ll_str *s, uint64_t cap, const char *what) {
-  int rc = rd_need(r, 8, what);
-  if (rc) return rc;
-  uint64_t n = get_u64(r->p + r->pos);
-  if (n > cap)
-    return ll_errf(r->err, r->errlen, LL_ELIMIT, "ckpt metadata: %s length %llu at offset %zu exceeds %llu",
-                   what, (unsigned long long)n, r->pos, (unsigned long long)cap);
-  r->pos += 8;
-  if ((rc = rd_need(r, n, what))) return rc;
-  s->ptr = malloc(n + 1);
-  if (!s->ptr) return ll_errf(r->err, r->errlen, LL_ENOMEM, "ckpt metadata: out of memory");
-  memcpy(s->ptr, r->p + r->pos, n);
-  s->ptr[n] = 0;
-  s->len = n;
-  r->pos += n;
-  return 0;
-}
-
-static int rd_value(struct rd *r, struct ll_kv_value *v, int type, int depth, const char *key) {
-  memset(v, 0, sizeof *v);
-  v->type = LL_KV_U8; // harmless to free until filled
-  if (type == LL_KV_STR) {
-    struct ll_str s = {0};
-    int rc = rd_str(r, &s, LL_MAX_STRING, key);
-    if (rc) return rc;
-    v->type = LL_KV_STR;
-    v->v.str = s;
-    return 0;
-  }
-  if (type == LL_KV_ARR) {
-    if (depth >= LL_MAX_ARRAY_DEPTH)
-      return ll_errf(r->err, r->errlen, LL_ELIMIT, "ckpt metadata: key '%s' nests arrays deeper than %d", key,
-                     LL_MAX_ARRAY_DEPTH);
-    int rc = rd_need(r, 12, key);
-    if (rc) return rc;
-    uint32_t et = get_u32(r->p + r->pos);
-    uint64_t n = get_u64(r->p + r->pos + 4);
-    r->pos += 12;
-    size_t es = et == LL_KV_STR ? 8 : et == LL_KV_ARR ? 12 : ll_kv_type_size((int)et);
-    if (et >= LL_KV_TYPE_COUNT || es == 0)
-      return ll_errf(r->err, r->errlen, LL_EFORMAT, "ckpt metadata: key '%s' array element type %u invalid", key, et);
-    if (n > LL_MAX_ARRAY)
-      return ll_errf(r->err, r->errlen, LL_ELIMIT, "ckpt metadata: key '%s' array of %llu elements exceeds %u", key,
-                     (unsigned long long)n, LL_MAX_ARRAY);
-    // Each element takes at least es bytes of input: bound n before allocating.
-    if ((rc = rd_need(r, n * es, key))) return rc;
-    size_t ms = et == LL_KV_STR ? sizeof(struct ll_str) : et == LL_KV_ARR ? sizeof(struct ll_kv_value) : es;
-    void *data = calloc(n ? n : 1, ms);
-    if (!data) return ll_errf(r->err, r->errlen, LL_ENOMEM, "ckpt metadata: out of memory");
-    v->type = LL_KV_ARR;
-    v->v.arr.elem_type = (int)et;
-    v->v.arr.data = data;
-    v->v.arr.n = 0;
-    if (et == LL_KV_STR) {
-      struct ll_str *s = data;
-      for (uint64_t i = 0; i < n; i++, v->v.arr.n++)
-        if ((rc = rd_str(r, &s[i], LL_MAX_STRING, key))) return rc;
-    } else if (et == LL_KV_ARR) {
-      struct ll_kv_value *c = data;
-      for (uint64_t i = 0; i < n; i++, v->v.arr.n++) {
-        if ((rc = rd_value(r, &c[i], LL_KV_ARR, depth + 1, key))) {
-          ll_kv_value_free(&c[i]); // partly read: not yet counted in n
-          return rc;
-        }
-      }
-    } else {
-      memcpy(data, r->p + r->pos, n * es);
-      r->pos += n * es;
-      v->v.arr.n = n;
-    }
-    return 0;
-  }
-  size_t es = type >= 0 && type < LL_KV_TYPE_COUNT ? ll_kv_type_size(type) : 0;
-  if (es == 0) return ll_errf(r->err, r->errlen, LL_EFORMAT, "ckpt metadata: key '%s' has invalid type %d", key, type);
-  int rc = rd_need(r, es, key);
-  if (rc) return rc;
-  const unsigned char *p = r->p + r->pos;
-  r->pos += es;
-  v->type = type;
-  switch (type) {
-  case LL_KV_U8: case LL_KV_BOOL: v->v.u64 = p[0]; break;
-  case LL_KV_I8: v->v.i64 = (int8_t)p[0]; break;
-  case LL_KV_U16: v->v.u64 = (uint16_t)(p[0] | p[1] << 8); break;
-  case LL_KV_I16: v->v.i64 = (int16_t)(uint16_t)(p[0] | p[1] << 8); break;
-  case LL_KV_U32: v->v.u64 = get_u32(p); break;
-  case LL_KV_I32: v->v.i64 = (int32_t)get_u32(p); break;
-  case LL_KV_U64: v->v.u64 = get_u64(p); break;
-  case LL_KV_I64: v->v.i64 = (int64_t)get_u64(p); break;
-  case LL_KV_F32: v->v.f64 = f32_bits_to_f64(get_u32(p)); break;
-  case LL_KV_F64: {
-    uint64_t u = get_u64(p);
-    memcpy(&v->v.f64, &u, 8);
-    break;
-  }
-  }
-  return 0;
-}
-
-static int kv_key_cmp(const void *a, const void *b) {
-  const struct ll_kv *x = *(const struct ll_kv *const *)a, *y = *(const struct ll_kv *const *)b;
-  if (x->key.len != y->key.len) return x->key.len < y->key.len ? -1 : 1;
-  return memcmp(x->key.ptr, y->key.ptr, x->key.len);
-}
-
-int ll_ckpt_kv_decode(const unsigned char *buf, size_t len, struct ll_modelfile *mf, char *err, size_t errlen) {
-  struct rd r = {buf, len, 0, err, errlen};
-  int rc = rd_need(&r, 8, "key count");
-  if (rc) return rc;
-  uint64_t n = get_u64(buf);
-  r.pos = 8;
-  // Smallest entry: 8 (key length) + 1 (key) + 4 (type) + 1 (u8 value).
-  if (n > LL_MAX_KV || n > (len - 8) / 14)
-    return ll_errf(err, errlen, LL_ELIMIT, "ckpt metadata: key count %llu exceeds the limit (%u) or the %zu-byte blob",
-                   (unsigned long long)n, LL_MAX_KV, len);
-  struct ll_kv *kv = calloc(n ? n : 1, sizeof *kv);
-  if (!kv) return ll_errf(err, errlen, LL_ENOMEM, "ckpt metadata: out of memory");
-  uint64_t got = 0;
-  for (; got < n; got++) {
-    if ((rc = rd_str(&r, &kv[got].key, LL_MAX_NAME, "key"))) break;
-    if ((rc = rd_need(&r, 4, kv[got].key.ptr))) {
-      got++;
-      break;
-    }
-    int type = (int)get_u32(buf + r.pos);
-    r.pos += 4;
-    if ((rc = rd_value(&r, &kv[got].value, type, 0, kv[got].key.ptr))) {
-      got++;
-      break;
-    }
-  }
-  if (!rc && r.pos != len)
-    rc = ll_errf(err, errlen, LL_EFORMAT, "ckpt metadata: %zu trailing bytes after %llu keys", len - r.pos,
-                 (unsigned long long)n);
-  if (!rc && n > 1) {
-    const struct ll_kv **idx = malloc(n * sizeof *idx);
-    if (!idx) {
-      rc = ll_errf(err, errlen, LL_ENOMEM, "ckpt metadata: out of memory");
-    } else {
-      for (uint64_t i = 0; i < n; i++) idx[i] = &kv[i];
-      qsort(idx, n, sizeof *idx, kv_key_cmp);
-      for (uint64_t i = 1; i < n && !rc; i++)
-        if (kv_key_cmp(&idx[i - 1], &idx[i]) == 0)
-          rc = ll_errf(err, errlen, LL_EEXIST, "ckpt metadata: duplicate key '%s'", idx[i]->key.ptr);
-      free(idx);
-    }
-  }
-  if (rc) {
-    for (uint64_t i = 0; i < got; i++) {
-      free(kv[i].key.ptr);
-      ll_kv_value_free(&kv[i].value);
-    }
-    free(kv);
-    return rc;
-  }
-  // Replace mf's metadata.
-  for (uint64_t i = 0; i < mf->n_kv; i++) {
-    free(mf->kv[i].key.ptr);
-    ll_kv_value_free(&mf->kv[i].value);
-  }
-  free(mf->kv);
-  mf->kv = kv;
-  mf->n_kv = n;
-  return 0;
 }
 
 // ---------------------------------------------------------------- manifest parse
@@ -1105,7 +778,15 @@ int ll_ckpt_write(const char *path, const struct ll_modelfile *mf, const struct 
     cur->t1 = i + 1;
     total_raw += cur->rsize - toff[i];
   }
-  if ((rc = ll_ckpt_kv_encode(mf, &kvblob, &kvlen, err, errlen))) goto out;
+  {
+    // The full GGUF key/value set, every value's type kept (GGUF -> .ckpt -> GGUF is exact).
+    void *blob = NULL;
+    if ((rc = ll_gguf_kv_serialize(mf, &blob, &kvlen))) {
+      rc = ll_errf(err, errlen, rc, "ckpt: cannot serialize the metadata: %s", ll_strerror(rc));
+      goto out;
+    }
+    kvblob = blob;
+  }
   sh[0].kind = LL_CKPT_SHARD_METADATA;
   sh[0].raw = kvblob;
   sh[0].rsize = kvlen;
@@ -1470,7 +1151,7 @@ int ll_ckpt_open_ex(const char *path, struct ll_modelfile *mf, struct ll_ckpt_ma
       goto out;
     }
     char kerr[512];
-    if ((rc = ll_ckpt_kv_decode(kvraw, s->rsize, mf, kerr, sizeof kerr))) {
+    if ((rc = ll_gguf_kv_deserialize(kvraw, s->rsize, mf, kerr, sizeof kerr))) {
       ll_errf(err, errlen, rc, "%s: shard %u (metadata): %s", path, m.metadata_shard, kerr);
       goto out;
     }

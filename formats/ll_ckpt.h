@@ -8,7 +8,8 @@
 //
 // Tensor data keeps GGUF layouts (quantized tensors keep their blocks) and is loaded into
 // one 64-byte aligned heap block (mf->backing). The full GGUF key/value set is stored as its
-// own shard in GGUF v3 key/value encoding, so GGUF -> .ckpt -> GGUF keeps every value's type.
+// own shard (ll_gguf_kv_serialize, GGUF v3 key/value encoding), so GGUF -> .ckpt -> GGUF keeps
+// every value's type.
 //
 // Beyond plain weights the container already carries LoRA adapters and optimizer state:
 // each tensor has a role (weight / lora_a / lora_b / adam_m / adam_v) and the manifest has
@@ -143,12 +144,5 @@ int ll_ckpt_open_ex(const char *path, struct ll_modelfile *mf, struct ll_ckpt_ma
 
 // 1 if the first bytes of buf are the .ckpt magic (used by format detection).
 int ll_ckpt_is_ckpt(const void *buf, size_t len);
-
-// GGUF v3 key/value section encoding of mf's metadata (u64 count, then key/type/value as in
-// GGUF). *out is malloc'ed. Decoding replaces mf's metadata; every count is bounded by len.
-int ll_ckpt_kv_encode(const struct ll_modelfile *mf, unsigned char **out, size_t *outlen,
-                      char *err, size_t errlen);
-int ll_ckpt_kv_decode(const unsigned char *buf, size_t len, struct ll_modelfile *mf,
-                      char *err, size_t errlen);
 
 #endif
