@@ -29,7 +29,7 @@
 #define LL_CKPT_MAX_MANIFEST (256u << 20)         // manifest JSON bytes
 #define LL_CKPT_MAX_SHARDS 65536u
 #define LL_CKPT_MAX_SHARD_RAW (4ull << 30)        // raw bytes of one shard
-#define LL_CKPT_DEFAULT_SHARD (32u << 20)         // target raw bytes per tensor shard
+#define LL_CKPT_DEFAULT_SHARD (16u << 20)         // target raw bytes per tensor shard
 #define LL_CKPT_MAX_STR 4096u                     // summary / provenance strings
 
 enum ll_ckpt_role {
