@@ -254,14 +254,12 @@ static int quantize_model(struct ll_modelfile *mf, int target, int n_threads, st
   return 0;
 }
 
-// .ckpt (parallel verified load) or GGUF. Other formats (llama2.c .bin, safetensors) go
-// through ll_model_open() once formats/model_open.c provides it.
+// A .ckpt is opened here (parallel verified load, training state kept); everything else
+// (GGUF, llama2.c .bin, safetensors) through ll_model_open's content detection.
 static int open_input(const char *in, const unsigned char magic[8], struct ll_modelfile *mf,
                       struct ll_ckpt_manifest *man, int n_threads, char *err, size_t errlen) {
   if (ll_ckpt_is_ckpt(magic, 8)) return ll_ckpt_open_ex(in, mf, man, n_threads, err, errlen);
-  if (memcmp(magic, LL_GGUF_MAGIC, 4) == 0) return ll_gguf_open(in, mf, err, errlen);
-  return ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: neither GGUF nor .ckpt (other input formats need ll_model_open)",
-                 in);
+  return ll_model_open(in, mf, err, errlen);
 }
 
 // ---------------------------------------------------------------- command

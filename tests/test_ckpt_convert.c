@@ -2,7 +2,8 @@
 //
 // 1. Synthetic model (.ckpt in) -> each --quant: the output loads; kept tensors are
 //    bit-exact; re-encoded ones stay within the stated per-block error bounds below.
-// 2. SmolLM2 Q4_1 GGUF -> .ckpt (keep) -> GGUF: byte-identical tensors and identical
+// 2. stories260K (llama2.c .bin, ../shared) -> .ckpt with each --quant: same checks.
+// 3. SmolLM2 Q4_1 GGUF -> .ckpt (keep) -> GGUF: byte-identical tensors and identical
 //    metadata at every step; and -> .ckpt with each --quant: same error checks.
 //
 // Stated tolerances, per block of 32 source values x with amax = max|x|:
@@ -165,6 +166,21 @@ static void test_synthetic(uint64_t *rng) {
   ll_modelfile_free(&mf);
 }
 
+static void test_stories(void) {
+  char buf[1024], err[1024];
+  const char *p = ll_test_shared_path("testdata/models/stories260K.bin", buf, sizeof buf);
+  if (!p) {
+    printf("SKIP stories260K part: ../shared/testdata/models/stories260K.bin is absent\n");
+    return;
+  }
+  struct ll_modelfile src;
+  ll_modelfile_init(&src);
+  int rc = ll_model_open(p, &src, err, sizeof err);
+  CHECKF(rc == 0, "ll_model_open(stories260K): %s", err);
+  if (rc == 0) convert_all(p, &src, "stories260K");
+  ll_modelfile_free(&src);
+}
+
 static void test_smollm2(void) {
   char buf[1024], err[1024];
   const char *p = ll_test_smollm2_path(buf, sizeof buf);
@@ -220,6 +236,7 @@ int main(void) {
   uint64_t rng = ll_test_seed();
   if (!ll_test_tmpdir(g_dir, sizeof g_dir)) return 1;
   test_synthetic(&rng);
+  test_stories();
   test_smollm2();
   rmdir(g_dir);
   CHECKF(access(g_dir, F_OK) != 0, "stray files left in %s", g_dir);
