@@ -10,7 +10,8 @@
 //   q8_0: |y - x| <= 0.6 * amax / 127          (half a step + fp16 rounding of the scale)
 //   q4_0: |y - x| <= 1.02 * amax / 8           (a full step where the clamp at 15 bites)
 //   q4_1: |y - x| <= 0.55 * (max - min) / 15 + |min| / 1024
-//   f32 : exact;  and per tensor the relative RMS error is <= 0.01 (q8_0) / 0.2 (q4_x).
+//   f32 : exact;  and per tensor the relative RMS error is <= 0.02 (q8_0) / 0.2 (q4_x)
+//   (measured on SmolLM2: 0.0065 / 0.111 (q4_0) / 0.090 (q4_1) at worst).
 #include <math.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -42,6 +43,8 @@ static void check_converted(const struct ll_modelfile *a, const struct ll_modelf
   CHECKF(a->n_tensors == b->n_tensors, "%s: tensor count %llu vs %llu", label, (unsigned long long)a->n_tensors,
          (unsigned long long)b->n_tensors);
   int n_requant = 0, n_kept = 0;
+  double worst_rel = 0;
+  const char *worst = "-";
   for (uint64_t i = 0; i < a->n_tensors; i++) {
     const struct ll_tensor_info *x = &a->tensors[i], *y = ll_mf_find_tensor(b, a->tensors[i].name.ptr);
     CHECKF(y != NULL, "%s: tensor '%s' missing", label, x->name.ptr);
@@ -88,13 +91,15 @@ static void check_converted(const struct ll_modelfile *a, const struct ll_modelf
       CHECKF(bad < 0, "%s: '%s' (%s -> %s) element %lld off by %g > tolerance %g", label, x->name.ptr,
              ll_type_name(x->type), ll_type_name(y->type), (long long)bad, bad_err, bad_tol);
       double rel = sx > 0 ? sqrt(se / sx) : sqrt(se);
-      double rel_tol = y->type == LL_TYPE_Q8_0 ? 0.01 : y->type == LL_TYPE_F32 ? 0 : 0.2;
+      double rel_tol = y->type == LL_TYPE_Q8_0 ? 0.02 : y->type == LL_TYPE_F32 ? 0 : 0.2;
       CHECKF(rel <= rel_tol, "%s: '%s' relative RMS error %g > %g", label, x->name.ptr, rel, rel_tol);
+      if (rel > worst_rel) worst_rel = rel, worst = x->name.ptr;
     }
     free(fx);
     free(fy);
   }
-  printf("%s: %d tensors re-encoded, %d kept bit-exact\n", label, n_requant, n_kept);
+  printf("%s: %d tensors re-encoded (worst relative RMS error %.4f in %s), %d kept bit-exact\n", label, n_requant,
+         worst_rel, worst, n_kept);
   if (strcmp(quant, "keep") != 0) CHECKF(n_requant > 0, "%s: nothing was re-encoded", label);
   // general.file_type records what we did.
   uint64_t ft = 0;
