@@ -737,6 +737,16 @@ int ll_ckpt_write(const char *path, const struct ll_modelfile *mf, const struct 
   if (o.shard_target > LL_CKPT_MAX_SHARD_RAW) o.shard_target = LL_CKPT_MAX_SHARD_RAW;
   if (o.n_threads <= 0) o.n_threads = 1;
   if (o.n_threads > 256) o.n_threads = 256;
+  // Refuse what the reader would refuse, rather than publish a file that cannot be opened.
+  if (o.training && o.training->present &&
+      (!(o.training->lr >= 0.0 && o.training->lr <= 1e6) || o.training->step > INT64_MAX ||
+       o.training->data_position > INT64_MAX))
+    return ll_errf(err, errlen, LL_EINVAL, "ckpt: training state out of range (lr %g must be in [0, 1e6])",
+                   o.training->lr);
+  if (mf->gguf_version < 1 || mf->gguf_version > 3 || mf->alignment == 0 || mf->alignment > (1u << 20) ||
+      (mf->alignment & (mf->alignment - 1)))
+    return ll_errf(err, errlen, LL_EINVAL, "ckpt: gguf version %u / alignment %llu not writable", mf->gguf_version,
+                   (unsigned long long)mf->alignment);
   if (o.roles)
     for (uint64_t i = 0; i < mf->n_tensors; i++)
       if (o.roles[i] < 0 || o.roles[i] >= LL_CKPT_ROLE_COUNT)

@@ -3,6 +3,7 @@
 // refused with a message naming it, truncation at many points refused, manifest parser limits.
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -226,6 +227,11 @@ static void test_failed_write(uint64_t *rng) {
   mf.tensors[1].data = saved;
   o.zstd_level = 99;
   CHECK(ll_ckpt_write(path, &mf, &o, err, sizeof err) == LL_EINVAL);
+  o.zstd_level = 3;
+  struct ll_ckpt_training bad_tr = {1, 1, NAN, 0, 0}; // NaN lr: JSON cannot hold it
+  o.training = &bad_tr;
+  CHECK(ll_ckpt_write(path, &mf, &o, err, sizeof err) == LL_EINVAL);
+  o.training = NULL;
   ll_modelfile_init(&back);
   CHECKF(ll_ckpt_open(path, &back, 1, err, sizeof err) == 0, "%s", err);
   CHECK(tc_tensor_diff(&mf, &back) < 0);
