@@ -242,7 +242,8 @@ static void dq_q6_K(const ll_block_q6_K *b, float *y, int64_t nb) {
 
 int ll_dequantize_row(int type, const void *src, float *dst, int64_t n) {
   const struct ll_type_traits *t = ll_type_traits_get(type);
-  if (!t || !t->has_dequant || n < 0 || n % t->blck_size != 0) return t ? LL_EINVAL : LL_EUNSUPPORTED;
+  if (!t || !t->has_dequant) return LL_EUNSUPPORTED;
+  if (n < 0 || n % t->blck_size != 0) return LL_EINVAL;
   const int64_t nb = n / t->blck_size;
   switch (type) {
   case LL_TYPE_F32: memcpy(dst, src, (size_t)n * 4); return 0;

@@ -329,9 +329,10 @@ int ll_safetensors_open(const char *path, struct ll_modelfile *mf, char *err, si
   if (archname && (strcmp(archname, "LlamaForCausalLM") == 0 || strcmp(archname, "MistralForCausalLM") == 0)) arch = "llama";
   if (archname && strcmp(archname, "Qwen2ForCausalLM") == 0) arch = "qwen2";
   if (!arch) {
-    json_decref(cfg);
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, "safetensors: %s/config.json: architecture '%s' is not supported (Llama, Qwen2)", dir,
-                   archname ? archname : "?");
+    ll_errf(err, errlen, LL_EUNSUPPORTED, "safetensors: %s/config.json: architecture '%s' is not supported (Llama, Qwen2)", dir,
+            archname ? archname : "?");
+    json_decref(cfg); // archname points into cfg: format the message first
+    return LL_EUNSUPPORTED;
   }
   const int n_embd = jint(cfg, "hidden_size", 0), n_ff = jint(cfg, "intermediate_size", 0), n_layer = jint(cfg, "num_hidden_layers", 0);
   const int n_head = jint(cfg, "num_attention_heads", 0), n_head_kv = jint(cfg, "num_key_value_heads", n_head);
