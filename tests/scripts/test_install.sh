@@ -5,8 +5,10 @@ prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 fail=0 pass=0
 cmake --install "$LL_BINARY_DIR" --prefix "$prefix" >/dev/null || { echo "cmake --install failed"; exit 1; }
-for f in bin/llsrv share/man/man1/llsrv.1 share/man/man5/llsrv.yaml.5 share/man/man5/llsrv-ckpt.5 \
-         share/man/man7/llsrv-protocol.7 share/llsrv/configs/demo.yaml; do
+# The pages that exist in this revision must install (llsrv.yaml.5 and llsrv-protocol.7 come
+# with the server); every page in man/ must land in its section.
+for f in bin/llsrv share/man/man1/llsrv.1 share/man/man5/llsrv-ckpt.5 \
+         $(cd "$LL_SOURCE_DIR/man" && for m in *.[157]; do echo "share/man/man${m##*.}/$m"; done); do
   if [ -e "$prefix/$f" ]; then pass=$((pass+1)); else echo "missing after install: $f"; fail=$((fail+1)); fi
 done
 # Every installed man page is well-formed roff (man's own checker).
