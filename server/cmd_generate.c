@@ -1,8 +1,161 @@
-// cmd_generate.c - placeholder until the owning work lands (replaced, not kept).
+// cmd_generate.c - `llsrv generate`: one-shot generation to stdout, streamed as tokens come.
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
 #include "ll_cmd.h"
+#include "ll_engine.h"
+#include "ll_error.h"
+#include "ll_sample.h"
+#include "ll_tokenizer.h"
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: llsrv generate --model M [-p TEXT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
+             "                      [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--ids] [--no-bos]\n"
+             "                      [-t THREADS] [--ctx N] [--kv-f32] [--device D] [--ignore-eos]\n"
+             "Greedy when --temp 0. --ids prints token ids instead of text. A model without a tokenizer\n"
+             "(llama2.c .bin) generates from BOS (id 1) when no prompt is given; -p then takes ids.\n");
+}
+
+// Parses "1 2 3" into ids (for models without a tokenizer).
+static int parse_ids(const char *s, int32_t *ids, int cap) {
+  int n = 0;
+  while (*s && n < cap) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s) break;
+    ids[n++] = (int32_t)v;
+    s = end;
+  }
+  return n;
+}
+
 int ll_cmd_generate(int argc, char **argv) {
-  (void)argc; (void)argv;
-  fprintf(stderr, "llsrv generate: not built in this revision\n");
-  return 2;
+  struct ll_engine_params ep;
+  ll_engine_params_default(&ep);
+  struct ll_sampler_params sp;
+  ll_sampler_params_default(&sp);
+  const char *prompt = NULL;
+  int n_predict = 128, print_ids = 0, no_bos = 0, ignore_eos = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
+    if (ARG("--model") || ARG("-m")) ep.model_path = v;
+    else if (ARG("-p") || ARG("--prompt")) prompt = v;
+    else if (ARG("-n")) n_predict = atoi(v);
+    else if (ARG("--temp")) sp.temperature = (float)atof(v);
+    else if (ARG("--top-k")) sp.top_k = atoi(v);
+    else if (ARG("--top-p")) sp.top_p = (float)atof(v);
+    else if (ARG("--min-p")) sp.min_p = (float)atof(v);
+    else if (ARG("--repeat-penalty")) sp.repeat_penalty = (float)atof(v);
+    else if (ARG("--repeat-last-n")) sp.repeat_last_n = atoi(v);
+    else if (ARG("--seed")) sp.seed = strtoull(v, NULL, 0);
+    else if (ARG("-t") || ARG("--threads")) ep.n_threads = atoi(v);
+    else if (ARG("--ctx") || ARG("-c")) ep.n_ctx = atoi(v);
+    else if (ARG("--device")) ep.device = v;
+    else if (strcmp(a, "--ids") == 0) print_ids = 1;
+    else if (strcmp(a, "--no-bos") == 0) no_bos = 1;
+    else if (strcmp(a, "--kv-f32") == 0) ep.kv_f16 = 0;
+    else if (strcmp(a, "--ignore-eos") == 0) ignore_eos = 1;
+    else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return usage(stdout), 0;
+    else {
+      fprintf(stderr, "llsrv generate: unknown or incomplete option '%s'\n", a);
+      usage(stderr);
+      return 2;
+    }
+#undef ARG
+  }
+  if (!ep.model_path || n_predict < 0) {
+    usage(stderr);
+    return 2;
+  }
+  char err[512];
+  struct ll_engine *e;
+  if (ll_engine_open(&e, &ep, err, sizeof err) != 0) {
+    fprintf(stderr, "llsrv generate: %s\n", err);
+    return 1;
+  }
+  struct ll_engine_info info;
+  ll_engine_get_info(e, &info);
+  const struct ll_tokenizer *tok = ll_engine_tokenizer(e);
+  const int V = ll_engine_n_vocab(e);
+  int32_t *ids = malloc((size_t)info.n_ctx * sizeof *ids);
+  float *logits = malloc((size_t)V * sizeof *logits);
+  struct ll_sampler *smp = ll_sampler_new(&sp, V);
+  int n_prompt = 0, rc = 1;
+  if (!ids || !logits || !smp) goto out;
+  if (tok) {
+    const char *text = prompt ? prompt : "";
+    int add_bos = !no_bos && ll_tokenizer_add_bos(tok);
+    n_prompt = ll_tokenize(tok, text, strlen(text), add_bos, 1, ids, info.n_ctx);
+    if (n_prompt < 0 || n_prompt > info.n_ctx) {
+      fprintf(stderr, "llsrv generate: prompt of %d tokens does not fit the context of %d\n", n_prompt, info.n_ctx);
+      goto out;
+    }
+    if (n_prompt == 0) ids[n_prompt++] = ll_tokenizer_bos(tok) >= 0 ? ll_tokenizer_bos(tok) : 0;
+  } else {
+    ids[n_prompt++] = 1; // llama2.c convention: BOS = 1
+    if (prompt) n_prompt += parse_ids(prompt, ids + n_prompt, info.n_ctx - 1);
+  }
+  if (n_prompt + n_predict > info.n_ctx) n_predict = info.n_ctx - n_prompt;
+  int seq = ll_engine_seq_new(e);
+  double t0 = now_ms();
+  for (int i = 0; i < n_prompt; i++) ll_sampler_accept(smp, ids[i]);
+  for (int off = 0; off < n_prompt; off += 512) {
+    int n = n_prompt - off < 512 ? n_prompt - off : 512;
+    struct ll_batch_item it = {seq, n, ids + off, off + n == n_prompt ? 1 : 0, logits};
+    if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) {
+      fprintf(stderr, "llsrv generate: %s\n", err);
+      goto out;
+    }
+  }
+  double t1 = now_ms();
+  struct ll_detok_stream ds;
+  ll_detok_stream_init(&ds);
+  int generated = 0;
+  char piece[1024];
+  for (; generated < n_predict; generated++) {
+    int32_t next = ll_sampler_sample(smp, logits, NULL);
+    ll_sampler_accept(smp, next);
+    if (!ignore_eos && tok && ll_tokenizer_is_eog(tok, next)) break;
+    if (print_ids || !tok) {
+      printf(generated ? " %d" : "%d", next);
+    } else {
+      int k = ll_detok_stream_push(tok, &ds, next, piece, sizeof piece);
+      if (k > 0) fwrite(piece, 1, (size_t)k, stdout);
+    }
+    fflush(stdout);
+    if (generated + 1 == n_predict) {
+      generated++;
+      break;
+    }
+    struct ll_batch_item it = {seq, 1, &next, 1, logits};
+    if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) {
+      fprintf(stderr, "\nllsrv generate: %s\n", err);
+      goto out;
+    }
+  }
+  if (tok && !print_ids) {
+    int k = ll_detok_stream_finish(&ds, piece, sizeof piece);
+    if (k > 0) fwrite(piece, 1, (size_t)k, stdout);
+  }
+  printf("\n");
+  double t2 = now_ms();
+  fprintf(stderr, "llsrv generate: prompt %d tokens in %.1f ms (%.1f tok/s), generated %d tokens in %.1f ms (%.1f tok/s)\n", n_prompt,
+          t1 - t0, n_prompt * 1000.0 / (t1 - t0 + 1e-9), generated, t2 - t1, generated > 1 ? (generated - 1) * 1000.0 / (t2 - t1 + 1e-9) : 0.0);
+  rc = 0;
+out:
+  ll_sampler_free(smp);
+  free(ids);
+  free(logits);
+  ll_engine_close(e);
+  return rc;
 }

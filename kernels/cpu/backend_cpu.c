@@ -1,0 +1,329 @@
+// backend_cpu.c - the CPU backend: struct ll_backend_i over our thread pool and the dot
+// kernels of ll_cpu_dot.h. Reference numerics follow llama.cpp's CPU path (activation
+// quantization per weight type, f16 KV cache with f16 query/probability conversion), so that
+// greedy outputs can be compared token for token.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ll_backend.h"
+#include "ll_cpu_dot.h"
+#include "ll_error.h"
+#include "ll_quant.h"
+#include "ll_threadpool.h"
+
+struct cpu_ctx {
+  struct ll_threadpool *pool;
+  int n_threads;
+  void *act;          // quantized activations (T rows)
+  size_t act_cap;
+  float *scratch;     // per-thread scratch (attention scores, rope tables)
+  size_t scratch_per_thread;
+  char device[128];
+};
+
+static struct cpu_ctx *C(struct ll_backend *b) { return b->ctx; }
+
+static int grow(void **p, size_t *cap, size_t need) {
+  if (need <= *cap) return 0;
+  void *np = NULL;
+  if (posix_memalign(&np, 64, need) != 0) return LL_ENOMEM;
+  free(*p);
+  *p = np;
+  *cap = need;
+  return 0;
+}
+
+// ---------------------------------------------------------------- matmul
+
+struct mm_job {
+  float *out;
+  const void *w;
+  size_t w_row, a_row;
+  const char *act;
+  const struct ll_type_kernels *k;
+  int T, N, K, chunk, accumulate;
+};
+
+static void mm_task(void *vctx, int task, int thread) {
+  (void)thread;
+  const struct mm_job *j = vctx;
+  const int n0 = task * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
+  for (int n = n0; n < n1; n++) {
+    const char *wr = (const char *)j->w + (size_t)n * j->w_row;
+    for (int t = 0; t < j->T; t++) {
+      float s;
+      j->k->vec_dot(j->K, &s, wr, j->act + (size_t)t * j->a_row);
+      float *o = &j->out[(size_t)t * j->N + n];
+      *o = j->accumulate ? *o + s : s;
+    }
+  }
+}
+
+// out (T, N) = x (T, K) · W (N, K)ᵀ
+static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
+  struct cpu_ctx *c = C(b);
+  const struct ll_type_kernels *k = ll_cpu_kernels(w->type);
+  if (!k) return LL_EUNSUPPORTED;
+  const size_t a_row = ll_row_size(k->act_type, w->k);
+  if (!a_row) return LL_EINVAL;
+  if (grow(&c->act, &c->act_cap, a_row * (size_t)T)) return LL_ENOMEM;
+  for (int t = 0; t < T; t++) k->from_float(x + (size_t)t * w->k, (char *)c->act + (size_t)t * a_row, w->k);
+  struct mm_job j = {out, w->data, ll_row_size(w->type, w->k), a_row, c->act, k, T, (int)w->n, (int)w->k, 0, accumulate};
+  // Enough chunks to balance the pool, rows per chunk a multiple of 4 for cache lines.
+  int chunks = c->n_threads * 8;
+  j.chunk = (int)((w->n + chunks - 1) / chunks);
+  j.chunk = (j.chunk + 3) & ~3;
+  if (j.chunk < 4) j.chunk = 4;
+  ll_threadpool_run(c->pool, mm_task, &j, (int)((w->n + j.chunk - 1) / j.chunk));
+  return 0;
+}
+
+// out (T, C) = W[ids[t], :]
+static int cpu_get_rows(struct ll_backend *b, float *out, const struct ll_weight *w, const int32_t *ids, int T) {
+  (void)b;
+  const size_t rs = ll_row_size(w->type, w->k);
+  for (int t = 0; t < T; t++) {
+    if (ids[t] < 0 || ids[t] >= w->n) return LL_EINVAL;
+    int rc = ll_dequantize_row(w->type, (const char *)w->data + (size_t)ids[t] * rs, out + (size_t)t * w->k, w->k);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+// out (T, C) = x / rms(x) * g   (sum of squares in double, as ggml)
+static int cpu_rmsnorm(struct ll_backend *b, float *out, const float *x, const float *g, int T, int Cn, float eps) {
+  (void)b;
+  for (int t = 0; t < T; t++) {
+    const float *xr = x + (size_t)t * Cn;
+    float *o = out + (size_t)t * Cn;
+    double sum = 0;
+    for (int i = 0; i < Cn; i++) sum += (double)(xr[i] * xr[i]);
+    const float mean = (float)(sum / Cn);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = 0; i < Cn; i++) o[i] = (xr[i] * scale) * g[i];
+  }
+  return 0;
+}
+
+// x (T, n_head, head_dim) rotated in place at positions pos (T)
+static int cpu_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, int n_head, int head_dim, const struct ll_rope_params *p) {
+  (void)b;
+  if (p->n_rot > head_dim || p->n_rot % 2) return LL_EINVAL;
+  const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
+  float cs[1024], sn[1024]; // n_rot / 2 <= 512 (head_dim <= 1024)
+  if (p->n_rot / 2 > 1024) return LL_EINVAL;
+  for (int t = 0; t < T; t++) {
+    float theta = (float)pos[t];
+    for (int i = 0; i < p->n_rot / 2; i++) {
+      const float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
+      const float th = p->freq_scale * (theta / ff);
+      cs[i] = cosf(th);
+      sn[i] = sinf(th);
+      theta *= theta_scale;
+    }
+    for (int h = 0; h < n_head; h++) {
+      float *v = x + ((size_t)t * n_head + h) * head_dim;
+      for (int i = 0; i < p->n_rot / 2; i++) {
+        const int a = p->mode == LL_ROPE_NEOX ? i : 2 * i, c2 = p->mode == LL_ROPE_NEOX ? i + p->n_rot / 2 : 2 * i + 1;
+        const float x0 = v[a], x1 = v[c2];
+        v[a] = x0 * cs[i] - x1 * sn[i];
+        v[c2] = x0 * sn[i] + x1 * cs[i];
+      }
+    }
+  }
+  return 0;
+}
+
+static inline size_t kv_elem(const struct ll_kv_view *kv) { return kv->kv_type == LL_TYPE_F16 ? 2 : 4; }
+
+static inline void *kv_at(const struct ll_kv_view *kv, void *base, int pos) {
+  const int blk = kv->block_table[pos / kv->block], off = pos % kv->block;
+  const size_t row = (size_t)kv->n_head_kv * kv->head_dim * kv_elem(kv);
+  return (char *)base + ((size_t)blk * kv->block + off) * row;
+}
+
+static int cpu_kv_store(struct ll_backend *b, const struct ll_kv_view *kv, const float *k, const float *v, const int32_t *pos, int T) {
+  (void)b;
+  const int n = kv->n_head_kv * kv->head_dim;
+  for (int t = 0; t < T; t++) {
+    void *kd = kv_at(kv, kv->k, pos[t]), *vd = kv_at(kv, kv->v, pos[t]);
+    if (kv->kv_type == LL_TYPE_F16) {
+      ll_quantize_row(LL_TYPE_F16, k + (size_t)t * n, kd, n);
+      ll_quantize_row(LL_TYPE_F16, v + (size_t)t * n, vd, n);
+    } else {
+      memcpy(kd, k + (size_t)t * n, (size_t)n * 4);
+      memcpy(vd, v + (size_t)t * n, (size_t)n * 4);
+    }
+  }
+  return 0;
+}
+
+struct attn_job {
+  float *out;
+  const float *q;
+  const struct ll_kv_view *kv;
+  const int32_t *pos;
+  int T, n_head;
+  float scale;
+  struct cpu_ctx *c;
+};
+
+// One (token, head): scores over positions 0..pos[t], softmax, weighted sum of V.
+static void attn_task(void *vctx, int task, int thread) {
+  const struct attn_job *j = vctx;
+  const struct ll_kv_view *kv = j->kv;
+  const int t = task / j->n_head, h = task % j->n_head, hd = kv->head_dim;
+  const int kvh = h / (j->n_head / kv->n_head_kv);
+  const int n_pos = j->pos[t] + 1;
+  float *sc = j->c->scratch + (size_t)thread * j->c->scratch_per_thread;
+  float *qv = sc + n_pos; // hd floats
+  const float *q = j->q + ((size_t)t * j->n_head + h) * hd;
+  const int f16 = kv->kv_type == LL_TYPE_F16;
+  // With an f16 cache, llama.cpp rounds q to f16 before the dot: do the same.
+  for (int i = 0; i < hd; i++) qv[i] = f16 ? ll_fp16_to_fp32(ll_fp32_to_fp16(q[i])) : q[i];
+  float mx = -INFINITY;
+  for (int p = 0; p < n_pos; p++) {
+    const char *kr = (const char *)kv_at(kv, kv->k, p) + (size_t)kvh * hd * kv_elem(kv);
+    float s = 0;
+    if (f16) {
+      const ll_fp16 *kk = (const ll_fp16 *)kr;
+      for (int i = 0; i < hd; i++) s += qv[i] * ll_fp16_to_fp32(kk[i]);
+    } else {
+      const float *kk = (const float *)kr;
+      for (int i = 0; i < hd; i++) s += qv[i] * kk[i];
+    }
+    sc[p] = s * j->scale;
+    if (sc[p] > mx) mx = sc[p];
+  }
+  double sum = 0;
+  for (int p = 0; p < n_pos; p++) {
+    sc[p] = expf(sc[p] - mx);
+    sum += sc[p];
+  }
+  const float inv = (float)(1.0 / sum);
+  float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+  for (int i = 0; i < hd; i++) o[i] = 0;
+  for (int p = 0; p < n_pos; p++) {
+    float w = sc[p] * inv;
+    const char *vr = (const char *)kv_at(kv, kv->v, p) + (size_t)kvh * hd * kv_elem(kv);
+    if (f16) {
+      w = ll_fp16_to_fp32(ll_fp32_to_fp16(w)); // probabilities meet an f16 V as f16 (llama.cpp)
+      const ll_fp16 *vv = (const ll_fp16 *)vr;
+      for (int i = 0; i < hd; i++) o[i] += w * ll_fp16_to_fp32(vv[i]);
+    } else {
+      const float *vv = (const float *)vr;
+      for (int i = 0; i < hd; i++) o[i] += w * vv[i];
+    }
+  }
+}
+
+static int cpu_attention(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, int T, int n_head,
+                         float scale) {
+  struct cpu_ctx *c = C(b);
+  if (n_head % kv->n_head_kv) return LL_EINVAL;
+  int max_pos = 0;
+  for (int t = 0; t < T; t++) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
+  const size_t per = (size_t)max_pos + 1 + (size_t)kv->head_dim + 16;
+  if (per > c->scratch_per_thread) {
+    void *p = c->scratch;
+    size_t cap = c->scratch_per_thread * (size_t)c->n_threads * sizeof(float);
+    if (grow(&p, &cap, per * (size_t)c->n_threads * sizeof(float))) return LL_ENOMEM;
+    c->scratch = p;
+    c->scratch_per_thread = per;
+  }
+  struct attn_job j = {out, q, kv, pos, T, n_head, scale, c};
+  ll_threadpool_run(c->pool, attn_task, &j, T * n_head);
+  return 0;
+}
+
+static int cpu_swiglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) {
+  (void)b;
+  for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+  return 0;
+}
+
+static int cpu_add(struct ll_backend *b, float *out, const float *a, const float *x, int64_t n) {
+  (void)b;
+  for (int64_t i = 0; i < n; i++) out[i] = a[i] + x[i];
+  return 0;
+}
+
+static void cpu_get_info(struct ll_backend *b, struct ll_backend_info *info) {
+  struct cpu_ctx *c = C(b);
+  memset(info, 0, sizeof *info);
+  snprintf(info->name, sizeof info->name, "cpu");
+  snprintf(info->device, sizeof info->device, "%s", c->device);
+  info->compute_units = c->n_threads;
+  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+  info->mem_total = pages > 0 && psz > 0 ? (int64_t)pages * psz : -1;
+  info->mem_used = -1;
+}
+
+static void cpu_free(struct ll_backend *b) {
+  if (!b) return;
+  struct cpu_ctx *c = C(b);
+  if (c) {
+    ll_threadpool_free(c->pool);
+    free(c->act);
+    free(c->scratch);
+    free(c);
+  }
+  free(b);
+}
+
+static const struct ll_backend_i cpu_iface = {
+    .free = cpu_free,
+    .get_info = cpu_get_info,
+    .matmul = cpu_matmul,
+    .get_rows = cpu_get_rows,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+};
+
+static void cpu_model_name(char *out, size_t cap) {
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  char line[512];
+  snprintf(out, cap, "CPU");
+  while (f && fgets(line, sizeof line, f)) {
+    if (strncmp(line, "model name", 10) == 0) {
+      char *p = strchr(line, ':');
+      if (p) {
+        p += 2;
+        p[strcspn(p, "\n")] = 0;
+        snprintf(out, cap, "%s", p);
+      }
+      break;
+    }
+  }
+  if (f) fclose(f);
+}
+
+int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, size_t errlen) {
+  if (n_threads <= 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    n_threads = n > 0 ? (int)n : 1;
+  }
+  if (n_threads > 512) return ll_errf(err, errlen, LL_EINVAL, "cpu backend: %d threads is more than 512", n_threads);
+  struct ll_backend *b = calloc(1, sizeof *b);
+  struct cpu_ctx *c = calloc(1, sizeof *c);
+  if (!b || !c || !(c->pool = ll_threadpool_new(n_threads))) {
+    free(b);
+    free(c);
+    return ll_errf(err, errlen, LL_ENOMEM, "cpu backend: out of memory");
+  }
+  c->n_threads = ll_threadpool_size(c->pool);
+  char model[96];
+  cpu_model_name(model, sizeof model);
+  snprintf(c->device, sizeof c->device, "%s (%d threads, %s)", model, c->n_threads, ll_cpu_isa());
+  b->i = &cpu_iface;
+  b->ctx = c;
+  *out = b;
+  return 0;
+}

@@ -1,0 +1,234 @@
+// dot.c - scalar reference dot products (the definition the SIMD versions are tested against)
+// and run-time selection of the best implementation.
+#include <string.h>
+
+#include "ll_cpu_dot.h"
+#include "ll_quant.h"
+
+#define H2F(x) ll_fp16_to_fp32(x)
+
+static void dot_q4_0_q8_0(int n, float *s, const void *w, const void *a) {
+  const ll_block_q4_0 *x = w;
+  const ll_block_q8_0 *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 32; i++) {
+    int si = 0;
+    for (int j = 0; j < 16; j++) {
+      si += ((x[i].qs[j] & 0x0F) - 8) * y[i].qs[j];
+      si += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + 16];
+    }
+    sum += si * H2F(x[i].d) * H2F(y[i].d);
+  }
+  *s = sum;
+}
+
+static void dot_q4_1_q8_1(int n, float *s, const void *w, const void *a) {
+  const ll_block_q4_1 *x = w;
+  const ll_block_q8_1 *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 32; i++) {
+    int si = 0;
+    for (int j = 0; j < 16; j++) si += (x[i].qs[j] & 0x0F) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + 16];
+    sum += (H2F(x[i].d) * H2F(y[i].d)) * si + H2F(x[i].m) * H2F(y[i].s);
+  }
+  *s = sum;
+}
+
+static void dot_q5_0_q8_0(int n, float *s, const void *w, const void *a) {
+  const ll_block_q5_0 *x = w;
+  const ll_block_q8_0 *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 32; i++) {
+    uint32_t qh;
+    memcpy(&qh, x[i].qh, 4);
+    int si = 0;
+    for (int j = 0; j < 16; j++) {
+      const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+      si += (((x[i].qs[j] & 0x0F) | h0) - 16) * y[i].qs[j] + (((x[i].qs[j] >> 4) | h1) - 16) * y[i].qs[j + 16];
+    }
+    sum += si * H2F(x[i].d) * H2F(y[i].d);
+  }
+  *s = sum;
+}
+
+static void dot_q5_1_q8_1(int n, float *s, const void *w, const void *a) {
+  const ll_block_q5_1 *x = w;
+  const ll_block_q8_1 *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 32; i++) {
+    uint32_t qh;
+    memcpy(&qh, x[i].qh, 4);
+    int si = 0;
+    for (int j = 0; j < 16; j++) {
+      const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+      si += ((x[i].qs[j] & 0x0F) | h0) * y[i].qs[j] + ((x[i].qs[j] >> 4) | h1) * y[i].qs[j + 16];
+    }
+    sum += (H2F(x[i].d) * H2F(y[i].d)) * si + H2F(x[i].m) * H2F(y[i].s);
+  }
+  *s = sum;
+}
+
+static void dot_q8_0_q8_0(int n, float *s, const void *w, const void *a) {
+  const ll_block_q8_0 *x = w, *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 32; i++) {
+    int si = 0;
+    for (int j = 0; j < 32; j++) si += x[i].qs[j] * y[i].qs[j];
+    sum += si * (H2F(x[i].d) * H2F(y[i].d));
+  }
+  *s = sum;
+}
+
+// K-quants: dequantize one 256-block of weights and dot with the Q8_K activations
+// (d * Σ q·w_int); exact integer sums per sub-block as the reference definition.
+static void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+static void dot_q4_K_q8_K(int n, float *s, const void *w, const void *a) {
+  const ll_block_q4_K *x = w;
+  const ll_block_q8_K *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 256; i++) {
+    int isum = 0, msum = 0;
+    const uint8_t *q = x[i].qs;
+    for (int j = 0; j < 4; j++, q += 32) { // 64 elements per step: low nibbles then high
+      int sc0, m0, sc1, m1, s0 = 0, s1 = 0;
+      k_scale_min(2 * j, x[i].scales, &sc0, &m0);
+      k_scale_min(2 * j + 1, x[i].scales, &sc1, &m1);
+      for (int l = 0; l < 32; l++) {
+        s0 += (q[l] & 0x0F) * y[i].qs[64 * j + l];
+        s1 += (q[l] >> 4) * y[i].qs[64 * j + 32 + l];
+      }
+      isum += sc0 * s0 + sc1 * s1;
+      msum += m0 * (y[i].bsums[4 * j] + y[i].bsums[4 * j + 1]) + m1 * (y[i].bsums[4 * j + 2] + y[i].bsums[4 * j + 3]);
+    }
+    sum += y[i].d * (H2F(x[i].d) * isum - H2F(x[i].dmin) * msum);
+  }
+  *s = sum;
+}
+
+static void dot_q5_K_q8_K(int n, float *s, const void *w, const void *a) {
+  const ll_block_q5_K *x = w;
+  const ll_block_q8_K *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 256; i++) {
+    int isum = 0, msum = 0;
+    const uint8_t *q = x[i].qs, *qh = x[i].qh;
+    for (int j = 0; j < 4; j++, q += 32) {
+      int sc0, m0, sc1, m1, s0 = 0, s1 = 0;
+      k_scale_min(2 * j, x[i].scales, &sc0, &m0);
+      k_scale_min(2 * j + 1, x[i].scales, &sc1, &m1);
+      for (int l = 0; l < 32; l++) {
+        s0 += ((q[l] & 0x0F) + ((qh[l] >> (2 * j)) & 1) * 16) * y[i].qs[64 * j + l];
+        s1 += ((q[l] >> 4) + ((qh[l] >> (2 * j + 1)) & 1) * 16) * y[i].qs[64 * j + 32 + l];
+      }
+      isum += sc0 * s0 + sc1 * s1;
+      msum += m0 * (y[i].bsums[4 * j] + y[i].bsums[4 * j + 1]) + m1 * (y[i].bsums[4 * j + 2] + y[i].bsums[4 * j + 3]);
+    }
+    sum += y[i].d * (H2F(x[i].d) * isum - H2F(x[i].dmin) * msum);
+  }
+  *s = sum;
+}
+
+static void dot_q6_K_q8_K(int n, float *s, const void *w, const void *a) {
+  const ll_block_q6_K *x = w;
+  const ll_block_q8_K *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 256; i++) {
+    int isum = 0;
+    for (int half = 0; half < 2; half++) {
+      const uint8_t *ql = x[i].ql + 64 * half, *qh = x[i].qh + 32 * half;
+      const int8_t *sc = x[i].scales + 8 * half, *q8 = y[i].qs + 128 * half;
+      for (int l = 0; l < 32; l++) {
+        const int is = l / 16;
+        const int q1 = (int)((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) - 32;
+        const int q2 = (int)((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        isum += sc[is] * q1 * q8[l] + sc[is + 2] * q2 * q8[l + 32] + sc[is + 4] * q3 * q8[l + 64] + sc[is + 6] * q4 * q8[l + 96];
+      }
+    }
+    sum += H2F(x[i].d) * y[i].d * isum;
+  }
+  *s = sum;
+}
+
+static void dot_f32(int n, float *s, const void *w, const void *a) {
+  const float *x = w, *y = a;
+  double sum = 0; // reference: accumulate in double
+  for (int i = 0; i < n; i++) sum += (double)x[i] * y[i];
+  *s = (float)sum;
+}
+
+static void dot_f16(int n, float *s, const void *w, const void *a) {
+  const ll_fp16 *x = w, *y = a;
+  double sum = 0;
+  for (int i = 0; i < n; i++) sum += (double)H2F(x[i]) * H2F(y[i]);
+  *s = (float)sum;
+}
+
+static void dot_bf16(int n, float *s, const void *w, const void *a) {
+  const ll_bf16 *x = w, *y = a;
+  double sum = 0;
+  for (int i = 0; i < n; i++) sum += (double)ll_bf16_to_fp32(x[i]) * ll_bf16_to_fp32(y[i]);
+  *s = (float)sum;
+}
+
+#define FROM(T)                                                                                    \
+  static void from_##T(const float *x, void *y, int64_t n) { ll_quantize_row(LL_TYPE_##T, x, y, n); }
+FROM(Q8_0)
+FROM(Q8_1)
+FROM(Q8_K)
+FROM(F16)
+FROM(BF16)
+FROM(F32)
+
+static const struct ll_type_kernels ref_table[LL_TYPE_COUNT] = {
+    [LL_TYPE_F32] = {LL_TYPE_F32, from_F32, dot_f32, "scalar"},
+    [LL_TYPE_F16] = {LL_TYPE_F16, from_F16, dot_f16, "scalar"},
+    [LL_TYPE_BF16] = {LL_TYPE_BF16, from_BF16, dot_bf16, "scalar"},
+    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, from_Q8_0, dot_q4_0_q8_0, "scalar"},
+    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, from_Q8_1, dot_q4_1_q8_1, "scalar"},
+    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, from_Q8_0, dot_q5_0_q8_0, "scalar"},
+    [LL_TYPE_Q5_1] = {LL_TYPE_Q8_1, from_Q8_1, dot_q5_1_q8_1, "scalar"},
+    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, from_Q8_0, dot_q8_0_q8_0, "scalar"},
+    [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, from_Q8_K, dot_q4_K_q8_K, "scalar"},
+    [LL_TYPE_Q5_K] = {LL_TYPE_Q8_K, from_Q8_K, dot_q5_K_q8_K, "scalar"},
+    [LL_TYPE_Q6_K] = {LL_TYPE_Q8_K, from_Q8_K, dot_q6_K_q8_K, "scalar"},
+};
+
+const struct ll_type_kernels *ll_cpu_kernels_ref(int t) {
+  if (t < 0 || t >= LL_TYPE_COUNT || !ref_table[t].vec_dot) return NULL;
+  return &ref_table[t];
+}
+
+static int have_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  static int cached = -1;
+  if (cached < 0) cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return cached;
+#else
+  return 0;
+#endif
+}
+
+const char *ll_cpu_isa(void) { return have_avx2() ? "avx2" : "scalar"; }
+
+#if !(defined(__x86_64__) || defined(__i386__))
+const struct ll_type_kernels *ll_cpu_kernels_avx2(int t) { (void)t; return NULL; }
+#endif
+
+const struct ll_type_kernels *ll_cpu_kernels(int t) {
+  if (have_avx2()) {
+    const struct ll_type_kernels *k = ll_cpu_kernels_avx2(t);
+    if (k) return k;
+  }
+  return ll_cpu_kernels_ref(t);
+}

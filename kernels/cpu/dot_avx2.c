@@ -1,0 +1,131 @@
+// dot_avx2.c - AVX2 + FMA + F16C dot products (compiled with -mavx2 -mfma -mf16c; chosen at
+// run time only on CPUs that have them). Same block math as the scalar references in dot.c;
+// only the order of the float reduction differs (tested against them).
+#include <immintrin.h>
+#include <string.h>
+
+#include "ll_cpu_dot.h"
+#include "ll_quant.h"
+
+static inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+static inline float h2f(ll_fp16 h) { return _cvtsh_ss(h); }
+
+// 16 bytes of packed nibbles -> 32 bytes: low nibbles first (elements 0..15), then high.
+static inline __m256i unpack_nibbles(const uint8_t *qs) {
+  const __m128i b = _mm_loadu_si128((const __m128i *)qs);
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// Σ unsigned(a) * signed(b) over 32 bytes, as 8 floats.
+static inline __m256 mul_sum_us8(__m256i a, __m256i b) {
+  const __m256i dot16 = _mm256_maddubs_epi16(a, b);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(dot16, _mm256_set1_epi16(1)));
+}
+
+// Σ signed(a) * signed(b): make a unsigned by moving its sign onto b.
+static inline __m256 mul_sum_i8(__m256i a, __m256i b) {
+  return mul_sum_us8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+static void dot_q4_0_q8_0(int n, float *s, const void *w, const void *a) {
+  const ll_block_q4_0 *x = w;
+  const ll_block_q8_0 *y = a;
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i off = _mm256_set1_epi8(8);
+  for (int i = 0; i < n / 32; i++) {
+    const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+    const __m256i qx = _mm256_sub_epi8(unpack_nibbles(x[i].qs), off);
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    acc = _mm256_fmadd_ps(d, mul_sum_i8(qx, qy), acc);
+  }
+  *s = hsum256(acc);
+}
+
+static void dot_q4_1_q8_1(int n, float *s, const void *w, const void *a) {
+  const ll_block_q4_1 *x = w;
+  const ll_block_q8_1 *y = a;
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0;
+  for (int i = 0; i < n / 32; i++) {
+    summs += h2f(x[i].m) * h2f(y[i].s);
+    const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+    const __m256i qx = unpack_nibbles(x[i].qs);
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    acc = _mm256_fmadd_ps(d, mul_sum_us8(qx, qy), acc);
+  }
+  *s = hsum256(acc) + summs;
+}
+
+static void dot_q8_0_q8_0(int n, float *s, const void *w, const void *a) {
+  const ll_block_q8_0 *x = w, *y = a;
+  __m256 acc = _mm256_setzero_ps();
+  for (int i = 0; i < n / 32; i++) {
+    const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+    const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    acc = _mm256_fmadd_ps(d, mul_sum_i8(qx, qy), acc);
+  }
+  *s = hsum256(acc);
+}
+
+static void dot_f32(int n, float *s, const void *w, const void *a) {
+  const float *x = w, *y = a;
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), a1);
+  }
+  float sum = hsum256(_mm256_add_ps(a0, a1));
+  for (; i < n; i++) sum += x[i] * y[i];
+  *s = sum;
+}
+
+static void dot_f16(int n, float *s, const void *w, const void *a) {
+  const ll_fp16 *x = w, *y = a;
+  __m256 acc = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+    const __m256 yv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i)));
+    acc = _mm256_fmadd_ps(xv, yv, acc);
+  }
+  float sum = hsum256(acc);
+  for (; i < n; i++) sum += h2f(x[i]) * h2f(y[i]);
+  *s = sum;
+}
+
+// Activation quantizers: the scalar references (a few thousand elements per token, negligible
+// next to the weight stream) keep the activations bit-identical to ll_quantize_row.
+static void quantize_q8_0(const float *x, void *y, int64_t n) { ll_quantize_row(LL_TYPE_Q8_0, x, y, n); }
+static void quantize_q8_1(const float *x, void *y, int64_t n) { ll_quantize_row(LL_TYPE_Q8_1, x, y, n); }
+
+static void from_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * 4); }
+static void from_f16(const float *x, void *vy, int64_t n) {
+  ll_fp16 *y = vy;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; i++) y[i] = ll_fp32_to_fp16(x[i]);
+}
+
+static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
+    [LL_TYPE_F32] = {LL_TYPE_F32, from_f32, dot_f32, "avx2"},
+    [LL_TYPE_F16] = {LL_TYPE_F16, from_f16, dot_f16, "avx2"},
+    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2"},
+    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q4_1_q8_1, "avx2"},
+    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2"},
+};
+
+const struct ll_type_kernels *ll_cpu_kernels_avx2(int t) {
+  if (t < 0 || t >= LL_TYPE_COUNT || !avx2_table[t].vec_dot) return NULL;
+  return &avx2_table[t];
+}

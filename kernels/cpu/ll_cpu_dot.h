@@ -1,0 +1,36 @@
+// ll_cpu_dot.h - quantized dot products: one weight row · one quantized activation row.
+//
+// Activations are quantized the way llama.cpp does before its integer dot products, so that
+// outputs agree with it: Q4_0/Q5_0/Q8_0 weights -> Q8_0 activations; Q4_1/Q5_1 -> Q8_1;
+// Q4_K/Q5_K/Q6_K -> Q8_K; F16 -> F16; BF16 -> BF16; F32 -> F32.
+// Every kernel has a scalar reference (dot.c); optimized versions (dot_avx2.c, ...) are chosen
+// at run time and tested against the reference.
+#ifndef LL_CPU_DOT_H
+#define LL_CPU_DOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// s = w (n elements, weight type) · a (n elements, activation type)
+typedef void (*ll_vec_dot_fn)(int n, float *s, const void *w, const void *a);
+// Quantize n floats of x into the activation type.
+typedef void (*ll_from_float_fn)(const float *x, void *y, int64_t n);
+
+struct ll_type_kernels {
+  int act_type;              // enum ll_type of the quantized activations
+  ll_from_float_fn from_float;
+  ll_vec_dot_fn vec_dot;
+  const char *isa;           // "scalar", "avx2", ...
+};
+
+// Best kernels for a weight type on this CPU (NULL if unsupported).
+const struct ll_type_kernels *ll_cpu_kernels(int weight_type);
+// The scalar references (always available; used by tests and as the fallback).
+const struct ll_type_kernels *ll_cpu_kernels_ref(int weight_type);
+// "avx2" / "scalar": the SIMD level chosen at run time.
+const char *ll_cpu_isa(void);
+
+// AVX2 versions (dot_avx2.c), NULL entries where not written.
+const struct ll_type_kernels *ll_cpu_kernels_avx2(int weight_type);
+
+#endif

@@ -1,0 +1,419 @@
+// engine.c - the Llama-family inference engine behind ll_engine.h.
+//
+// Model: hyperparameters from GGUF-style metadata, weights kept in their file type (mmapped or
+// loaded .ckpt memory) as struct ll_weight, norms as f32. Forward over a batch of
+// (sequence, tokens) items composed only from backend calls: all items' tokens form one
+// (T, C) activation matrix so each weight matrix is streamed once per step; attention runs per
+// item against that sequence's pages of the KV cache.
+// KV cache: per layer, a pool of blocks of LL_KV_BLOCK positions (f16 by default); a free
+// list of block ids; each sequence holds a block table. Freeing a sequence returns its blocks.
+#include "ll_engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ll_backend.h"
+#include "ll_error.h"
+#include "ll_modelfile.h"
+#include "ll_quant.h"
+#include "ll_tokenizer.h"
+
+#define MAX_BATCH_DEFAULT 512
+
+struct layer {
+  const float *attn_norm, *ffn_norm; // (C)
+  const float *bq, *bk, *bv;         // (C), (kvd), (kvd) or NULL
+  struct ll_weight wq, wk, wv, wo;   // (C, C), (kvd, C), (kvd, C), (C, C)
+  struct ll_weight gate, up, down;   // (F, C), (F, C), (C, F)
+};
+
+struct seq {
+  int used, len, n_blocks;
+  int32_t *blocks; // block table (max_blocks_per_seq)
+};
+
+struct ll_engine {
+  struct ll_modelfile mf;
+  struct ll_tokenizer *tok;
+  struct ll_backend *be;
+  struct ll_engine_info info;
+  // hyperparameters
+  int n_vocab, C, L, H, Hkv, hd, kvd, F, n_ctx;
+  float eps;
+  struct ll_rope_params rope;
+  // weights
+  struct ll_weight tok_embd, output;
+  const float *output_norm;
+  struct layer *layers;
+  float *owned_f32; // dequantized norms / biases
+  // KV cache
+  int kv_type, n_blocks, max_blocks_per_seq, n_free;
+  void **k_pool, **v_pool; // per layer
+  int32_t *free_list;
+  struct seq *seqs;
+  int n_seqs;
+  // scratch (max_batch rows)
+  int max_batch;
+  float *x, *xn, *q, *k, *v, *att, *tmp, *g, *u;
+  int32_t *pos, *ids;
+  float *logits_buf;
+  size_t logits_cap;
+  float *sel; // (rows needing logits, C)
+};
+
+void ll_engine_params_default(struct ll_engine_params *p) {
+  memset(p, 0, sizeof *p);
+  p->n_parallel = 1;
+  p->kv_f16 = 1;
+  p->device = "auto";
+}
+
+// ---------------------------------------------------------------- loading
+
+static int weight(struct ll_engine *e, const char *name, int64_t k, int64_t n, struct ll_weight *w, int optional, char *err, size_t errlen) {
+  const struct ll_tensor_info *t = ll_mf_find_tensor(&e->mf, name);
+  memset(w, 0, sizeof *w);
+  if (!t) return optional ? 1 : ll_errf(err, errlen, LL_ENOTFOUND, "model: tensor '%s' is missing", name);
+  if (t->n_dims > 2 || t->ne[0] != k || t->ne[1] != n)
+    return ll_errf(err, errlen, LL_EFORMAT, "model: tensor '%s' has shape (%lld, %lld), expected (%lld, %lld)", name, (long long)t->ne[0],
+                   (long long)t->ne[1], (long long)k, (long long)n);
+  if (!ll_type_traits_get(t->type) || !ll_type_traits_get(t->type)->has_dequant)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: tensor '%s' has type %s, which has no kernels", name, ll_type_name(t->type));
+  w->type = t->type;
+  w->k = k;
+  w->n = n;
+  w->data = t->data;
+  return 0;
+}
+
+// A 1-D tensor as f32 (dequantized into owned memory when stored in another type).
+static int vec(struct ll_engine *e, const char *name, int64_t n, const float **out, float **arena, int optional, char *err, size_t errlen) {
+  const struct ll_tensor_info *t = ll_mf_find_tensor(&e->mf, name);
+  *out = NULL;
+  if (!t) return optional ? 0 : ll_errf(err, errlen, LL_ENOTFOUND, "model: tensor '%s' is missing", name);
+  if (t->ne[0] != n || t->ne[1] != 1) return ll_errf(err, errlen, LL_EFORMAT, "model: tensor '%s' should have %lld elements", name, (long long)n);
+  if (t->type == LL_TYPE_F32) {
+    *out = t->data;
+    return 0;
+  }
+  if (ll_dequantize_row(t->type, t->data, *arena, n) != 0)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: tensor '%s' type %s", name, ll_type_name(t->type));
+  *out = *arena;
+  *arena += n;
+  return 0;
+}
+
+static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, char *err, size_t errlen) {
+  const char *arch;
+  if (ll_mf_get_str(&e->mf, "general.architecture", &arch) != 0)
+    return ll_errf(err, errlen, LL_EFORMAT, "model: general.architecture is missing");
+  int neox;
+  if (strcmp(arch, "llama") == 0) neox = 0;
+  else if (strcmp(arch, "qwen2") == 0) neox = 1;
+  else return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: architecture '%s' is not supported (llama, qwen2)", arch);
+  snprintf(e->info.arch, sizeof e->info.arch, "%s", arch);
+  int64_t v[6];
+  static const char *const keys[6] = {"embedding_length", "block_count", "attention.head_count", "feed_forward_length", "context_length",
+                                      "attention.head_count_kv"};
+  for (int i = 0; i < 6; i++) {
+    int rc = ll_mf_get_arch_int(&e->mf, keys[i], &v[i]);
+    if (rc == LL_ENOTFOUND && i == 5) v[5] = v[2], rc = 0;
+    if (rc) return ll_errf(err, errlen, LL_EFORMAT, "model: %s.%s is missing or not an integer", arch, keys[i]);
+    if (v[i] <= 0 || v[i] > (1 << 20)) return ll_errf(err, errlen, LL_EFORMAT, "model: %s.%s = %lld is out of range", arch, keys[i], (long long)v[i]);
+  }
+  e->C = (int)v[0], e->L = (int)v[1], e->H = (int)v[2], e->F = (int)v[3], e->Hkv = (int)v[5];
+  e->info.n_ctx_train = (int)v[4];
+  if (e->C % e->H || e->H % e->Hkv) return ll_errf(err, errlen, LL_EFORMAT, "model: %d heads do not divide %d dims / %d kv heads", e->H, e->C, e->Hkv);
+  e->hd = e->C / e->H;
+  e->kvd = e->hd * e->Hkv;
+  double d;
+  e->eps = ll_mf_get_arch_float(&e->mf, "attention.layer_norm_rms_epsilon", &d) == 0 ? (float)d : 1e-5f;
+  e->rope.mode = neox ? LL_ROPE_NEOX : LL_ROPE_NORMAL;
+  int64_t nrot;
+  e->rope.n_rot = ll_mf_get_arch_int(&e->mf, "rope.dimension_count", &nrot) == 0 ? (int)nrot : e->hd;
+  if (e->rope.n_rot <= 0 || e->rope.n_rot > e->hd || e->rope.n_rot % 2) return ll_errf(err, errlen, LL_EFORMAT, "model: rope.dimension_count %d", e->rope.n_rot);
+  e->rope.freq_base = ll_mf_get_arch_float(&e->mf, "rope.freq_base", &d) == 0 ? (float)d : 10000.0f;
+  e->rope.freq_scale = 1.0f;
+  char key[96];
+  const char *st;
+  snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+  if (ll_mf_get_str(&e->mf, key, &st) == 0 && strcmp(st, "linear") == 0 && ll_mf_get_arch_float(&e->mf, "rope.scaling.factor", &d) == 0 && d > 0)
+    e->rope.freq_scale = (float)(1.0 / d);
+  const struct ll_tensor_info *ff = ll_mf_find_tensor(&e->mf, "rope_freqs.weight");
+  if (ff) {
+    if (ff->type != LL_TYPE_F32 || ff->ne[0] != e->rope.n_rot / 2) return ll_errf(err, errlen, LL_EFORMAT, "model: rope_freqs.weight shape/type");
+    e->rope.freq_factors = ff->data;
+  }
+  const struct ll_tensor_info *te = ll_mf_find_tensor(&e->mf, "token_embd.weight");
+  if (!te) return ll_errf(err, errlen, LL_ENOTFOUND, "model: tensor 'token_embd.weight' is missing");
+  e->n_vocab = (int)te->ne[1];
+  e->n_ctx = p->n_ctx > 0 ? p->n_ctx : (e->info.n_ctx_train < 4096 ? e->info.n_ctx_train : 4096);
+  if (e->n_ctx > (1 << 20)) return ll_errf(err, errlen, LL_EINVAL, "engine: n_ctx %d is too large", e->n_ctx);
+  return 0;
+}
+
+static int load_weights(struct ll_engine *e, char *err, size_t errlen) {
+  int rc;
+  e->layers = calloc((size_t)e->L, sizeof *e->layers);
+  e->owned_f32 = malloc(((size_t)e->L * (2 * e->C + e->C + 2 * e->kvd) + e->C) * sizeof(float));
+  if (!e->layers || !e->owned_f32) return ll_errf(err, errlen, LL_ENOMEM, "model: out of memory");
+  float *arena = e->owned_f32;
+  if ((rc = weight(e, "token_embd.weight", e->C, e->n_vocab, &e->tok_embd, 0, err, errlen))) return rc;
+  rc = weight(e, "output.weight", e->C, e->n_vocab, &e->output, 1, err, errlen);
+  if (rc < 0) return rc;
+  if (rc == 1) e->output = e->tok_embd; // tied embeddings
+  if ((rc = vec(e, "output_norm.weight", e->C, &e->output_norm, &arena, 0, err, errlen))) return rc;
+  char n[96];
+  for (int l = 0; l < e->L; l++) {
+    struct layer *y = &e->layers[l];
+#define W(suffix, K, N, dst) (snprintf(n, sizeof n, "blk.%d." suffix, l), weight(e, n, K, N, dst, 0, err, errlen))
+#define V(suffix, N, dst, opt) (snprintf(n, sizeof n, "blk.%d." suffix, l), vec(e, n, N, dst, &arena, opt, err, errlen))
+    if ((rc = V("attn_norm.weight", e->C, &y->attn_norm, 0)) || (rc = V("ffn_norm.weight", e->C, &y->ffn_norm, 0)) ||
+        (rc = W("attn_q.weight", e->C, e->C, &y->wq)) || (rc = W("attn_k.weight", e->C, e->kvd, &y->wk)) ||
+        (rc = W("attn_v.weight", e->C, e->kvd, &y->wv)) || (rc = W("attn_output.weight", e->C, e->C, &y->wo)) ||
+        (rc = W("ffn_gate.weight", e->C, e->F, &y->gate)) || (rc = W("ffn_up.weight", e->C, e->F, &y->up)) ||
+        (rc = W("ffn_down.weight", e->F, e->C, &y->down)) || (rc = V("attn_q.bias", e->C, &y->bq, 1)) ||
+        (rc = V("attn_k.bias", e->kvd, &y->bk, 1)) || (rc = V("attn_v.bias", e->kvd, &y->bv, 1)))
+      return rc;
+#undef W
+#undef V
+  }
+  // Statistics for the start-up summary.
+  int64_t params = 0, bytes = 0, counts[LL_TYPE_COUNT] = {0};
+  for (uint64_t i = 0; i < e->mf.n_tensors; i++) {
+    const struct ll_tensor_info *t = &e->mf.tensors[i];
+    params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    bytes += (int64_t)t->nbytes;
+    if (t->n_dims >= 2 && t->type < LL_TYPE_COUNT) counts[t->type] += (int64_t)t->nbytes;
+  }
+  int best = 0;
+  for (int i = 0; i < LL_TYPE_COUNT; i++) best = counts[i] > counts[best] ? i : best;
+  e->info.n_params = params;
+  e->info.weight_bytes = bytes;
+  snprintf(e->info.quant, sizeof e->info.quant, "%s", ll_type_name(best));
+  return 0;
+}
+
+static int alloc_kv(struct ll_engine *e, const struct ll_engine_params *p, char *err, size_t errlen) {
+  e->kv_type = p->kv_f16 ? LL_TYPE_F16 : LL_TYPE_F32;
+  e->n_seqs = p->n_parallel > 0 ? p->n_parallel : 1;
+  e->max_blocks_per_seq = (e->n_ctx + LL_KV_BLOCK - 1) / LL_KV_BLOCK;
+  e->n_blocks = p->kv_blocks > 0 ? p->kv_blocks : e->max_blocks_per_seq * e->n_seqs;
+  const size_t block_bytes = (size_t)LL_KV_BLOCK * e->kvd * (e->kv_type == LL_TYPE_F16 ? 2 : 4);
+  if ((double)block_bytes * e->n_blocks * 2 * e->L > 64.0 * (1ull << 30))
+    return ll_errf(err, errlen, LL_ELIMIT, "engine: KV cache of %d blocks would exceed 64 GiB", e->n_blocks);
+  e->k_pool = calloc((size_t)e->L, sizeof *e->k_pool);
+  e->v_pool = calloc((size_t)e->L, sizeof *e->v_pool);
+  e->free_list = malloc((size_t)e->n_blocks * sizeof *e->free_list);
+  e->seqs = calloc((size_t)e->n_seqs, sizeof *e->seqs);
+  if (!e->k_pool || !e->v_pool || !e->free_list || !e->seqs) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  for (int l = 0; l < e->L; l++) {
+    e->k_pool[l] = calloc((size_t)e->n_blocks, block_bytes);
+    e->v_pool[l] = calloc((size_t)e->n_blocks, block_bytes);
+    if (!e->k_pool[l] || !e->v_pool[l]) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory for the KV cache");
+  }
+  for (int i = 0; i < e->n_blocks; i++) e->free_list[i] = e->n_blocks - 1 - i;
+  e->n_free = e->n_blocks;
+  for (int s = 0; s < e->n_seqs; s++)
+    if (!(e->seqs[s].blocks = malloc((size_t)e->max_blocks_per_seq * sizeof(int32_t)))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  e->info.kv_bytes = (int64_t)block_bytes * e->n_blocks * 2 * e->L;
+  e->info.kv_blocks_total = e->n_blocks;
+  return 0;
+}
+
+static int alloc_scratch(struct ll_engine *e, char *err, size_t errlen) {
+  e->max_batch = MAX_BATCH_DEFAULT > e->n_seqs ? MAX_BATCH_DEFAULT : e->n_seqs;
+  const size_t B = (size_t)e->max_batch;
+  float **bufs[] = {&e->x, &e->xn, &e->q, &e->att, &e->tmp, &e->sel};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (!(*bufs[i] = malloc(B * e->C * sizeof(float)))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  e->k = malloc(B * e->kvd * sizeof(float));
+  e->v = malloc(B * e->kvd * sizeof(float));
+  e->g = malloc(B * e->F * sizeof(float));
+  e->u = malloc(B * e->F * sizeof(float));
+  e->pos = malloc(B * sizeof(int32_t));
+  e->ids = malloc(B * sizeof(int32_t));
+  if (!e->k || !e->v || !e->g || !e->u || !e->pos || !e->ids) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  return 0;
+}
+
+void ll_engine_close(struct ll_engine *e) {
+  if (!e) return;
+  ll_backend_free(e->be);
+  ll_tokenizer_free(e->tok);
+  for (int l = 0; e->k_pool && l < e->L; l++) free(e->k_pool[l]);
+  for (int l = 0; e->v_pool && l < e->L; l++) free(e->v_pool[l]);
+  free(e->k_pool);
+  free(e->v_pool);
+  for (int s = 0; e->seqs && s < e->n_seqs; s++) free(e->seqs[s].blocks);
+  free(e->seqs);
+  free(e->free_list);
+  free(e->layers);
+  free(e->owned_f32);
+  free(e->x), free(e->xn), free(e->q), free(e->k), free(e->v), free(e->att), free(e->tmp), free(e->g), free(e->u), free(e->sel);
+  free(e->pos), free(e->ids), free(e->logits_buf);
+  ll_modelfile_free(&e->mf);
+  free(e);
+}
+
+int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, char *err, size_t errlen) {
+  *out = NULL;
+  if (!p || !p->model_path) return ll_errf(err, errlen, LL_EINVAL, "engine: no model path");
+  struct ll_engine *e = calloc(1, sizeof *e);
+  if (!e) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  ll_modelfile_init(&e->mf);
+  int rc = ll_model_open(p->model_path, &e->mf, err, errlen);
+  if (rc == 0) rc = load_hparams(e, p, err, errlen);
+  if (rc == 0) rc = load_weights(e, err, errlen);
+  if (rc == 0) {
+    char terr[256];
+    int trc = ll_tokenizer_from_mf(&e->mf, &e->tok, terr, sizeof terr);
+    if (trc != 0 && trc != LL_ENOTFOUND) rc = ll_errf(err, errlen, trc, "%s: %s", p->model_path, terr);
+  }
+  if (rc == 0) rc = alloc_kv(e, p, err, errlen);
+  if (rc == 0) rc = alloc_scratch(e, err, errlen);
+  if (rc == 0) {
+    struct ll_backend_params bp = {p->n_threads, p->device};
+    rc = ll_backend_create(&e->be, &bp, e->info.device_reason, sizeof e->info.device_reason, err, errlen);
+  }
+  if (rc) {
+    ll_engine_close(e);
+    return rc;
+  }
+  struct ll_backend_info bi;
+  e->be->i->get_info(e->be, &bi);
+  snprintf(e->info.backend, sizeof e->info.backend, "%s", bi.name);
+  snprintf(e->info.device_name, sizeof e->info.device_name, "%s", bi.device);
+  const char *name;
+  snprintf(e->info.name, sizeof e->info.name, "%s", ll_mf_get_str(&e->mf, "general.name", &name) == 0 ? name : p->model_path);
+  e->info.n_vocab = e->n_vocab, e->info.n_ctx = e->n_ctx, e->info.n_embd = e->C, e->info.n_layer = e->L;
+  e->info.n_head = e->H, e->info.n_head_kv = e->Hkv, e->info.n_parallel = e->n_seqs, e->info.n_threads = bi.compute_units;
+  *out = e;
+  return 0;
+}
+
+void ll_engine_get_info(const struct ll_engine *e, struct ll_engine_info *info) { *info = e->info; }
+const struct ll_tokenizer *ll_engine_tokenizer(const struct ll_engine *e) { return e->tok; }
+int ll_engine_n_vocab(const struct ll_engine *e) { return e->n_vocab; }
+int ll_engine_kv_blocks_used(const struct ll_engine *e) { return e->n_blocks - e->n_free; }
+
+// ---------------------------------------------------------------- sequences
+
+int ll_engine_seq_new(struct ll_engine *e) {
+  for (int s = 0; s < e->n_seqs; s++)
+    if (!e->seqs[s].used) {
+      e->seqs[s].used = 1;
+      e->seqs[s].len = 0;
+      e->seqs[s].n_blocks = 0;
+      return s;
+    }
+  return LL_EBUSY;
+}
+
+void ll_engine_seq_free(struct ll_engine *e, int s) {
+  if (s < 0 || s >= e->n_seqs || !e->seqs[s].used) return;
+  struct seq *q = &e->seqs[s];
+  for (int i = q->n_blocks - 1; i >= 0; i--) e->free_list[e->n_free++] = q->blocks[i];
+  q->used = 0;
+  q->len = 0;
+  q->n_blocks = 0;
+}
+
+int ll_engine_seq_len(const struct ll_engine *e, int s) { return s >= 0 && s < e->n_seqs && e->seqs[s].used ? e->seqs[s].len : LL_EINVAL; }
+
+// ---------------------------------------------------------------- forward
+
+static int fail_bk(int rc, char *err, size_t errlen, const char *op) { return ll_errf(err, errlen, rc, "engine: backend %s failed: %s", op, ll_strerror(rc)); }
+#define BK(call, op) do { int rc_ = (call); if (rc_) return fail_bk(rc_, err, errlen, op); } while (0)
+
+int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_items, char *err, size_t errlen) {
+  const struct ll_backend_i *B = e->be->i;
+  struct ll_backend *be = e->be;
+  int T = 0, rows = 0;
+  // Validate everything before touching any state.
+  for (int i = 0; i < n_items; i++) {
+    struct ll_batch_item *it = &items[i];
+    if (it->seq < 0 || it->seq >= e->n_seqs || !e->seqs[it->seq].used) return ll_errf(err, errlen, LL_EINVAL, "engine: item %d: bad sequence %d", i, it->seq);
+    for (int j = 0; j < i; j++)
+      if (items[j].seq == it->seq) return ll_errf(err, errlen, LL_EINVAL, "engine: sequence %d appears twice in one batch", it->seq);
+    if (it->n_tokens <= 0 || !it->tokens) return ll_errf(err, errlen, LL_EINVAL, "engine: item %d has no tokens", i);
+    if (e->seqs[it->seq].len + it->n_tokens > e->n_ctx)
+      return ll_errf(err, errlen, LL_ELIMIT, "engine: sequence %d would reach %d positions (context %d)", it->seq, e->seqs[it->seq].len + it->n_tokens, e->n_ctx);
+    for (int t = 0; t < it->n_tokens; t++)
+      if (it->tokens[t] < 0 || it->tokens[t] >= e->n_vocab) return ll_errf(err, errlen, LL_EINVAL, "engine: token id %d out of range (vocabulary %d)", it->tokens[t], e->n_vocab);
+    T += it->n_tokens;
+    rows += it->logits_mode == 2 ? it->n_tokens : it->logits_mode == 1 ? 1 : 0;
+  }
+  if (T > e->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "engine: batch of %d tokens exceeds the maximum %d", T, e->max_batch);
+  // Reserve KV blocks (all or nothing).
+  int need = 0;
+  for (int i = 0; i < n_items; i++) {
+    const struct seq *q = &e->seqs[items[i].seq];
+    need += (q->len + items[i].n_tokens + LL_KV_BLOCK - 1) / LL_KV_BLOCK - q->n_blocks;
+  }
+  if (need > e->n_free) return ll_errf(err, errlen, LL_ELIMIT, "engine: KV cache full (%d blocks needed, %d free)", need, e->n_free);
+  for (int i = 0; i < n_items; i++) {
+    struct seq *q = &e->seqs[items[i].seq];
+    while (q->n_blocks * LL_KV_BLOCK < q->len + items[i].n_tokens) q->blocks[q->n_blocks++] = e->free_list[--e->n_free];
+  }
+  // Token ids and positions of the whole batch.
+  for (int i = 0, t = 0; i < n_items; i++)
+    for (int j = 0; j < items[i].n_tokens; j++, t++) {
+      e->ids[t] = items[i].tokens[j];
+      e->pos[t] = e->seqs[items[i].seq].len + j;
+    }
+  const int C = e->C, kvd = e->kvd;
+  const float scale = 1.0f / sqrtf((float)e->hd);
+  BK(B->get_rows(be, e->x, &e->tok_embd, e->ids, T), "get_rows"); // x (T, C)
+  for (int l = 0; l < e->L; l++) {
+    const struct layer *y = &e->layers[l];
+    BK(B->rmsnorm(be, e->xn, e->x, y->attn_norm, T, C, e->eps), "rmsnorm"); // xn (T, C)
+    BK(B->matmul(be, e->q, e->xn, &y->wq, T, 0), "matmul q");              // q (T, C)
+    BK(B->matmul(be, e->k, e->xn, &y->wk, T, 0), "matmul k");              // k (T, kvd)
+    BK(B->matmul(be, e->v, e->xn, &y->wv, T, 0), "matmul v");              // v (T, kvd)
+    for (int t = 0; y->bq && t < T; t++) B->add(be, e->q + (size_t)t * C, e->q + (size_t)t * C, y->bq, C);
+    for (int t = 0; y->bk && t < T; t++) B->add(be, e->k + (size_t)t * kvd, e->k + (size_t)t * kvd, y->bk, kvd);
+    for (int t = 0; y->bv && t < T; t++) B->add(be, e->v + (size_t)t * kvd, e->v + (size_t)t * kvd, y->bv, kvd);
+    BK(B->rope(be, e->q, e->pos, T, e->H, e->hd, &e->rope), "rope q");
+    BK(B->rope(be, e->k, e->pos, T, e->Hkv, e->hd, &e->rope), "rope k");
+    for (int i = 0, t0 = 0; i < n_items; t0 += items[i].n_tokens, i++) {
+      struct ll_kv_view kv = {e->kv_type, LL_KV_BLOCK, e->Hkv, e->hd, e->k_pool[l], e->v_pool[l], e->seqs[items[i].seq].blocks};
+      const int n = items[i].n_tokens;
+      BK(B->kv_store(be, &kv, e->k + (size_t)t0 * kvd, e->v + (size_t)t0 * kvd, e->pos + t0, n), "kv_store");
+      BK(B->attention(be, e->att + (size_t)t0 * C, e->q + (size_t)t0 * C, &kv, e->pos + t0, n, e->H, scale), "attention"); // att (n, C)
+    }
+    BK(B->matmul(be, e->x, e->att, &y->wo, T, 1), "matmul o"); // x += att · Woᵀ
+    BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->eps), "rmsnorm");
+    BK(B->matmul(be, e->g, e->xn, &y->gate, T, 0), "matmul gate"); // g (T, F)
+    BK(B->matmul(be, e->u, e->xn, &y->up, T, 0), "matmul up");     // u (T, F)
+    BK(B->swiglu(be, e->g, e->g, e->u, (int64_t)T * e->F), "swiglu");
+    BK(B->matmul(be, e->x, e->g, &y->down, T, 1), "matmul down"); // x += g · Wdownᵀ
+  }
+  for (int i = 0; i < n_items; i++) e->seqs[items[i].seq].len += items[i].n_tokens;
+  if (rows == 0) return 0;
+  // Final norm and output head only for the rows whose logits are wanted.
+  int r = 0;
+  for (int i = 0, t0 = 0; i < n_items; t0 += items[i].n_tokens, i++) {
+    const int n = items[i].n_tokens;
+    if (items[i].logits_mode == 2) memcpy(e->sel + (size_t)r * C, e->x + (size_t)t0 * C, (size_t)n * C * sizeof(float)), r += n;
+    else if (items[i].logits_mode == 1) memcpy(e->sel + (size_t)r * C, e->x + (size_t)(t0 + n - 1) * C, (size_t)C * sizeof(float)), r++;
+  }
+  BK(B->rmsnorm(be, e->sel, e->sel, e->output_norm, rows, C, e->eps), "rmsnorm");
+  const size_t need_bytes = (size_t)rows * e->n_vocab * sizeof(float);
+  if (need_bytes > e->logits_cap) { // grows only for a larger batch of logits rows than ever before
+    float *nb = realloc(e->logits_buf, need_bytes);
+    if (!nb) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory for %d rows of logits", rows);
+    e->logits_buf = nb;
+    e->logits_cap = need_bytes;
+  }
+  BK(B->matmul(be, e->logits_buf, e->sel, &e->output, rows, 0), "matmul output"); // logits (rows, V)
+  r = 0;
+  for (int i = 0; i < n_items; i++) {
+    const int nr = items[i].logits_mode == 2 ? items[i].n_tokens : items[i].logits_mode == 1 ? 1 : 0;
+    if (nr && items[i].logits) memcpy(items[i].logits, e->logits_buf + (size_t)r * e->n_vocab, (size_t)nr * e->n_vocab * sizeof(float));
+    r += nr;
+  }
+  return 0;
+}
