@@ -1,8 +1,120 @@
-// cmd_bench.c - placeholder until the owning work lands (replaced, not kept).
+// cmd_bench.c - `llsrv bench`: prompt processing (pp: a prompt of p tokens in one batch) and
+// text generation (tg: n tokens one at a time) in tokens per second, with llama-bench's
+// meaning, so the two tables can be read side by side.
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
 #include "ll_cmd.h"
+#include "ll_engine.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+// One repetition: a fresh sequence, then pp or tg; returns seconds (negative on error).
+static double run_once(struct ll_engine *e, int pp, int tg, int32_t *toks, float *logits) {
+  char err[256];
+  int seq = ll_engine_seq_new(e);
+  if (seq < 0) return -1;
+  double t0 = now_s();
+  if (pp > 0) {
+    for (int off = 0; off < pp; off += 512) {
+      struct ll_batch_item it = {seq, pp - off < 512 ? pp - off : 512, toks + off, off + 512 >= pp, logits};
+      if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) return fprintf(stderr, "llsrv bench: %s\n", err), -1;
+    }
+  } else {
+    for (int i = 0; i < tg; i++) {
+      struct ll_batch_item it = {seq, 1, toks + i, 1, logits};
+      if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) return fprintf(stderr, "llsrv bench: %s\n", err), -1;
+    }
+  }
+  double dt = now_s() - t0;
+  ll_engine_seq_free(e, seq);
+  return dt;
+}
+
 int ll_cmd_bench(int argc, char **argv) {
-  (void)argc; (void)argv;
-  fprintf(stderr, "llsrv bench: not built in this revision\n");
-  return 2;
+  struct ll_engine_params ep;
+  ll_engine_params_default(&ep);
+  int pp = 128, tg = 64, reps = 3, json = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
+    if (ARG("--model") || ARG("-m")) ep.model_path = v;
+    else if (ARG("-p")) pp = atoi(v);
+    else if (ARG("-n")) tg = atoi(v);
+    else if (ARG("-t")) ep.n_threads = atoi(v);
+    else if (ARG("-r")) reps = atoi(v);
+    else if (ARG("--device")) ep.device = v;
+    else if (ARG("-o")) json = strcmp(v, "json") == 0;
+    else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      printf("usage: llsrv bench --model M [-p 128] [-n 64] [-t THREADS] [-r 3] [-o md|json] [--device D]\n"
+             "pp: one batch of p prompt tokens; tg: n tokens generated one at a time. Mean +/- stddev\n"
+             "over r repetitions after one warm-up, as llama-bench reports them.\n");
+      return 0;
+    } else {
+      fprintf(stderr, "llsrv bench: unknown or incomplete option '%s'\n", a);
+      return 2;
+    }
+#undef ARG
+  }
+  if (!ep.model_path || pp < 0 || tg < 0 || reps < 1 || pp > 8192 || tg > 8192) {
+    fprintf(stderr, "llsrv bench: --model is required; -p/-n in 0..8192, -r >= 1\n");
+    return 2;
+  }
+  ep.n_ctx = (pp > tg ? pp : tg) + 16;
+  char err[512];
+  struct ll_engine *e;
+  if (ll_engine_open(&e, &ep, err, sizeof err) != 0) {
+    fprintf(stderr, "llsrv bench: %s\n", err);
+    return 1;
+  }
+  struct ll_engine_info info;
+  ll_engine_get_info(e, &info);
+  const int V = ll_engine_n_vocab(e), nt = (pp > tg ? pp : tg) + 1;
+  int32_t *toks = malloc((size_t)nt * sizeof *toks);
+  float *logits = malloc((size_t)V * sizeof *logits);
+  uint64_t x = 42;
+  for (int i = 0; i < nt && toks; i++) toks[i] = (int32_t)((x = x * 6364136223846793005ULL + 1442695040888963407ULL) >> 33) % V;
+  if (!json) {
+    printf("| model | size | params | backend | threads | test | t/s |\n");
+    printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+  }
+  int rc = 0;
+  for (int which = 0; which < 2 && toks && logits; which++) {
+    const int n = which == 0 ? pp : tg;
+    if (n == 0) continue;
+    double ts[64], sum = 0, sq = 0;
+    if (reps > 64) reps = 64;
+    run_once(e, which == 0 ? pp : 0, which == 0 ? 0 : tg, toks, logits); // warm-up
+    for (int r = 0; r < reps; r++) {
+      double dt = run_once(e, which == 0 ? pp : 0, which == 0 ? 0 : tg, toks, logits);
+      if (dt <= 0) {
+        rc = 1;
+        break;
+      }
+      ts[r] = n / dt;
+      sum += ts[r];
+    }
+    if (rc) break;
+    const double mean = sum / reps;
+    for (int r = 0; r < reps; r++) sq += (ts[r] - mean) * (ts[r] - mean);
+    const double sd = reps > 1 ? sqrt(sq / (reps - 1)) : 0;
+    if (json)
+      printf("{\"model\":\"%s\",\"quant\":\"%s\",\"size\":%lld,\"params\":%lld,\"backend\":\"%s\",\"threads\":%d,\"test\":\"%s%d\",\"avg_ts\":%.3f,\"stddev_ts\":%.3f}\n",
+             info.name, info.quant, (long long)info.weight_bytes, (long long)info.n_params, info.backend, info.n_threads, which ? "tg" : "pp", n, mean, sd);
+    else
+      printf("| %s %s | %.2f MiB | %.2f M | %s | %d | %s%d | %.2f ± %.2f |\n", info.name, info.quant, info.weight_bytes / 1048576.0,
+             info.n_params / 1e6, info.backend, info.n_threads, which ? "tg" : "pp", n, mean, sd);
+    fflush(stdout);
+  }
+  free(toks);
+  free(logits);
+  ll_engine_close(e);
+  return rc;
 }

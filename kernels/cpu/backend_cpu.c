@@ -169,6 +169,7 @@ struct attn_job {
   int T, n_head;
   float scale;
   struct cpu_ctx *c;
+  const struct ll_f16_ops *f16;
 };
 
 // One (token, head): scores over positions 0..pos[t], softmax, weighted sum of V.
@@ -189,8 +190,7 @@ static void attn_task(void *vctx, int task, int thread) {
     const char *kr = (const char *)kv_at(kv, kv->k, p) + (size_t)kvh * hd * kv_elem(kv);
     float s = 0;
     if (f16) {
-      const ll_fp16 *kk = (const ll_fp16 *)kr;
-      for (int i = 0; i < hd; i++) s += qv[i] * ll_fp16_to_fp32(kk[i]);
+      s = j->f16->dot_f32_f16(qv, (const uint16_t *)kr, hd);
     } else {
       const float *kk = (const float *)kr;
       for (int i = 0; i < hd; i++) s += qv[i] * kk[i];
@@ -205,18 +205,29 @@ static void attn_task(void *vctx, int task, int thread) {
   }
   const float inv = (float)(1.0 / sum);
   float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+  if (f16) {
+    // Weighted sum of V in llama.cpp's order: probabilities rounded to f16, position p
+    // accumulated (fused) into lane p % 32, lanes reduced in ggml's fixed tree.
+    float *lanes = qv + hd; // (32, hd)
+    memset(lanes, 0, (size_t)32 * hd * sizeof(float));
+    for (int p = 0; p < n_pos; p++) {
+      const float w = ll_fp16_to_fp32(ll_fp32_to_fp16(sc[p] * inv));
+      const char *vr = (const char *)kv_at(kv, kv->v, p) + (size_t)kvh * hd * kv_elem(kv);
+      j->f16->axpy_f16(lanes + (size_t)(p % 32) * hd, (const uint16_t *)vr, w, hd);
+    }
+    for (int i = 0; i < hd; i++) {
+      float x[8];
+      for (int e = 0; e < 8; e++)
+        x[e] = (lanes[(size_t)e * hd + i] + lanes[(size_t)(16 + e) * hd + i]) + (lanes[(size_t)(8 + e) * hd + i] + lanes[(size_t)(24 + e) * hd + i]);
+      o[i] = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+    }
+    return;
+  }
   for (int i = 0; i < hd; i++) o[i] = 0;
   for (int p = 0; p < n_pos; p++) {
-    float w = sc[p] * inv;
-    const char *vr = (const char *)kv_at(kv, kv->v, p) + (size_t)kvh * hd * kv_elem(kv);
-    if (f16) {
-      w = ll_fp16_to_fp32(ll_fp32_to_fp16(w)); // probabilities meet an f16 V as f16 (llama.cpp)
-      const ll_fp16 *vv = (const ll_fp16 *)vr;
-      for (int i = 0; i < hd; i++) o[i] += w * ll_fp16_to_fp32(vv[i]);
-    } else {
-      const float *vv = (const float *)vr;
-      for (int i = 0; i < hd; i++) o[i] += w * vv[i];
-    }
+    const float w = sc[p] * inv;
+    const float *vv = (const float *)((const char *)kv_at(kv, kv->v, p) + (size_t)kvh * hd * kv_elem(kv));
+    for (int i = 0; i < hd; i++) o[i] += w * vv[i];
   }
 }
 
@@ -226,7 +237,7 @@ static int cpu_attention(struct ll_backend *b, float *out, const float *q, const
   if (n_head % kv->n_head_kv) return LL_EINVAL;
   int max_pos = 0;
   for (int t = 0; t < T; t++) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
-  const size_t per = (size_t)max_pos + 1 + (size_t)kv->head_dim + 16;
+  const size_t per = (size_t)max_pos + 1 + (size_t)kv->head_dim * 33 + 16; // scores, q, 32 V lanes
   if (per > c->scratch_per_thread) {
     void *p = c->scratch;
     size_t cap = c->scratch_per_thread * (size_t)c->n_threads * sizeof(float);
@@ -234,7 +245,7 @@ static int cpu_attention(struct ll_backend *b, float *out, const float *q, const
     c->scratch = p;
     c->scratch_per_thread = per;
   }
-  struct attn_job j = {out, q, kv, pos, T, n_head, scale, c};
+  struct attn_job j = {out, q, kv, pos, T, n_head, scale, c, ll_cpu_f16_ops()};
   ll_threadpool_run(c->pool, attn_task, &j, T * n_head);
   return 0;
 }

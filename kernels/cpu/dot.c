@@ -1,5 +1,6 @@
 // dot.c - scalar reference dot products (the definition the SIMD versions are tested against)
 // and run-time selection of the best implementation.
+#include <math.h>
 #include <string.h>
 
 #include "ll_cpu_dot.h"
@@ -223,7 +224,35 @@ const char *ll_cpu_isa(void) { return have_avx2() ? "avx2" : "scalar"; }
 
 #if !(defined(__x86_64__) || defined(__i386__))
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int t) { (void)t; return NULL; }
+const struct ll_f16_ops *ll_cpu_f16_ops_avx2(void) { return NULL; }
 #endif
+
+// Same lane structure as the AVX2 version (and ggml's f16 dot): 32 lanes accumulated with
+// fused multiply-add, reduced pairwise in a fixed tree, the tail added in double. The scalar
+// reference therefore gives bit-identical results to the SIMD path.
+static float ref_dot_f32_f16(const float *q, const uint16_t *k, int n) {
+  float lane[32] = {0};
+  const int np = n - n % 32;
+  for (int i = 0; i < np; i += 32)
+    for (int j = 0; j < 32; j++) lane[j] = fmaf(q[i + j], ll_fp16_to_fp32(k[i + j]), lane[j]);
+  float x[8];
+  for (int e = 0; e < 8; e++) x[e] = (lane[e] + lane[16 + e]) + (lane[8 + e] + lane[24 + e]);
+  const float t0 = x[0] + x[4], t1 = x[1] + x[5], t2 = x[2] + x[6], t3 = x[3] + x[7];
+  double sum = (t0 + t1) + (t2 + t3);
+  for (int i = np; i < n; i++) sum += (double)(q[i] * ll_fp16_to_fp32(k[i]));
+  return (float)sum;
+}
+
+static void ref_axpy_f16(float *o, const uint16_t *v, float w, int n) {
+  for (int i = 0; i < n; i++) o[i] = fmaf(w, ll_fp16_to_fp32(v[i]), o[i]); // fused, as the SIMD path
+}
+
+static const struct ll_f16_ops f16_ref = {ref_dot_f32_f16, ref_axpy_f16};
+const struct ll_f16_ops *ll_cpu_f16_ops_ref(void) { return &f16_ref; }
+const struct ll_f16_ops *ll_cpu_f16_ops(void) {
+  const struct ll_f16_ops *o = have_avx2() ? ll_cpu_f16_ops_avx2() : NULL;
+  return o ? o : &f16_ref;
+}
 
 const struct ll_type_kernels *ll_cpu_kernels(int t) {
   if (have_avx2()) {

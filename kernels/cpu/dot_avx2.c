@@ -129,3 +129,31 @@ const struct ll_type_kernels *ll_cpu_kernels_avx2(int t) {
   if (t < 0 || t >= LL_TYPE_COUNT || !avx2_table[t].vec_dot) return NULL;
   return &avx2_table[t];
 }
+
+// ---- attention over an f16 cache ----
+static float avx2_dot_f32_f16(const float *q, const uint16_t *k, int n) {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  const int np = n - n % 32;
+  for (int i = 0; i < np; i += 32)
+    for (int j = 0; j < 4; j++)
+      a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8 * j), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i + 8 * j))), a[j]);
+  a[0] = _mm256_add_ps(a[0], a[2]);
+  a[1] = _mm256_add_ps(a[1], a[3]);
+  a[0] = _mm256_add_ps(a[0], a[1]);
+  const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(a[0]), _mm256_extractf128_ps(a[0], 1));
+  const __m128 t1 = _mm_hadd_ps(t0, t0);
+  double sum = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+  for (int i = np; i < n; i++) sum += (double)(q[i] * _cvtsh_ss(k[i]));
+  return (float)sum;
+}
+
+static void avx2_axpy_f16(float *o, const uint16_t *v, float w, int n) {
+  const __m256 wv = _mm256_set1_ps(w);
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))), _mm256_loadu_ps(o + i)));
+  for (; i < n; i++) o[i] += w * _cvtsh_ss(v[i]);
+}
+
+static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16};
+const struct ll_f16_ops *ll_cpu_f16_ops_avx2(void) { return &f16_avx2; }

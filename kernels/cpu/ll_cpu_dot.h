@@ -33,4 +33,15 @@ const char *ll_cpu_isa(void);
 // AVX2 versions (dot_avx2.c), NULL entries where not written.
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int weight_type);
 
+// Attention helpers over an f16 cache (scalar in dot.c, AVX2+F16C in dot_avx2.c):
+//   s = Σ q[i] * k[i]                 (q f32, k f16)
+//   o[i] += w * v[i]                  (v f16)
+struct ll_f16_ops {
+  float (*dot_f32_f16)(const float *q, const uint16_t *k, int n);
+  void (*axpy_f16)(float *o, const uint16_t *v, float w, int n);
+};
+const struct ll_f16_ops *ll_cpu_f16_ops(void);
+const struct ll_f16_ops *ll_cpu_f16_ops_ref(void);
+const struct ll_f16_ops *ll_cpu_f16_ops_avx2(void);
+
 #endif
