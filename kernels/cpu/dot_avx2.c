@@ -2,6 +2,7 @@
 // run time only on CPUs that have them). Same block math as the scalar references in dot.c;
 // only the order of the float reduction differs (tested against them).
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "ll_cpu_dot.h"
@@ -152,7 +153,7 @@ static void avx2_axpy_f16(float *o, const uint16_t *v, float w, int n) {
   int i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(o + i, _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))), _mm256_loadu_ps(o + i)));
-  for (; i < n; i++) o[i] += w * _cvtsh_ss(v[i]);
+  for (; i < n; i++) o[i] = fmaf(w, _cvtsh_ss(v[i]), o[i]);
 }
 
 static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16};

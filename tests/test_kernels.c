@@ -1,0 +1,235 @@
+// test_kernels.c - every optimized CPU kernel against its scalar reference, and the CPU
+// backend's ops against naive formulas written here, on random shapes with ragged tails.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ll_backend.h"
+#include "ll_error.h"
+#include "ll_cpu_dot.h"
+#include "ll_quant.h"
+#include "ll_threadpool.h"
+#include "testutil.h"
+
+static uint64_t rs;
+
+// Random weights of a type: quantized from random floats where we have a quantizer, else
+// random bytes with a sane fp16 scale patched in (K-quants).
+static void random_row(int type, void *dst, int k) {
+  float *x = malloc((size_t)k * sizeof *x);
+  for (int i = 0; i < k; i++) x[i] = ll_test_randf(&rs);
+  if (ll_quantize_row(type, x, dst, k) != 0) {
+    const size_t rsz = ll_row_size(type, k);
+    unsigned char *b = dst;
+    for (size_t i = 0; i < rsz; i++) b[i] = (unsigned char)ll_test_rand(&rs);
+    const ll_fp16 d = ll_fp32_to_fp16(0.01f), dm = ll_fp32_to_fp16(0.002f);
+    const size_t bs = ll_type_traits_get(type)->type_size;
+    for (size_t o = 0; o < rsz; o += bs) {
+      if (type == LL_TYPE_Q6_K) memcpy(b + o + 208, &d, 2);
+      else memcpy(b + o, &d, 2), memcpy(b + o + 2, &dm, 2);
+    }
+  }
+  free(x);
+}
+
+static void test_dots(void) {
+  const int types[] = {LL_TYPE_F32, LL_TYPE_F16, LL_TYPE_BF16, LL_TYPE_Q4_0, LL_TYPE_Q4_1, LL_TYPE_Q5_0,
+                       LL_TYPE_Q5_1, LL_TYPE_Q8_0, LL_TYPE_Q4_K, LL_TYPE_Q5_K, LL_TYPE_Q6_K};
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    const int t = types[ti];
+    const struct ll_type_kernels *ref = ll_cpu_kernels_ref(t), *fast = ll_cpu_kernels(t);
+    CHECKF(ref && fast, "%s: no kernels", ll_type_name(t));
+    if (!ref || !fast) continue;
+    CHECK(ref->act_type == fast->act_type);
+    const int bs = ll_type_traits_get(t)->blck_size, abs_ = ll_type_traits_get(ref->act_type)->blck_size;
+    const int unit = bs > abs_ ? bs : abs_;
+    int bad = 0;
+    double worst = 0;
+    for (int trial = 0; trial < 40; trial++) {
+      const int k = unit * (1 + (int)(ll_test_rand(&rs) % (unit >= 256 ? 8 : 64))) + (unit == 1 ? (int)(ll_test_rand(&rs) % 31) : 0);
+      void *w = malloc(ll_row_size(t, k)), *a1 = malloc(ll_row_size(ref->act_type, k)), *a2 = malloc(ll_row_size(ref->act_type, k));
+      float *x = malloc((size_t)k * sizeof *x);
+      random_row(t, w, k);
+      for (int i = 0; i < k; i++) x[i] = ll_test_randf(&rs) * 3;
+      ref->from_float(x, a1, k);
+      fast->from_float(x, a2, k);
+      bad += memcmp(a1, a2, ll_row_size(ref->act_type, k)) != 0; // activation quantizers bit-identical
+      float s1, s2;
+      ref->vec_dot(k, &s1, w, a1);
+      fast->vec_dot(k, &s2, w, a1);
+      // Same integer sums; only the float reduction order differs: 1e-5 relative to the sum of
+      // magnitudes is the stated tolerance.
+      double mag = 0;
+      float *wf = malloc((size_t)k * sizeof *wf), *af = malloc((size_t)k * sizeof *af);
+      ll_dequantize_row(t, w, wf, k);
+      for (int i = 0; i < k; i++) mag += fabs((double)wf[i] * x[i]);
+      const double diff = fabs((double)s1 - s2) / (mag + 1e-6);
+      worst = diff > worst ? diff : worst;
+      bad += diff > 1e-5;
+      // And the reference dot agrees with the float dot of the dequantized weights within the
+      // activation quantization error (8-bit: 1/127 of each block's max; stated 1%).
+      double exact = 0;
+      for (int i = 0; i < k; i++) exact += (double)wf[i] * x[i];
+      bad += fabs(exact - s1) > 1e-2 * mag + 1e-5;
+      free(w), free(a1), free(a2), free(x), free(wf), free(af);
+    }
+    printf("%-5s kernels %-6s vs scalar: worst relative difference %.2e\n", ll_type_name(t), fast->isa, worst);
+    CHECKF(bad == 0, "%s: %d mismatches", ll_type_name(t), bad);
+  }
+  // f16 attention helpers: bit-identical between scalar and SIMD (same lane order, fused).
+  const struct ll_f16_ops *r = ll_cpu_f16_ops_ref(), *f = ll_cpu_f16_ops();
+  int bad = 0;
+  for (int trial = 0; trial < 50; trial++) {
+    const int n = 1 + (int)(ll_test_rand(&rs) % 300);
+    float q[300], o1[300], o2[300];
+    uint16_t k[300];
+    for (int i = 0; i < n; i++) q[i] = ll_test_randf(&rs), k[i] = ll_fp32_to_fp16(ll_test_randf(&rs)), o1[i] = o2[i] = ll_test_randf(&rs);
+    const float a = r->dot_f32_f16(q, k, n), b = f->dot_f32_f16(q, k, n);
+    bad += memcmp(&a, &b, 4) != 0;
+    r->axpy_f16(o1, k, 0.37f, n);
+    f->axpy_f16(o2, k, 0.37f, n);
+    bad += memcmp(o1, o2, (size_t)n * 4) != 0;
+  }
+  CHECKF(bad == 0, "f16 ops: %d mismatches", bad);
+}
+
+struct sum_ctx {
+  long *out;
+};
+static void sum_task(void *vctx, int task, int thread) {
+  (void)thread;
+  struct sum_ctx *c = vctx;
+  c->out[task] = (long)task * task;
+}
+
+static void test_threadpool(void) {
+  struct ll_threadpool *p = ll_threadpool_new(3);
+  CHECK(p && ll_threadpool_size(p) == 3);
+  long out[1000];
+  struct sum_ctx c = {out};
+  int bad = 0;
+  for (int job = 0; job < 2000; job++) { // many small jobs back to back
+    const int n = 1 + job % 1000;
+    memset(out, 0xff, sizeof out);
+    ll_threadpool_run(p, sum_task, &c, n);
+    for (int i = 0; i < n; i++) bad += out[i] != (long)i * i;
+  }
+  CHECKF(bad == 0, "%d wrong task results", bad);
+  ll_threadpool_free(p);
+}
+
+static void test_backend_ops(void) {
+  struct ll_backend *b;
+  char err[256];
+  CHECK(ll_backend_cpu_create(&b, 2, err, sizeof err) == 0);
+  const struct ll_backend_i *B = b->i;
+  // matmul (T, N) = x (T, K) · W (N, K)ᵀ against per-row reference dots, ragged N and T.
+  for (int trial = 0; trial < 12; trial++) {
+    const int t = trial % 2 ? LL_TYPE_Q4_1 : LL_TYPE_Q8_0;
+    const int K = 32 * (1 + (int)(ll_test_rand(&rs) % 24)), N = 1 + (int)(ll_test_rand(&rs) % 77), T = 1 + (int)(ll_test_rand(&rs) % 9);
+    const size_t rsz = ll_row_size(t, K);
+    unsigned char *W = malloc(rsz * N);
+    for (int n = 0; n < N; n++) random_row(t, W + rsz * n, K);
+    float *x = malloc(sizeof(float) * T * K), *out = malloc(sizeof(float) * T * N);
+    for (int i = 0; i < T * K; i++) x[i] = ll_test_randf(&rs);
+    struct ll_weight w = {t, K, N, W, NULL};
+    CHECK(B->matmul(b, out, x, &w, T, 0) == 0);
+    const struct ll_type_kernels *k = ll_cpu_kernels(t);
+    void *act = malloc(ll_row_size(k->act_type, K));
+    int bad = 0;
+    for (int tt = 0; tt < T; tt++) {
+      k->from_float(x + (size_t)tt * K, act, K);
+      for (int n = 0; n < N; n++) {
+        float s;
+        k->vec_dot(K, &s, W + rsz * n, act);
+        bad += s != out[(size_t)tt * N + n]; // same kernel, same inputs: identical
+      }
+    }
+    CHECKF(bad == 0, "matmul %s K=%d N=%d T=%d: %d differences", ll_type_name(t), K, N, T, bad);
+    free(W), free(x), free(out), free(act);
+  }
+  // rmsnorm and rope against the formulas.
+  float x[3 * 64], y[3 * 64], g[64];
+  for (int i = 0; i < 192; i++) x[i] = ll_test_randf(&rs);
+  for (int i = 0; i < 64; i++) g[i] = ll_test_randf(&rs);
+  CHECK(B->rmsnorm(b, y, x, g, 3, 64, 1e-5f) == 0);
+  int bad = 0;
+  for (int t = 0; t < 3; t++) {
+    double ss = 0;
+    for (int i = 0; i < 64; i++) ss += x[t * 64 + i] * x[t * 64 + i];
+    for (int i = 0; i < 64; i++) bad += fabs(y[t * 64 + i] - x[t * 64 + i] / sqrt(ss / 64 + 1e-5) * g[i]) > 1e-5;
+  }
+  CHECK(bad == 0);
+  for (int mode = 0; mode <= 2; mode += 2) {
+    memcpy(y, x, sizeof x);
+    int32_t pos[3] = {0, 7, 300};
+    struct ll_rope_params rp = {mode, 16, 10000.0f, 1.0f, NULL};
+    CHECK(B->rope(b, y, pos, 3, 2, 32, &rp) == 0); // 3 tokens, 2 heads of 32, 16 rotated dims
+    bad = 0;
+    for (int t = 0; t < 3; t++)
+      for (int h = 0; h < 2; h++) {
+        const float *in = x + (t * 2 + h) * 32, *o = y + (t * 2 + h) * 32;
+        for (int i = 0; i < 8; i++) {
+          const double th = pos[t] * pow(10000.0, -2.0 * i / 16);
+          const int a = mode ? i : 2 * i, c = mode ? i + 8 : 2 * i + 1;
+          bad += fabs(o[a] - (in[a] * cos(th) - in[c] * sin(th))) > 1e-3 || fabs(o[c] - (in[a] * sin(th) + in[c] * cos(th))) > 1e-3;
+        }
+        for (int i = 16; i < 32; i++) bad += o[i] != in[i]; // beyond n_rot: untouched
+      }
+    CHECKF(bad == 0, "rope mode %d: %d differences", mode, bad);
+  }
+  // attention over a paged f32 cache against a naive softmax(q·k)·v; f16 cache within 1e-2.
+  for (int kvt = 0; kvt < 2; kvt++) {
+    const int hd = 32, Hkv = 2, H = 4, P = 37;
+    const size_t es = kvt ? 2 : 4;
+    unsigned char *kp = calloc(8 * 16 * Hkv * hd, es), *vp = calloc(8 * 16 * Hkv * hd, es);
+    int32_t table[3] = {5, 1, 6}, pos[P];
+    struct ll_kv_view kv = {kvt ? LL_TYPE_F16 : LL_TYPE_F32, 16, Hkv, hd, kp, vp, table};
+    float *k = malloc(sizeof(float) * P * Hkv * hd), *v = malloc(sizeof(float) * P * Hkv * hd);
+    float *q = malloc(sizeof(float) * P * H * hd), *o = malloc(sizeof(float) * P * H * hd);
+    for (int i = 0; i < P * Hkv * hd; i++) k[i] = ll_test_randf(&rs), v[i] = ll_test_randf(&rs);
+    for (int i = 0; i < P * H * hd; i++) q[i] = ll_test_randf(&rs);
+    for (int i = 0; i < P; i++) pos[i] = i;
+    CHECK(B->kv_store(b, &kv, k, v, pos, P) == 0);
+    CHECK(B->attention(b, o, q, &kv, pos, P, H, 1.0f / sqrtf(hd)) == 0);
+    double worst = 0;
+    for (int t = 0; t < P; t++)
+      for (int h = 0; h < H; h++) {
+        const int kh = h / (H / Hkv);
+        double sc[64], mx = -1e30, z = 0;
+        for (int p = 0; p <= t; p++) {
+          double s = 0;
+          for (int i = 0; i < hd; i++) s += q[(t * H + h) * hd + i] * k[(p * Hkv + kh) * hd + i];
+          sc[p] = s / sqrt(hd);
+          mx = sc[p] > mx ? sc[p] : mx;
+        }
+        for (int p = 0; p <= t; p++) z += exp(sc[p] - mx);
+        for (int i = 0; i < hd; i++) {
+          double r = 0;
+          for (int p = 0; p <= t; p++) r += exp(sc[p] - mx) / z * v[(p * Hkv + kh) * hd + i];
+          const double d = fabs(r - o[(t * H + h) * hd + i]);
+          worst = d > worst ? d : worst;
+        }
+      }
+    printf("attention (%s cache): worst abs difference %.2e\n", kvt ? "f16" : "f32", worst);
+    CHECK(worst < (kvt ? 1e-2 : 1e-5));
+    free(kp), free(vp), free(k), free(v), free(q), free(o);
+  }
+  ll_backend_free(b);
+  // Device choice: explicit opencl is refused clearly; auto lands on the CPU with a reason.
+  struct ll_backend_params bp = {1, "opencl"};
+  char reason[160] = "";
+  CHECK(ll_backend_create(&b, &bp, reason, sizeof reason, err, sizeof err) == LL_EUNSUPPORTED && strstr(err, "OpenCL"));
+  bp.device = "auto";
+  CHECK(ll_backend_create(&b, &bp, reason, sizeof reason, err, sizeof err) == 0 && strncmp(reason, "cpu:", 4) == 0);
+  printf("device choice: %s\n", reason);
+  ll_backend_free(b);
+}
+
+int main(void) {
+  rs = ll_test_seed();
+  test_dots();
+  test_threadpool();
+  test_backend_ops();
+  return ll_test_summary();
+}
