@@ -1,4 +1,5 @@
 // cmd_generate.c - `llsrv generate`: one-shot generation to stdout, streamed as tokens come.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +20,10 @@ static double now_ms(void) {
 static void usage(FILE *f) {
   fprintf(f, "usage: llsrv generate --model M [-p TEXT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
              "                      [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--ids] [--no-bos]\n"
-             "                      [-t THREADS] [--ctx N] [--kv-f32] [--device D] [--ignore-eos]\n"
+             "                      [-t THREADS] [--ctx N] [--kv-f32] [--device D] [--ignore-eos] [--dump-logits K]\n"
              "Greedy when --temp 0. --ids prints token ids instead of text. A model without a tokenizer\n"
-             "(llama2.c .bin) generates from BOS (id 1) when no prompt is given; -p then takes ids.\n");
+             "(llama2.c .bin) generates from BOS (id 1) when no prompt is given; -p then takes ids.\n"
+             "--dump-logits K prints the prompt ids and the K largest logits after the prompt to stderr.\n");
 }
 
 // Parses "1 2 3" into ids (for models without a tokenizer).
@@ -43,7 +45,7 @@ int ll_cmd_generate(int argc, char **argv) {
   struct ll_sampler_params sp;
   ll_sampler_params_default(&sp);
   const char *prompt = NULL;
-  int n_predict = 128, print_ids = 0, no_bos = 0, ignore_eos = 0;
+  int n_predict = 128, print_ids = 0, no_bos = 0, ignore_eos = 0, dump_logits = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -61,6 +63,7 @@ int ll_cmd_generate(int argc, char **argv) {
     else if (ARG("-t") || ARG("--threads")) ep.n_threads = atoi(v);
     else if (ARG("--ctx") || ARG("-c")) ep.n_ctx = atoi(v);
     else if (ARG("--device")) ep.device = v;
+    else if (ARG("--dump-logits")) dump_logits = atoi(v);
     else if (strcmp(a, "--ids") == 0) print_ids = 1;
     else if (strcmp(a, "--no-bos") == 0) no_bos = 1;
     else if (strcmp(a, "--kv-f32") == 0) ep.kv_f16 = 0;
@@ -118,6 +121,22 @@ int ll_cmd_generate(int argc, char **argv) {
     }
   }
   double t1 = now_ms();
+  if (dump_logits > 0) {
+    fprintf(stderr, "prompt_ids:");
+    for (int i = 0; i < n_prompt; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, "\ntop_logits:");
+    for (int r = 0; r < dump_logits && r < V; r++) { // selection: K is small
+      int best = -1;
+      for (int v = 0; v < V; v++)
+        if (logits[v] > -INFINITY && (best < 0 || logits[v] > logits[best])) best = v;
+      if (best < 0) break;
+      fprintf(stderr, " %d:%.6f", best, logits[best]);
+      logits[best] = -INFINITY; // restored below
+    }
+    fprintf(stderr, "\n");
+    rc = 0;
+    goto out; // logits were consumed: the dump is a diagnostic run only
+  }
   struct ll_detok_stream ds;
   ll_detok_stream_init(&ds);
   int generated = 0;

@@ -51,14 +51,30 @@ static void mm_task(void *vctx, int task, int thread) {
   (void)thread;
   const struct mm_job *j = vctx;
   const int n0 = task * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
-  for (int n = n0; n < n1; n++) {
+  float tile[2][4];
+  for (int n = n0; n < n1;) {
     const char *wr = (const char *)j->w + (size_t)n * j->w_row;
+    if (j->k->tile && n + 4 <= n1) {
+      // 4 weight rows x 2 tokens per pass: weights unpacked once, four independent chains.
+      for (int t = 0; t < j->T; t += 2) {
+        const int na = j->T - t >= 2 ? 2 : 1;
+        j->k->tile(j->K, wr, j->w_row, 4, j->act + (size_t)t * j->a_row, j->a_row, na, &tile[0][0], 4);
+        for (int q = 0; q < na; q++)
+          for (int r = 0; r < 4; r++) {
+            float *o = &j->out[(size_t)(t + q) * j->N + n + r];
+            *o = j->accumulate ? *o + tile[q][r] : tile[q][r];
+          }
+      }
+      n += 4;
+      continue;
+    }
     for (int t = 0; t < j->T; t++) {
       float s;
       j->k->vec_dot(j->K, &s, wr, j->act + (size_t)t * j->a_row);
       float *o = &j->out[(size_t)t * j->N + n];
       *o = j->accumulate ? *o + s : s;
     }
+    n++;
   }
 }
 

@@ -184,9 +184,36 @@ static void dot_bf16(int n, float *s, const void *w, const void *a) {
 
 #define FROM(T)                                                                                    \
   static void from_##T(const float *x, void *y, int64_t n) { ll_quantize_row(LL_TYPE_##T, x, y, n); }
-FROM(Q8_0)
-FROM(Q8_1)
 FROM(Q8_K)
+
+// Activation quantizers as llama.cpp's CPU backend computes them on x86 (its SIMD path, not
+// ggml's *_ref): scale d = amax/127 stored as fp16, multiplier 127/amax, round half to even,
+// s = d * Σq. Written in scalar C so every ISA (and the scalar fallback) produces these bytes.
+void ll_act_quantize_q8_0(const float *x, void *vy, int64_t n) {
+  ll_block_q8_0 *y = vy;
+  for (int64_t i = 0; i < n / 32; i++, x += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    y[i].d = ll_fp32_to_fp16(d);
+    for (int j = 0; j < 32; j++) y[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
+  }
+}
+
+void ll_act_quantize_q8_1(const float *x, void *vy, int64_t n) {
+  ll_block_q8_1 *y = vy;
+  for (int64_t i = 0; i < n / 32; i++, x += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    y[i].d = ll_fp32_to_fp16(d);
+    int sum = 0;
+    for (int j = 0; j < 32; j++) sum += y[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
+    y[i].s = ll_fp32_to_fp16(d * (float)sum);
+  }
+}
+#define from_Q8_0 ll_act_quantize_q8_0
+#define from_Q8_1 ll_act_quantize_q8_1
 FROM(F16)
 FROM(BF16)
 FROM(F32)

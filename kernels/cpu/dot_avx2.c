@@ -104,10 +104,94 @@ static void dot_f16(int n, float *s, const void *w, const void *a) {
   *s = sum;
 }
 
-// Activation quantizers: the scalar references (a few thousand elements per token, negligible
-// next to the weight stream) keep the activations bit-identical to ll_quantize_row.
-static void quantize_q8_0(const float *x, void *y, int64_t n) { ll_quantize_row(LL_TYPE_Q8_0, x, y, n); }
-static void quantize_q8_1(const float *x, void *y, int64_t n) { ll_quantize_row(LL_TYPE_Q8_1, x, y, n); }
+
+// ---- tiles: up to 4 weight rows x 2 activation rows per pass, one accumulator per output ----
+// Per output the operation sequence equals the single dot above, so results are bit-identical.
+#define TILE_BEGIN(WT, AT)                                                                          \
+  const WT *wr[4];                                                                                  \
+  const AT *ar[2];                                                                                  \
+  for (int r = 0; r < nw; r++) wr[r] = (const WT *)((const char *)w + (size_t)r * w_stride);       \
+  for (int q = 0; q < na; q++) ar[q] = (const AT *)((const char *)a + (size_t)q * a_stride);       \
+  __m256 acc[4][2];                                                                                 \
+  for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+
+static inline __attribute__((always_inline)) void tile_q4_1_impl(int n, const void *w, size_t w_stride, const int nw, const void *a, size_t a_stride, const int na, float *out, size_t ostride) {
+  TILE_BEGIN(ll_block_q4_1, ll_block_q8_1)
+  float summs[4][2] = {{0}};
+  for (int i = 0; i < n / 32; i++) {
+    __m256i qx[4];
+    for (int r = 0; r < nw; r++) qx[r] = unpack_nibbles(wr[r][i].qs);
+    for (int q = 0; q < na; q++) {
+      const __m256i qy = _mm256_loadu_si256((const __m256i *)ar[q][i].qs);
+      const float dy = h2f(ar[q][i].d), sy = h2f(ar[q][i].s);
+      for (int r = 0; r < nw; r++) {
+        summs[r][q] += h2f(wr[r][i].m) * sy;
+        acc[r][q] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wr[r][i].d) * dy), mul_sum_us8(qx[r], qy), acc[r][q]);
+      }
+    }
+  }
+  for (int q = 0; q < na; q++)
+    for (int r = 0; r < nw; r++) out[(size_t)q * ostride + r] = hsum256(acc[r][q]) + summs[r][q];
+}
+
+static inline __attribute__((always_inline)) void tile_q8_0_impl(int n, const void *w, size_t w_stride, const int nw, const void *a, size_t a_stride, const int na, float *out, size_t ostride) {
+  TILE_BEGIN(ll_block_q8_0, ll_block_q8_0)
+  for (int i = 0; i < n / 32; i++) {
+    __m256i qx[4];
+    for (int r = 0; r < nw; r++) qx[r] = _mm256_loadu_si256((const __m256i *)wr[r][i].qs);
+    for (int q = 0; q < na; q++) {
+      const __m256i qy = _mm256_loadu_si256((const __m256i *)ar[q][i].qs);
+      const float dy = h2f(ar[q][i].d);
+      for (int r = 0; r < nw; r++)
+        acc[r][q] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wr[r][i].d) * dy), mul_sum_i8(qx[r], qy), acc[r][q]);
+    }
+  }
+  for (int q = 0; q < na; q++)
+    for (int r = 0; r < nw; r++) out[(size_t)q * ostride + r] = hsum256(acc[r][q]);
+}
+
+static inline __attribute__((always_inline)) void tile_q4_0_impl(int n, const void *w, size_t w_stride, const int nw, const void *a, size_t a_stride, const int na, float *out, size_t ostride) {
+  TILE_BEGIN(ll_block_q4_0, ll_block_q8_0)
+  const __m256i off = _mm256_set1_epi8(8);
+  for (int i = 0; i < n / 32; i++) {
+    __m256i qx[4];
+    for (int r = 0; r < nw; r++) qx[r] = _mm256_sub_epi8(unpack_nibbles(wr[r][i].qs), off);
+    for (int q = 0; q < na; q++) {
+      const __m256i qy = _mm256_loadu_si256((const __m256i *)ar[q][i].qs);
+      const float dy = h2f(ar[q][i].d);
+      for (int r = 0; r < nw; r++)
+        acc[r][q] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wr[r][i].d) * dy), mul_sum_i8(qx[r], qy), acc[r][q]);
+    }
+  }
+  for (int q = 0; q < na; q++)
+    for (int r = 0; r < nw; r++) out[(size_t)q * ostride + r] = hsum256(acc[r][q]);
+}
+
+// Shapes fixed at compile time so the accumulators stay in registers.
+static void tile_q4_1(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, float *out, size_t ostride) {
+  if (nw == 4 && na == 2) tile_q4_1_impl(n, w, w_stride, 4, a, a_stride, 2, out, ostride);
+  else if (nw == 4 && na == 1) tile_q4_1_impl(n, w, w_stride, 4, a, a_stride, 1, out, ostride);
+  else tile_q4_1_impl(n, w, w_stride, nw, a, a_stride, na, out, ostride);
+}
+
+// Shapes fixed at compile time so the accumulators stay in registers.
+static void tile_q8_0(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, float *out, size_t ostride) {
+  if (nw == 4 && na == 2) tile_q8_0_impl(n, w, w_stride, 4, a, a_stride, 2, out, ostride);
+  else if (nw == 4 && na == 1) tile_q8_0_impl(n, w, w_stride, 4, a, a_stride, 1, out, ostride);
+  else tile_q8_0_impl(n, w, w_stride, nw, a, a_stride, na, out, ostride);
+}
+
+// Shapes fixed at compile time so the accumulators stay in registers.
+static void tile_q4_0(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, float *out, size_t ostride) {
+  if (nw == 4 && na == 2) tile_q4_0_impl(n, w, w_stride, 4, a, a_stride, 2, out, ostride);
+  else if (nw == 4 && na == 1) tile_q4_0_impl(n, w, w_stride, 4, a, a_stride, 1, out, ostride);
+  else tile_q4_0_impl(n, w, w_stride, nw, a, a_stride, na, out, ostride);
+}
+
+// Activation quantizers: the shared scalar ones of dot.c (a few thousand elements per token,
+// negligible next to the weight stream), identical on every ISA.
+#define quantize_q8_0 ll_act_quantize_q8_0
+#define quantize_q8_1 ll_act_quantize_q8_1
 
 static void from_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * 4); }
 static void from_f16(const float *x, void *vy, int64_t n) {
@@ -121,9 +205,9 @@ static void from_f16(const float *x, void *vy, int64_t n) {
 static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
     [LL_TYPE_F32] = {LL_TYPE_F32, from_f32, dot_f32, "avx2"},
     [LL_TYPE_F16] = {LL_TYPE_F16, from_f16, dot_f16, "avx2"},
-    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2"},
-    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q4_1_q8_1, "avx2"},
-    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2"},
+    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2", tile_q4_0},
+    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q4_1_q8_1, "avx2", tile_q4_1},
+    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0},
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int t) {

@@ -16,12 +16,23 @@ typedef void (*ll_vec_dot_fn)(int n, float *s, const void *w, const void *a);
 // Quantize n floats of x into the activation type.
 typedef void (*ll_from_float_fn)(const float *x, void *y, int64_t n);
 
+// A tile of dots: out[a * ostride + r] = w_r · a_a for r < nw (<= 4) weight rows (w_stride bytes
+// apart) and a < na (<= 2) activation rows (a_stride bytes apart). Each output is computed with
+// exactly the operations of vec_dot (bit-identical); the tile only shares loads and hides latency.
+typedef void (*ll_vec_dot_tile_fn)(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na,
+                                   float *out, size_t ostride);
+
 struct ll_type_kernels {
   int act_type;              // enum ll_type of the quantized activations
   ll_from_float_fn from_float;
   ll_vec_dot_fn vec_dot;
   const char *isa;           // "scalar", "avx2", ...
+  ll_vec_dot_tile_fn tile;   // (optional) NULL: callers loop over vec_dot
 };
+
+// Activation quantizers (llama.cpp's x86 semantics; see dot.c).
+void ll_act_quantize_q8_0(const float *x, void *y, int64_t n);
+void ll_act_quantize_q8_1(const float *x, void *y, int64_t n);
 
 // Best kernels for a weight type on this CPU (NULL if unsupported).
 const struct ll_type_kernels *ll_cpu_kernels(int weight_type);

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct Q4_1 against llama.cpp's reference outputs (tests/ref/README.md says how
+# they were made). Asserted here, with the tolerances the engine meets today:
+#  - prompt token ids identical to llama.cpp's (exact);
+#  - the 5 largest logits after each prompt: max |difference| <= 0.25, and the top token equal;
+#  - greedy continuation: the first 12 tokens identical for every prompt, all 64 for prompt 0
+#    (llama.cpp fa off, f16 KV; full 64-token equality on every prompt is not reached yet: see
+#    docs/PERFORMANCE.md "Agreement with llama.cpp");
+#  - perplexity on tests/ref/ppl.txt within 0.5% of llama-perplexity's.
+set -u
+LLSRV=$LL_BINARY_DIR/server/llsrv
+M=$LL_MODEL_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
+REF=$LL_SOURCE_DIR/tests/ref
+[ -f "$M" ] || { echo "SmolLM2 not cached (fetch_smollm2 failed?)"; echo "0 passed, 1 failed"; exit 1; }
+python3 - "$LLSRV" "$M" "$REF" <<'PY'
+import subprocess, sys, re
+llsrv, model, ref = sys.argv[1:4]
+prompts = [l.rstrip("\n").encode().decode("unicode_escape") for l in open(f"{ref}/smollm2_prompts.txt")]
+rows = [l.rstrip("\n").split("\t") for l in open(f"{ref}/smollm2_greedy64.tsv")][1:]
+tops = {(r[0], r[1]): r[2] for r in (l.rstrip("\n").split("\t") for l in open(f"{ref}/smollm2_logits_top5.tsv")) if r[0] != "variant"}
+passed = failed = 0
+def check(ok, what):
+    global passed, failed
+    if ok: passed += 1
+    else: failed += 1; print("FAIL:", what)
+for r in rows:
+    if r[0] != "fa_off_f16kv": continue
+    i = int(r[1]); p = prompts[i]
+    d = subprocess.run([llsrv, "generate", "--model", model, "-p", p, "--temp", "0", "--dump-logits", "5", "-t", "2"],
+                       capture_output=True, text=True).stderr.splitlines()
+    pid = [l for l in d if l.startswith("prompt_ids:")][0].split()[1:]
+    ours = [x.split(":") for x in [l for l in d if l.startswith("top_logits:")][0].split()[1:]]
+    theirs = [x.split(":") for x in tops[(r[0], r[1])].split()]
+    check(pid == r[2].split(), f"prompt {i}: ids {pid} != llama.cpp {r[2]}")
+    check(ours[0][0] == theirs[0][0], f"prompt {i}: top token {ours[0][0]} != {theirs[0][0]}")
+    diff = max(abs(float(a[1]) - float(b[1])) for a, b in zip(ours, theirs) if a[0] == b[0]) if ours[0][0] == theirs[0][0] else 99
+    check(diff <= 0.25, f"prompt {i}: top-5 logits differ by {diff:.3f} > 0.25")
+    out = subprocess.run([llsrv, "generate", "--model", model, "-p", p, "--temp", "0", "-n", "64", "--ids", "--ignore-eos", "-t", "2"],
+                         capture_output=True, text=True).stdout.split()
+    want = r[3].split(); n = 0
+    while n < min(len(out), len(want)) and out[n] == want[n]: n += 1
+    print(f"prompt {i}: {n}/64 greedy tokens identical to llama.cpp, top-5 logit max diff {diff:.4f}")
+    check(n >= (64 if i == 0 else 12), f"prompt {i}: only {n} greedy tokens identical")
+m = re.search(r"PPL = ([0-9.]+)", open(f"{ref}/smollm2_ppl.txt").read())
+ctx = re.search(r"-c (\d+)", open(f"{ref}/smollm2_ppl.txt").read())
+if m and ctx:
+    out = subprocess.run([llsrv, "perplexity", "--model", model, "-f", f"{ref}/ppl.txt", "--ctx", ctx.group(1), "-t", "2"],
+                         capture_output=True, text=True).stdout
+    ours = float(re.search(r"PPL = ([0-9.]+)", out).group(1)); theirs = float(m.group(1))
+    print(f"perplexity (ctx {ctx.group(1)}): ours {ours:.4f}, llama-perplexity {theirs:.4f}, ratio {ours/theirs:.5f}")
+    check(abs(ours / theirs - 1) <= 0.005, f"perplexity {ours} vs {theirs}: more than 0.5% apart")
+else:
+    check(False, "tests/ref/smollm2_ppl.txt has no 'PPL = ' value with its -c")
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
+PY
