@@ -189,6 +189,13 @@ FROM(Q8_K)
 // Activation quantizers as llama.cpp's CPU backend computes them on x86 (its SIMD path, not
 // ggml's *_ref): scale d = amax/127 stored as fp16, multiplier 127/amax, round half to even,
 // s = d * Σq. Written in scalar C so every ISA (and the scalar fallback) produces these bytes.
+// Round half to even for |v| <= 127.5 (adding and removing 1.5 * 2^23 leaves the integer that
+// the default rounding mode picks; cheaper than nearbyintf, which saves the FP environment).
+static inline float round_even(float v) {
+  volatile float big = 12582912.0f; // volatile: keep the compiler from folding the round trip
+  return (v + big) - big;
+}
+
 void ll_act_quantize_q8_0(const float *x, void *vy, int64_t n) {
   ll_block_q8_0 *y = vy;
   for (int64_t i = 0; i < n / 32; i++, x += 32) {
@@ -196,7 +203,7 @@ void ll_act_quantize_q8_0(const float *x, void *vy, int64_t n) {
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
     const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
     y[i].d = ll_fp32_to_fp16(d);
-    for (int j = 0; j < 32; j++) y[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
+    for (int j = 0; j < 32; j++) y[i].qs[j] = (int8_t)round_even(x[j] * id);
   }
 }
 
@@ -208,7 +215,7 @@ void ll_act_quantize_q8_1(const float *x, void *vy, int64_t n) {
     const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
     y[i].d = ll_fp32_to_fp16(d);
     int sum = 0;
-    for (int j = 0; j < 32; j++) sum += y[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
+    for (int j = 0; j < 32; j++) sum += y[i].qs[j] = (int8_t)round_even(x[j] * id);
     y[i].s = ll_fp32_to_fp16(d * (float)sum);
   }
 }

@@ -105,88 +105,106 @@ static void dot_f16(int n, float *s, const void *w, const void *a) {
 }
 
 
-// ---- tiles: up to 4 weight rows x 2 activation rows per pass, one accumulator per output ----
-// Per output the operation sequence equals the single dot above, so results are bit-identical.
-#define TILE_BEGIN(WT, AT)                                                                          \
-  const WT *wr[4];                                                                                  \
-  const AT *ar[2];                                                                                  \
-  for (int r = 0; r < nw; r++) wr[r] = (const WT *)((const char *)w + (size_t)r * w_stride);       \
-  for (int q = 0; q < na; q++) ar[q] = (const AT *)((const char *)a + (size_t)q * a_stride);       \
-  __m256 acc[4][2];                                                                                 \
-  for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+// ---- tiles: 4 weight rows x 1 or 2 activation rows per pass, one accumulator per output ----
+// Per output the operation sequence equals the single dot above, so results are bit-identical;
+// the tile shares activation loads and runs independent dependency chains side by side.
+// Accumulators are named variables (not arrays) so they stay in registers.
+#define W_ROW(T, r) const T *w##r = (const T *)((const char *)w + (size_t)(r) * w_stride)
 
-static inline __attribute__((always_inline)) void tile_q4_1_impl(int n, const void *w, size_t w_stride, const int nw, const void *a, size_t a_stride, const int na, float *out, size_t ostride) {
-  TILE_BEGIN(ll_block_q4_1, ll_block_q8_1)
-  float summs[4][2] = {{0}};
+// q4_1 x q8_1
+#define Q41_STEP(r, q, qx)                                                                          \
+  s##r##q += h2f(w##r[i].m) * sy##q;                                                                \
+  a##r##q = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w##r[i].d) * dy##q), mul_sum_us8(qx, qy##q), a##r##q);
+
+static void q4_1_4x1(int n, const void *w, size_t w_stride, const void *a, float *out) {
+  W_ROW(ll_block_q4_1, 0); W_ROW(ll_block_q4_1, 1); W_ROW(ll_block_q4_1, 2); W_ROW(ll_block_q4_1, 3);
+  const ll_block_q8_1 *y0 = a;
+  __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00;
+  float s00 = 0, s10 = 0, s20 = 0, s30 = 0;
   for (int i = 0; i < n / 32; i++) {
-    __m256i qx[4];
-    for (int r = 0; r < nw; r++) qx[r] = unpack_nibbles(wr[r][i].qs);
-    for (int q = 0; q < na; q++) {
-      const __m256i qy = _mm256_loadu_si256((const __m256i *)ar[q][i].qs);
-      const float dy = h2f(ar[q][i].d), sy = h2f(ar[q][i].s);
-      for (int r = 0; r < nw; r++) {
-        summs[r][q] += h2f(wr[r][i].m) * sy;
-        acc[r][q] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wr[r][i].d) * dy), mul_sum_us8(qx[r], qy), acc[r][q]);
-      }
-    }
+    const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y0[i].qs);
+    const float dy0 = h2f(y0[i].d), sy0 = h2f(y0[i].s);
+    Q41_STEP(0, 0, unpack_nibbles(w0[i].qs))
+    Q41_STEP(1, 0, unpack_nibbles(w1[i].qs))
+    Q41_STEP(2, 0, unpack_nibbles(w2[i].qs))
+    Q41_STEP(3, 0, unpack_nibbles(w3[i].qs))
   }
-  for (int q = 0; q < na; q++)
-    for (int r = 0; r < nw; r++) out[(size_t)q * ostride + r] = hsum256(acc[r][q]) + summs[r][q];
+  out[0] = hsum256(a00) + s00, out[1] = hsum256(a10) + s10, out[2] = hsum256(a20) + s20, out[3] = hsum256(a30) + s30;
 }
 
-static inline __attribute__((always_inline)) void tile_q8_0_impl(int n, const void *w, size_t w_stride, const int nw, const void *a, size_t a_stride, const int na, float *out, size_t ostride) {
-  TILE_BEGIN(ll_block_q8_0, ll_block_q8_0)
+static void q4_1_4x2(int n, const void *w, size_t w_stride, const void *a, size_t a_stride, float *out, size_t ostride) {
+  W_ROW(ll_block_q4_1, 0); W_ROW(ll_block_q4_1, 1); W_ROW(ll_block_q4_1, 2); W_ROW(ll_block_q4_1, 3);
+  const ll_block_q8_1 *y0 = a, *y1 = (const ll_block_q8_1 *)((const char *)a + a_stride);
+  __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
+  float s00 = 0, s10 = 0, s20 = 0, s30 = 0, s01 = 0, s11 = 0, s21 = 0, s31 = 0;
   for (int i = 0; i < n / 32; i++) {
-    __m256i qx[4];
-    for (int r = 0; r < nw; r++) qx[r] = _mm256_loadu_si256((const __m256i *)wr[r][i].qs);
-    for (int q = 0; q < na; q++) {
-      const __m256i qy = _mm256_loadu_si256((const __m256i *)ar[q][i].qs);
-      const float dy = h2f(ar[q][i].d);
-      for (int r = 0; r < nw; r++)
-        acc[r][q] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wr[r][i].d) * dy), mul_sum_i8(qx[r], qy), acc[r][q]);
-    }
+    const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y0[i].qs), qy1 = _mm256_loadu_si256((const __m256i *)y1[i].qs);
+    const float dy0 = h2f(y0[i].d), sy0 = h2f(y0[i].s), dy1 = h2f(y1[i].d), sy1 = h2f(y1[i].s);
+    __m256i x = unpack_nibbles(w0[i].qs);
+    Q41_STEP(0, 0, x) Q41_STEP(0, 1, x)
+    x = unpack_nibbles(w1[i].qs);
+    Q41_STEP(1, 0, x) Q41_STEP(1, 1, x)
+    x = unpack_nibbles(w2[i].qs);
+    Q41_STEP(2, 0, x) Q41_STEP(2, 1, x)
+    x = unpack_nibbles(w3[i].qs);
+    Q41_STEP(3, 0, x) Q41_STEP(3, 1, x)
   }
-  for (int q = 0; q < na; q++)
-    for (int r = 0; r < nw; r++) out[(size_t)q * ostride + r] = hsum256(acc[r][q]);
+  out[0] = hsum256(a00) + s00, out[1] = hsum256(a10) + s10, out[2] = hsum256(a20) + s20, out[3] = hsum256(a30) + s30;
+  out[ostride + 0] = hsum256(a01) + s01, out[ostride + 1] = hsum256(a11) + s11, out[ostride + 2] = hsum256(a21) + s21,
+  out[ostride + 3] = hsum256(a31) + s31;
 }
 
-static inline __attribute__((always_inline)) void tile_q4_0_impl(int n, const void *w, size_t w_stride, const int nw, const void *a, size_t a_stride, const int na, float *out, size_t ostride) {
-  TILE_BEGIN(ll_block_q4_0, ll_block_q8_0)
-  const __m256i off = _mm256_set1_epi8(8);
-  for (int i = 0; i < n / 32; i++) {
-    __m256i qx[4];
-    for (int r = 0; r < nw; r++) qx[r] = _mm256_sub_epi8(unpack_nibbles(wr[r][i].qs), off);
-    for (int q = 0; q < na; q++) {
-      const __m256i qy = _mm256_loadu_si256((const __m256i *)ar[q][i].qs);
-      const float dy = h2f(ar[q][i].d);
-      for (int r = 0; r < nw; r++)
-        acc[r][q] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wr[r][i].d) * dy), mul_sum_i8(qx[r], qy), acc[r][q]);
-    }
+// q8_0 / q4_0 x q8_0: XF produces the signed weight bytes of block i of a row.
+#define Q80_STEP(r, q, qx) a##r##q = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w##r[i].d) * dy##q), mul_sum_i8(qx, qy##q), a##r##q);
+#define DEF_Q0_TILES(NAME, WT, XF)                                                                  \
+  static void NAME##_4x1(int n, const void *w, size_t w_stride, const void *a, float *out) {        \
+    W_ROW(WT, 0); W_ROW(WT, 1); W_ROW(WT, 2); W_ROW(WT, 3);                                         \
+    const ll_block_q8_0 *y0 = a;                                                                    \
+    __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00;                              \
+    for (int i = 0; i < n / 32; i++) {                                                              \
+      const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y0[i].qs);                            \
+      const float dy0 = h2f(y0[i].d);                                                               \
+      Q80_STEP(0, 0, XF(w0)) Q80_STEP(1, 0, XF(w1)) Q80_STEP(2, 0, XF(w2)) Q80_STEP(3, 0, XF(w3))   \
+    }                                                                                               \
+    out[0] = hsum256(a00), out[1] = hsum256(a10), out[2] = hsum256(a20), out[3] = hsum256(a30);     \
+  }                                                                                                 \
+  static void NAME##_4x2(int n, const void *w, size_t w_stride, const void *a, size_t a_stride, float *out, size_t ostride) { \
+    W_ROW(WT, 0); W_ROW(WT, 1); W_ROW(WT, 2); W_ROW(WT, 3);                                         \
+    const ll_block_q8_0 *y0 = a, *y1 = (const ll_block_q8_0 *)((const char *)a + a_stride);         \
+    __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00; \
+    for (int i = 0; i < n / 32; i++) {                                                              \
+      const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y0[i].qs), qy1 = _mm256_loadu_si256((const __m256i *)y1[i].qs); \
+      const float dy0 = h2f(y0[i].d), dy1 = h2f(y1[i].d);                                           \
+      __m256i x = XF(w0);                                                                           \
+      Q80_STEP(0, 0, x) Q80_STEP(0, 1, x)                                                           \
+      x = XF(w1);                                                                                   \
+      Q80_STEP(1, 0, x) Q80_STEP(1, 1, x)                                                           \
+      x = XF(w2);                                                                                   \
+      Q80_STEP(2, 0, x) Q80_STEP(2, 1, x)                                                           \
+      x = XF(w3);                                                                                   \
+      Q80_STEP(3, 0, x) Q80_STEP(3, 1, x)                                                           \
+    }                                                                                               \
+    out[0] = hsum256(a00), out[1] = hsum256(a10), out[2] = hsum256(a20), out[3] = hsum256(a30);     \
+    out[ostride + 0] = hsum256(a01), out[ostride + 1] = hsum256(a11), out[ostride + 2] = hsum256(a21), \
+    out[ostride + 3] = hsum256(a31);                                                                \
   }
-  for (int q = 0; q < na; q++)
-    for (int r = 0; r < nw; r++) out[(size_t)q * ostride + r] = hsum256(acc[r][q]);
-}
+#define XF_Q8_0(wr) _mm256_loadu_si256((const __m256i *)wr[i].qs)
+#define XF_Q4_0(wr) _mm256_sub_epi8(unpack_nibbles(wr[i].qs), _mm256_set1_epi8(8))
+DEF_Q0_TILES(q8_0, ll_block_q8_0, XF_Q8_0)
+DEF_Q0_TILES(q4_0, ll_block_q4_0, XF_Q4_0)
 
-// Shapes fixed at compile time so the accumulators stay in registers.
-static void tile_q4_1(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, float *out, size_t ostride) {
-  if (nw == 4 && na == 2) tile_q4_1_impl(n, w, w_stride, 4, a, a_stride, 2, out, ostride);
-  else if (nw == 4 && na == 1) tile_q4_1_impl(n, w, w_stride, 4, a, a_stride, 1, out, ostride);
-  else tile_q4_1_impl(n, w, w_stride, nw, a, a_stride, na, out, ostride);
-}
-
-// Shapes fixed at compile time so the accumulators stay in registers.
-static void tile_q8_0(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, float *out, size_t ostride) {
-  if (nw == 4 && na == 2) tile_q8_0_impl(n, w, w_stride, 4, a, a_stride, 2, out, ostride);
-  else if (nw == 4 && na == 1) tile_q8_0_impl(n, w, w_stride, 4, a, a_stride, 1, out, ostride);
-  else tile_q8_0_impl(n, w, w_stride, nw, a, a_stride, na, out, ostride);
-}
-
-// Shapes fixed at compile time so the accumulators stay in registers.
-static void tile_q4_0(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, float *out, size_t ostride) {
-  if (nw == 4 && na == 2) tile_q4_0_impl(n, w, w_stride, 4, a, a_stride, 2, out, ostride);
-  else if (nw == 4 && na == 1) tile_q4_0_impl(n, w, w_stride, 4, a, a_stride, 1, out, ostride);
-  else tile_q4_0_impl(n, w, w_stride, nw, a, a_stride, na, out, ostride);
-}
+// Generic entry: 4 rows x (1 | 2) activations; other shapes loop over the single dot.
+#define DEF_TILE(NAME, DOT)                                                                         \
+  static void tile_##NAME(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, float *out, size_t ostride) { \
+    if (nw == 4 && na == 2) return NAME##_4x2(n, w, w_stride, a, a_stride, out, ostride);           \
+    if (nw == 4 && na == 1) return NAME##_4x1(n, w, w_stride, a, out);                              \
+    for (int q = 0; q < na; q++)                                                                    \
+      for (int r = 0; r < nw; r++)                                                                  \
+        DOT(n, &out[(size_t)q * ostride + r], (const char *)w + (size_t)r * w_stride, (const char *)a + (size_t)q * a_stride); \
+  }
+DEF_TILE(q4_1, dot_q4_1_q8_1)
+DEF_TILE(q8_0, dot_q8_0_q8_0)
+DEF_TILE(q4_0, dot_q4_0_q8_0)
 
 // Activation quantizers: the shared scalar ones of dot.c (a few thousand elements per token,
 // negligible next to the weight stream), identical on every ISA.
