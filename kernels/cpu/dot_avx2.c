@@ -2,6 +2,7 @@
 // run time only on CPUs that have them). Same block math as the scalar references in dot.c;
 // only the order of the float reduction differs (tested against them).
 #include <immintrin.h>
+#include <pthread.h>
 #include <math.h>
 #include <string.h>
 
@@ -16,12 +17,20 @@ static inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-static inline float h2f(ll_fp16 h) { return _cvtsh_ss(h); }
+// fp16 -> fp32 through a 256 KiB table (built once): a load instead of the vpinsrw+vcvtph2ps
+// pair, which competes for the shuffle port with the nibble unpacking in the dot loops.
+static float fp16_table[65536];
+static pthread_once_t fp16_once = PTHREAD_ONCE_INIT;
+static void fp16_table_init(void) {
+  for (int i = 0; i < 65536; i++) fp16_table[i] = _cvtsh_ss((unsigned short)i);
+}
+static inline float h2f(ll_fp16 h) { return fp16_table[h]; }
 
 // 16 bytes of packed nibbles -> 32 bytes: low nibbles first (elements 0..15), then high.
+// (broadcast load + shift + blend: no shuffle-port work)
 static inline __m256i unpack_nibbles(const uint8_t *qs) {
-  const __m128i b = _mm_loadu_si128((const __m128i *)qs);
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+  const __m256i both = _mm256_blend_epi32(b, _mm256_srli_epi16(b, 4), 0xF0);
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
@@ -229,6 +238,7 @@ static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int t) {
+  pthread_once(&fp16_once, fp16_table_init);
   if (t < 0 || t >= LL_TYPE_COUNT || !avx2_table[t].vec_dot) return NULL;
   return &avx2_table[t];
 }
