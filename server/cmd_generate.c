@@ -20,9 +20,10 @@ static double now_ms(void) {
 static void usage(FILE *f) {
   fprintf(f, "usage: llsrv generate --model M [-p TEXT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
              "                      [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--ids] [--no-bos]\n"
-             "                      [-t THREADS] [--ctx N] [--kv-f32] [--device D] [--ignore-eos] [--dump-logits K]\n"
+             "                      [-t THREADS] [--ctx N] [--kv-f32] [--device D] [--ignore-eos] [--dump-logits K] [--chat]\n"
              "Greedy when --temp 0. --ids prints token ids instead of text. A model without a tokenizer\n"
              "(llama2.c .bin) generates from BOS (id 1) when no prompt is given; -p then takes ids.\n"
+             "--chat sends -p as a user message through the model's chat template (ChatML models).\n"
              "--dump-logits K prints the prompt ids and the K largest logits after the prompt to stderr.\n");
 }
 
@@ -45,7 +46,7 @@ int ll_cmd_generate(int argc, char **argv) {
   struct ll_sampler_params sp;
   ll_sampler_params_default(&sp);
   const char *prompt = NULL;
-  int n_predict = 128, print_ids = 0, no_bos = 0, ignore_eos = 0, dump_logits = 0;
+  int n_predict = 128, print_ids = 0, no_bos = 0, ignore_eos = 0, dump_logits = 0, chat = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -65,6 +66,7 @@ int ll_cmd_generate(int argc, char **argv) {
     else if (ARG("--device")) ep.device = v;
     else if (ARG("--dump-logits")) dump_logits = atoi(v);
     else if (strcmp(a, "--ids") == 0) print_ids = 1;
+    else if (strcmp(a, "--chat") == 0) chat = 1;
     else if (strcmp(a, "--no-bos") == 0) no_bos = 1;
     else if (strcmp(a, "--kv-f32") == 0) ep.kv_f16 = 0;
     else if (strcmp(a, "--ignore-eos") == 0) ignore_eos = 1;
@@ -94,7 +96,21 @@ int ll_cmd_generate(int argc, char **argv) {
   float *logits = malloc((size_t)V * sizeof *logits);
   struct ll_sampler *smp = ll_sampler_new(&sp, V);
   int n_prompt = 0, rc = 1;
+  char *rendered = NULL;
   if (!ids || !logits || !smp) goto out;
+  if (chat) {
+    // Chat templates beyond ChatML (<|im_start|>, used by SmolLM2 and Qwen) arrive with the server.
+    const char *tmpl = tok ? ll_tokenizer_chat_template(tok) : NULL;
+    if (!tmpl || !strstr(tmpl, "<|im_start|>")) {
+      fprintf(stderr, "llsrv generate: --chat needs a ChatML chat template; this model has %s\n", tmpl ? "another one" : "none");
+      goto out;
+    }
+    const char *msg = prompt ? prompt : "";
+    size_t cap = strlen(msg) + 128;
+    if (!(rendered = malloc(cap))) goto out;
+    snprintf(rendered, cap, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", msg);
+    prompt = rendered;
+  }
   if (tok) {
     const char *text = prompt ? prompt : "";
     int add_bos = !no_bos && ll_tokenizer_add_bos(tok);
@@ -172,6 +188,7 @@ int ll_cmd_generate(int argc, char **argv) {
           t1 - t0, n_prompt * 1000.0 / (t1 - t0 + 1e-9), generated, t2 - t1, generated > 1 ? (generated - 1) * 1000.0 / (t2 - t1 + 1e-9) : 0.0);
   rc = 0;
 out:
+  free(rendered);
   ll_sampler_free(smp);
   free(ids);
   free(logits);

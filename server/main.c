@@ -39,6 +39,10 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+    usage(stdout);
+    return 0;
+  }
   if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
     printf("llsrv %s\n", LL_VERSION);
     return 0;
