@@ -212,7 +212,7 @@ static int load_tokenizer(const char *dir, struct ll_modelfile *mf, int64_t voca
   }
   const char **toks = calloc((size_t)n, sizeof *toks);
   int32_t *types = calloc((size_t)n, sizeof *types);
-  char (*pads)[24] = calloc((size_t)n, 24);
+  char (*pads)[32] = calloc((size_t)n, 32);
   size_t nm = json_array_size(merges);
   const char **ms = calloc(nm ? nm : 1, sizeof *ms);
   char **mown = calloc(nm ? nm : 1, sizeof *mown);
@@ -232,7 +232,7 @@ static int load_tokenizer(const char *dir, struct ll_modelfile *mf, int64_t voca
   }
   for (int64_t i = 0; i < n; i++)
     if (!toks[i]) {
-      snprintf(pads[i], 24, "[PAD%lld]", (long long)i);
+      snprintf(pads[i], 32, "[PAD%lld]", (long long)i);
       toks[i] = pads[i];
       types[i] = 5;
     }
