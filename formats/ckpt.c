@@ -1,6 +1,7 @@
 // ckpt.c - the .ckpt container: zstd shards + JSON manifest + atomic publish.
 // Format reference: man/llsrv-ckpt.5. Interface: ll_ckpt.h.
 #include "ll_ckpt.h"
+#include "ll_fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -81,20 +82,6 @@ static int unhex32(const char *s, size_t len, unsigned char out[32]) {
 }
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-static int write_all(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n) {
-    ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
 
 static int pread_all(int fd, void *buf, size_t n, uint64_t off) {
   char *p = buf;
@@ -716,14 +703,6 @@ static json_t *build_manifest(const struct ll_modelfile *mf, const struct ll_ckp
   return root;
 }
 
-static int fsync_dir(const char *dir) {
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  int rc = fsync(fd);
-  close(fd);
-  return rc;
-}
-
 int ll_ckpt_write(const char *path, const struct ll_modelfile *mf, const struct ll_ckpt_write_opts *opts,
                   char *err, size_t errlen) {
   struct ll_ckpt_write_opts o;
@@ -838,7 +817,7 @@ int ll_ckpt_write(const char *path, const struct ll_modelfile *mf, const struct 
   // magic and can never load.
   {
     unsigned char zero[LL_CKPT_HEADER_SIZE] = {0};
-    if (write_all(fd, zero, sizeof zero)) goto ioerr;
+    if (ll_write_all(fd, zero, sizeof zero)) goto ioerr;
   }
   uint64_t pos = LL_CKPT_HEADER_SIZE;
   struct wctx ctx = {mf, toff, o.zstd_level};
@@ -876,7 +855,7 @@ int ll_ckpt_write(const char *path, const struct ll_modelfile *mf, const struct 
         break;
       }
       sh[i].offset = pos;
-      if (write_all(fd, sh[i].cbuf, sh[i].csize)) {
+      if (ll_write_all(fd, sh[i].cbuf, sh[i].csize)) {
         werr = errno;
         io_failed = 1;
         break;
@@ -924,7 +903,7 @@ int ll_ckpt_write(const char *path, const struct ll_modelfile *mf, const struct 
       rc = ll_errf(err, errlen, LL_ELIMIT, "ckpt: manifest of %zu bytes exceeds %u", mlen, LL_CKPT_MAX_MANIFEST);
       goto out;
     }
-    if (write_all(fd, mtext, mlen)) goto ioerr;
+    if (ll_write_all(fd, mtext, mlen)) goto ioerr;
     unsigned char h[LL_CKPT_HEADER_SIZE] = {0};
     memcpy(h, LL_CKPT_MAGIC, 8);
     put_u32(h + 8, LL_CKPT_VERSION);
@@ -956,7 +935,7 @@ int ll_ckpt_write(const char *path, const struct ll_modelfile *mf, const struct 
   }
   free(tmp);
   tmp = NULL;
-  if (!o.no_fsync && fsync_dir(dir)) {
+  if (!o.no_fsync && ll_fsync_dir(dir)) {
     rc = ll_errf(err, errlen, LL_EIO, "ckpt: fsync of directory '%s': %s", dir, strerror(errno));
     goto out;
   }

@@ -8,7 +8,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +16,7 @@
 #include <unistd.h>
 
 #include "ll_error.h"
+#include "ll_fileio.h"
 #include "ll_quant.h"
 
 // ---------------------------------------------------------------- bounded reader
@@ -503,31 +503,6 @@ int ll_gguf_kv_serialize(const struct ll_modelfile *mf, void **out, size_t *out_
   return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t n) {
-  const unsigned char *p = buf;
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
-static int fsync_parent_dir(const char *path) {
-  char *copy = strdup(path);
-  if (!copy) return -1;
-  int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  free(copy);
-  if (fd < 0) return -1;
-  int rc = fsync(fd);
-  close(fd);
-  return rc;
-}
-
 int ll_gguf_write(const char *path, const struct ll_modelfile *mf, char *err, size_t errlen) {
   uint64_t align = mf->alignment ? mf->alignment : LL_GGUF_DEFAULT_ALIGNMENT;
   const struct ll_kv *ak = ll_mf_find_kv(mf, "general.alignment");
@@ -577,13 +552,13 @@ int ll_gguf_write(const char *path, const struct ll_modelfile *mf, char *err, si
     free(tmp);
     return ll_errf(err, errlen, LL_EIO, "%s: cannot create temp file: %s", path, strerror(e));
   }
-  int ok = write_all(fd, b.p, b.len) == 0;
+  int ok = ll_write_all(fd, b.p, b.len) == 0;
   free(b.p);
   for (uint64_t i = 0; ok && i < mf->n_tensors; i++) {
     const struct ll_tensor_info *t = &mf->tensors[i];
-    ok = write_all(fd, t->data, (size_t)t->nbytes) == 0;
+    ok = ll_write_all(fd, t->data, (size_t)t->nbytes) == 0;
     size_t tpad = (size_t)((align - t->nbytes % align) % align);
-    if (ok && i + 1 < mf->n_tensors) ok = write_all(fd, zeros, tpad) == 0;
+    if (ok && i + 1 < mf->n_tensors) ok = ll_write_all(fd, zeros, tpad) == 0;
   }
   int e = errno;
   if (ok && fsync(fd) != 0) ok = 0, e = errno;
@@ -596,6 +571,6 @@ int ll_gguf_write(const char *path, const struct ll_modelfile *mf, char *err, si
     return ll_errf(err, errlen, LL_EIO, "%s: write failed: %s", path, strerror(e));
   }
   free(tmp);
-  if (fsync_parent_dir(path) != 0) return ll_errf(err, errlen, LL_EIO, "%s: fsync of the directory failed: %s", path, strerror(errno));
+  if (ll_fsync_parent_dir(path) != 0) return ll_errf(err, errlen, LL_EIO, "%s: fsync of the directory failed: %s", path, strerror(errno));
   return 0;
 }
