@@ -505,6 +505,29 @@ static int syms_split(const char *s, size_t len, struct sym **out, int *count) {
   return 0;
 }
 
+// The merge loop both algorithms share: seed the queue with every adjacent pair, then
+// repeatedly merge the best pair still valid (its two symbols unchanged) and queue the pairs
+// it forms with its neighbours. `add` queues a pair if the vocabulary (SPM) or the merge
+// table (BPE) has it.
+typedef int (*bigram_add_fn)(void *ctx, struct sym *s, int l, int r, struct heap *h);
+
+static int merge_loop(struct sym *s, int n, struct heap *h, bigram_add_fn add, void *ctx) {
+  int rc;
+  for (int i = 1; i < n; i++)
+    if ((rc = add(ctx, s, i - 1, i, h))) return rc;
+  while (h->n) {
+    struct bigram b = heap_pop(h);
+    struct sym *L = &s[b.left], *R = &s[b.right];
+    if (L->n == 0 || R->n == 0 || L->n + R->n != b.size) continue; // outdated
+    L->n += R->n;
+    R->n = 0;
+    L->next = R->next;
+    if (R->next >= 0) s[R->next].prev = b.left;
+    if ((rc = add(ctx, s, L->prev, b.left, h)) || (rc = add(ctx, s, b.left, L->next, h))) return rc;
+  }
+  return 0;
+}
+
 // ---------------------------------------------------------------- SPM
 
 struct revmerge {
@@ -535,6 +558,15 @@ static int spm_try_bigram(const struct ll_tokenizer *t, struct sym *s, int l, in
   strmap_put(&rm->map, s[l].text, n, rm->n, 0);
   rm->n++;
   return 0;
+}
+
+struct spm_adder {
+  const struct ll_tokenizer *t;
+  struct revmerge *rm;
+};
+static int spm_add(void *ctx, struct sym *s, int l, int r, struct heap *h) {
+  struct spm_adder *a = ctx;
+  return spm_try_bigram(a->t, s, l, r, h, a->rm);
 }
 
 static void spm_resegment(const struct ll_tokenizer *t, struct sym *s, int i, const struct revmerge *rm, struct idbuf *out, int depth) {
@@ -569,19 +601,8 @@ static int spm_encode(const struct ll_tokenizer *t, const char *text, size_t len
     rc = LL_ENOMEM;
     goto done;
   }
-  for (int i = 1; i < n; i++)
-    if ((rc = spm_try_bigram(t, s, i - 1, i, &h, &rm))) goto done;
-  while (h.n) {
-    struct bigram b = heap_pop(&h);
-    struct sym *L = &s[b.left], *R = &s[b.right];
-    if (L->n == 0 || R->n == 0 || L->n + R->n != b.size) continue;
-    L->n += R->n;
-    R->n = 0;
-    L->next = R->next;
-    if (R->next >= 0) s[R->next].prev = b.left;
-    if ((rc = spm_try_bigram(t, s, L->prev, b.left, &h, &rm))) goto done;
-    if ((rc = spm_try_bigram(t, s, b.left, L->next, &h, &rm))) goto done;
-  }
+  struct spm_adder add = {t, &rm};
+  if ((rc = merge_loop(s, n, &h, spm_add, &add))) goto done;
   for (int i = 0; i != -1; i = s[i].next) spm_resegment(t, s, i, &rm, out, 0);
 done:
   free(h.a);
@@ -606,6 +627,15 @@ static int bpe_try_bigram(const struct ll_tokenizer *t, struct sym *s, int l, in
   return heap_push(h, b);
 }
 
+struct bpe_adder {
+  const struct ll_tokenizer *t;
+  char *scratch;
+};
+static int bpe_add(void *ctx, struct sym *s, int l, int r, struct heap *h) {
+  struct bpe_adder *a = ctx;
+  return bpe_try_bigram(a->t, s, l, r, h, a->scratch);
+}
+
 // One pre-tokenized word (already byte-to-unicode mapped).
 static int bpe_word(const struct ll_tokenizer *t, const char *w, size_t len, struct idbuf *out, char *scratch) {
   if (t->ignore_merges) {
@@ -619,19 +649,8 @@ static int bpe_word(const struct ll_tokenizer *t, const char *w, size_t len, str
   int n, rc;
   if ((rc = syms_split(w, len, &s, &n))) return rc;
   struct heap h = {0};
-  for (int i = 1; i < n; i++)
-    if ((rc = bpe_try_bigram(t, s, i - 1, i, &h, scratch))) goto done;
-  while (h.n) {
-    struct bigram b = heap_pop(&h);
-    struct sym *L = &s[b.left], *R = &s[b.right];
-    if (L->n == 0 || R->n == 0 || L->n + R->n != b.size) continue;
-    L->n += R->n;
-    R->n = 0;
-    L->next = R->next;
-    if (R->next >= 0) s[R->next].prev = b.left;
-    if ((rc = bpe_try_bigram(t, s, L->prev, b.left, &h, scratch))) goto done;
-    if ((rc = bpe_try_bigram(t, s, b.left, L->next, &h, scratch))) goto done;
-  }
+  struct bpe_adder add = {t, scratch};
+  if ((rc = merge_loop(s, n, &h, bpe_add, &add))) goto done;
   for (int i = 0; i < n; i++) {
     if (s[i].n == 0) continue;
     int32_t id = strmap_get(&t->text_to_id, s[i].text, s[i].n);
