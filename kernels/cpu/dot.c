@@ -1,6 +1,9 @@
 // dot.c - scalar reference dot products (the definition the SIMD versions are tested against)
 // and run-time selection of the best implementation.
 #include <math.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <string.h>
 
 #include "ll_cpu_dot.h"
@@ -226,17 +229,17 @@ FROM(BF16)
 FROM(F32)
 
 static const struct ll_type_kernels ref_table[LL_TYPE_COUNT] = {
-    [LL_TYPE_F32] = {LL_TYPE_F32, from_F32, dot_f32, "scalar"},
-    [LL_TYPE_F16] = {LL_TYPE_F16, from_F16, dot_f16, "scalar"},
-    [LL_TYPE_BF16] = {LL_TYPE_BF16, from_BF16, dot_bf16, "scalar"},
-    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, from_Q8_0, dot_q4_0_q8_0, "scalar"},
-    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, from_Q8_1, dot_q4_1_q8_1, "scalar"},
-    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, from_Q8_0, dot_q5_0_q8_0, "scalar"},
-    [LL_TYPE_Q5_1] = {LL_TYPE_Q8_1, from_Q8_1, dot_q5_1_q8_1, "scalar"},
-    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, from_Q8_0, dot_q8_0_q8_0, "scalar"},
-    [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, from_Q8_K, dot_q4_K_q8_K, "scalar"},
-    [LL_TYPE_Q5_K] = {LL_TYPE_Q8_K, from_Q8_K, dot_q5_K_q8_K, "scalar"},
-    [LL_TYPE_Q6_K] = {LL_TYPE_Q8_K, from_Q8_K, dot_q6_K_q8_K, "scalar"},
+    [LL_TYPE_F32] = {LL_TYPE_F32, from_F32, dot_f32, "scalar", NULL},
+    [LL_TYPE_F16] = {LL_TYPE_F16, from_F16, dot_f16, "scalar", NULL},
+    [LL_TYPE_BF16] = {LL_TYPE_BF16, from_BF16, dot_bf16, "scalar", NULL},
+    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, from_Q8_0, dot_q4_0_q8_0, "scalar", NULL},
+    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, from_Q8_1, dot_q4_1_q8_1, "scalar", NULL},
+    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, from_Q8_0, dot_q5_0_q8_0, "scalar", NULL},
+    [LL_TYPE_Q5_1] = {LL_TYPE_Q8_1, from_Q8_1, dot_q5_1_q8_1, "scalar", NULL},
+    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, from_Q8_0, dot_q8_0_q8_0, "scalar", NULL},
+    [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, from_Q8_K, dot_q4_K_q8_K, "scalar", NULL},
+    [LL_TYPE_Q5_K] = {LL_TYPE_Q8_K, from_Q8_K, dot_q5_K_q8_K, "scalar", NULL},
+    [LL_TYPE_Q6_K] = {LL_TYPE_Q8_K, from_Q8_K, dot_q6_K_q8_K, "scalar", NULL},
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_ref(int t) {
@@ -247,7 +250,12 @@ const struct ll_type_kernels *ll_cpu_kernels_ref(int t) {
 static int have_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
   static int cached = -1;
-  if (cached < 0) cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (cached < 0) {
+    // F16C is CPUID.1:ECX bit 29 (older compilers do not know it in __builtin_cpu_supports).
+    unsigned a, b, c, d;
+    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+  }
   return cached;
 #else
   return 0;

@@ -230,8 +230,8 @@ static void from_f16(const float *x, void *vy, int64_t n) {
 }
 
 static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
-    [LL_TYPE_F32] = {LL_TYPE_F32, from_f32, dot_f32, "avx2"},
-    [LL_TYPE_F16] = {LL_TYPE_F16, from_f16, dot_f16, "avx2"},
+    [LL_TYPE_F32] = {LL_TYPE_F32, from_f32, dot_f32, "avx2", NULL},
+    [LL_TYPE_F16] = {LL_TYPE_F16, from_f16, dot_f16, "avx2", NULL},
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2", tile_q4_0},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q4_1_q8_1, "avx2", tile_q4_1},
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0},
