@@ -7,8 +7,9 @@ all:
 	cmake -S . -B $(BUILD) -DLL_WERROR=ON && cmake --build $(BUILD) -j$(JOBS)
 test: all
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+# Speed of the default model (pp128 / tg64, 1 and 2 threads), as llama-bench reports it.
 bench: all
-	cmake --build $(BUILD) --target bench_kernels -j$(JOBS)
+	@m=$$(bash tests/fetch-smollm2.sh) && for t in 1 2; do ./$(BUILD)/server/llsrv bench --model "$$m" -p 128 -n 64 -t $$t -r 3; done
 install: all
 	cmake --install $(BUILD)
 clean:
