@@ -330,7 +330,14 @@ static int gguf_parse(struct rd *r, struct ll_modelfile *mf) {
       break;
     }
     uint64_t rows = nel / (uint64_t)t->ne[0];
-    uint64_t rs = (uint64_t)t->ne[0] / (uint64_t)tt->blck_size * tt->type_size;
+    const uint64_t blocks = (uint64_t)t->ne[0] / (uint64_t)tt->blck_size;
+    // Bound the row before multiplying: a row of 2^62 f32 elements must not wrap to 0 bytes.
+    if (blocks > LL_MAX_TENSOR_BYTES / tt->type_size) {
+      rc = ll_errf(r->err, r->errlen, LL_ELIMIT, "gguf: tensor '%s': a row of %lld elements exceeds the limit of %llu bytes", t->name.ptr,
+                   (long long)t->ne[0], (unsigned long long)LL_MAX_TENSOR_BYTES);
+      break;
+    }
+    uint64_t rs = blocks * tt->type_size;
     if (rows > LL_MAX_TENSOR_BYTES / rs) {
       rc = ll_errf(r->err, r->errlen, LL_ELIMIT, "gguf: tensor '%s': size exceeds the limit of %llu bytes", t->name.ptr,
                    (unsigned long long)LL_MAX_TENSOR_BYTES);

@@ -172,6 +172,7 @@ static void test_malformed(void) {
   CASE("dim 0", zero_dim, 1, LL_EFORMAT, "dim");
   CASE("dim 2^63", dim0, 1ull << 63, LL_EFORMAT, "dim");
   CASE("element count overflow", overflow_dims, 1, LL_EOVERFLOW, "overflow");
+  CASE("row bytes wrap around (found by fuzzing)", dim0, 1ull << 61, LL_ELIMIT, "row");
   CASE("unknown tensor type", bad_ttype, 1, LL_EUNSUPPORTED, "tensor type");
   CASE("row not a multiple of the block", ragged_row, 1, LL_EFORMAT, "block size");
   CASE("misaligned data offset", misaligned_off, 1, LL_EFORMAT, "alignment");
