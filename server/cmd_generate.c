@@ -183,6 +183,7 @@ int ll_cmd_generate(int argc, char **argv) {
     if (k > 0) fwrite(piece, 1, (size_t)k, stdout);
   }
   printf("\n");
+  fflush(stdout); // the text ends before the timing line on stderr
   double t2 = now_ms();
   fprintf(stderr, "llsrv generate: prompt %d tokens in %.1f ms (%.1f tok/s), generated %d tokens in %.1f ms (%.1f tok/s)\n", n_prompt,
           t1 - t0, n_prompt * 1000.0 / (t1 - t0 + 1e-9), generated, t2 - t1, generated > 1 ? (generated - 1) * 1000.0 / (t2 - t1 + 1e-9) : 0.0);
