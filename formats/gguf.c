@@ -396,21 +396,10 @@ int ll_gguf_kv_deserialize(const void *buf, size_t len, struct ll_modelfile *mf,
 
 int ll_gguf_open(const char *path, struct ll_modelfile *mf, char *err, size_t errlen) {
   ll_modelfile_init(mf);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ll_errf(err, errlen, LL_EIO, "%s: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return ll_errf(err, errlen, LL_EIO, "%s: not a regular file", path);
-  }
-  size_t len = (size_t)st.st_size;
-  if (len == 0) {
-    close(fd);
-    return ll_errf(err, errlen, LL_ETRUNC, "%s: empty file", path);
-  }
-  void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-  close(fd);
-  if (map == MAP_FAILED) return ll_errf(err, errlen, LL_EIO, "%s: mmap: %s", path, strerror(errno));
+  void *map;
+  size_t len;
+  int mrc = ll_map_file(path, &map, &len, err, errlen);
+  if (mrc) return mrc;
   char e2[384] = "";
   int rc = ll_gguf_parse(map, len, mf, e2, sizeof e2);
   if (rc) {

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "ll_error.h"
+#include "ll_fileio.h"
 #include "ll_quant.h"
 #include "ll_readers.h"
 
@@ -139,17 +140,10 @@ fail:
 
 int ll_llama2c_open(const char *path, struct ll_modelfile *mf, char *err, size_t errlen) {
   ll_modelfile_init(mf);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ll_errf(err, errlen, LL_EIO, "%s: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
-    close(fd);
-    return ll_errf(err, errlen, LL_EIO, "%s: not a non-empty regular file", path);
-  }
-  size_t len = (size_t)st.st_size;
-  void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-  close(fd);
-  if (map == MAP_FAILED) return ll_errf(err, errlen, LL_EIO, "%s: mmap: %s", path, strerror(errno));
+  void *map;
+  size_t len;
+  int mrc = ll_map_file(path, &map, &len, err, errlen);
+  if (mrc) return mrc;
   char e2[384] = "";
   int rc = ll_llama2c_parse(map, len, mf, e2, sizeof e2);
   if (rc) {
