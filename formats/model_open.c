@@ -26,7 +26,10 @@ int ll_model_open(const char *path, struct ll_modelfile *mf, char *err, size_t e
   close(fd);
   if (n < 0) return ll_errf(err, errlen, LL_EIO, "%s: %s", path, strerror(errno));
   if (n >= 4 && memcmp(head, "GGUF", 4) == 0) return ll_gguf_open(path, mf, err, errlen);
-  if (ll_ckpt_is_ckpt(head, (size_t)n)) return ll_ckpt_open(path, mf, 0, err, errlen);
+  if (ll_ckpt_is_ckpt(head, (size_t)n)) { // shards decompress in parallel: one thread per CPU
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return ll_ckpt_open(path, mf, cpus > 0 ? (int)(cpus < 16 ? cpus : 16) : 1, err, errlen);
+  }
   // llama2.c has no magic: accept it only if its header and size are consistent.
   char e2[384] = "";
   int rc = ll_llama2c_open(path, mf, e2, sizeof e2);
