@@ -1,0 +1,112 @@
+// test_proto.c - the line protocol's grammar (ll_proto.h) and chat rendering (ll_chat.h).
+#include <stdlib.h>
+#include <string.h>
+
+#include "ll_chat.h"
+#include "ll_proto.h"
+#include "testutil.h"
+
+static int parse(const char *text, struct ll_proto_req *q, char *buf, const char **code, char *err) {
+  size_t n = strlen(text);
+  memcpy(buf, text, n + 1);
+  return ll_proto_parse(buf, n, q, code, err, 256);
+}
+
+int main(void) {
+  struct ll_proto_req q;
+  const char *code;
+  char err[256], buf[4096];
+
+  // The example from the issue.
+  CHECK(parse("GEN id=a1 max_tokens=32 temperature=0 :Once upon a time", &q, buf, &code, err) == 0);
+  CHECK(strcmp(q.verb, "GEN") == 0);
+  CHECK(q.id && strcmp(q.id, "a1") == 0);
+  CHECK(q.n_params == 3);
+  CHECK(q.has_text && q.text_len == 16 && memcmp(q.text, "Once upon a time", 16) == 0);
+  CHECK(strcmp(ll_proto_find(&q, "max_tokens")->val, "32") == 0);
+  int64_t iv;
+  double dv;
+  CHECK(ll_proto_int(ll_proto_find(&q, "max_tokens"), 1, 100, &iv, err, sizeof err) == 0 && iv == 32);
+  CHECK(ll_proto_int(ll_proto_find(&q, "max_tokens"), 1, 10, &iv, err, sizeof err) != 0 && strstr(err, "out of range"));
+  CHECK(ll_proto_float(ll_proto_find(&q, "temperature"), 0, 2, &dv, err, sizeof err) == 0 && dv == 0.0);
+
+  // Case-insensitive verb, text with escapes and a leading space kept, CRLF.
+  CHECK(parse("gen : two\\nlines\\t\\\\ \\xC3\\xA9\r", &q, buf, &code, err) == 0);
+  CHECK(strcmp(q.verb, "GEN") == 0 && q.id == NULL);
+  CHECK(q.text_len == strlen(" two\nlines\t\\ \xC3\xA9") && memcmp(q.text, " two\nlines\t\\ \xC3\xA9", q.text_len) == 0);
+  // The text may hold NUL via \x00 and " :" inside text is just text.
+  CHECK(parse("GEN :a\\x00b :c", &q, buf, &code, err) == 0 && q.text_len == 6 && q.text[1] == 0 && q.text[3] == ' ');
+  // Values are unescaped too; repeated keys are kept in order.
+  CHECK(parse("GEN stop=\\n stop=\\x20end :x", &q, buf, &code, err) == 0);
+  CHECK(q.n_params == 2 && strcmp(q.params[0].val, "\n") == 0 && strcmp(q.params[1].val, " end") == 0);
+  CHECK(parse("PING", &q, buf, &code, err) == 0 && !q.has_text && q.n_params == 0);
+  CHECK(parse(":text only", &q, buf, &code, err) != 0 && strcmp(code, "bad_request") == 0);
+
+  // Errors name what was wrong.
+  CHECK(parse("GEN :bad \\q", &q, buf, &code, err) != 0 && strcmp(code, "bad_escape") == 0 && strstr(err, "\\q"));
+  CHECK(parse("GEN :bad \\x4", &q, buf, &code, err) != 0 && strcmp(code, "bad_escape") == 0);
+  CHECK(parse("GEN :trailing \\", &q, buf, &code, err) != 0 && strcmp(code, "bad_escape") == 0);
+  CHECK(parse("GEN max_tokens :x", &q, buf, &code, err) != 0 && strcmp(code, "bad_param") == 0 && strstr(err, "key=value"));
+  CHECK(parse("GEN id=a id=b :x", &q, buf, &code, err) != 0 && strstr(err, "twice"));
+  CHECK(parse("GEN id=- :x", &q, buf, &code, err) != 0);
+  CHECK(parse("", &q, buf, &code, err) != 0 && strstr(err, "empty"));
+  CHECK(parse("G\x01N", &q, buf, &code, err) != 0 && strstr(err, "0x01"));
+  CHECK(parse("VERYLONGCOMMANDNAMEX", &q, buf, &code, err) != 0);
+  {
+    char many[2048] = "GEN";
+    for (int i = 0; i < 40; i++) strcat(many, " k=v");
+    CHECK(parse(many, &q, buf, &code, err) != 0 && strstr(err, "more than"));
+  }
+  // Numbers are strict.
+  struct ll_proto_param p = {"n", "12x", 3};
+  CHECK(ll_proto_int(&p, 0, 100, &iv, err, sizeof err) != 0);
+  p.val = "99999999999999999999999", p.val_len = strlen(p.val);
+  CHECK(ll_proto_int(&p, INT64_MIN, INT64_MAX, &iv, err, sizeof err) != 0);
+  p.val = "nan", p.val_len = 3;
+  CHECK(ll_proto_float(&p, -1e9, 1e9, &dv, err, sizeof err) != 0);
+  p.val = "0x10", p.val_len = 4;
+  CHECK(ll_proto_float(&p, -1e9, 1e9, &dv, err, sizeof err) != 0);
+  p.val = "0.5", p.val_len = 3;
+  CHECK(ll_proto_float(&p, 0, 1, &dv, err, sizeof err) == 0 && dv == 0.5);
+
+  // Escaping: valid UTF-8 passes through; controls, backslash, invalid bytes are escaped.
+  char out[256];
+  size_t k = ll_proto_escape("a\\b\nc\t\x01\xC3\xA9\xff\xE2\x82", 12, 0, out, sizeof out);
+  out[k] = 0;
+  CHECKF(strcmp(out, "a\\\\b\\nc\\t\\x01\xC3\xA9\\xFF\\xE2\\x82") == 0, "%s", out);
+  k = ll_proto_escape("a b", 3, 1, out, sizeof out);
+  out[k] = 0;
+  CHECK(strcmp(out, "a\\x20b") == 0);
+  k = ll_proto_escape("\xED\xA0\x80", 3, 0, out, sizeof out); // a surrogate is not valid UTF-8
+  out[k] = 0;
+  CHECK(strcmp(out, "\\xED\\xA0\\x80") == 0);
+  CHECK(ll_proto_escape("xyz", 3, 0, out, 1) == 3); // snprintf-like length
+
+  // Incomplete UTF-8 tails are held back; impossible bytes are not.
+  CHECK(ll_utf8_complete_prefix("ab\xC3", 3) == 2);
+  CHECK(ll_utf8_complete_prefix("ab\xE2\x82", 4) == 2);
+  CHECK(ll_utf8_complete_prefix("ab\xE2\x82\xAC", 5) == 5);
+  CHECK(ll_utf8_complete_prefix("ab\xff", 3) == 3);
+
+  // Chat: detection and rendering like llama.cpp's.
+  CHECK(strcmp(ll_chat_detect("{% ... '<|im_start|>' + role %}"), "chatml") == 0);
+  CHECK(strcmp(ll_chat_detect("<|start_header_id|> ... <|eot_id|>"), "llama3") == 0);
+  CHECK(ll_chat_detect("{{ something else }}") == NULL);
+  struct ll_chat_msg *msgs;
+  void *store;
+  const char *js = "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\\nthere\"}]";
+  int n = ll_chat_parse(js, strlen(js), &msgs, &store, err, sizeof err);
+  CHECK(n == 2);
+  char *r = NULL;
+  CHECK(ll_chat_render("<|im_start|>", msgs, n, &r, err, sizeof err) == 0);
+  CHECKF(r && strcmp(r, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n") == 0, "%s", r);
+  free(r);
+  CHECK(ll_chat_render(NULL, msgs, n, &r, err, sizeof err) != 0 && strstr(err, "no chat template"));
+  ll_chat_free_store(store, msgs);
+  n = ll_chat_parse("plain words", 11, &msgs, &store, err, sizeof err);
+  CHECK(n == 1 && strcmp(msgs[0].role, "user") == 0 && strcmp(msgs[0].content, "plain words") == 0);
+  ll_chat_free_store(store, msgs);
+  CHECK(ll_chat_parse("[{\"role\":\"robot\",\"content\":\"x\"}]", 32, &msgs, &store, err, sizeof err) < 0 && strstr(err, "robot"));
+  CHECK(ll_chat_parse("[1,2", 4, &msgs, &store, err, sizeof err) < 0 && strstr(err, "invalid JSON"));
+  return ll_test_summary();
+}
