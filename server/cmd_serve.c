@@ -1,8 +1,245 @@
-// cmd_serve.c - placeholder until the owning work lands (replaced, not kept).
+// cmd_serve.c - `llsrv [serve] --model PATH ...`: load the configuration (one option table,
+// config.c), open the engine, start the scheduler's compute thread, the TCP listener and the
+// monitor socket on one libuv loop, print one start-up summary, and run until SIGINT/SIGTERM.
+//
+// Shutdown: the first signal stops accepting, ends every request with a final line
+// (reason=shutdown), closes clients once their last line is out, removes the monitor socket
+// and exits 0 (at most ~5 s). A second signal exits at once; files are only ever published
+// by rename, so nothing is torn.
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "ll_cmd.h"
+#include "ll_config.h"
+#include "ll_demo.h"
+#include "ll_error.h"
+#include "ll_log.h"
+#include "ll_server.h"
+
+static struct ll_server *g_server; // for the signal path only
+
+static void on_async(uv_async_t *a) {
+  struct ll_server *s = a->data;
+  for (struct ll_sched_out *o = ll_sched_take_output(s->sched), *n; o; o = n) {
+    n = o->next;
+    ll_net_on_output(s, o);
+  }
+  if (s->shutting_down == 1 && s->outstanding == 0) {
+    // Every request has had its final line: close clients (after their output), stop.
+    s->shutting_down = 2;
+    ll_net_close_all(s);
+    ll_monitor_close(s);
+    uv_close((uv_handle_t *)&s->tick, NULL);
+    uv_close((uv_handle_t *)&s->sig_int, NULL);
+    uv_close((uv_handle_t *)&s->sig_term, NULL);
+    uv_close((uv_handle_t *)&s->async, NULL);
+    // stop_timer stays: if a client never lets its output drain, the loop still ends.
+  }
+}
+
+static void close_walk(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+static void notify(void *user) { uv_async_send(&((struct ll_server *)user)->async); }
+
+static void on_tick(uv_timer_t *t) { ll_net_tick(t->data); }
+
+static void on_stop_timer(uv_timer_t *t) {
+  struct ll_server *s = t->data;
+  ll_log(LL_LOG_WARN, "shutdown: clients still open after 5 s; stopping anyway");
+  uv_stop(s->loop);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  struct ll_server *s = h->data;
+  if (s->shutting_down) {
+    ll_log(LL_LOG_WARN, "second %s: exiting now", signum == SIGINT ? "SIGINT" : "SIGTERM");
+    if (s->mon_path[0]) unlink(s->mon_path);
+    _exit(1);
+  }
+  ll_log(LL_LOG_INFO, "%s: shutting down (finishing %d requests with reason=shutdown)", signum == SIGINT ? "SIGINT" : "SIGTERM",
+         s->outstanding);
+  s->shutting_down = 1;
+  ll_net_shutdown(s);
+  ll_sched_shutdown(s->sched);
+  uv_timer_init(s->loop, &s->stop_timer);
+  s->stop_timer.data = s;
+  uv_timer_start(&s->stop_timer, on_stop_timer, 5000, 0);
+  uv_unref((uv_handle_t *)&s->stop_timer); // does not by itself keep the loop alive
+  uv_async_send(&s->async); // in case nothing is outstanding
+}
+
+static void fmt_bytes(char *out, size_t cap, double b) {
+  if (b >= 1 << 30) snprintf(out, cap, "%.2f GiB", b / (1 << 30));
+  else snprintf(out, cap, "%.1f MiB", b / (1 << 20));
+}
+
 int ll_cmd_serve(int argc, char **argv) {
-  (void)argc; (void)argv;
-  fprintf(stderr, "llsrv serve: not built in this revision\n");
-  return 2;
+  struct ll_config cfg;
+  ll_config_init(&cfg);
+  char err[1024];
+  int help = 0, version = 0, check = 0;
+  argc--, argv++; // argv[0] is "serve" or the program name
+  int rc = ll_config_parse_args(&cfg, argc, argv, &help, &version, &check, err, sizeof err);
+  if (help) {
+    ll_config_print_help(stdout);
+    ll_config_free(&cfg);
+    return 0;
+  }
+  if (version) {
+    printf("llsrv %s\n", LL_VERSION);
+    ll_config_free(&cfg);
+    return 0;
+  }
+  if (rc != 0) {
+    fprintf(stderr, "llsrv: %s\n", err);
+    ll_config_free(&cfg);
+    return 2;
+  }
+  ll_log_set_level(ll_log_level_from_name(cfg.log_level) >= 0 ? ll_log_level_from_name(cfg.log_level) : LL_LOG_INFO);
+  // Network safety rule, checked before anything is loaded.
+  if (cfg.listen && *cfg.listen && strcmp(cfg.listen, "off") != 0) {
+    char host[100];
+    int port;
+    if (ll_net_parse_listen(cfg.listen, host, sizeof host, &port, err, sizeof err) != 0) {
+      fprintf(stderr, "llsrv: %s\n", err);
+      ll_config_free(&cfg);
+      return 2;
+    }
+    if (!ll_net_host_is_loopback(host) && !(cfg.auth_token && *cfg.auth_token)) {
+      fprintf(stderr, "llsrv: refusing to listen on non-loopback address %s without auth_token: anyone who can reach it could "
+                      "use the model. Set auth_token (clients then send AUTH :TOKEN) or listen on 127.0.0.1.\n",
+              cfg.listen);
+      ll_config_free(&cfg);
+      return 2;
+    }
+  }
+  if (cfg.auth_token && !*cfg.auth_token) {
+    free(cfg.auth_token);
+    cfg.auth_token = NULL;
+  }
+  if (check) {
+    ll_config_print_yaml(stdout, &cfg);
+    fprintf(stderr, "llsrv: configuration OK\n");
+    ll_config_free(&cfg);
+    return 0;
+  }
+
+  char state_dir[1024], model_path[1200], sock_path[256];
+  if (ll_state_dir_resolve(cfg.state_dir, state_dir, sizeof state_dir, err, sizeof err) != 0) {
+    fprintf(stderr, "llsrv: %s\n", err);
+    ll_config_free(&cfg);
+    return 1;
+  }
+  if (cfg.model) {
+    snprintf(model_path, sizeof model_path, "%s", cfg.model);
+  } else {
+    if (ll_demo_model_ensure(state_dir, model_path, sizeof model_path, err, sizeof err) != 0) {
+      fprintf(stderr, "llsrv: %s\n", err);
+      ll_config_free(&cfg);
+      return 1;
+    }
+    ll_log(LL_LOG_INFO, "no --model given: serving the demo model %s (tiny Llama, byte-level vocabulary)", model_path);
+  }
+  if (cfg.socket) snprintf(sock_path, sizeof sock_path, "%s", cfg.socket);
+  else if (ll_monitor_default_path(sock_path, sizeof sock_path, err, sizeof err) != 0) {
+    fprintf(stderr, "llsrv: %s\n", err);
+    ll_config_free(&cfg);
+    return 1;
+  }
+
+  struct ll_engine_params ep;
+  ll_engine_params_default(&ep);
+  ep.model_path = model_path;
+  ep.n_threads = (int)cfg.threads;
+  ep.n_ctx = (int)cfg.ctx;
+  ep.n_parallel = (int)cfg.parallel;
+  ep.kv_f16 = cfg.kv_f16;
+  ep.device = cfg.device;
+  struct ll_server srv;
+  memset(&srv, 0, sizeof srv);
+  srv.cfg = &cfg;
+  srv.model_path = model_path;
+  srv.loop = uv_default_loop();
+  srv.t_start = (double)uv_hrtime() / 1e6;
+  if (ll_engine_open(&srv.e, &ep, err, sizeof err) != 0) {
+    fprintf(stderr, "llsrv: %s\n", err);
+    ll_config_free(&cfg);
+    return 1;
+  }
+  ll_engine_get_info(srv.e, &srv.info);
+  uv_async_init(srv.loop, &srv.async, on_async);
+  srv.async.data = &srv;
+  struct ll_sched_params sp = {.prefill_chunk = (int)cfg.prefill_chunk};
+  int exit_code = 1;
+  if (ll_sched_create(&srv.sched, srv.e, &sp, notify, &srv, err, sizeof err) != 0) {
+    fprintf(stderr, "llsrv: %s\n", err);
+    goto out;
+  }
+  if (ll_net_start(&srv, err, sizeof err) != 0 || ll_monitor_start(&srv, sock_path, err, sizeof err) != 0) {
+    fprintf(stderr, "llsrv: %s\n", err);
+    goto out;
+  }
+  uv_timer_init(srv.loop, &srv.tick);
+  srv.tick.data = &srv;
+  uv_timer_start(&srv.tick, on_tick, 250, 250);
+  uv_signal_init(srv.loop, &srv.sig_int);
+  uv_signal_init(srv.loop, &srv.sig_term);
+  srv.sig_int.data = srv.sig_term.data = &srv;
+  uv_signal_start(&srv.sig_int, on_signal, SIGINT);
+  uv_signal_start(&srv.sig_term, on_signal, SIGTERM);
+  signal(SIGPIPE, SIG_IGN);
+  g_server = &srv;
+
+  // One start-up summary.
+  const struct ll_engine_info *in = &srv.info;
+  char wb[32], kb[32];
+  fmt_bytes(wb, sizeof wb, (double)in->weight_bytes);
+  fmt_bytes(kb, sizeof kb, (double)in->kv_bytes);
+  fprintf(stderr,
+          "llsrv %s\n"
+          "  model     %s (%s, %s, %.1fM parameters, %s)\n"
+          "  context   %d positions x %d parallel sequences, vocabulary %d\n"
+          "  device    %s: %s (%s), %d threads\n"
+          "  memory    weights %s + KV cache %s (%s, %d blocks of %d) + training reserve 0 (no training job)\n",
+          LL_VERSION, in->name, in->arch, in->quant, in->n_params / 1e6, model_path, in->n_ctx, in->n_parallel, in->n_vocab,
+          in->backend, in->device_name, in->device_reason, in->n_threads, wb, kb, cfg.kv_f16 ? "f16" : "f32", in->kv_blocks_total,
+          LL_KV_BLOCK);
+  if (cfg.train_enabled)
+    fprintf(stderr, "  training  configured, but this build has no trainer yet (the training issue); serving only\n");
+  if (srv.listen_addr[0]) fprintf(stderr, "  listening on %s%s\n", srv.listen_addr, cfg.auth_token ? " (AUTH required)" : "");
+  else fprintf(stderr, "  TCP off (listen: off)\n");
+  fprintf(stderr, "  monitor   %s (lltop --socket %s)\n", srv.mon_path, srv.mon_path);
+  if (srv.listen_addr[0]) {
+    char host[100];
+    int port = 0;
+    ll_net_parse_listen(srv.listen_addr, host, sizeof host, &port, err, sizeof err);
+    fprintf(stderr, "  try       printf 'GEN max_tokens=32 :Once upon a time\\n' | nc -q 5 %s %d\n", host, port);
+  }
+  fflush(stderr);
+
+  uv_run(srv.loop, UV_RUN_DEFAULT);
+  exit_code = 0;
+  ll_log(LL_LOG_INFO, "stopped");
+out:
+  g_server = NULL;
+  ll_sched_destroy(srv.sched); // joins the compute thread before the engine goes
+  srv.sched = NULL;
+  if (srv.mon_path[0]) unlink(srv.mon_path);
+  // Close what is still open (an error path, or the stop timer) and let the close callbacks
+  // free their memory before the connection table goes.
+  if (srv.conns) ll_net_force_close_all(&srv);
+  ll_monitor_close(&srv);
+  uv_walk(srv.loop, close_walk, NULL);
+  uv_run(srv.loop, UV_RUN_DEFAULT);
+  uv_loop_close(srv.loop);
+  free(srv.conns);
+  ll_engine_close(srv.e);
+  ll_config_free(&cfg);
+  return exit_code;
 }

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ll_cmd.h"
+#include "ll_config.h"
 
 struct ll_subcommand {
   const char *name;
@@ -40,7 +41,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-    usage(stdout);
+    ll_config_print_help(stdout); // the server's options, from the one option table
+    printf("\ncommands:\n");
+    for (size_t i = 0; i < sizeof ll_subcommands / sizeof ll_subcommands[0]; i++)
+      printf("  %-11s %s\n", ll_subcommands[i].name, ll_subcommands[i].summary);
     return 0;
   }
   if (argc >= 2 && strcmp(argv[1], "--version") == 0) {

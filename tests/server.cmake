@@ -1,2 +1,11 @@
 # The server: protocol grammar and chat templates (unit), then the real thing over sockets.
 ll_test(NAME test_proto SOURCES test_proto.c LIBS ll_server LABELS unit)
+# The server through real sockets on the embedded demo model: protocol, 64 concurrent clients
+# (greedy outputs equal single-client ones), cancel, the bad-input battery (PING within 50 ms
+# after each, no fd growth), limits, monitor socket modes/schema/control, auth, SIGTERM.
+# Runs in the ASan build too (LSan checks the server's exit).
+ll_script_test(NAME server_sockets COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server.py
+  LABELS integration TIMEOUT 300)
+# The real model behind the server: 64 clients x 32 tokens equal to alone, CHAT = generate --chat.
+ll_script_test(NAME server_smollm2 COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_smollm2.py
+  LABELS "integration;slow" TIMEOUT 600 FIXTURES smollm2)

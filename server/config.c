@@ -1,0 +1,590 @@
+// config.c - the one option table, and everything that reads it: defaults, the YAML loader
+// (libyaml events, errors as file:line:col), the command line, --help, the man page section
+// and the resolved-config printer. Adding an option = one line in ll_options[] + a field.
+#include "ll_config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "ll_error.h"
+
+#define OFF(f) offsetof(struct ll_config, f)
+#define KIB 1024.0
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+const struct ll_option ll_options[] = {
+    // general
+    {"model", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(model), "PATH",
+     "Model file (GGUF, .ckpt, llama2.c .bin, safetensors directory); unset: the demo model under state_dir."},
+    {"device", LL_OPT_STRING, 0, 0, "auto", NULL, OFF(device), "DEV", "Compute device: auto, cpu, or opencl[:P[:D]]."},
+    {"threads", LL_OPT_INT, 0, 256, "0", NULL, OFF(threads), "N", "Compute threads; 0 uses every online CPU."},
+    {"ctx", LL_OPT_INT, 16, 131072, "2048", NULL, OFF(ctx), "N", "Context positions per sequence."},
+    {"parallel", LL_OPT_INT, 1, 256, "8", NULL, OFF(parallel), "N", "Sequences decoded together in one pass over the weights."},
+    {"kv_f16", LL_OPT_BOOL, 0, 1, "true", NULL, OFF(kv_f16), NULL, "Store the KV cache as f16 (else f32)."},
+    {"prefill_chunk", LL_OPT_INT, 1, 512, "256", NULL, OFF(prefill_chunk), "N",
+     "Prompt tokens read per sequence per step, so long prompts do not stall streams."},
+    {"state_dir", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(state_dir), "DIR",
+     "State (demo model, training runs, checkpoints); unset: $XDG_STATE_HOME/llsrv or ~/.local/state/llsrv."},
+    {"log_level", LL_OPT_ENUM, 0, 0, "info", "error|warn|info|debug", OFF(log_level), "LEVEL", "Log verbosity on standard error."},
+    // network and limits
+    {"listen", LL_OPT_STRING, 0, 0, "127.0.0.1:8478", NULL, OFF(listen), "HOST:PORT",
+     "TCP address of the line protocol (port 0: any free port; off: no TCP)."},
+    {"socket", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(socket), "PATH",
+     "Monitor socket; unset: $XDG_RUNTIME_DIR/llsrv/llsrv.sock or /tmp/llsrv-$UID/llsrv.sock."},
+    {"auth_token", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(auth_token), "TOKEN",
+     "Clients must send AUTH with this token first; required to listen on a non-loopback address."},
+    {"max_clients", LL_OPT_INT, 1, 65536, "256", NULL, OFF(max_clients), "N", "Simultaneous TCP connections."},
+    {"max_line", LL_OPT_SIZE, 64, 64 * MIB, "1M", NULL, OFF(max_line), "BYTES", "Longest request line; a longer one closes the connection."},
+    {"max_queued", LL_OPT_INT, 0, 65536, "64", NULL, OFF(max_queued), "N",
+     "Requests that may wait beyond the parallel running ones before new ones get ERR busy."},
+    {"max_tokens", LL_OPT_INT, 1, 131072, "4096", NULL, OFF(max_tokens), "N", "Largest max_tokens a request may ask for."},
+    {"default_max_tokens", LL_OPT_INT, 1, 131072, "256", NULL, OFF(default_max_tokens), "N", "max_tokens of a request that gives none."},
+    {"idle_timeout", LL_OPT_DURATION, 0.1, 86400, "300s", NULL, OFF(idle_timeout), "TIME",
+     "Close a connection silent this long with nothing in flight."},
+    {"line_timeout", LL_OPT_DURATION, 0.1, 86400, "30s", NULL, OFF(line_timeout), "TIME",
+     "Close a connection whose started line stays unfinished this long (slow writers)."},
+    {"output_buffer", LL_OPT_SIZE, 4 * KIB, 1 * GIB, "4M", NULL, OFF(output_buffer), "BYTES",
+     "Output queued to a client that does not read before it is dropped."},
+    {"monitor_hz", LL_OPT_FLOAT, 0.1, 100, "4", NULL, OFF(monitor_hz), "HZ", "Snapshots per second on the monitor socket."},
+    // training
+    {"train.enabled", LL_OPT_BOOL, 0, 1, "false", NULL, OFF(train_enabled), NULL, "Fine-tune LoRA adapters in the background while serving."},
+    {"train.data", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(train_data), "PATH",
+     "Training text (file or directory); unset: the demo corpus (the project's sources and docs)."},
+    {"train.lora_rank", LL_OPT_INT, 1, 256, "8", NULL, OFF(train_lora_rank), "N", "LoRA rank."},
+    {"train.lora_alpha", LL_OPT_FLOAT, 0.01, 1e4, "16", NULL, OFF(train_lora_alpha), "X", "LoRA alpha (scale alpha/rank)."},
+    {"train.lr", LL_OPT_FLOAT, 1e-7, 1, "1e-3", NULL, OFF(train_lr), "X", "AdamW learning rate."},
+    {"train.steps", LL_OPT_INT, 1, 1e9, "1000", NULL, OFF(train_steps), "N", "Optimizer steps."},
+    {"train.batch", LL_OPT_INT, 1, 1024, "8", NULL, OFF(train_batch), "N", "Sequences per optimizer step."},
+    {"train.seq_len", LL_OPT_INT, 8, 8192, "128", NULL, OFF(train_seq_len), "N", "Tokens per training sequence."},
+    {"train.checkpoint_every", LL_OPT_INT, 1, 1e9, "100", NULL, OFF(train_checkpoint_every), "N", "Steps between checkpoints."},
+    {"train.checkpoint_dir", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(train_checkpoint_dir), "DIR", "Checkpoints; unset: <state_dir>/runs."},
+    {NULL, 0, 0, 0, NULL, NULL, 0, NULL, NULL},
+};
+
+static const struct ll_option *find_opt(const char *name) {
+  for (const struct ll_option *o = ll_options; o->name; o++)
+    if (strcmp(o->name, name) == 0) return o;
+  return NULL;
+}
+
+// ---- values ----
+
+static int parse_number(const char *s, double *out, const char **suffix) {
+  while (isspace((unsigned char)*s)) s++;
+  if (!*s || !(isdigit((unsigned char)*s) || *s == '-' || *s == '+' || *s == '.')) return -1;
+  if (strpbrk(s, "xXnNiI")) return -1; // no hex, nan, inf
+  errno = 0;
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || errno == ERANGE || !isfinite(v)) return -1;
+  *out = v;
+  *suffix = end;
+  return 0;
+}
+
+static int set_value(struct ll_config *c, const struct ll_option *o, const char *value, char *err, size_t errlen) {
+  char *base = (char *)c + o->offset;
+  const char *name = o->name;
+  switch (o->type) {
+  case LL_OPT_STRING:
+  case LL_OPT_ENUM: {
+    if (o->type == LL_OPT_ENUM) {
+      int ok = 0;
+      size_t vl = strlen(value);
+      for (const char *p = o->choices; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t l = bar ? (size_t)(bar - p) : strlen(p);
+        if (l == vl && strncmp(p, value, l) == 0) ok = 1;
+        p += l + (bar ? 1 : 0);
+      }
+      if (!ok) return ll_errf(err, errlen, LL_EINVAL, "option '%s': '%s' is not one of %s", name, value, o->choices);
+    }
+    if (strlen(value) > 4096) return ll_errf(err, errlen, LL_ELIMIT, "option '%s': value longer than 4096 bytes", name);
+    char *dup = strdup(value);
+    if (!dup) return ll_errf(err, errlen, LL_ENOMEM, "out of memory");
+    free(*(char **)base);
+    *(char **)base = dup;
+    return 0;
+  }
+  case LL_OPT_BOOL: {
+    static const char *t[] = {"true", "yes", "on", "1"}, *f[] = {"false", "no", "off", "0"};
+    for (int i = 0; i < 4; i++) {
+      if (strcasecmp(value, t[i]) == 0) return *(int *)base = 1, 0;
+      if (strcasecmp(value, f[i]) == 0) return *(int *)base = 0, 0;
+    }
+    return ll_errf(err, errlen, LL_EINVAL, "option '%s': '%s' is not a boolean (true/false)", name, value);
+  }
+  case LL_OPT_INT:
+  case LL_OPT_FLOAT:
+  case LL_OPT_SIZE:
+  case LL_OPT_DURATION: {
+    double v;
+    const char *suf;
+    if (parse_number(value, &v, &suf) != 0) {
+      const char *what = o->type == LL_OPT_SIZE ? "a size (e.g. 4096, 64K, 1M)"
+                         : o->type == LL_OPT_DURATION ? "a duration (e.g. 30, 500ms, 30s, 5m)"
+                         : o->type == LL_OPT_INT ? "an integer" : "a number";
+      return ll_errf(err, errlen, LL_EINVAL, "option '%s': '%s' is not %s", name, value, what);
+    }
+    double mul = 1;
+    if (o->type == LL_OPT_SIZE) {
+      if (!*suf || !strcmp(suf, "B")) mul = 1;
+      else if (!strcasecmp(suf, "K") || !strcasecmp(suf, "KiB") || !strcasecmp(suf, "KB")) mul = KIB;
+      else if (!strcasecmp(suf, "M") || !strcasecmp(suf, "MiB") || !strcasecmp(suf, "MB")) mul = MIB;
+      else if (!strcasecmp(suf, "G") || !strcasecmp(suf, "GiB") || !strcasecmp(suf, "GB")) mul = GIB;
+      else return ll_errf(err, errlen, LL_EINVAL, "option '%s': unknown size suffix '%s' (K, M, G)", name, suf);
+    } else if (o->type == LL_OPT_DURATION) {
+      if (!*suf || !strcmp(suf, "s")) mul = 1;
+      else if (!strcmp(suf, "ms")) mul = 1e-3;
+      else if (!strcmp(suf, "m")) mul = 60;
+      else if (!strcmp(suf, "h")) mul = 3600;
+      else return ll_errf(err, errlen, LL_EINVAL, "option '%s': unknown time unit '%s' (ms, s, m, h)", name, suf);
+    } else if (*suf) {
+      return ll_errf(err, errlen, LL_EINVAL, "option '%s': '%s' has trailing characters '%s'", name, value, suf);
+    }
+    v *= mul;
+    if ((o->type == LL_OPT_INT || o->type == LL_OPT_SIZE) && v != floor(v))
+      return ll_errf(err, errlen, LL_EINVAL, "option '%s': '%s' is not a whole number", name, value);
+    if (v < o->min || v > o->max) {
+      if (o->type == LL_OPT_SIZE || o->type == LL_OPT_INT)
+        return ll_errf(err, errlen, LL_EINVAL, "option '%s': value %s out of range %.0f..%.0f", name, value, o->min, o->max);
+      return ll_errf(err, errlen, LL_EINVAL, "option '%s': value %s out of range %g..%g", name, value, o->min, o->max);
+    }
+    if (o->type == LL_OPT_INT || o->type == LL_OPT_SIZE) *(int64_t *)base = (int64_t)v;
+    else *(double *)base = v;
+    return 0;
+  }
+  }
+  return LL_EINVAL;
+}
+
+void ll_config_init(struct ll_config *c) {
+  memset(c, 0, sizeof *c);
+  char err[256];
+  for (const struct ll_option *o = ll_options; o->name; o++)
+    if (o->def) set_value(c, o, o->def, err, sizeof err); // the table's defaults are valid (tested)
+}
+
+void ll_config_free(struct ll_config *c) {
+  for (const struct ll_option *o = ll_options; o->name; o++)
+    if (o->type == LL_OPT_STRING || o->type == LL_OPT_ENUM) {
+      char **p = (char **)((char *)c + o->offset);
+      free(*p);
+      *p = NULL;
+    }
+}
+
+int ll_config_set(struct ll_config *c, const char *name, const char *value, char *err, size_t errlen) {
+  const struct ll_option *o = find_opt(name);
+  if (!o) return ll_errf(err, errlen, LL_ENOTFOUND, "unknown option '%s'", name);
+  return set_value(c, o, value, err, errlen);
+}
+
+// ---- YAML ----
+
+// Closest option name (edit distance <= 3), for "did you mean".
+static const char *suggest(const char *key) {
+  const char *best = NULL;
+  int bestd = 4;
+  for (const struct ll_option *o = ll_options; o->name; o++) {
+    const char *a = key, *b = o->name;
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64) continue;
+    int d[65][65];
+    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+      for (size_t j = 1; j <= lb; j++) {
+        int m = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+        if (d[i - 1][j] + 1 < m) m = d[i - 1][j] + 1;
+        if (d[i][j - 1] + 1 < m) m = d[i][j - 1] + 1;
+        d[i][j] = m;
+      }
+    if (d[la][lb] < bestd) bestd = d[la][lb], best = o->name;
+  }
+  return best;
+}
+
+#define MAX_SEEN 128
+int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const char *fname, char *err, size_t errlen) {
+  yaml_parser_t p;
+  yaml_event_t ev;
+  if (!yaml_parser_initialize(&p)) return ll_errf(err, errlen, LL_ENOMEM, "%s: cannot initialise the YAML parser", fname);
+  yaml_parser_set_input_string(&p, (const unsigned char *)buf, len);
+  int rc = 0, depth = 0, done = 0;   // depth: 0 stream/doc, 1 top mapping, 2 section mapping
+  int expect_key = 1;
+  char section[160] = "", key[160] = "";
+  size_t key_line = 0, key_col = 0;
+  char *seen[MAX_SEEN];
+  int n_seen = 0, n_docs = 0;
+  while (!done) {
+    if (!yaml_parser_parse(&p, &ev)) {
+      rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: YAML syntax error: %s%s%s", fname, p.problem_mark.line + 1,
+                   p.problem_mark.column + 1, p.problem ? p.problem : "unknown", p.context ? " " : "", p.context ? p.context : "");
+      break;
+    }
+    size_t line = ev.start_mark.line + 1, col = ev.start_mark.column + 1;
+    switch (ev.type) {
+    case YAML_STREAM_END_EVENT:
+      done = 1;
+      break;
+    case YAML_DOCUMENT_START_EVENT:
+      if (++n_docs > 1) rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: only one YAML document is allowed", fname, line, col);
+      break;
+    case YAML_MAPPING_START_EVENT:
+      if (depth == 0) {
+        depth = 1;
+        expect_key = 1;
+      } else if (depth == 1 && !expect_key) {
+        // A section: the key must name one (options "key.*" exist).
+        int known = 0;
+        size_t kl = strlen(key);
+        for (const struct ll_option *o = ll_options; o->name; o++)
+          if (strncmp(o->name, key, kl) == 0 && o->name[kl] == '.') known = 1;
+        if (!known) {
+          rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: '%s' is not a section (only 'train' has sub-keys)", fname, key_line, key_col, key);
+          break;
+        }
+        snprintf(section, sizeof section, "%s", key);
+        depth = 2;
+        expect_key = 1;
+      } else {
+        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: unexpected mapping (options nest one level: 'train: {lora_rank: 8}')", fname, line, col);
+      }
+      break;
+    case YAML_MAPPING_END_EVENT:
+      if (depth == 2) {
+        depth = 1;
+        section[0] = 0;
+        expect_key = 1;
+      } else {
+        depth = 0;
+      }
+      break;
+    case YAML_SEQUENCE_START_EVENT:
+      rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: %s%s%s: lists are not allowed here", fname, line, col, depth ? "option '" : "the top level",
+                   depth ? key : "", depth ? "'" : "");
+      break;
+    case YAML_ALIAS_EVENT:
+      rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: YAML aliases are not supported", fname, line, col);
+      break;
+    case YAML_SCALAR_EVENT: {
+      const char *val = (const char *)ev.data.scalar.value;
+      if (depth == 0) {
+        if (ev.data.scalar.length == 0 || !strcmp(val, "~") || !strcmp(val, "null")) break; // empty document
+        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: expected a mapping of options (key: value)", fname, line, col);
+        break;
+      }
+      if (expect_key) {
+        if (ev.data.scalar.length >= 64) {
+          rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: unknown key '%.64s'", fname, line, col, val);
+          break;
+        }
+        snprintf(key, sizeof key, "%s%s%s", section, section[0] ? "." : "", val);
+        key_line = line, key_col = col;
+        expect_key = 0;
+        // A key that is only a section prefix is fine here; checked when its value comes.
+        break;
+      }
+      expect_key = 1;
+      const struct ll_option *o = find_opt(key);
+      if (!o) {
+        const char *s = suggest(key);
+        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: unknown key '%s'%s%s%s", fname, key_line, key_col, key, s ? " (did you mean '" : "",
+                     s ? s : "", s ? "'?)" : "");
+        break;
+      }
+      for (int i = 0; i < n_seen; i++)
+        if (!strcmp(seen[i], key)) {
+          rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: duplicate key '%s'", fname, key_line, key_col, key);
+          break;
+        }
+      if (rc) break;
+      if (n_seen < MAX_SEEN) seen[n_seen++] = strdup(key);
+      int is_null = ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE && (!strcmp(val, "~") || !strcmp(val, "null") || !val[0]);
+      if (is_null) {
+        if (o->type != LL_OPT_STRING) {
+          rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: option '%s' needs a value", fname, line, col, key);
+          break;
+        }
+        char **ps = (char **)((char *)c + o->offset);
+        free(*ps);
+        *ps = NULL;
+        break;
+      }
+      if (strlen(val) != ev.data.scalar.length) {
+        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: option '%s': NUL byte in the value", fname, line, col, key);
+        break;
+      }
+      char msg[512];
+      if (set_value(c, o, val, msg, sizeof msg) != 0) rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: %s", fname, line, col, msg);
+      break;
+    }
+    default:
+      break;
+    }
+    yaml_event_delete(&ev);
+    if (rc) break;
+  }
+  for (int i = 0; i < n_seen; i++) free(seen[i]);
+  yaml_parser_delete(&p);
+  return rc;
+}
+
+int ll_config_load_file(struct ll_config *c, const char *path, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return ll_errf(err, errlen, LL_EIO, "%s: %s", path, strerror(errno));
+  char *buf = malloc((1u << 20) + 1);
+  if (!buf) {
+    fclose(f);
+    return ll_errf(err, errlen, LL_ENOMEM, "out of memory");
+  }
+  size_t n = fread(buf, 1, (1u << 20) + 1, f);
+  int rerr = ferror(f);
+  fclose(f);
+  int rc;
+  if (rerr) rc = ll_errf(err, errlen, LL_EIO, "%s: read error", path);
+  else if (n > (1u << 20)) rc = ll_errf(err, errlen, LL_ELIMIT, "%s: larger than 1 MiB; not a configuration file", path);
+  else rc = ll_config_load_yaml(c, buf, n, path, err, errlen);
+  free(buf);
+  return rc;
+}
+
+// ---- command line ----
+
+static void flag_of(const struct ll_option *o, char *out, size_t cap) {
+  size_t k = 0;
+  for (const char *p = o->name; *p && k + 1 < cap; p++) out[k++] = (*p == '.' || *p == '_') ? '-' : *p;
+  out[k] = 0;
+}
+
+static const struct ll_option *opt_by_flag(const char *flag) { // flag without the leading "--"
+  char f[96];
+  for (const struct ll_option *o = ll_options; o->name; o++) {
+    flag_of(o, f, sizeof f);
+    if (!strcmp(f, flag)) return o;
+  }
+  return NULL;
+}
+
+int ll_config_parse_args(struct ll_config *c, int argc, char **argv, int *help, int *version, int *check, char *err, size_t errlen) {
+  int dummy;
+  if (!help) help = &dummy;
+  if (!version) version = &dummy;
+  if (!check) check = &dummy;
+  // --config first, so the command line overrides the file whatever the order.
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    const char *path = NULL;
+    if (!strcmp(a, "--config")) {
+      if (i + 1 >= argc) return ll_errf(err, errlen, LL_EINVAL, "option '--config' needs a value");
+      path = argv[++i];
+    } else if (!strncmp(a, "--config=", 9)) {
+      path = a + 9;
+    }
+    if (path) {
+      int rc = ll_config_load_file(c, path, err, errlen);
+      if (rc) return rc;
+    }
+  }
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--config")) {
+      i++;
+      continue;
+    }
+    if (!strncmp(a, "--config=", 9)) continue;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      *help = 1;
+      continue;
+    }
+    if (!strcmp(a, "--version")) {
+      *version = 1;
+      continue;
+    }
+    if (!strcmp(a, "--check-config")) {
+      *check = 1;
+      continue;
+    }
+    const char *name = NULL, *val = NULL;
+    char flag[96];
+    if (!strcmp(a, "-m")) name = "model";
+    else if (!strcmp(a, "-t")) name = "threads";
+    else if (!strcmp(a, "-c")) name = "ctx";
+    else if (a[0] == '-' && a[1] == '-' && a[2]) {
+      snprintf(flag, sizeof flag, "%s", a + 2);
+      char *eq = strchr(flag, '=');
+      if (eq) *eq = 0, val = a + 2 + (eq - flag) + 1;
+      const struct ll_option *o = opt_by_flag(flag);
+      if (!o && !strncmp(flag, "no-", 3) && (o = opt_by_flag(flag + 3)) && o->type == LL_OPT_BOOL && !val) {
+        int rc = set_value(c, o, "false", err, errlen);
+        if (rc) return rc;
+        continue;
+      }
+      if (!o) return ll_errf(err, errlen, LL_EINVAL, "unknown option '%s' (see llsrv --help)", a);
+      if (o->type == LL_OPT_BOOL && !val) {
+        int rc = set_value(c, o, "true", err, errlen);
+        if (rc) return rc;
+        continue;
+      }
+      name = o->name;
+    } else {
+      return ll_errf(err, errlen, LL_EINVAL, "unexpected argument '%s' (options start with --; see llsrv --help)", a);
+    }
+    if (!val) {
+      if (i + 1 >= argc) return ll_errf(err, errlen, LL_EINVAL, "option '%s' needs a value", a);
+      val = argv[++i];
+    }
+    int rc = ll_config_set(c, name, val, err, errlen);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+// ---- help, man page, YAML out ----
+
+static const char *type_name(const struct ll_option *o) {
+  switch (o->type) {
+  case LL_OPT_STRING: return "string";
+  case LL_OPT_INT: return "integer";
+  case LL_OPT_FLOAT: return "number";
+  case LL_OPT_BOOL: return "boolean";
+  case LL_OPT_SIZE: return "size";
+  case LL_OPT_DURATION: return "duration";
+  case LL_OPT_ENUM: return "choice";
+  }
+  return "?";
+}
+
+static void range_text(const struct ll_option *o, char *out, size_t cap) {
+  out[0] = 0;
+  if (o->type == LL_OPT_ENUM) snprintf(out, cap, "%s", o->choices);
+  else if (o->type == LL_OPT_INT) snprintf(out, cap, "%.0f..%.0f", o->min, o->max);
+  else if (o->type == LL_OPT_FLOAT) snprintf(out, cap, "%g..%g", o->min, o->max);
+  else if (o->type == LL_OPT_SIZE) snprintf(out, cap, "%.0f..%.0f bytes", o->min, o->max);
+  else if (o->type == LL_OPT_DURATION) snprintf(out, cap, "%g..%g s", o->min, o->max);
+}
+
+static const char *group_of(const struct ll_option *o) {
+  if (!strncmp(o->name, "train.", 6)) return "training";
+  if (o->offset >= OFF(listen) && o->offset <= OFF(monitor_hz)) return "network and limits";
+  return "general";
+}
+
+void ll_config_print_help(FILE *f) {
+  fprintf(f, "usage: llsrv [--model PATH] [--config FILE] [options]\n"
+             "       llsrv COMMAND [options]   (generate, bench, perplexity, convert, tokenize, detokenize; llsrv help)\n\n"
+             "Serves a model over the TCP line protocol (man 7 llsrv-protocol) with a monitor socket for lltop.\n"
+             "Every option is also a YAML key of the --config file (man 5 llsrv.yaml); the command line wins.\n\n"
+             "  --config FILE             load options from a YAML file\n"
+             "  --check-config            print the resolved configuration and exit\n"
+             "  -h, --help, --version\n");
+  const char *groups[] = {"general", "network and limits", "training"};
+  for (int g = 0; g < 3; g++) {
+    fprintf(f, "\n%s:\n", groups[g]);
+    for (const struct ll_option *o = ll_options; o->name; o++) {
+      if (strcmp(group_of(o), groups[g])) continue;
+      char flag[96], left[160], range[96];
+      flag_of(o, flag, sizeof flag);
+      snprintf(left, sizeof left, "--%s%s%s", flag, o->argname ? " " : "", o->argname ? o->argname : "");
+      range_text(o, range, sizeof range);
+      fprintf(f, "  %-28s %s", left, o->help);
+      if (o->def || range[0]) {
+        fprintf(f, " [");
+        if (o->def) fprintf(f, "default %s", o->def);
+        if (o->def && range[0] && o->type != LL_OPT_BOOL) fprintf(f, "; ");
+        if (range[0] && o->type != LL_OPT_BOOL) fprintf(f, "%s", range);
+        fprintf(f, "]");
+      }
+      fprintf(f, "\n");
+    }
+  }
+  fprintf(f, "\nShort forms: -m = --model, -t = --threads, -c = --ctx. Booleans: --kv-f16, --no-kv-f16, --kv-f16=false.\n");
+}
+
+static void roff_escape(FILE *f, const char *s) {
+  for (; *s; s++) {
+    if (*s == '\\') fputs("\\e", f);
+    else if (*s == '-') fputs("\\-", f);
+    else fputc(*s, f);
+  }
+}
+
+void ll_config_print_man_options(FILE *f) {
+  const char *groups[] = {"general", "network and limits", "training"};
+  for (int g = 0; g < 3; g++) {
+    fprintf(f, ".SS %c%s\n", toupper((unsigned char)groups[g][0]), groups[g] + 1);
+    for (const struct ll_option *o = ll_options; o->name; o++) {
+      if (strcmp(group_of(o), groups[g])) continue;
+      char flag[96], range[96];
+      flag_of(o, flag, sizeof flag);
+      range_text(o, range, sizeof range);
+      fprintf(f, ".TP\n.B ");
+      roff_escape(f, o->name);
+      fprintf(f, "\n.RB ( \\-\\-");
+      roff_escape(f, flag);
+      fprintf(f, ") %s", type_name(o));
+      if (range[0] && o->type != LL_OPT_BOOL) {
+        fprintf(f, ", ");
+        roff_escape(f, range);
+      }
+      fprintf(f, ", default ");
+      if (o->def) roff_escape(f, o->def);
+      else fprintf(f, "unset");
+      fprintf(f, ".\n");
+      roff_escape(f, o->help);
+      fprintf(f, "\n");
+    }
+  }
+}
+
+static void yaml_scalar(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+    else if (ch < 0x20) fprintf(f, "\\x%02x", ch);
+    else fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+void ll_config_print_yaml(FILE *f, const struct ll_config *c) {
+  int in_section = 0;
+  for (const struct ll_option *o = ll_options; o->name; o++) {
+    const char *dot = strchr(o->name, '.');
+    const char *key = dot ? dot + 1 : o->name;
+    if (dot && !in_section) {
+      fprintf(f, "%.*s:\n", (int)(dot - o->name), o->name);
+      in_section = 1;
+    }
+    const char *ind = dot ? "  " : "";
+    const char *base = (const char *)c + o->offset;
+    if (!strcmp(o->name, "auth_token")) { // never print a secret
+      fprintf(f, "# %sauth_token: %s\n", ind, *(char *const *)base ? "(set)" : "~");
+      continue;
+    }
+    fprintf(f, "%s%s: ", ind, key);
+    switch (o->type) {
+    case LL_OPT_STRING:
+    case LL_OPT_ENUM: {
+      const char *s = *(char *const *)base;
+      if (s) yaml_scalar(f, s);
+      else fputs("~", f);
+      break;
+    }
+    case LL_OPT_BOOL: fputs(*(const int *)base ? "true" : "false", f); break;
+    case LL_OPT_INT:
+    case LL_OPT_SIZE: fprintf(f, "%lld", (long long)*(const int64_t *)base); break;
+    case LL_OPT_FLOAT:
+    case LL_OPT_DURATION: fprintf(f, "%.17g", *(const double *)base); break;
+    }
+    fputc('\n', f);
+  }
+}

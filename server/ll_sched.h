@@ -1,0 +1,91 @@
+// ll_sched.h - continuous batching: one compute thread drives the engine; requests join at
+// the next step; every step decodes one token for each generating sequence and a prefill
+// chunk for sequences still reading their prompt, in ONE ll_engine_decode call (one pass
+// over the weights). Results come back as ready-made protocol lines through an outbox the
+// event loop drains (the notify callback is where it calls uv_async_send).
+//
+// Threading: submit/cancel/shutdown/take_output/get_stats are called from the loop thread;
+// everything else runs on the compute thread. A request is owned by the scheduler from
+// submit on; the loop refers to it by (conn, id) only.
+#ifndef LL_SCHED_H
+#define LL_SCHED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ll_proto.h"
+#include "ll_sample.h"
+
+struct ll_engine;
+struct ll_sched;
+
+enum ll_req_kind { LL_REQ_GEN, LL_REQ_CHAT, LL_REQ_TOKENIZE, LL_REQ_DETOKENIZE };
+
+struct ll_sched_req {
+  enum ll_req_kind kind;
+  uint64_t conn;                   // the loop's connection handle id (opaque here)
+  char id[LL_PROTO_MAX_ID + 1];
+  char *text;                      // prompt / chat messages / text / ids (owned, malloc'ed)
+  size_t text_len;
+  struct ll_sampler_params sp;
+  int max_tokens;
+  int ignore_eos;
+  int add_bos;                     // -1: the model's default
+  int special;                     // parse special tokens in the prompt (default 1)
+  int n_stops;
+  char *stops[LL_MAX_STOP];        // owned
+};
+
+struct ll_sched_params {
+  int prefill_chunk;               // prompt tokens per sequence per step
+};
+
+// One output line (with its '\n') for connection `conn`; final = the request is complete.
+// kind 1 lines are monitor events (JSON, conn 0) rather than client lines.
+struct ll_sched_out {
+  struct ll_sched_out *next;
+  uint64_t conn;
+  int final;
+  int kind;
+  char id[LL_PROTO_MAX_ID + 1];
+  size_t len;
+  char line[];
+};
+
+#define LL_SCHED_MAX_SHOWN 64 // per-request progress entries in the stats
+struct ll_sched_req_progress {
+  char id[LL_PROTO_MAX_ID + 1];
+  uint64_t conn;
+  int prefilling;
+  int prompt_tokens, prefilled, tokens, max_tokens;
+};
+
+struct ll_sched_stats {
+  int active, queued;
+  uint64_t requests_total, requests_done, tokens_generated, tokens_prefilled;
+  double decode_tps, prefill_tps;  // over the last ~second of work; 0 when idle
+  int kv_blocks_used;
+  int n_shown;
+  struct ll_sched_req_progress shown[LL_SCHED_MAX_SHOWN];
+};
+
+typedef void (*ll_sched_notify_fn)(void *user);
+
+int ll_sched_create(struct ll_sched **out, struct ll_engine *e, const struct ll_sched_params *p,
+                    ll_sched_notify_fn notify, void *user, char *err, size_t errlen);
+// Stops the compute thread (cancelling what is left, no more output) and frees everything.
+void ll_sched_destroy(struct ll_sched *s);
+
+void ll_sched_req_free(struct ll_sched_req *r);
+// Takes ownership of r (also on error). LL_ESTATE after shutdown.
+int ll_sched_submit(struct ll_sched *s, struct ll_sched_req *r);
+// Cancel request `id` of conn, or all of conn's requests when id is NULL. Each one still ends
+// with a final line (reason=cancel), which the loop drops if the connection is gone.
+void ll_sched_cancel(struct ll_sched *s, uint64_t conn, const char *id);
+// End everything with reason=shutdown and accept nothing more.
+void ll_sched_shutdown(struct ll_sched *s);
+// Lines produced since the last call (in order), or NULL. Free each with free().
+struct ll_sched_out *ll_sched_take_output(struct ll_sched *s);
+void ll_sched_get_stats(struct ll_sched *s, struct ll_sched_stats *st);
+
+#endif

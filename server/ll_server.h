@@ -1,0 +1,68 @@
+// ll_server.h - the running service: one libuv loop owns the TCP listener and its clients
+// (net.c), the monitor socket and its clients (monitor.c), timers and signals; the scheduler's
+// compute thread hands lines back through a uv_async (sched.c). Internal to server/.
+#ifndef LL_SERVER_H
+#define LL_SERVER_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "ll_config.h"
+#include "ll_engine.h"
+#include "ll_sched.h"
+
+struct ll_conn;
+struct ll_mconn;
+
+struct ll_server {
+  uv_loop_t *loop;
+  const struct ll_config *cfg;
+  struct ll_engine *e;
+  struct ll_engine_info info;
+  struct ll_sched *sched;
+  const char *model_path;
+  double t_start; // ms, uv_hrtime based
+
+  // TCP
+  uv_tcp_t tcp;
+  int tcp_open;
+  char listen_addr[128]; // as bound ("127.0.0.1:8478")
+  struct ll_conn **conns; // (max_clients) slots
+  int n_conns;
+  uint32_t conn_gen;
+  int outstanding; // requests handed to the scheduler whose final line has not come back
+  uint64_t conns_total, conns_dropped, lines_total, errors_total;
+
+  // monitor
+  uv_pipe_t mon;
+  int mon_open;
+  char mon_path[256];
+  struct ll_mconn *mconns;
+  uv_timer_t mon_timer;
+
+  uv_async_t async;
+  uv_timer_t tick;
+  uv_signal_t sig_int, sig_term;
+  uv_timer_t stop_timer;
+  int shutting_down;
+  int exit_code;
+};
+
+// net.c
+int ll_net_start(struct ll_server *s, char *err, size_t errlen);
+void ll_net_on_output(struct ll_server *s, struct ll_sched_out *o); // routes one line; frees o
+void ll_net_tick(struct ll_server *s);                              // timeouts
+void ll_net_shutdown(struct ll_server *s);                          // stop accepting
+void ll_net_close_all(struct ll_server *s);                         // after the last final line
+void ll_net_force_close_all(struct ll_server *s);                   // error/exit path: close now
+int ll_net_parse_listen(const char *spec, char *host, size_t hostcap, int *port, char *err, size_t errlen);
+int ll_net_host_is_loopback(const char *host);
+
+// monitor.c
+int ll_monitor_default_path(char *out, size_t cap, char *err, size_t errlen);
+int ll_monitor_start(struct ll_server *s, const char *path, char *err, size_t errlen);
+void ll_monitor_event(struct ll_server *s, const char *json_line, size_t len); // broadcast
+void ll_monitor_close(struct ll_server *s); // closes clients and the socket, unlinks it
+int64_t ll_host_rss_bytes(void);
+
+#endif

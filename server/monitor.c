@@ -1,0 +1,382 @@
+// monitor.c - the monitor socket for lltop and scripts: a Unix socket in a private directory
+// (0700, socket 0600, created under a umask so there is no window where others can connect),
+// newline-delimited JSON snapshots at monitor_hz plus event lines, and control commands from
+// the socket's owner. Collection (snapshot_json) is separate from transport; every metric
+// that is not known is null, never invented. Schema: man/llsrv-protocol.7, MONITOR SOCKET.
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ll_error.h"
+#include "ll_log.h"
+#include "ll_server.h"
+
+#define MON_MAX_CLIENTS 64
+#define MON_MAX_LINE 4096
+#define MON_MAX_PENDING (8u << 20) // bytes queued to a monitor client before it is dropped
+
+struct ll_mconn {
+  uv_pipe_t h;
+  struct ll_server *srv;
+  struct ll_mconn *next;
+  char in[MON_MAX_LINE];
+  size_t in_len;
+  int closing;
+};
+
+int64_t ll_host_rss_bytes(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (!f) return -1;
+  long long pages_total, pages_res;
+  int ok = fscanf(f, "%lld %lld", &pages_total, &pages_res) == 2;
+  fclose(f);
+  return ok ? pages_res * (int64_t)sysconf(_SC_PAGESIZE) : -1;
+}
+
+static int meminfo(int64_t *total, int64_t *avail) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f) return -1;
+  char line[256];
+  long long v;
+  *total = *avail = -1;
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "MemTotal: %lld kB", &v) == 1) *total = v * 1024;
+    else if (sscanf(line, "MemAvailable: %lld kB", &v) == 1) *avail = v * 1024;
+  }
+  fclose(f);
+  return *total >= 0 && *avail >= 0 ? 0 : -1;
+}
+
+static json_t *num_or_null(int known, double v) { return known ? json_real(v) : json_null(); }
+static json_t *int_or_null(int known, int64_t v) { return known ? json_integer(v) : json_null(); }
+
+static json_t *snapshot_json(struct ll_server *s) {
+  const struct ll_engine_info *in = &s->info;
+  struct ll_sched_stats st;
+  ll_sched_get_stats(s->sched, &st);
+  int64_t rss = ll_host_rss_bytes(), mt = -1, ma = -1;
+  int have_mem = meminfo(&mt, &ma) == 0;
+  int is_cpu = strcmp(in->backend, "cpu") == 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  json_t *root = json_object();
+  json_object_set_new(root, "type", json_string("snapshot"));
+  json_object_set_new(root, "time", json_real(ts.tv_sec + ts.tv_nsec / 1e9));
+  json_object_set_new(root, "uptime_s", json_real(((double)uv_hrtime() / 1e6 - s->t_start) / 1000.0));
+  json_object_set_new(root, "version", json_string(LL_VERSION));
+  json_object_set_new(root, "pid", json_integer(getpid()));
+
+  json_t *dev = json_object();
+  json_object_set_new(dev, "name", json_string(in->device_name));
+  json_object_set_new(dev, "type", json_string(is_cpu ? "cpu" : "gpu"));
+  json_object_set_new(dev, "backend", json_string(in->backend));
+  json_object_set_new(dev, "compute_units", int_or_null(is_cpu, sysconf(_SC_NPROCESSORS_ONLN)));
+  json_object_set_new(dev, "threads", json_integer(in->n_threads));
+  json_object_set_new(dev, "reason", json_string(in->device_reason));
+  json_object_set_new(root, "device", dev);
+
+  json_t *mem = json_object();
+  // For the CPU backend the device memory is the host's RAM.
+  json_object_set_new(mem, "device_total", int_or_null(is_cpu && have_mem, mt));
+  json_object_set_new(mem, "device_used", int_or_null(is_cpu && have_mem, mt - ma));
+  json_object_set_new(mem, "host_rss", int_or_null(rss >= 0, rss));
+  json_object_set_new(mem, "host_total", int_or_null(have_mem, mt));
+  json_object_set_new(mem, "weights", json_integer(in->weight_bytes));
+  json_object_set_new(mem, "kv_bytes", json_integer(in->kv_bytes));
+  json_object_set_new(mem, "kv_blocks_used", json_integer(st.kv_blocks_used));
+  json_object_set_new(mem, "kv_blocks_total", json_integer(in->kv_blocks_total));
+  json_object_set_new(root, "memory", mem);
+
+  json_t *model = json_object();
+  json_object_set_new(model, "name", json_string(in->name));
+  json_object_set_new(model, "path", json_string(s->model_path));
+  json_object_set_new(model, "arch", json_string(in->arch));
+  json_object_set_new(model, "quant", json_string(in->quant));
+  json_object_set_new(model, "n_params", json_integer(in->n_params));
+  json_object_set_new(model, "n_ctx", json_integer(in->n_ctx));
+  json_object_set_new(model, "n_vocab", json_integer(in->n_vocab));
+  json_object_set_new(root, "model", model);
+
+  json_t *sv = json_object();
+  json_object_set_new(sv, "listen", s->listen_addr[0] ? json_string(s->listen_addr) : json_null());
+  json_object_set_new(sv, "clients", json_integer(s->n_conns));
+  json_object_set_new(sv, "active", json_integer(st.active));
+  json_object_set_new(sv, "queued", json_integer(st.queued));
+  json_object_set_new(sv, "parallel", json_integer(in->n_parallel));
+  json_object_set_new(sv, "requests_total", json_integer((json_int_t)st.requests_total));
+  json_object_set_new(sv, "requests_done", json_integer((json_int_t)st.requests_done));
+  json_object_set_new(sv, "tokens_generated", json_integer((json_int_t)st.tokens_generated));
+  json_object_set_new(sv, "tokens_prefilled", json_integer((json_int_t)st.tokens_prefilled));
+  json_object_set_new(sv, "decode_tps", json_real(st.decode_tps));
+  json_object_set_new(sv, "prefill_tps", json_real(st.prefill_tps));
+  json_object_set_new(sv, "clients_dropped", json_integer((json_int_t)s->conns_dropped));
+  json_t *reqs = json_array();
+  for (int i = 0; i < st.n_shown; i++) {
+    const struct ll_sched_req_progress *p = &st.shown[i];
+    json_t *r = json_object();
+    json_object_set_new(r, "id", json_string(p->id));
+    json_object_set_new(r, "state", json_string(p->prefilling ? "prefill" : "decode"));
+    json_object_set_new(r, "prompt_tokens", json_integer(p->prompt_tokens));
+    json_object_set_new(r, "prefilled", json_integer(p->prefilled));
+    json_object_set_new(r, "tokens", json_integer(p->tokens));
+    json_object_set_new(r, "max_tokens", json_integer(p->max_tokens));
+    json_array_append_new(reqs, r);
+  }
+  json_object_set_new(sv, "requests", reqs);
+  json_object_set_new(root, "serving", sv);
+
+  // Training: the trainer arrives with the training issue; until then its fields are null.
+  json_t *tr = json_object();
+  json_object_set_new(tr, "state", json_string(s->cfg->train_enabled ? "unavailable" : "off"));
+  const char *nulls[] = {"step", "total_steps", "epoch", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "eta_s", "last_checkpoint"};
+  for (size_t i = 0; i < sizeof nulls / sizeof nulls[0]; i++) json_object_set_new(tr, nulls[i], json_null());
+  json_object_set_new(root, "training", tr);
+  (void)num_or_null;
+  return root;
+}
+
+// ---- transport ----
+
+static void on_mclosed(uv_handle_t *h) {
+  struct ll_mconn *m = h->data;
+  struct ll_server *s = m->srv;
+  for (struct ll_mconn **pp = &s->mconns; *pp; pp = &(*pp)->next)
+    if (*pp == m) {
+      *pp = m->next;
+      break;
+    }
+  free(m);
+}
+
+static void mclose(struct ll_mconn *m) {
+  if (m->closing) return;
+  m->closing = 1;
+  uv_close((uv_handle_t *)&m->h, on_mclosed);
+}
+
+static void on_mwrite(uv_write_t *req, int status) {
+  (void)status;
+  free(req);
+}
+
+static void msend(struct ll_mconn *m, const char *data, size_t len) {
+  if (m->closing) return;
+  if (uv_stream_get_write_queue_size((uv_stream_t *)&m->h) + len > MON_MAX_PENDING) {
+    mclose(m); // a monitor that does not read is dropped, it does not grow our memory
+    return;
+  }
+  uv_write_t *req = malloc(sizeof *req + len);
+  if (!req) return;
+  char *p = (char *)(req + 1);
+  memcpy(p, data, len);
+  uv_buf_t b = uv_buf_init(p, (unsigned)len);
+  if (uv_write(req, (uv_stream_t *)&m->h, &b, 1, on_mwrite) != 0) {
+    free(req);
+    mclose(m);
+  }
+}
+
+static void send_json(struct ll_mconn *m, json_t *j) {
+  char *txt = json_dumps(j, JSON_COMPACT);
+  if (!txt) return;
+  size_t n = strlen(txt);
+  txt[n] = 0;
+  char *line = malloc(n + 2);
+  if (line) {
+    memcpy(line, txt, n);
+    line[n] = '\n';
+    msend(m, line, n + 1);
+    free(line);
+  }
+  free(txt);
+}
+
+static void reply(struct ll_mconn *m, const char *cmd, int ok, const char *error) {
+  json_t *j = json_object();
+  json_object_set_new(j, "type", json_string("reply"));
+  json_object_set_new(j, "command", json_string(cmd));
+  json_object_set_new(j, "ok", json_boolean(ok));
+  if (error) json_object_set_new(j, "error", json_string(error));
+  send_json(m, j);
+  json_decref(j);
+}
+
+static void handle_control(struct ll_mconn *m, char *line) {
+  struct ll_server *s = m->srv;
+  char cmd[64] = "", arg[64] = "";
+  if (sscanf(line, "%63s %63s", cmd, arg) < 1) return;
+  if (!strcmp(cmd, "snapshot")) {
+    json_t *j = snapshot_json(s);
+    send_json(m, j);
+    json_decref(j);
+  } else if (!strcmp(cmd, "log_level")) {
+    int lv = ll_log_level_from_name(arg);
+    if (lv < 0) return reply(m, "log_level", 0, "expected error, warn, info or debug");
+    ll_log_set_level(lv);
+    ll_log(LL_LOG_INFO, "log level set to %s from the monitor socket", arg);
+    reply(m, "log_level", 1, NULL);
+  } else if (!strcmp(cmd, "train") || !strcmp(cmd, "save") || !strcmp(cmd, "pause") || !strcmp(cmd, "resume")) {
+    // Accepted commands, refused honestly: there is no training job to control yet.
+    reply(m, cmd, 0, "no training job in this build (the trainer arrives with the training issue)");
+  } else {
+    char e[128];
+    snprintf(e, sizeof e, "unknown command '%.40s' (snapshot, log_level LEVEL, train start|stop|pause|resume, save)", cmd);
+    reply(m, "?", 0, e);
+  }
+}
+
+static void on_malloc(uv_handle_t *h, size_t sugg, uv_buf_t *buf) {
+  (void)sugg;
+  struct ll_mconn *m = h->data;
+  *buf = uv_buf_init(m->in + m->in_len, (unsigned)(sizeof m->in - 1 - m->in_len));
+}
+
+static void on_mread(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
+  (void)buf;
+  struct ll_mconn *m = st->data;
+  if (n < 0) {
+    mclose(m);
+    return;
+  }
+  m->in_len += (size_t)n;
+  size_t start = 0;
+  for (size_t i = 0; i < m->in_len; i++) {
+    if (m->in[i] != '\n') continue;
+    m->in[i] = 0;
+    handle_control(m, m->in + start);
+    start = i + 1;
+    if (m->closing) return;
+  }
+  memmove(m->in, m->in + start, m->in_len - start);
+  m->in_len -= start;
+  if (m->in_len >= sizeof m->in - 1) mclose(m); // a control line is short
+}
+
+static void on_mconnection(uv_stream_t *server, int status) {
+  struct ll_server *s = server->data;
+  if (status < 0) return;
+  struct ll_mconn *m = calloc(1, sizeof *m);
+  if (!m) return;
+  m->srv = s;
+  uv_pipe_init(s->loop, &m->h, 0);
+  m->h.data = m;
+  m->next = s->mconns;
+  s->mconns = m;
+  if (uv_accept(server, (uv_stream_t *)&m->h) != 0) {
+    mclose(m);
+    return;
+  }
+  int n = 0;
+  for (struct ll_mconn *x = s->mconns; x; x = x->next) n += !x->closing;
+  // Only the socket's owner may attach (the 0700 directory already keeps others out).
+  uv_os_fd_t fd;
+  struct ucred cr;
+  socklen_t cl = sizeof cr;
+  if (uv_fileno((uv_handle_t *)&m->h, &fd) != 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != geteuid() ||
+      n > MON_MAX_CLIENTS) {
+    mclose(m);
+    return;
+  }
+  uv_read_start((uv_stream_t *)&m->h, on_malloc, on_mread);
+  json_t *j = snapshot_json(s); // a new client sees the state at once
+  send_json(m, j);
+  json_decref(j);
+}
+
+static void on_mon_timer(uv_timer_t *t) {
+  struct ll_server *s = t->data;
+  if (!s->mconns) return;
+  json_t *j = snapshot_json(s);
+  for (struct ll_mconn *m = s->mconns; m; m = m->next) send_json(m, j);
+  json_decref(j);
+}
+
+void ll_monitor_event(struct ll_server *s, const char *line, size_t len) {
+  for (struct ll_mconn *m = s->mconns; m; m = m->next) msend(m, line, len);
+}
+
+int ll_monitor_default_path(char *out, size_t cap, char *err, size_t errlen) {
+  const char *rt = getenv("XDG_RUNTIME_DIR");
+  int n;
+  if (rt && rt[0] == '/') n = snprintf(out, cap, "%s/llsrv/llsrv.sock", rt);
+  else n = snprintf(out, cap, "/tmp/llsrv-%u/llsrv.sock", (unsigned)getuid());
+  if (n < 0 || (size_t)n >= cap) return ll_errf(err, errlen, LL_ELIMIT, "monitor socket path too long");
+  return 0;
+}
+
+// The socket's directory: created 0700 if missing; if present it must be ours and private.
+static int private_dir(const char *dir, char *err, size_t errlen) {
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) return ll_errf(err, errlen, LL_EIO, "monitor: cannot create %s: %s", dir, strerror(errno));
+  struct stat st;
+  if (lstat(dir, &st) != 0) return ll_errf(err, errlen, LL_EIO, "monitor: %s: %s", dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return ll_errf(err, errlen, LL_EINVAL, "monitor: %s is not a directory", dir);
+  if (st.st_uid != geteuid())
+    return ll_errf(err, errlen, LL_EINVAL, "monitor: directory %s belongs to uid %u, not to us (uid %u); refusing to put the socket there",
+                   dir, (unsigned)st.st_uid, (unsigned)geteuid());
+  if ((st.st_mode & 077) != 0 && chmod(dir, 0700) != 0)
+    return ll_errf(err, errlen, LL_EIO, "monitor: cannot make %s private (0700): %s", dir, strerror(errno));
+  return 0;
+}
+
+int ll_monitor_start(struct ll_server *s, const char *path, char *err, size_t errlen) {
+  struct sockaddr_un sun;
+  if (strlen(path) >= sizeof sun.sun_path || strlen(path) >= sizeof s->mon_path)
+    return ll_errf(err, errlen, LL_ELIMIT, "monitor socket path '%s' is longer than %zu bytes", path, sizeof sun.sun_path - 1);
+  char dir[sizeof s->mon_path];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash && slash != dir) {
+    *slash = 0;
+    int rc = private_dir(dir, err, errlen);
+    if (rc) return rc;
+  }
+  // A socket file already there: live server -> refuse; stale -> replace.
+  struct stat st;
+  if (lstat(path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return ll_errf(err, errlen, LL_EEXIST, "monitor: %s exists and is not a socket", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    memset(&sun, 0, sizeof sun);
+    sun.sun_family = AF_UNIX;
+    memcpy(sun.sun_path, path, strlen(path));
+    int live = fd >= 0 && connect(fd, (struct sockaddr *)&sun, sizeof sun) == 0;
+    if (fd >= 0) close(fd);
+    if (live) return ll_errf(err, errlen, LL_EBUSY, "monitor: another llsrv is serving on %s", path);
+    if (unlink(path) != 0) return ll_errf(err, errlen, LL_EIO, "monitor: cannot remove stale socket %s: %s", path, strerror(errno));
+    ll_log(LL_LOG_INFO, "monitor: replaced stale socket %s", path);
+  }
+  uv_pipe_init(s->loop, &s->mon, 0);
+  s->mon.data = s;
+  s->mon_open = 1;
+  mode_t old = umask(0177); // the socket is born 0600: no window where others may connect
+  int r = uv_pipe_bind(&s->mon, path);
+  umask(old);
+  if (r != 0) return ll_errf(err, errlen, LL_EIO, "monitor: bind %s: %s", path, uv_strerror(r));
+  snprintf(s->mon_path, sizeof s->mon_path, "%s", path);
+  chmod(path, 0600);
+  r = uv_listen((uv_stream_t *)&s->mon, 16, on_mconnection);
+  if (r != 0) return ll_errf(err, errlen, LL_EIO, "monitor: listen %s: %s", path, uv_strerror(r));
+  double hz = s->cfg->monitor_hz > 0 ? s->cfg->monitor_hz : 4;
+  uv_timer_init(s->loop, &s->mon_timer);
+  s->mon_timer.data = s;
+  uint64_t ms = (uint64_t)(1000.0 / hz);
+  uv_timer_start(&s->mon_timer, on_mon_timer, ms ? ms : 1, ms ? ms : 1);
+  return 0;
+}
+
+void ll_monitor_close(struct ll_server *s) {
+  for (struct ll_mconn *m = s->mconns; m; m = m->next) mclose(m);
+  if (s->mon_open) {
+    s->mon_open = 0;
+    uv_timer_stop(&s->mon_timer);
+    uv_close((uv_handle_t *)&s->mon_timer, NULL);
+    uv_close((uv_handle_t *)&s->mon, NULL);
+    if (s->mon_path[0]) unlink(s->mon_path);
+  }
+}

@@ -1,0 +1,740 @@
+// sched.c - continuous batching on one compute thread (see ll_sched.h).
+//
+// Step: take new requests and cancels under the lock; answer TOKENIZE/DETOKENIZE at once;
+// admit GEN/CHAT requests into free slots (tokenize, check the context, take a sequence);
+// build ONE batch = one token per generating slot + a prefill chunk per prompt-reading slot
+// (bounded by the engine's batch size); decode; sample each slot that got logits; format
+// TOK/END lines into the outbox; wake the loop.
+#include "ll_sched.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ll_chat.h"
+#include "ll_engine.h"
+#include "ll_error.h"
+#include "ll_tokenizer.h"
+
+#define MAX_BATCH_TOKENS 512 // the engine's batch limit (MAX_BATCH_DEFAULT in engine.c)
+#define MAX_TEXT_IDS 1000000 // ids accepted by DETOKENIZE / id prompts
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+struct slot {
+  struct ll_sched_req *r;
+  struct slot *next_wait; // waiting list link (unused while active)
+  int seq;
+  int32_t *tokens;        // (n_prompt) prompt ids
+  int n_prompt, n_prefilled, n_gen, max_gen;
+  int32_t last;           // last sampled token, fed at the next step
+  int has_logits;
+  float *logits;          // (V)
+  struct ll_sampler *smp;
+  struct ll_stop_matcher *stop;
+  struct ll_detok_stream ds;
+  char hold[8];           // an incomplete UTF-8 sequence held back between TOK lines
+  int n_hold;
+  double t_admit, t_first, t_end;
+  int cancel;             // reason to end at the next step: 0 none, else an END reason
+};
+
+enum { END_NONE, END_CANCEL, END_SHUTDOWN };
+
+struct cancel_req {
+  struct cancel_req *next;
+  uint64_t conn;
+  int all;
+  char id[LL_PROTO_MAX_ID + 1];
+};
+
+struct ll_sched {
+  struct ll_engine *e;
+  const struct ll_tokenizer *tok;
+  int V, n_ctx, parallel, chunk;
+  ll_sched_notify_fn notify;
+  void *user;
+  pthread_t thread;
+  int thread_started;
+
+  pthread_mutex_t mu;     // guards everything below up to `stats`
+  pthread_cond_t cv;
+  struct ll_sched_req **in; // submitted, not yet seen by the compute thread
+  int n_in, cap_in;
+  struct cancel_req *cancels;
+  int shutdown, quit;
+  struct ll_sched_out *out_head, *out_tail;
+  struct ll_sched_stats stats;
+
+  // compute thread only
+  struct slot *wait_head, *wait_tail;
+  int n_wait;
+  struct slot **active; // (parallel)
+  struct ll_sched_out *pend_head, *pend_tail; // lines of this step, published at its end
+  struct ll_batch_item *items;
+  uint64_t tok_gen, tok_prefill, req_total, req_done;
+  double win_t0;
+  uint64_t win_gen, win_prefill;
+  double decode_tps, prefill_tps;
+  char *esc; // escape buffer
+  size_t esc_cap;
+};
+
+// ---- output ----
+
+static void emit(struct ll_sched *s, uint64_t conn, const char *id, int final, int kind, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  va_list ap2;
+  va_copy(ap2, ap);
+  int k = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  struct ll_sched_out *o = k >= 0 ? malloc(sizeof *o + (size_t)k + 1) : NULL;
+  if (!o) { // out of memory: the line is lost; a final marker still must reach the loop
+    va_end(ap2);
+    if (!final) return;
+    o = malloc(sizeof *o + 1);
+    if (!o) return;
+    k = 0;
+    o->line[0] = 0;
+  } else {
+    vsnprintf(o->line, (size_t)k + 1, fmt, ap2);
+    va_end(ap2);
+  }
+  o->next = NULL;
+  o->conn = conn;
+  o->final = final;
+  o->kind = kind;
+  snprintf(o->id, sizeof o->id, "%s", id ? id : "");
+  o->len = (size_t)k;
+  if (s->pend_tail) s->pend_tail->next = o;
+  else s->pend_head = o;
+  s->pend_tail = o;
+}
+
+// Escaped copy of bytes in s->esc (NUL-terminated), or "" if out of memory.
+static const char *esc(struct ll_sched *s, const char *p, size_t n) {
+  size_t need = 4 * n + 1;
+  if (need > s->esc_cap) {
+    char *q = realloc(s->esc, need);
+    if (!q) return "";
+    s->esc = q, s->esc_cap = need;
+  }
+  size_t k = ll_proto_escape(p, n, 0, s->esc, s->esc_cap - 1);
+  s->esc[k] = 0;
+  return s->esc;
+}
+
+static void publish(struct ll_sched *s) {
+  if (!s->pend_head) return;
+  pthread_mutex_lock(&s->mu);
+  if (s->out_tail) s->out_tail->next = s->pend_head;
+  else s->out_head = s->pend_head;
+  s->out_tail = s->pend_tail;
+  pthread_mutex_unlock(&s->mu);
+  s->pend_head = s->pend_tail = NULL;
+  s->notify(s->user);
+}
+
+// ---- requests ----
+
+void ll_sched_req_free(struct ll_sched_req *r) {
+  if (!r) return;
+  free(r->text);
+  for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+  free(r);
+}
+
+static void slot_free(struct ll_sched *s, struct slot *sl) {
+  if (!sl) return;
+  if (sl->seq >= 0) ll_engine_seq_free(s->e, sl->seq);
+  ll_sampler_free(sl->smp);
+  ll_stop_free(sl->stop);
+  free(sl->tokens);
+  free(sl->logits);
+  ll_sched_req_free(sl->r);
+  free(sl);
+}
+
+static void err_final(struct ll_sched *s, struct ll_sched_req *r, const char *code, const char *msg) {
+  emit(s, r->conn, r->id, 1, 0, "ERR %s %s :%s\n", r->id, code, esc(s, msg, strlen(msg)));
+  s->req_done++;
+}
+
+// Text for a TOK line: pass through the stop matcher, hold back an incomplete UTF-8 tail.
+static void out_text(struct ll_sched *s, struct slot *sl, const char *p, size_t n, int *stopped, int final) {
+  char buf[1536];
+  size_t k = 0;
+  if (n > 0 || final) {
+    char tmp[1024];
+    size_t m = n ? ll_stop_push(sl->stop, p, n, tmp, sizeof tmp, stopped) : 0;
+    if (final && !*stopped) m += ll_stop_flush(sl->stop, tmp + m, sizeof tmp - m);
+    memcpy(buf, sl->hold, (size_t)sl->n_hold);
+    memcpy(buf + sl->n_hold, tmp, m);
+    k = (size_t)sl->n_hold + m;
+  }
+  size_t ok = final ? k : ll_utf8_complete_prefix(buf, k);
+  sl->n_hold = (int)(k - ok);
+  memcpy(sl->hold, buf + ok, k - ok);
+  if (ok > 0) emit(s, sl->r->conn, sl->r->id, 0, 0, "TOK %s :%s\n", sl->r->id, esc(s, buf, ok));
+}
+
+static void slot_end(struct ll_sched *s, struct slot *sl, const char *reason, const char *msg) {
+  struct ll_sched_req *r = sl->r;
+  int stopped = 0;
+  if (strcmp(reason, "error") != 0 && s->tok && sl->stop) out_text(s, sl, NULL, 0, &stopped, 1);
+  double t = now_ms();
+  double prefill_ms = sl->t_first > 0 ? sl->t_first - sl->t_admit : t - sl->t_admit;
+  double decode_ms = sl->t_first > 0 ? t - sl->t_first : 0.0;
+  char m[600] = "";
+  if (msg) snprintf(m, sizeof m, " :%s", esc(s, msg, strlen(msg)));
+  emit(s, r->conn, r->id, 1, 0, "END %s reason=%s prompt_tokens=%d tokens=%d prefill_ms=%.1f decode_ms=%.1f%s\n", r->id, reason,
+       sl->n_prompt, sl->n_gen, prefill_ms, decode_ms, m);
+  emit(s, 0, r->id, 0, 1,
+       "{\"type\":\"event\",\"event\":\"request_finished\",\"id\":\"%s\",\"reason\":\"%s\",\"prompt_tokens\":%d,\"tokens\":%d,"
+       "\"prefill_ms\":%.1f,\"decode_ms\":%.1f}\n",
+       esc(s, r->id, strlen(r->id)), reason, sl->n_prompt, sl->n_gen, prefill_ms, decode_ms);
+  s->req_done++;
+  slot_free(s, sl);
+}
+
+static void do_tokenize(struct ll_sched *s, struct ll_sched_req *r) {
+  if (!s->tok) return err_final(s, r, "unsupported", "this model has no tokenizer");
+  size_t cap = r->text_len + 8;
+  if (cap > (size_t)INT32_MAX / 4) return err_final(s, r, "too_long", "text too long");
+  int32_t *ids = malloc(cap * sizeof *ids);
+  if (!ids) return err_final(s, r, "internal", "out of memory");
+  int add_bos = r->add_bos >= 0 ? r->add_bos : 0;
+  int n = ll_tokenize(s->tok, r->text, r->text_len, add_bos, r->special, ids, (int)cap);
+  if (n < 0) {
+    free(ids);
+    return err_final(s, r, "bad_param", "text could not be tokenized");
+  }
+  size_t lcap = (size_t)n * 12 + 64;
+  char *line = malloc(lcap);
+  if (!line) {
+    free(ids);
+    return err_final(s, r, "internal", "out of memory");
+  }
+  size_t o = 0;
+  for (int i = 0; i < n; i++) o += (size_t)snprintf(line + o, lcap - o, i ? " %d" : "%d", ids[i]);
+  emit(s, r->conn, r->id, 1, 0, "IDS %s n=%d :%s\n", r->id, n, line);
+  s->req_done++;
+  free(line);
+  free(ids);
+}
+
+// Parse space-separated token ids; LL_EFORMAT/ LL_ELIMIT with a message.
+static int parse_ids(const char *t, size_t len, int V, int32_t **out, int *n_out, char *msg, size_t msglen) {
+  size_t cap = len / 2 + 2;
+  if (cap > MAX_TEXT_IDS) cap = MAX_TEXT_IDS;
+  int32_t *ids = malloc(cap * sizeof *ids);
+  if (!ids) return ll_errf(msg, msglen, LL_ENOMEM, "out of memory");
+  int n = 0;
+  size_t i = 0;
+  while (i < len) {
+    while (i < len && (t[i] == ' ' || t[i] == ',' || t[i] == '\t')) i++;
+    if (i >= len) break;
+    long v = 0;
+    size_t d0 = i;
+    while (i < len && t[i] >= '0' && t[i] <= '9' && i - d0 < 10) v = v * 10 + (t[i++] - '0');
+    if (i == d0 || (i < len && t[i] != ' ' && t[i] != ',' && t[i] != '\t')) {
+      free(ids);
+      return ll_errf(msg, msglen, LL_EFORMAT, "bad token id at offset %zu (expected space-separated integers)", d0);
+    }
+    if (v >= V) {
+      free(ids);
+      return ll_errf(msg, msglen, LL_EFORMAT, "token id %ld out of range 0..%d", v, V - 1);
+    }
+    if ((size_t)n >= cap) {
+      free(ids);
+      return ll_errf(msg, msglen, LL_ELIMIT, "more than %zu token ids", cap);
+    }
+    ids[n++] = (int32_t)v;
+  }
+  *out = ids;
+  *n_out = n;
+  return 0;
+}
+
+static void do_detokenize(struct ll_sched *s, struct ll_sched_req *r) {
+  if (!s->tok) return err_final(s, r, "unsupported", "this model has no tokenizer");
+  int32_t *ids;
+  int n;
+  char msg[160];
+  if (parse_ids(r->text, r->text_len, s->V, &ids, &n, msg, sizeof msg) != 0) return err_final(s, r, "bad_param", msg);
+  size_t cap = (size_t)n * 64 + 64;
+  char *text = malloc(cap);
+  int k = text ? ll_detokenize(s->tok, ids, n, text, cap, r->special) : -1;
+  free(ids);
+  if (k < 0) {
+    free(text);
+    return err_final(s, r, "internal", "detokenize failed");
+  }
+  emit(s, r->conn, r->id, 1, 0, "TEXT %s :%s\n", r->id, esc(s, text, (size_t)k));
+  s->req_done++;
+  free(text);
+}
+
+// Admission of a GEN/CHAT request: tokens, context check, sequence, sampler. NULL on error
+// (the ERR line is already out).
+static struct slot *admit(struct ll_sched *s, struct slot *sl) {
+  struct ll_sched_req *r = sl->r;
+  char msg[512];
+  char *rendered = NULL;
+  const char *text = r->text;
+  size_t text_len = r->text_len;
+  sl->t_admit = now_ms();
+  if (r->kind == LL_REQ_CHAT) {
+    if (!s->tok) goto no_tok;
+    struct ll_chat_msg *msgs;
+    void *store;
+    int n = ll_chat_parse(r->text, r->text_len, &msgs, &store, msg, sizeof msg);
+    if (n < 0) goto bad_param;
+    int rc = ll_chat_render(ll_tokenizer_chat_template(s->tok), msgs, n, &rendered, msg, sizeof msg);
+    ll_chat_free_store(store, msgs);
+    if (rc != 0) {
+      err_final(s, r, rc == LL_EUNSUPPORTED ? "unsupported" : "internal", msg);
+      goto fail;
+    }
+    text = rendered, text_len = strlen(rendered);
+  }
+  if (s->tok) {
+    // More tokens than bytes + 2 is impossible; bound before allocating.
+    size_t cap = text_len + 4;
+    if (cap > (size_t)s->n_ctx + 4 && text_len / 64 > (size_t)s->n_ctx) { // way over: do not even tokenize
+      snprintf(msg, sizeof msg, "prompt of %zu bytes cannot fit the context of %d tokens", text_len, s->n_ctx);
+      err_final(s, r, "context_exceeded", msg);
+      goto fail;
+    }
+    sl->tokens = malloc(cap * sizeof *sl->tokens);
+    if (!sl->tokens) goto oom;
+    int add_bos = r->add_bos >= 0 ? r->add_bos : ll_tokenizer_add_bos(s->tok);
+    int n = ll_tokenize(s->tok, text, text_len, add_bos, r->special || r->kind == LL_REQ_CHAT, sl->tokens, (int)cap);
+    if (n < 0) {
+      snprintf(msg, sizeof msg, "prompt could not be tokenized (%s)", ll_strerror(n));
+      goto bad_param;
+    }
+    if (n == 0) sl->tokens[n++] = ll_tokenizer_bos(s->tok) >= 0 ? ll_tokenizer_bos(s->tok) : 0;
+    sl->n_prompt = n;
+  } else { // no tokenizer (llama2.c .bin): the prompt is token ids after BOS = 1
+    int32_t *ids;
+    int n;
+    if (parse_ids(text, text_len, s->V, &ids, &n, msg, sizeof msg) != 0) goto bad_param;
+    sl->tokens = malloc(((size_t)n + 1) * sizeof *sl->tokens);
+    if (!sl->tokens) {
+      free(ids);
+      goto oom;
+    }
+    sl->tokens[0] = 1;
+    memcpy(sl->tokens + 1, ids, (size_t)n * sizeof *ids);
+    free(ids);
+    sl->n_prompt = n + 1;
+  }
+  if (sl->n_prompt >= s->n_ctx) {
+    snprintf(msg, sizeof msg, "prompt has %d tokens; the context holds %d (with room for at least one generated token)", sl->n_prompt,
+             s->n_ctx);
+    err_final(s, r, "context_exceeded", msg);
+    goto fail;
+  }
+  sl->max_gen = r->max_tokens;
+  if (sl->n_prompt + sl->max_gen > s->n_ctx) sl->max_gen = s->n_ctx - sl->n_prompt;
+  sl->seq = ll_engine_seq_new(s->e);
+  sl->logits = malloc((size_t)s->V * sizeof *sl->logits);
+  sl->smp = ll_sampler_new(&r->sp, s->V);
+  sl->stop = ll_stop_new((const char *const *)r->stops, r->n_stops);
+  if (sl->seq < 0 || !sl->logits || !sl->smp || !sl->stop) goto oom;
+  for (int i = 0; i < sl->n_prompt; i++) ll_sampler_accept(sl->smp, sl->tokens[i]);
+  ll_detok_stream_init(&sl->ds);
+  free(rendered);
+  return sl;
+no_tok:
+  err_final(s, r, "unsupported", "this model has no tokenizer (no chat template)");
+  goto fail;
+bad_param:
+  err_final(s, r, "bad_param", msg);
+  goto fail;
+oom:
+  err_final(s, r, "internal", sl->seq < 0 && sl->logits ? "no free sequence slot" : "out of memory");
+fail:
+  free(rendered);
+  slot_free(s, sl);
+  return NULL;
+}
+
+// Sample the next token of a slot with fresh logits; returns 1 if the slot ended.
+static int slot_sample(struct ll_sched *s, struct slot *sl) {
+  struct ll_sched_req *r = sl->r;
+  struct ll_token_prob probs[20];
+  int32_t t = ll_sampler_sample(sl->smp, sl->logits, r->sp.n_probs > 0 ? probs : NULL);
+  ll_sampler_accept(sl->smp, t);
+  if (sl->t_first == 0) sl->t_first = now_ms();
+  if (!r->ignore_eos && s->tok && ll_tokenizer_is_eog(s->tok, t)) {
+    slot_end(s, sl, "stop", NULL);
+    return 1;
+  }
+  sl->n_gen++;
+  s->tok_gen++;
+  s->win_gen++;
+  if (r->sp.n_probs > 0) {
+    char buf[20 * 32 + 64];
+    size_t o = 0;
+    for (int i = 0; i < r->sp.n_probs; i++)
+      o += (size_t)snprintf(buf + o, sizeof buf - o, "%s%d:%.4f", i ? "," : "", probs[i].id, probs[i].logprob);
+    emit(s, r->conn, r->id, 0, 0, "PROB %s token=%d top=%s\n", r->id, t, buf);
+  }
+  int stopped = 0;
+  if (s->tok) {
+    char piece[512];
+    int k = ll_detok_stream_push(s->tok, &sl->ds, t, piece, sizeof piece);
+    if (k > 0) out_text(s, sl, piece, (size_t)k, &stopped, 0);
+  } else {
+    emit(s, r->conn, r->id, 0, 0, "TOK %s :%s%d\n", r->id, sl->n_gen > 1 ? " " : "", t);
+  }
+  if (stopped) {
+    slot_end(s, sl, "stop", NULL);
+    return 1;
+  }
+  if (sl->n_gen >= sl->max_gen) {
+    slot_end(s, sl, "length", NULL);
+    return 1;
+  }
+  sl->last = t;
+  return 0;
+}
+
+static void apply_cancels(struct ll_sched *s, struct cancel_req *c, int shutdown) {
+  while (c) {
+    for (struct slot *w = s->wait_head; w; w = w->next_wait)
+      if (w->r->conn == c->conn && (c->all || strcmp(w->r->id, c->id) == 0)) w->cancel = END_CANCEL;
+    for (int i = 0; i < s->parallel; i++) {
+      struct slot *a = s->active[i];
+      if (a && a->r->conn == c->conn && (c->all || strcmp(a->r->id, c->id) == 0)) a->cancel = END_CANCEL;
+    }
+    struct cancel_req *n = c->next;
+    free(c);
+    c = n;
+  }
+  if (shutdown) {
+    for (struct slot *w = s->wait_head; w; w = w->next_wait) w->cancel = END_SHUTDOWN;
+    for (int i = 0; i < s->parallel; i++)
+      if (s->active[i]) s->active[i]->cancel = END_SHUTDOWN;
+  }
+  // End waiting ones now; active ones end at the start of the step (below).
+  struct slot **pp = &s->wait_head, *prev = NULL;
+  while (*pp) {
+    struct slot *w = *pp;
+    if (w->cancel) {
+      *pp = w->next_wait;
+      if (s->wait_tail == w) s->wait_tail = prev;
+      s->n_wait--;
+      w->t_admit = now_ms();
+      slot_end(s, w, w->cancel == END_CANCEL ? "cancel" : "shutdown", NULL);
+    } else {
+      prev = w;
+      pp = &w->next_wait;
+    }
+  }
+  for (int i = 0; i < s->parallel; i++) {
+    struct slot *a = s->active[i];
+    if (a && a->cancel) {
+      s->active[i] = NULL;
+      slot_end(s, a, a->cancel == END_CANCEL ? "cancel" : "shutdown", NULL);
+    }
+  }
+}
+
+static void update_stats(struct ll_sched *s, int publish_now) {
+  double t = now_ms();
+  if (t - s->win_t0 >= 1000.0 || publish_now) {
+    double dt = (t - s->win_t0) / 1000.0;
+    if (dt >= 0.25) {
+      s->decode_tps = s->win_gen / dt;
+      s->prefill_tps = s->win_prefill / dt;
+      s->win_gen = s->win_prefill = 0;
+      s->win_t0 = t;
+    }
+  }
+  pthread_mutex_lock(&s->mu);
+  struct ll_sched_stats *st = &s->stats;
+  st->active = 0;
+  st->n_shown = 0;
+  for (int i = 0; i < s->parallel; i++) {
+    struct slot *a = s->active[i];
+    if (!a) continue;
+    st->active++;
+    if (st->n_shown < LL_SCHED_MAX_SHOWN) {
+      struct ll_sched_req_progress *p = &st->shown[st->n_shown++];
+      snprintf(p->id, sizeof p->id, "%s", a->r->id);
+      p->conn = a->r->conn;
+      p->prefilling = a->n_prefilled < a->n_prompt;
+      p->prompt_tokens = a->n_prompt;
+      p->prefilled = a->n_prefilled;
+      p->tokens = a->n_gen;
+      p->max_tokens = a->max_gen;
+    }
+  }
+  st->queued = s->n_wait + s->n_in;
+  st->requests_total = s->req_total;
+  st->requests_done = s->req_done;
+  st->tokens_generated = s->tok_gen;
+  st->tokens_prefilled = s->tok_prefill;
+  st->decode_tps = s->decode_tps;
+  st->prefill_tps = s->prefill_tps;
+  st->kv_blocks_used = ll_engine_kv_blocks_used(s->e);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void *compute_main(void *arg) {
+  struct ll_sched *s = arg;
+  char err[512];
+  for (;;) {
+    int n_active = 0;
+    for (int i = 0; i < s->parallel; i++) n_active += s->active[i] != NULL;
+    pthread_mutex_lock(&s->mu);
+    while (!s->quit && s->n_in == 0 && !s->cancels && n_active == 0 && !(s->shutdown && s->wait_head)) {
+      if (s->decode_tps != 0 || s->prefill_tps != 0) { // idle: rates fall to 0
+        s->decode_tps = s->prefill_tps = 0;
+        s->stats.decode_tps = s->stats.prefill_tps = 0;
+      }
+      pthread_cond_wait(&s->cv, &s->mu);
+      s->win_t0 = now_ms();
+      s->win_gen = s->win_prefill = 0;
+    }
+    if (s->quit) {
+      pthread_mutex_unlock(&s->mu);
+      break;
+    }
+    struct ll_sched_req **in = s->in;
+    int n_in = s->n_in;
+    s->in = NULL;
+    s->n_in = s->cap_in = 0;
+    struct cancel_req *cancels = s->cancels;
+    s->cancels = NULL;
+    int shutdown = s->shutdown;
+    pthread_mutex_unlock(&s->mu);
+
+    // New requests: utility ones are answered at once, generations queue in order.
+    for (int i = 0; i < n_in; i++) {
+      struct ll_sched_req *r = in[i];
+      s->req_total++;
+      if (r->kind == LL_REQ_TOKENIZE) {
+        do_tokenize(s, r);
+        ll_sched_req_free(r);
+        continue;
+      }
+      if (r->kind == LL_REQ_DETOKENIZE) {
+        do_detokenize(s, r);
+        ll_sched_req_free(r);
+        continue;
+      }
+      struct slot *sl = calloc(1, sizeof *sl);
+      if (!sl) {
+        err_final(s, r, "internal", "out of memory");
+        ll_sched_req_free(r);
+        continue;
+      }
+      sl->r = r;
+      sl->seq = -1;
+      if (s->wait_tail) s->wait_tail->next_wait = sl;
+      else s->wait_head = sl;
+      s->wait_tail = sl;
+      s->n_wait++;
+    }
+    free(in);
+    apply_cancels(s, cancels, shutdown);
+
+    // Admit into free slots.
+    for (int i = 0; i < s->parallel && s->wait_head; i++) {
+      if (s->active[i]) continue;
+      struct slot *sl = s->wait_head;
+      s->wait_head = sl->next_wait;
+      if (!s->wait_head) s->wait_tail = NULL;
+      s->n_wait--;
+      sl->next_wait = NULL;
+      s->active[i] = admit(s, sl);
+      if (!s->active[i]) i--; // that one failed: try the next request for this slot
+    }
+
+    // One batch: generating slots first (1 token each), then prefill chunks in slot order.
+    int n_items = 0, budget = MAX_BATCH_TOKENS;
+    for (int i = 0; i < s->parallel; i++) {
+      struct slot *a = s->active[i];
+      if (!a || a->n_prefilled < a->n_prompt) continue;
+      s->items[n_items++] = (struct ll_batch_item){a->seq, 1, &a->last, 1, a->logits};
+      budget--;
+    }
+    for (int i = 0; i < s->parallel && budget > 0; i++) {
+      struct slot *a = s->active[i];
+      if (!a || a->n_prefilled >= a->n_prompt) continue;
+      int n = a->n_prompt - a->n_prefilled;
+      if (n > s->chunk) n = s->chunk;
+      if (n > budget) n = budget;
+      int last = a->n_prefilled + n == a->n_prompt;
+      s->items[n_items++] = (struct ll_batch_item){a->seq, n, a->tokens + a->n_prefilled, last ? 1 : 0, a->logits};
+      budget -= n;
+    }
+    if (n_items > 0) {
+      int rc = ll_engine_decode(s->e, s->items, n_items, err, sizeof err);
+      // Map items back to slots (items name distinct sequences).
+      for (int k = 0; k < n_items; k++) {
+        for (int i = 0; i < s->parallel; i++) {
+          struct slot *a = s->active[i];
+          if (!a || a->seq != s->items[k].seq) continue;
+          if (rc != 0) {
+            s->active[i] = NULL;
+            slot_end(s, a, "error", err);
+            break;
+          }
+          if (a->n_prefilled < a->n_prompt) {
+            a->n_prefilled += s->items[k].n_tokens;
+            s->tok_prefill += (uint64_t)s->items[k].n_tokens;
+            s->win_prefill += (uint64_t)s->items[k].n_tokens;
+            if (a->n_prefilled < a->n_prompt) break; // more prompt to read
+          }
+          if (slot_sample(s, a)) s->active[i] = NULL;
+          break;
+        }
+      }
+    }
+    update_stats(s, 0);
+    publish(s);
+  }
+  return NULL;
+}
+
+// ---- loop-thread API ----
+
+int ll_sched_create(struct ll_sched **out, struct ll_engine *e, const struct ll_sched_params *p, ll_sched_notify_fn notify, void *user,
+                    char *err, size_t errlen) {
+  struct ll_engine_info info;
+  ll_engine_get_info(e, &info);
+  struct ll_sched *s = calloc(1, sizeof *s);
+  if (!s) return ll_errf(err, errlen, LL_ENOMEM, "scheduler: out of memory");
+  s->e = e;
+  s->tok = ll_engine_tokenizer(e);
+  s->V = info.n_vocab;
+  s->n_ctx = info.n_ctx;
+  s->parallel = info.n_parallel;
+  s->chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 256;
+  if (s->chunk > MAX_BATCH_TOKENS) s->chunk = MAX_BATCH_TOKENS;
+  s->notify = notify;
+  s->user = user;
+  s->active = calloc((size_t)s->parallel, sizeof *s->active);
+  s->items = calloc((size_t)s->parallel, sizeof *s->items);
+  if (!s->active || !s->items) {
+    ll_sched_destroy(s);
+    return ll_errf(err, errlen, LL_ENOMEM, "scheduler: out of memory");
+  }
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  s->win_t0 = now_ms();
+  if (pthread_create(&s->thread, NULL, compute_main, s) != 0) {
+    ll_sched_destroy(s);
+    return ll_errf(err, errlen, LL_EIO, "scheduler: cannot start the compute thread");
+  }
+  s->thread_started = 1;
+  *out = s;
+  return 0;
+}
+
+void ll_sched_destroy(struct ll_sched *s) {
+  if (!s) return;
+  if (s->thread_started) {
+    pthread_mutex_lock(&s->mu);
+    s->quit = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+  }
+  for (int i = 0; i < s->n_in; i++) ll_sched_req_free(s->in[i]);
+  free(s->in);
+  while (s->cancels) {
+    struct cancel_req *n = s->cancels->next;
+    free(s->cancels);
+    s->cancels = n;
+  }
+  while (s->wait_head) {
+    struct slot *n = s->wait_head->next_wait;
+    slot_free(s, s->wait_head);
+    s->wait_head = n;
+  }
+  if (s->active)
+    for (int i = 0; i < s->parallel; i++) slot_free(s, s->active[i]);
+  for (struct ll_sched_out *o = s->out_head, *n; o; o = n) n = o->next, free(o);
+  for (struct ll_sched_out *o = s->pend_head, *n; o; o = n) n = o->next, free(o);
+  free(s->active);
+  free(s->items);
+  free(s->esc);
+  free(s);
+}
+
+int ll_sched_submit(struct ll_sched *s, struct ll_sched_req *r) {
+  pthread_mutex_lock(&s->mu);
+  if (s->shutdown) {
+    pthread_mutex_unlock(&s->mu);
+    ll_sched_req_free(r);
+    return LL_ESTATE;
+  }
+  if (s->n_in == s->cap_in) {
+    int nc = s->cap_in ? s->cap_in * 2 : 16;
+    struct ll_sched_req **q = realloc(s->in, (size_t)nc * sizeof *q);
+    if (!q) {
+      pthread_mutex_unlock(&s->mu);
+      ll_sched_req_free(r);
+      return LL_ENOMEM;
+    }
+    s->in = q, s->cap_in = nc;
+  }
+  s->in[s->n_in++] = r;
+  s->stats.queued++;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+void ll_sched_cancel(struct ll_sched *s, uint64_t conn, const char *id) {
+  struct cancel_req *c = calloc(1, sizeof *c);
+  if (!c) return; // the request then runs to its end; the loop drops its lines
+  c->conn = conn;
+  c->all = id == NULL;
+  if (id) snprintf(c->id, sizeof c->id, "%s", id);
+  pthread_mutex_lock(&s->mu);
+  c->next = s->cancels;
+  s->cancels = c;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+void ll_sched_shutdown(struct ll_sched *s) {
+  pthread_mutex_lock(&s->mu);
+  s->shutdown = 1;
+  // Requests not yet seen by the compute thread are answered there (reason=shutdown).
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  ll_sched_cancel(s, 0, "\x01"); // wakes the thread even when idle (matches nothing)
+}
+
+struct ll_sched_out *ll_sched_take_output(struct ll_sched *s) {
+  pthread_mutex_lock(&s->mu);
+  struct ll_sched_out *o = s->out_head;
+  s->out_head = s->out_tail = NULL;
+  pthread_mutex_unlock(&s->mu);
+  return o;
+}
+
+void ll_sched_get_stats(struct ll_sched *s, struct ll_sched_stats *st) {
+  pthread_mutex_lock(&s->mu);
+  *st = s->stats;
+  pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,206 @@
+# llsrv_client.py - a small client for llsrv's line protocol (man 7 llsrv-protocol), used by
+# the server tests and the serving benchmark. Standard library only.
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+BIN = os.path.join(os.environ.get("LL_BINARY_DIR", "build"), "server", "llsrv")
+
+
+def unescape(s):
+    out = bytearray()
+    i = 0
+    b = s.encode("utf-8", "surrogateescape") if isinstance(s, str) else s
+    while i < len(b):
+        c = b[i]
+        if c != 0x5C:
+            out.append(c)
+            i += 1
+            continue
+        e = b[i + 1:i + 2]
+        if e == b"n":
+            out += b"\n"
+        elif e == b"t":
+            out += b"\t"
+        elif e == b"r":
+            out += b"\r"
+        elif e == b"\\":
+            out += b"\\"
+        elif e == b"x":
+            out.append(int(b[i + 2:i + 4], 16))
+            i += 2
+        else:
+            raise ValueError("bad escape in server output: %r" % b[i:i + 2])
+        i += 2
+    return bytes(out)
+
+
+def escape(data):
+    if isinstance(data, str):
+        data = data.encode()
+    out = []
+    for c in data:
+        if c == 0x5C:
+            out.append("\\\\")
+        elif c == 10:
+            out.append("\\n")
+        elif c == 9:
+            out.append("\\t")
+        elif c == 13:
+            out.append("\\r")
+        elif c < 0x20 or c >= 0x7F:
+            out.append("\\x%02X" % c)
+        else:
+            out.append(chr(c))
+    return "".join(out)
+
+
+def parse_line(line):
+    """'KIND id k=v ... :text' -> (kind, id, {k: v}, text-bytes or None)."""
+    text = None
+    head = line
+    m = line.find(" :")
+    if m >= 0:
+        head, text = line[:m], unescape(line[m + 2:])
+    parts = head.split(" ")
+    kind = parts[0]
+    rid = parts[1] if len(parts) > 1 else None
+    kv = {}
+    for p in parts[2:]:
+        if "=" in p:
+            k, v = p.split("=", 1)
+            kv[k] = v
+        elif p:
+            kv[p] = True
+    return kind, rid, kv, text
+
+
+class Conn:
+    def __init__(self, port, host="127.0.0.1", timeout=60, rcvbuf=None):
+        self.s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            self.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.s.settimeout(timeout)
+        self.s.connect((host, port))
+        self.buf = b""
+
+    def send(self, data):
+        if isinstance(data, str):
+            data = data.encode()
+        self.s.sendall(data)
+
+    def line(self):
+        while b"\n" not in self.buf:
+            d = self.s.recv(65536)
+            if not d:
+                if self.buf:
+                    l, self.buf = self.buf, b""
+                    return l.decode()
+                return None
+            self.buf += d
+        l, self.buf = self.buf.split(b"\n", 1)
+        return l.decode("utf-8")  # the server only sends valid UTF-8: a decode error fails the test
+
+    def request(self, line):
+        self.send(line + "\n")
+        return self.line()
+
+    def generate(self, line):
+        """Send a GEN/CHAT line; collect (text bytes, END kv, all lines)."""
+        self.send(line + "\n")
+        return self.collect()
+
+    def collect(self, rid=None):
+        text = b""
+        lines = []
+        while True:
+            l = self.line()
+            if l is None:
+                raise EOFError("connection closed before END; got %r" % lines[-3:])
+            lines.append(l)
+            kind, lid, kv, t = parse_line(l)
+            if rid is not None and lid != rid:
+                continue
+            if kind == "TOK":
+                text += t
+            elif kind == "END":
+                return text, kv, lines
+            elif kind == "ERR":
+                return None, {"err": kv, "line": l}, lines
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+
+class Server:
+    """llsrv on an ephemeral port with a private monitor socket and state dir."""
+
+    def __init__(self, tmp, args, env=None, name="srv"):
+        self.tmp = tmp
+        self.sock = os.path.join(tmp, name + "-run", "llsrv.sock")
+        self.log = open(os.path.join(tmp, name + ".log"), "w+")
+        cmd = [BIN, "--listen", "127.0.0.1:0", "--socket", self.sock, "--state-dir", os.path.join(tmp, "state")] + args
+        e = dict(os.environ)
+        e.update(env or {})
+        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e)
+        self.port = None
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            txt = open(self.log.name).read()
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", txt)
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.p.poll() is not None:
+                raise RuntimeError("llsrv exited %d:\n%s" % (self.p.returncode, txt))
+            time.sleep(0.05)
+        if not self.port:
+            raise RuntimeError("llsrv did not start:\n" + open(self.log.name).read())
+
+    def conn(self, **kw):
+        return Conn(self.port, **kw)
+
+    def output(self):
+        return open(self.log.name).read()
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+            return None
+
+    def nfds(self):
+        return len(os.listdir("/proc/%d/fd" % self.p.pid))
+
+    def rss(self):
+        with open("/proc/%d/statm" % self.p.pid) as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Checker:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def __call__(self, cond, what):
+        if cond:
+            self.passed += 1
+        else:
+            self.failed += 1
+            print("CHECK failed: " + what, file=sys.stderr, flush=True)
+        return cond
+
+    def summary(self):
+        print("%d passed, %d failed" % (self.passed, self.failed), flush=True)
+        return 1 if self.failed else 0

@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+# test_server.py - llsrv through real sockets, on the embedded demo model (created under a
+# temporary state dir): protocol, continuous batching (64 clients, greedy outputs equal the
+# single-client ones), cancel, bad-input battery (the server keeps answering PING within 50 ms,
+# no fd growth), limits, monitor socket (modes, schema, control), auth, SIGTERM.
+import json
+import os
+import random
+import socket
+import stat
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from llsrv_client import BIN, Checker, Conn, Server, escape, parse_line  # noqa: E402
+
+check = Checker()
+tmp = tempfile.mkdtemp(prefix="llsrv-test-")
+os.chmod(tmp, 0o700)
+
+
+def ping_ms(srv):
+    c = srv.conn(timeout=10)
+    t = time.perf_counter()
+    r = c.request("PING")
+    dt = (time.perf_counter() - t) * 1000
+    c.close()
+    return r, dt
+
+
+def check_ping(srv, what):
+    r, dt = ping_ms(srv)
+    check(r == "PONG" and dt < 50, "%s: PING answered %r in %.1f ms (want PONG within 50 ms)" % (what, r, dt))
+
+
+srv = Server(tmp, ["--parallel", "8", "--ctx", "2048", "--threads", "2", "--line-timeout", "3", "--idle-timeout", "20"])
+out = srv.output()
+check("demo model" in out, "start-up names the demo model")
+for word in ("model", "device", "memory", "listening on", "monitor", "nc "):
+    check(word in out, "start-up summary mentions %r" % word)
+
+# ---- basics ----
+c = srv.conn()
+check(c.request("PING") == "PONG", "PING -> PONG")
+check(c.request("PING id=p1") == "PONG p1", "PING id=p1 -> PONG p1")
+r = c.request("FROB x=1")
+check(r.startswith("ERR - unknown_command :") and "FROB" in r, "unknown command: %r" % r)
+k, rid, kv, _ = parse_line(c.request("INFO id=i"))
+check(k == "INFO" and rid == "i" and kv.get("arch") == "llama" and kv.get("n_vocab") == "260", "INFO: %r" % kv)
+check(kv.get("tokenizer") == "1" and int(kv.get("n_ctx", 0)) == 2048 and kv.get("parallel") == "8", "INFO ctx/parallel: %r" % kv)
+k, rid, kv, _ = parse_line(c.request("STATS"))
+check(k == "STATS" and "decode_tps" in kv and "kv_blocks_total" in kv, "STATS: %r" % kv)
+k, rid, kv, t = parse_line(c.request("TOKENIZE id=t :h\\xC3\\xA9"))
+check(k == "IDS" and rid == "t" and t == b"107 198 172", "TOKENIZE byte vocabulary: %r %r" % (kv, t))
+k, rid, kv, t = parse_line(c.request("DETOKENIZE id=d :107 198 172"))
+check(k == "TEXT" and t == "hé".encode(), "DETOKENIZE: %r" % t)
+r = c.request("DETOKENIZE :1 2 99999")
+check(r.startswith("ERR") and "bad_param" in r and "99999" in r, "DETOKENIZE out of range: %r" % r)
+
+# ---- generation: text of the TOK lines is the generated text; END summary ----
+text, end, lines = c.generate("GEN id=a1 max_tokens=32 temperature=0 :Once upon a time")
+check(text is not None and end.get("reason") == "length" and end.get("tokens") == "32", "GEN END: %r" % end)
+check(end.get("prompt_tokens") == "17" and "prefill_ms" in end and "decode_ms" in end, "GEN END fields: %r" % end)
+check(all(l.split(" ")[1] == "a1" for l in lines), "every line of a1 is tagged a1")
+single = {}
+
+
+def gen_alone(prompt, n=32):
+    cc = srv.conn()
+    t, e, _ = cc.generate("GEN max_tokens=%d temperature=0 :%s" % (n, escape(prompt)))
+    cc.close()
+    return t
+
+
+prompts = ["Once upon a time", "The sky is", "llsrv serves", "a\nb\tc", "héllo wörld", "x" * 100, "12345", "Zebra"]
+for p in prompts:
+    single[p] = gen_alone(p)
+check(single["Once upon a time"] == text, "same prompt alone twice gives the same greedy text")
+# Same seed, same output at temperature > 0.
+a = c.generate("GEN max_tokens=24 temperature=0.9 seed=7 :seeded")[0]
+b = c.generate("GEN max_tokens=24 temperature=0.9 seed=7 :seeded")[0]
+check(a == b and a is not None, "same seed, same sampled output")
+
+# Pipelined and interleaved on one connection.
+c.send("GEN id=x max_tokens=20 temperature=0 :The sky is\nGEN id=y max_tokens=20 temperature=0 :Zebra\nPING id=z\n")
+got = {"x": b"", "y": b""}
+ends = {}
+pong = False
+while len(ends) < 2 or not pong:
+    k, rid, kv, t = parse_line(c.line())
+    if k == "TOK":
+        got[rid] += t
+    elif k == "END":
+        ends[rid] = kv
+    elif k == "PONG":
+        pong = rid == "z"
+check(got["x"] == single["The sky is"][:len(got["x"])] and ends["x"]["tokens"] == "20", "pipelined x equals alone")
+check(got["y"] == single["Zebra"][:len(got["y"])] and ends["y"]["tokens"] == "20", "pipelined y equals alone")
+
+# Stop strings across token boundaries: stop at the first occurrence of a substring of the known output.
+full = single["Once upon a time"]
+stop = None
+for i in range(4, len(full) - 3):
+    cand = full[i:i + 3]
+    if b" " not in cand and b"\\" not in cand and all(0x21 <= ch < 0x7F for ch in cand):
+        stop = cand
+        break
+if stop:
+    t, e, _ = c.generate("GEN max_tokens=32 temperature=0 stop=%s :Once upon a time" % stop.decode())
+    check(e.get("reason") == "stop" and t == full[:full.find(stop)], "stop=%r ends the text before it: %r" % (stop, t))
+
+# ---- 64 concurrent clients x 32 tokens; greedy outputs equal the single-client outputs ----
+results = {}
+errors = []
+
+
+def client(i):
+    try:
+        p = prompts[i % len(prompts)]
+        cc = srv.conn(timeout=300)
+        t, e, _ = cc.generate("GEN id=c%d max_tokens=32 temperature=0 :%s" % (i, escape(p)))
+        cc.close()
+        results[i] = (p, t, e)
+    except Exception as ex:  # noqa: BLE001
+        errors.append(repr(ex))
+
+
+t0 = time.time()
+ths = [threading.Thread(target=client, args=(i,)) for i in range(64)]
+for th in ths:
+    th.start()
+for th in ths:
+    th.join()
+check(not errors, "64 clients: no errors %r" % errors[:3])
+done = [i for i, (p, t, e) in results.items() if e.get("reason") == "length" and e.get("tokens") == "32"]
+check(len(done) == 64, "64 clients each got 32 tokens (%d did)" % len(done))
+same = [i for i, (p, t, e) in results.items() if t == single[p]]
+check(len(same) == 64, "64 concurrent greedy outputs equal the single-client ones (%d do)" % len(same))
+print("64 clients x 32 tokens in %.2f s" % (time.time() - t0), flush=True)
+
+# ---- cancel and disconnect mid-stream ----
+c.send("GEN id=long max_tokens=2000 temperature=0 ignore_eos=1 :cancel me\n")
+first = c.line()
+check(first.startswith("TOK long") or first.startswith("END long"), "long request streams: %r" % first)
+r = c.request("CANCEL id=k req=long")
+while r.startswith("TOK long"):
+    r = c.line()
+check(r == "OK k cancelled=1", "CANCEL answered: %r" % r)
+while True:
+    k, rid, kv, t = parse_line(c.line())
+    if k == "END" and rid == "long":
+        break
+check(kv.get("reason") == "cancel" and int(kv.get("tokens")) < 2000, "cancelled request ends reason=cancel: %r" % kv)
+r = c.request("CANCEL req=nothere")
+check(r.startswith("ERR - not_found"), "CANCEL of an unknown id: %r" % r)
+d = srv.conn()
+d.send("GEN max_tokens=2000 temperature=0 ignore_eos=1 :vanish\n")
+d.line()
+d.close()  # disconnect mid-stream
+time.sleep(0.5)
+k, rid, kv, t = parse_line(c.request("STATS"))
+check(kv.get("active") == "0", "a vanished client's request is gone at once: %r" % kv)
+
+# ---- bad input battery ----
+rng = random.Random(1234)
+bad = [
+    "GEN max_tokens=abc :x", "GEN max_tokens=0 :x", "GEN max_tokens=99999999 :x", "GEN temperature=nan :x",
+    "GEN top_p=2 :x", "GEN frob=1 :x", "GEN :bad \\q escape", "GEN id=a b :x", "GEN", "CANCEL",
+    "GEN id=" + "x" * 65 + " :x", "\x00\x00\x00", "GEN :\x00nul", "\xff\xfe\xfd invalid utf8",
+    "GEN stop=" + "s" * 300 + " :x", "TOKENIZE frob=2 :x",
+]
+bc = srv.conn()
+for line in bad:
+    bc.send(line.encode("latin-1") + b"\n")
+    r = bc.line()
+    if line == "GEN :\x00nul":  # a NUL in the text is just a byte of the prompt
+        check(r.startswith("TOK") or r.startswith("END"), "NUL in text is accepted: %r" % r)
+        while not r.startswith("END"):
+            r = bc.line()
+        continue
+    check(r is not None and r.startswith("ERR "), "bad line %r -> %r" % (line[:30], r))
+check(bc.request("PING") == "PONG", "connection still usable after the battery")
+for i in range(200):  # random bytes, including NULs and newlines
+    bc.send(bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 200))))
+bc.send(b"\nPING id=after\n")
+ok = False
+for _ in range(1000):
+    r = bc.line()
+    if r is None:
+        break
+    if r == "PONG after":
+        ok = True
+        break
+check(ok, "random bytes: the connection still answers PING afterwards")
+bc.close()
+check_ping(srv, "after random bytes")
+
+# 1 MiB + 1 line: ERR too_long, then closed.
+lc = srv.conn()
+lc.send(b"GEN :" + b"a" * (1 << 20) + b"\n")
+r = lc.line()
+check(r is not None and r.startswith("ERR - too_long"), "1 MiB+ line: %r" % (r or "")[:60])
+check(lc.line() is None, "connection closed after a too-long line")
+lc.close()
+check_ping(srv, "after a too-long line")
+
+# Slowloris: one byte per second never completes a line -> dropped after line_timeout (3 s).
+sl = srv.conn(timeout=15)
+t0 = time.time()
+dropped = False
+for ch in b"PING id=slowloris":
+    try:
+        sl.send(bytes([ch]))
+    except OSError:
+        dropped = True
+        break
+    check_ping(srv, "during a 1-byte-per-second writer") if ch == ord("P") else None
+    time.sleep(1.0)
+    if time.time() - t0 > 8:
+        break
+try:
+    r = sl.line()
+except OSError:
+    r = None
+check(dropped or (r or "").startswith("ERR - timeout"), "slow writer dropped by line_timeout: %r" % r)
+sl.close()
+
+# A reader that never reads: pipelined large outputs beyond output_buffer -> dropped, memory bounded.
+rss0 = srv.rss()
+stuck = srv.conn(rcvbuf=4096)
+big = "TOKENIZE :" + "a" * 200000 + "\n"
+try:
+    for i in range(40):  # ~40 x 1 MB of IDS output, never read
+        stuck.send(big)
+except OSError:
+    pass
+time.sleep(2)
+check_ping(srv, "with a stuck reader")
+st = srv.conn()
+k, rid, kv, t = parse_line(st.request("STATS"))
+st.close()
+rss1 = srv.rss()
+check(rss1 - rss0 < 64 << 20, "stuck reader: RSS grew %d MiB (cap 4 MiB output buffer)" % ((rss1 - rss0) >> 20))
+stuck.close()
+
+# 5000 connect/disconnect cycles: no fd growth, still answering.
+time.sleep(0.5)
+fd0 = srv.nfds()
+for i in range(5000):
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    if i % 2:
+        s.send(b"PI")
+    s.close()
+time.sleep(1.0)
+fd1 = srv.nfds()
+check(fd1 <= fd0 + 2, "5000 connect/disconnect cycles: fds %d -> %d" % (fd0, fd1))
+check_ping(srv, "after 5000 connect/disconnect cycles")
+
+# Queue full -> busy (parallel 8 + max_queued 64 = 72 outstanding).
+qc = srv.conn()
+qc.send("".join("GEN id=q%d max_tokens=2000 temperature=0 ignore_eos=1 :busy\n" % i for i in range(90)))
+busy = 0
+ends = 0
+sent_cancel = False
+while ends + busy < 90:
+    k, rid, kv, t = parse_line(qc.line())
+    if k == "ERR" and "busy" in kv:
+        busy += 1
+    elif k == "END":
+        ends += 1
+    if busy == 90 - 72 and not sent_cancel:
+        qc.send("CANCEL :all\n")
+        sent_cancel = True
+check(busy == 90 - 72, "queue full: %d of 90 got ERR busy (want 18)" % busy)
+qc.close()
+
+# ---- monitor socket ----
+d = os.path.dirname(srv.sock)
+check(stat.S_IMODE(os.stat(d).st_mode) == 0o700, "monitor directory is 0700")
+check(stat.S_IMODE(os.stat(srv.sock).st_mode) == 0o600, "monitor socket is 0600")
+m = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+m.settimeout(10)
+m.connect(srv.sock)
+mf = m.makefile("rwb")
+snap = json.loads(mf.readline())
+for path in ("device.name", "device.backend", "memory.device_used", "memory.device_total", "memory.host_rss", "serving.active",
+             "serving.queued", "serving.decode_tps", "training.state", "training.step", "training.loss", "training.val_loss",
+             "training.lr"):
+    o = snap
+    for part in path.split("."):
+        o = o.get(part, "MISSING") if isinstance(o, dict) else "MISSING"
+    check(o != "MISSING", "snapshot has %s" % path)
+check(snap["type"] == "snapshot" and snap["memory"]["host_rss"] > 0 and snap["device"]["backend"] == "cpu", "snapshot values")
+check(snap["training"]["loss"] is None, "training.loss is null without a trainer (never made up)")
+t0 = time.time()
+n = 0
+while time.time() - t0 < 1.2:
+    j = json.loads(mf.readline())
+    n += j["type"] == "snapshot"
+check(3 <= n <= 7, "about 4 snapshots per second (%d in 1.2 s)" % n)
+mf.write(b"log_level debug\n")
+mf.flush()
+g = srv.conn()
+g.generate("GEN max_tokens=4 :event")
+g.close()
+seen_reply = seen_event = False
+t0 = time.time()
+while time.time() - t0 < 5 and not (seen_reply and seen_event):
+    j = json.loads(mf.readline())
+    if j["type"] == "reply" and j["command"] == "log_level":
+        seen_reply = j["ok"]
+    if j["type"] == "event" and j["event"] == "request_finished":
+        seen_event = True
+check(seen_reply and seen_event, "monitor: log_level reply and request_finished event")
+mf.write(b"train pause\n")
+mf.flush()
+while True:
+    j = json.loads(mf.readline())
+    if j["type"] == "reply":
+        break
+check(j["ok"] is False and "training" in j["error"], "train pause refused honestly without a trainer: %r" % j)
+m.close()
+
+# A second server on the same monitor socket refuses to start.
+import subprocess  # noqa: E402
+r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", srv.sock, "--state-dir", os.path.join(tmp, "state")],
+                   capture_output=True, text=True, timeout=120)
+check(r.returncode != 0 and "another llsrv" in r.stderr, "live socket: second server refuses: %r" % r.stderr[-200:])
+
+# ---- SIGTERM with a request in flight: END reason=shutdown, exit 0, socket removed ----
+c2 = srv.conn()
+c2.send("".join("GEN id=last%d max_tokens=2000 temperature=0 ignore_eos=1 :shutdown\n" % i for i in range(16)))
+c2.line()
+t0 = time.time()
+rc = srv.stop()
+dt = time.time() - t0
+reasons = {}
+while True:
+    l = c2.line()
+    if l is None:
+        break
+    k, rid, kv, t = parse_line(l)
+    if k == "END":
+        reasons[rid] = kv.get("reason")
+check(len(reasons) == 16 and set(reasons.values()) == {"shutdown"}, "in-flight requests end with reason=shutdown (%r)" % reasons)
+check(rc == 0 and dt < 5, "SIGTERM: exit %r in %.2f s" % (rc, dt))
+check(not os.path.exists(srv.sock), "monitor socket removed at exit")
+if rc != 0:
+    print(srv.output()[-3000:], file=sys.stderr)
+
+# ---- start-up refusals and auth ----
+r = subprocess.run([BIN, "--listen", "0.0.0.0:0", "--state-dir", os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
+check(r.returncode == 2 and "auth_token" in r.stderr, "non-loopback without a token refuses: %r" % r.stderr[-200:])
+# Stale socket file is replaced.
+stale = os.path.join(tmp, "stale-run", "llsrv.sock")
+os.makedirs(os.path.dirname(stale), mode=0o700)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(stale)
+s.close()
+srv2 = Server(tmp, ["--auth-token", "sesame", "--parallel", "2", "--ctx", "128"], name="stale")
+check("replaced stale socket" in srv2.output(), "stale socket replaced")
+a = srv2.conn()
+r = a.request("GEN :x")
+check(r.startswith("ERR - auth_required"), "GEN before AUTH: %r" % r)
+check(a.request("AUTH :sesame") == "OK -", "AUTH with the token")
+t, e, _ = a.generate("GEN max_tokens=3 :x")
+check(e.get("reason") == "length", "GEN after AUTH works")
+b2 = srv2.conn()
+r = b2.request("AUTH :wrong")
+check(r.startswith("ERR - auth_failed") and b2.line() is None, "wrong token: auth_failed and closed")
+check("sesame" not in srv2.output(), "the token is never logged")
+check(srv2.stop() == 0, "second server exits 0")
+# A directory that belongs to someone else is refused (needs root to create one).
+if os.geteuid() == 0:
+    other = os.path.join(tmp, "other-run")
+    os.makedirs(other, mode=0o700)
+    os.chown(other, 65534, 65534)
+    r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", os.path.join(other, "llsrv.sock"), "--state-dir",
+                        os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and "belongs to uid 65534" in r.stderr, "foreign directory refused: %r" % r.stderr[-200:])
+
+sys.exit(check.summary())

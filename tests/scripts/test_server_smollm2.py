@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+# test_server_smollm2.py - llsrv serving the real SmolLM2-135M-Instruct: 64 concurrent
+# clients x 32 tokens all complete and every greedy output equals the same request run alone;
+# CHAT renders the model's ChatML template (same tokens as `llsrv generate --chat`); text is
+# valid UTF-8 line by line and the TOK texts concatenate to the generated text.
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from llsrv_client import BIN, Checker, Server, escape, parse_line  # noqa: E402
+
+model = sys.argv[1] if len(sys.argv) > 1 else subprocess.run(
+    ["bash", os.path.join(os.environ["LL_SOURCE_DIR"], "tests", "fetch-smollm2.sh")], capture_output=True, text=True,
+    check=True).stdout.strip()
+check = Checker()
+tmp = tempfile.mkdtemp(prefix="llsrv-smol-")
+os.chmod(tmp, 0o700)
+srv = Server(tmp, ["--model", model, "--parallel", "8", "--ctx", "512", "--threads", "2"])
+
+prompts = ["The capital of France is", "Once upon a time, there was a", "def fibonacci(n):", "Les chats sont",
+           "1, 2, 3, 4,", "The best way to learn C is", "日本の首都は", "Q: What is 2+2?\nA:"]
+single = {}
+for p in prompts:
+    c = srv.conn()
+    t, e, lines = c.generate("GEN max_tokens=32 temperature=0 :%s" % escape(p))
+    c.close()
+    check(e.get("reason") in ("length", "stop"), "alone %r: %r" % (p, e))
+    single[p] = t
+
+# The server's text equals `llsrv generate` (greedy, same context) for the first prompt.
+r = subprocess.run([BIN, "generate", "--model", model, "-p", prompts[0], "-n", "32", "--temp", "0", "--ctx", "512", "-t", "2"],
+                   capture_output=True, timeout=300)
+check(r.stdout.rstrip(b"\n") == single[prompts[0]].rstrip(b"\n"), "server text equals llsrv generate: %r vs %r" %
+      (single[prompts[0]], r.stdout))
+
+results = {}
+errors = []
+
+
+def client(i):
+    try:
+        p = prompts[i % len(prompts)]
+        c = srv.conn(timeout=600)
+        t, e, _ = c.generate("GEN id=c%d max_tokens=32 temperature=0 :%s" % (i, escape(p)))
+        c.close()
+        results[i] = (p, t, e)
+    except Exception as ex:  # noqa: BLE001
+        errors.append(repr(ex))
+
+
+t0 = time.time()
+ths = [threading.Thread(target=client, args=(i,)) for i in range(64)]
+for th in ths:
+    th.start()
+for th in ths:
+    th.join()
+dt = time.time() - t0
+check(not errors, "no client errors: %r" % errors[:3])
+check(len(results) == 64, "64 clients finished (%d)" % len(results))
+same = sum(1 for p, t, e in results.values() if t == single[p])
+check(same == 64, "64 concurrent greedy outputs equal the single-client ones (%d do)" % same)
+toks = sum(int(e.get("tokens", 0)) for p, t, e in results.values())
+print("64 clients: %d tokens in %.1f s (%.1f tok/s aggregate)" % (toks, dt, toks / dt), flush=True)
+
+# CHAT: the ChatML rendering gives the same answer as `llsrv generate --chat`.
+c = srv.conn()
+t, e, _ = c.generate('CHAT max_tokens=24 temperature=0 :[{"role":"user","content":"What is the capital of France?"}]')
+r = subprocess.run([BIN, "generate", "--model", model, "--chat", "-p", "What is the capital of France?", "-n", "24", "--temp", "0",
+                    "--ctx", "512", "-t", "2"], capture_output=True, timeout=300)
+check(t is not None and t.rstrip(b"\n") == r.stdout.rstrip(b"\n"), "CHAT equals generate --chat: %r vs %r" % (t, r.stdout))
+check(b"Paris" in (t or b""), "the model answers Paris: %r" % t)
+# Plain text CHAT is one user message: same as the JSON form.
+t2, e2, _ = c.generate("CHAT max_tokens=24 temperature=0 :What is the capital of France?")
+check(t2 == t, "plain-text CHAT equals the JSON form")
+# Multi-byte characters are never split: each TOK text is valid UTF-8 on its own.
+t, e, lines = c.generate("GEN max_tokens=40 temperature=0 :日本の首都は")
+ok = True
+for l in lines:
+    k, rid, kv, tt = parse_line(l)
+    if k == "TOK":
+        try:
+            tt.decode("utf-8")
+        except UnicodeDecodeError:
+            ok = False
+check(ok, "every TOK text is complete UTF-8")
+# Context: a prompt longer than the context is refused with context_exceeded.
+r = c.request("GEN :" + "word " * 700)
+check(r.startswith("ERR - context_exceeded") or r.startswith("ERR s") and "context_exceeded" in r, "long prompt: %r" % r[:80])
+c.close()
+check(srv.stop() == 0, "SIGTERM exits 0")
+sys.exit(check.summary())
