@@ -106,7 +106,15 @@ static int set_value(struct ll_config *c, const struct ll_option *o, const char 
       if (!ok) return ll_errf(err, errlen, LL_EINVAL, "option '%s': '%s' is not one of %s", name, value, o->choices);
     }
     if (strlen(value) > 4096) return ll_errf(err, errlen, LL_ELIMIT, "option '%s': value longer than 4096 bytes", name);
-    char *dup = strdup(value);
+    char *dup;
+    const char *home = getenv("HOME");
+    // Paths: a leading "~/" is the home directory, as in a shell (YAML files cannot expand it).
+    if (o->argname && (!strcmp(o->argname, "PATH") || !strcmp(o->argname, "DIR")) && !strncmp(value, "~/", 2) && home && *home) {
+      size_t n = strlen(home) + strlen(value);
+      if ((dup = malloc(n)) != NULL) snprintf(dup, n, "%s%s", home, value + 1);
+    } else {
+      dup = strdup(value);
+    }
     if (!dup) return ll_errf(err, errlen, LL_ENOMEM, "out of memory");
     free(*(char **)base);
     *(char **)base = dup;

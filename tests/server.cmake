@@ -9,3 +9,8 @@ ll_script_test(NAME server_sockets COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/s
 # The real model behind the server: 64 clients x 32 tokens equal to alone, CHAT = generate --chat.
 ll_script_test(NAME server_smollm2 COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_smollm2.py
   LABELS "integration;slow" TIMEOUT 600 FIXTURES smollm2)
+# The option table: YAML errors with file:line:col, CLI over --config, configs/*.yaml load,
+# man/llsrv.yaml.5 generated from the table (gen_man_options prints the section).
+ll_test(NAME test_config SOURCES test_config.c LIBS ll_server LABELS unit)
+add_executable(gen_man_options gen_man_options.c)
+target_link_libraries(gen_man_options PRIVATE ll_server)

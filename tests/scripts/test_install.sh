@@ -5,9 +5,10 @@ prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 fail=0 pass=0
 cmake --install "$LL_BINARY_DIR" --prefix "$prefix" >/dev/null || { echo "cmake --install failed"; exit 1; }
-# The pages that exist in this revision must install (llsrv.yaml.5 and llsrv-protocol.7 come
-# with the server); every page in man/ must land in its section.
-for f in bin/llsrv share/man/man1/llsrv.1 share/man/man5/llsrv-ckpt.5 \
+# The documented pages and example configs must install; every page in man/ must land in its section.
+for f in bin/llsrv share/man/man1/llsrv.1 share/man/man5/llsrv-ckpt.5 share/man/man5/llsrv.yaml.5 \
+         share/man/man7/llsrv-protocol.7 share/llsrv/configs/server.yaml share/llsrv/configs/lora.yaml \
+         share/llsrv/configs/demo.yaml \
          $(cd "$LL_SOURCE_DIR/man" && for m in *.[157]; do echo "share/man/man${m##*.}/$m"; done); do
   if [ -e "$prefix/$f" ]; then pass=$((pass+1)); else echo "missing after install: $f"; fail=$((fail+1)); fi
 done
@@ -17,6 +18,10 @@ if command -v groff >/dev/null; then
     if groff -man -Tutf8 -ww -z "$m" 2>&1 | grep -q .; then echo "roff warnings in $m:"; groff -man -Tutf8 -ww -z "$m"; fail=$((fail+1)); else pass=$((pass+1)); fi
   done
 fi
+# The installed configs are accepted by the installed binary.
+for y in "$prefix"/share/llsrv/configs/*.yaml; do
+  "$prefix/bin/llsrv" --config "$y" --check-config >/dev/null 2>&1 && pass=$((pass+1)) || { echo "--check-config $y failed"; fail=$((fail+1)); }
+done
 "$prefix/bin/llsrv" --version | grep -q '^llsrv ' && pass=$((pass+1)) || { echo "llsrv --version"; fail=$((fail+1)); }
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
