@@ -75,16 +75,29 @@ static const struct ll_option *find_opt(const char *name) {
 
 // ---- values ----
 
+// Strict decimal number: [+-]digits[.digits][e[+-]digits], no leading blanks, no hex, no
+// nan/inf (strtod alone would take all of those). *suffix points after the number; the caller
+// decides which suffixes its type allows.
 static int parse_number(const char *s, double *out, const char **suffix) {
-  while (isspace((unsigned char)*s)) s++;
-  if (!*s || !(isdigit((unsigned char)*s) || *s == '-' || *s == '+' || *s == '.')) return -1;
-  if (strpbrk(s, "xXnNiI")) return -1; // no hex, nan, inf
+  const char *p = s;
+  size_t digits = 0;
+  if (*p == '+' || *p == '-') p++;
+  while (isdigit((unsigned char)*p)) p++, digits++;
+  if (*p == '.')
+    for (p++; isdigit((unsigned char)*p); p++) digits++;
+  if (!digits) return -1;
+  if ((*p == 'e' || *p == 'E') &&
+      (isdigit((unsigned char)p[1]) || ((p[1] == '+' || p[1] == '-') && isdigit((unsigned char)p[2])))) {
+    p += 2;
+    while (isdigit((unsigned char)*p)) p++;
+  }
   errno = 0;
   char *end;
   double v = strtod(s, &end);
-  if (end == s || errno == ERANGE || !isfinite(v)) return -1;
+  // end != p: strtod read something else (a hex prefix "0x", a locale's decimal comma).
+  if (end != p || errno == ERANGE || !isfinite(v)) return -1;
   *out = v;
-  *suffix = end;
+  *suffix = p;
   return 0;
 }
 
@@ -146,7 +159,7 @@ static int set_value(struct ll_config *c, const struct ll_option *o, const char 
       else if (!strcasecmp(suf, "K") || !strcasecmp(suf, "KiB") || !strcasecmp(suf, "KB")) mul = KIB;
       else if (!strcasecmp(suf, "M") || !strcasecmp(suf, "MiB") || !strcasecmp(suf, "MB")) mul = MIB;
       else if (!strcasecmp(suf, "G") || !strcasecmp(suf, "GiB") || !strcasecmp(suf, "GB")) mul = GIB;
-      else return ll_errf(err, errlen, LL_EINVAL, "option '%s': unknown size suffix '%s' (K, M, G)", name, suf);
+      else return ll_errf(err, errlen, LL_EINVAL, "option '%s': unknown size suffix '%s' (K, M, G, KiB, MiB, GiB)", name, suf);
     } else if (o->type == LL_OPT_DURATION) {
       if (!*suf || !strcmp(suf, "s")) mul = 1;
       else if (!strcmp(suf, "ms")) mul = 1e-3;
@@ -219,22 +232,61 @@ static const char *suggest(const char *key) {
   return best;
 }
 
-#define MAX_SEEN 128
+#define N_OPTIONS (sizeof ll_options / sizeof ll_options[0])
+
+// Is `key` a section, i.e. do options "key.*" exist?
+static int is_section(const char *key) {
+  size_t kl = strlen(key);
+  for (const struct ll_option *o = ll_options; o->name; o++)
+    if (strncmp(o->name, key, kl) == 0 && o->name[kl] == '.') return 1;
+  return 0;
+}
+
+static int is_null_scalar(const yaml_event_t *ev) {
+  const char *v = (const char *)ev->data.scalar.value;
+  return ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && (!v[0] || !strcmp(v, "~") || !strcmp(v, "null"));
+}
+
+static int unknown_key(char *err, size_t errlen, const char *fname, size_t line, size_t col, const char *key) {
+  const char *s = suggest(key);
+  return ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: unknown key '%s'%s%s%s", fname, line, col, key, s ? " (did you mean '" : "",
+                 s ? s : "", s ? "'?)" : "");
+}
+
+// A section may appear once, like any key (YAML forbids duplicate keys).
+static int section_seen(char seen[][72], int *n, const char *key, char *err, size_t errlen, const char *fname, size_t line, size_t col) {
+  for (int i = 0; i < *n; i++)
+    if (!strcmp(seen[i], key)) return ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: duplicate key '%s'", fname, line, col, key);
+  if (*n < 8) snprintf(seen[(*n)++], 72, "%.71s", key);
+  return 0;
+}
+
+// libyaml's event parser: no tree is built, and we stop at the first mapping deeper than a
+// section or at any sequence/alias, so memory and nesting stay bounded whatever the input.
 int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const char *fname, char *err, size_t errlen) {
   yaml_parser_t p;
   yaml_event_t ev;
+  if (!fname) fname = "(config)";
   if (!yaml_parser_initialize(&p)) return ll_errf(err, errlen, LL_ENOMEM, "%s: cannot initialise the YAML parser", fname);
   yaml_parser_set_input_string(&p, (const unsigned char *)buf, len);
   int rc = 0, depth = 0, done = 0;   // depth: 0 stream/doc, 1 top mapping, 2 section mapping
   int expect_key = 1;
-  char section[160] = "", key[160] = "";
+  char section[72] = "", key[160] = "";
   size_t key_line = 0, key_col = 0;
-  char *seen[MAX_SEEN];
-  int n_seen = 0, n_docs = 0;
+  unsigned char seen[N_OPTIONS] = {0}; // duplicate keys, by option index
+  char seen_sec[8][72];                // duplicate sections ("train:" twice)
+  int n_seen_sec = 0, n_docs = 0;
   while (!done) {
     if (!yaml_parser_parse(&p, &ev)) {
-      rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: YAML syntax error: %s%s%s", fname, p.problem_mark.line + 1,
-                   p.problem_mark.column + 1, p.problem ? p.problem : "unknown", p.context ? " " : "", p.context ? p.context : "");
+      size_t line = p.problem_mark.line + 1, col = p.problem_mark.column + 1;
+      if (p.error == YAML_READER_ERROR) { // bad encoding: only a byte offset is known
+        line = 1, col = 1;
+        for (size_t i = 0; i < p.problem_offset && i < len; i++)
+          if (buf[i] == '\n') line++, col = 1;
+          else col++;
+      }
+      rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: YAML syntax error: %s%s%s", fname, line, col, p.problem ? p.problem : "unknown",
+                   p.context ? " " : "", p.context ? p.context : "");
       break;
     }
     size_t line = ev.start_mark.line + 1, col = ev.start_mark.column + 1;
@@ -250,20 +302,22 @@ int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const 
         depth = 1;
         expect_key = 1;
       } else if (depth == 1 && !expect_key) {
-        // A section: the key must name one (options "key.*" exist).
-        int known = 0;
-        size_t kl = strlen(key);
-        for (const struct ll_option *o = ll_options; o->name; o++)
-          if (strncmp(o->name, key, kl) == 0 && o->name[kl] == '.') known = 1;
-        if (!known) {
-          rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: '%s' is not a section (only 'train' has sub-keys)", fname, key_line, key_col, key);
+        if (!is_section(key)) {
+          if (find_opt(key))
+            rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: option '%s' takes a single value, not a mapping", fname, key_line, key_col, key);
+          else
+            rc = unknown_key(err, errlen, fname, key_line, key_col, key);
           break;
         }
+        if ((rc = section_seen(seen_sec, &n_seen_sec, key, err, errlen, fname, key_line, key_col)) != 0) break;
         snprintf(section, sizeof section, "%s", key);
         depth = 2;
         expect_key = 1;
+      } else if (expect_key) {
+        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: a key must be a plain word, not a mapping", fname, line, col);
       } else {
-        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: unexpected mapping (options nest one level: 'train: {lora_rank: 8}')", fname, line, col);
+        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: option '%s' takes a single value, not a mapping (sections nest one level: 'train: {lora_rank: 8}')",
+                     fname, key_line, key_col, key);
       }
       break;
     case YAML_MAPPING_END_EVENT:
@@ -276,8 +330,10 @@ int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const 
       }
       break;
     case YAML_SEQUENCE_START_EVENT:
-      rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: %s%s%s: lists are not allowed here", fname, line, col, depth ? "option '" : "the top level",
-                   depth ? key : "", depth ? "'" : "");
+      if (depth == 0 || expect_key)
+        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: lists are not allowed here (expected key: value)", fname, line, col);
+      else
+        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: option '%s': lists are not allowed here", fname, line, col, key);
       break;
     case YAML_ALIAS_EVENT:
       rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: YAML aliases are not supported", fname, line, col);
@@ -285,38 +341,43 @@ int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const 
     case YAML_SCALAR_EVENT: {
       const char *val = (const char *)ev.data.scalar.value;
       if (depth == 0) {
-        if (ev.data.scalar.length == 0 || !strcmp(val, "~") || !strcmp(val, "null")) break; // empty document
+        if (is_null_scalar(&ev)) break; // an empty document: nothing set
         rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: expected a mapping of options (key: value)", fname, line, col);
         break;
       }
       if (expect_key) {
-        if (ev.data.scalar.length >= 64) {
+        // Bounded: no option name is this long, so a longer key is simply unknown.
+        if (ev.data.scalar.length >= 64 || strlen(val) != ev.data.scalar.length) {
           rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: unknown key '%.64s'", fname, line, col, val);
           break;
         }
         snprintf(key, sizeof key, "%s%s%s", section, section[0] ? "." : "", val);
         key_line = line, key_col = col;
         expect_key = 0;
-        // A key that is only a section prefix is fine here; checked when its value comes.
         break;
       }
       expect_key = 1;
       const struct ll_option *o = find_opt(key);
-      if (!o) {
-        const char *s = suggest(key);
-        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: unknown key '%s'%s%s%s", fname, key_line, key_col, key, s ? " (did you mean '" : "",
-                     s ? s : "", s ? "'?)" : "");
-        break;
-      }
-      for (int i = 0; i < n_seen; i++)
-        if (!strcmp(seen[i], key)) {
-          rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: duplicate key '%s'", fname, key_line, key_col, key);
+      if (!o && depth == 1 && is_section(key)) {
+        if (is_null_scalar(&ev)) { // "train:" with nothing under it sets nothing
+          rc = section_seen(seen_sec, &n_seen_sec, key, err, errlen, fname, key_line, key_col);
           break;
         }
-      if (rc) break;
-      if (n_seen < MAX_SEEN) seen[n_seen++] = strdup(key);
-      int is_null = ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE && (!strcmp(val, "~") || !strcmp(val, "null") || !val[0]);
-      if (is_null) {
+        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: '%s' is a section; its keys go below it (%s: {key: value})", fname, line, col, key,
+                     key);
+        break;
+      }
+      if (!o) {
+        rc = unknown_key(err, errlen, fname, key_line, key_col, key);
+        break;
+      }
+      size_t idx = (size_t)(o - ll_options);
+      if (seen[idx]) {
+        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: duplicate key '%s'", fname, key_line, key_col, key);
+        break;
+      }
+      seen[idx] = 1;
+      if (is_null_scalar(&ev)) {
         if (o->type != LL_OPT_STRING) {
           rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: option '%s' needs a value", fname, line, col, key);
           break;
@@ -340,7 +401,6 @@ int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const 
     yaml_event_delete(&ev);
     if (rc) break;
   }
-  for (int i = 0; i < n_seen; i++) free(seen[i]);
   yaml_parser_delete(&p);
   return rc;
 }
@@ -354,10 +414,10 @@ int ll_config_load_file(struct ll_config *c, const char *path, char *err, size_t
     return ll_errf(err, errlen, LL_ENOMEM, "out of memory");
   }
   size_t n = fread(buf, 1, (1u << 20) + 1, f);
-  int rerr = ferror(f);
+  int rerr = ferror(f) ? (errno ? errno : EIO) : 0; // e.g. EISDIR: fopen opens a directory
   fclose(f);
   int rc;
-  if (rerr) rc = ll_errf(err, errlen, LL_EIO, "%s: read error", path);
+  if (rerr) rc = ll_errf(err, errlen, LL_EIO, "%s: %s", path, strerror(rerr));
   else if (n > (1u << 20)) rc = ll_errf(err, errlen, LL_ELIMIT, "%s: larger than 1 MiB; not a configuration file", path);
   else rc = ll_config_load_yaml(c, buf, n, path, err, errlen);
   free(buf);
@@ -442,6 +502,8 @@ int ll_config_parse_args(struct ll_config *c, int argc, char **argv, int *help, 
         continue;
       }
       name = o->name;
+    } else if (a[0] == '-' && a[1]) {
+      return ll_errf(err, errlen, LL_EINVAL, "unknown option '%s' (see llsrv --help)", a);
     } else {
       return ll_errf(err, errlen, LL_EINVAL, "unexpected argument '%s' (options start with --; see llsrv --help)", a);
     }
@@ -552,15 +614,53 @@ void ll_config_print_man_options(FILE *f) {
   }
 }
 
+// A double-quoted YAML scalar that libyaml reads back as the same string: quotes, backslashes,
+// control characters and the code points YAML forbids or treats as line breaks are escaped.
+// Bytes that are not UTF-8 (possible from the command line) become \xHH: loadable, if not equal.
 static void yaml_scalar(FILE *f, const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
   fputc('"', f);
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
-    else if (ch < 0x20) fprintf(f, "\\x%02x", ch);
-    else fputc(ch, f);
+  while (*p) {
+    unsigned ch = *p;
+    uint32_t cp = ch;
+    int n = ch < 0x80 ? 1 : (ch & 0xE0) == 0xC0 ? 2 : (ch & 0xF0) == 0xE0 ? 3 : (ch & 0xF8) == 0xF0 ? 4 : 0;
+    int ok = n > 0;
+    if (n > 1) cp = ch & (0x7F >> n);
+    for (int i = 1; ok && i < n; i++) {
+      if ((p[i] & 0xC0) != 0x80) ok = 0;
+      else cp = cp << 6 | (p[i] & 0x3F);
+    }
+    if (ok && ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)))
+      ok = 0;
+    if (!ok) {
+      fprintf(f, "\\x%02x", ch);
+      p++;
+      continue;
+    }
+    int printable = (cp >= 0x20 && cp <= 0x7E) || (cp >= 0xA0 && cp <= 0xD7FF && cp != 0x2028 && cp != 0x2029) ||
+                    (cp >= 0xE000 && cp <= 0xFFFD && cp != 0xFEFF) || cp >= 0x10000;
+    if (cp == '"' || cp == '\\') fprintf(f, "\\%c", (int)cp);
+    else if (printable) fwrite(p, 1, (size_t)n, f);
+    else if (cp <= 0xFF) fprintf(f, "\\x%02x", (unsigned)cp);
+    else if (cp <= 0xFFFF) fprintf(f, "\\u%04x", (unsigned)cp);
+    else fprintf(f, "\\U%08x", (unsigned)cp);
+    p += n;
   }
   fputc('"', f);
+}
+
+// The shortest text that reads back as exactly v (0.001, not 0.0010000000000000000).
+static void print_double(FILE *f, double v) {
+  char b[40];
+  if (v == floor(v) && fabs(v) < 1e15) { // whole numbers as such: 300, not 3e+02
+    fprintf(f, "%.0f", v);
+    return;
+  }
+  for (int prec = 1; prec <= 17; prec++) {
+    snprintf(b, sizeof b, "%.*g", prec, v);
+    if (strtod(b, NULL) == v) break;
+  }
+  fputs(b, f);
 }
 
 void ll_config_print_yaml(FILE *f, const struct ll_config *c) {
@@ -591,7 +691,7 @@ void ll_config_print_yaml(FILE *f, const struct ll_config *c) {
     case LL_OPT_INT:
     case LL_OPT_SIZE: fprintf(f, "%lld", (long long)*(const int64_t *)base); break;
     case LL_OPT_FLOAT:
-    case LL_OPT_DURATION: fprintf(f, "%.17g", *(const double *)base); break;
+    case LL_OPT_DURATION: print_double(f, *(const double *)base); break;
     }
     fputc('\n', f);
   }
