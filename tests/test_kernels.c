@@ -37,9 +37,17 @@ static void test_dots(void) {
                        LL_TYPE_Q5_1, LL_TYPE_Q8_0, LL_TYPE_Q4_K, LL_TYPE_Q5_K, LL_TYPE_Q6_K};
   for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
     const int t = types[ti];
-    const struct ll_type_kernels *ref = ll_cpu_kernels_ref(t), *fast = ll_cpu_kernels(t);
-    CHECKF(ref && fast, "%s: no kernels", ll_type_name(t));
-    if (!ref || !fast) continue;
+    const struct ll_type_kernels *ref = ll_cpu_kernels_ref(t), *chosen = ll_cpu_kernels(t);
+    CHECKF(ref && chosen, "%s: no kernels", ll_type_name(t));
+    if (!ref || !chosen) continue;
+    // Every SIMD level this CPU runs is tested, not only the one chosen.
+    const char *isa = ll_cpu_isa();
+    const struct ll_type_kernels *levels[3] = {chosen,
+                                               strcmp(isa, "scalar") ? ll_cpu_kernels_avx2(t) : NULL,
+                                               !strcmp(isa, "avx512vnni") ? ll_cpu_kernels_avx512(t) : NULL};
+    for (int lv = 0; lv < 3; lv++) {
+    const struct ll_type_kernels *fast = levels[lv];
+    if (!fast || (lv > 0 && fast == chosen)) continue;
     CHECK(ref->act_type == fast->act_type);
     const int bs = ll_type_traits_get(t)->blck_size, abs_ = ll_type_traits_get(ref->act_type)->blck_size;
     const int unit = bs > abs_ ? bs : abs_;
@@ -71,10 +79,47 @@ static void test_dots(void) {
       double exact = 0;
       for (int i = 0; i < k; i++) exact += (double)wf[i] * x[i];
       bad += fabs(exact - s1) > 1e-2 * mag + 1e-5;
+      // AVX-512 kernels follow the AVX2 float order exactly (llama.cpp agreement depends on it).
+      if (!strcmp(fast->isa, "avx512vnni")) {
+        const struct ll_type_kernels *k2 = ll_cpu_kernels_avx2(t);
+        float s3;
+        if (k2) k2->vec_dot(k, &s3, w, a1);
+        bad += k2 && memcmp(&s2, &s3, 4) != 0;
+      }
       free(w), free(a1), free(a2), free(x), free(wf), free(af);
     }
-    printf("%-5s kernels %-6s vs scalar: worst relative difference %.2e\n", ll_type_name(t), fast->isa, worst);
-    CHECKF(bad == 0, "%s: %d mismatches", ll_type_name(t), bad);
+    printf("%-5s kernels %-10s vs scalar: worst relative difference %.2e\n", ll_type_name(t), fast->isa, worst);
+    CHECKF(bad == 0, "%s %s: %d mismatches", ll_type_name(t), fast->isa, bad);
+    // Tiles: every shape gives exactly vec_dot's result (batch composition never changes a row).
+    if (fast->tile) {
+      const int tna = fast->tile_na > 0 ? fast->tile_na : 2;
+      int tbad = 0;
+      for (int trial = 0; trial < 20; trial++) {
+        const int k = unit * (1 + (int)(ll_test_rand(&rs) % 40));
+        const size_t wr = ll_row_size(t, k), ar = ll_row_size(fast->act_type, k);
+        unsigned char *W = malloc(wr * 4), *A = malloc(ar * 4);
+        float x[4096];
+        for (int r = 0; r < 4; r++) random_row(t, W + wr * r, k);
+        for (int q = 0; q < 4; q++) {
+          for (int i = 0; i < k; i++) x[i] = ll_test_randf(&rs);
+          fast->from_float(x, A + ar * q, k);
+        }
+        for (int nw = 1; nw <= 4; nw++)
+          for (int na = 1; na <= tna; na++) {
+            float out[4 * 4];
+            fast->tile(k, W, wr, nw, A, ar, na, out, 4);
+            for (int q = 0; q < na; q++)
+              for (int r = 0; r < nw; r++) {
+                float s;
+                fast->vec_dot(k, &s, W + wr * r, A + ar * q);
+                tbad += memcmp(&s, &out[q * 4 + r], 4) != 0;
+              }
+          }
+        free(W), free(A);
+      }
+      CHECKF(tbad == 0, "%s %s: %d tile outputs differ from vec_dot", ll_type_name(t), fast->isa, tbad);
+    }
+    }
   }
   // f16 attention helpers: bit-identical between scalar and SIMD (same lane order, fused).
   const struct ll_f16_ops *r = ll_cpu_f16_ops_ref(), *f = ll_cpu_f16_ops();

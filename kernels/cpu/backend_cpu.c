@@ -51,13 +51,14 @@ static void mm_task(void *vctx, int task, int thread) {
   (void)thread;
   const struct mm_job *j = vctx;
   const int n0 = task * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
-  float tile[2][4];
+  float tile[4][4];
+  const int tna = j->k->tile_na > 0 ? j->k->tile_na : 2;
   for (int n = n0; n < n1;) {
     const char *wr = (const char *)j->w + (size_t)n * j->w_row;
     if (j->k->tile && n + 4 <= n1) {
-      // 4 weight rows x 2 tokens per pass: weights unpacked once, four independent chains.
-      for (int t = 0; t < j->T; t += 2) {
-        const int na = j->T - t >= 2 ? 2 : 1;
+      // 4 weight rows x up to 4 tokens per pass: weights unpacked once, independent chains.
+      for (int t = 0; t < j->T; t += tna) {
+        const int na = j->T - t >= tna ? tna : j->T - t;
         j->k->tile(j->K, wr, j->w_row, 4, j->act + (size_t)t * j->a_row, j->a_row, na, &tile[0][0], 4);
         for (int q = 0; q < na; q++)
           for (int r = 0; r < 4; r++) {

@@ -4,6 +4,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#include <stdlib.h>
 #include <string.h>
 
 #include "ll_cpu_dot.h"
@@ -262,9 +263,25 @@ static int have_avx2(void) {
 #endif
 }
 
-const char *ll_cpu_isa(void) { return have_avx2() ? "avx2" : "scalar"; }
+static int have_avx512(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  static int cached = -1;
+  if (cached < 0) {
+    // LL_CPU_ISA=avx2 pins the AVX2 kernels (benchmarks and tests compare the two levels).
+    const char *pin = getenv("LL_CPU_ISA");
+    cached = have_avx2() && !(pin && (!strcmp(pin, "avx2") || !strcmp(pin, "scalar"))) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }
+  return cached;
+#else
+  return 0;
+#endif
+}
+
+const char *ll_cpu_isa(void) { return have_avx512() ? "avx512vnni" : have_avx2() ? "avx2" : "scalar"; }
 
 #if !(defined(__x86_64__) || defined(__i386__))
+const struct ll_type_kernels *ll_cpu_kernels_avx512(int t) { (void)t; return NULL; }
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int t) { (void)t; return NULL; }
 const struct ll_f16_ops *ll_cpu_f16_ops_avx2(void) { return NULL; }
 #endif
@@ -297,6 +314,10 @@ const struct ll_f16_ops *ll_cpu_f16_ops(void) {
 }
 
 const struct ll_type_kernels *ll_cpu_kernels(int t) {
+  if (have_avx512()) {
+    const struct ll_type_kernels *k = ll_cpu_kernels_avx512(t);
+    if (k) return k;
+  }
   if (have_avx2()) {
     const struct ll_type_kernels *k = ll_cpu_kernels_avx2(t);
     if (k) return k;

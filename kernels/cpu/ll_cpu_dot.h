@@ -17,7 +17,7 @@ typedef void (*ll_vec_dot_fn)(int n, float *s, const void *w, const void *a);
 typedef void (*ll_from_float_fn)(const float *x, void *y, int64_t n);
 
 // A tile of dots: out[a * ostride + r] = w_r · a_a for r < nw (<= 4) weight rows (w_stride bytes
-// apart) and a < na (<= 2) activation rows (a_stride bytes apart). Each output is computed with
+// apart) and a < na (<= tile_na of the kernel set) activation rows (a_stride bytes apart). Each output is computed with
 // exactly the operations of vec_dot (bit-identical); the tile only shares loads and hides latency.
 typedef void (*ll_vec_dot_tile_fn)(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na,
                                    float *out, size_t ostride);
@@ -28,6 +28,7 @@ struct ll_type_kernels {
   ll_vec_dot_fn vec_dot;
   const char *isa;           // "scalar", "avx2", ...
   ll_vec_dot_tile_fn tile;   // (optional) NULL: callers loop over vec_dot
+  int tile_na;               // (optional) most activation rows per tile call; 0 means 2
 };
 
 // Activation quantizers (llama.cpp's x86 semantics; see dot.c).
@@ -38,11 +39,14 @@ void ll_act_quantize_q8_1(const float *x, void *y, int64_t n);
 const struct ll_type_kernels *ll_cpu_kernels(int weight_type);
 // The scalar references (always available; used by tests and as the fallback).
 const struct ll_type_kernels *ll_cpu_kernels_ref(int weight_type);
-// "avx2" / "scalar": the SIMD level chosen at run time.
+// "avx512vnni" / "avx2" / "scalar": the best SIMD level of this CPU (per type the best
+// kernel written for it is used).
 const char *ll_cpu_isa(void);
 
 // AVX2 versions (dot_avx2.c), NULL entries where not written.
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int weight_type);
+// AVX-512 F/BW/VL + VNNI versions (dot_avx512.c): Q4_0, Q4_1, Q8_0.
+const struct ll_type_kernels *ll_cpu_kernels_avx512(int weight_type);
 
 // Attention helpers over an f16 cache (scalar in dot.c, AVX2+F16C in dot_avx2.c):
 //   s = Σ q[i] * k[i]                 (q f32, k f16)
