@@ -134,6 +134,17 @@ static void test_dots(void) {
     r->axpy_f16(o1, k, 0.37f, n);
     f->axpy_f16(o2, k, 0.37f, n);
     bad += memcmp(o1, o2, (size_t)n * 4) != 0;
+    // f32 -> f16 store: every finite magnitude class (subnormal halves, ties, overflow to inf).
+    uint16_t h1[300], h2[300];
+    for (int i = 0; i < n; i++) {
+      const float m = ll_test_randf(&rs);
+      const int e = (int)(ll_test_rand(&rs) % 48) - 30; // 2^-30 .. 2^17
+      o1[i] = ldexpf(m, e);
+      if (i % 7 == 0) o1[i] = ldexpf((float)(2 * (int)(ll_test_rand(&rs) % 1024) + 1), -25); // exact ties
+    }
+    r->from_f32(h1, o1, n);
+    f->from_f32(h2, o1, n);
+    bad += memcmp(h1, h2, (size_t)n * 2) != 0;
   }
   CHECKF(bad == 0, "f16 ops: %d mismatches", bad);
 }

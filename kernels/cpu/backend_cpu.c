@@ -56,6 +56,12 @@ static void mm_task(void *vctx, int task, int thread) {
   for (int n = n0; n < n1;) {
     const char *wr = (const char *)j->w + (size_t)n * j->w_row;
     if (j->k->tile && n + 4 <= n1) {
+      // Decode streams the weights once: ask for the next group of rows while this one is
+      // computed (short rows end before the hardware prefetcher has ramped up).
+      // The group two ahead (at a chunk's start also the next one), within this chunk.
+      const size_t g = 4 * j->w_row, here = (size_t)n * j->w_row, stop = (size_t)n1 * j->w_row;
+      const size_t to = here + 3 * g < stop ? here + 3 * g : stop;
+      for (size_t off = here + (n == n0 ? g : 2 * g); off < to; off += 64) __builtin_prefetch((const char *)j->w + off, 0, 0);
       // 4 weight rows x up to 4 tokens per pass: weights unpacked once, independent chains.
       for (int t = 0; t < j->T; t += tna) {
         const int na = j->T - t >= tna ? tna : j->T - t;
@@ -79,6 +85,19 @@ static void mm_task(void *vctx, int task, int thread) {
   }
 }
 
+struct quant_job {
+  const float *x;
+  void *act;
+  const struct ll_type_kernels *k;
+  size_t a_row;
+  int64_t K;
+};
+static void quant_task(void *vctx, int t, int thread) {
+  (void)thread;
+  const struct quant_job *q = vctx;
+  q->k->from_float(q->x + (size_t)t * q->K, (char *)q->act + (size_t)t * q->a_row, q->K);
+}
+
 // out (T, N) = x (T, K) · W (N, K)ᵀ
 static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
   struct cpu_ctx *c = C(b);
@@ -87,7 +106,11 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   const size_t a_row = ll_row_size(k->act_type, w->k);
   if (!a_row) return LL_EINVAL;
   if (grow(&c->act, &c->act_cap, a_row * (size_t)T)) return LL_ENOMEM;
-  for (int t = 0; t < T; t++) k->from_float(x + (size_t)t * w->k, (char *)c->act + (size_t)t * a_row, w->k);
+  // Quantize the activation rows (each row independently: the same bytes however it is split).
+  struct quant_job qj = {x, c->act, k, a_row, w->k};
+  if (T >= 2 && c->n_threads > 1) ll_threadpool_run(c->pool, quant_task, &qj, T);
+  else
+    for (int t = 0; t < T; t++) quant_task(&qj, t, 0);
   struct mm_job j = {out, w->data, ll_row_size(w->type, w->k), a_row, c->act, k, T, (int)w->n, (int)w->k, 0, accumulate};
   // Enough chunks to balance the pool, rows per chunk a multiple of 4 for cache lines.
   int chunks = c->n_threads * 8;
@@ -168,8 +191,9 @@ static int cpu_kv_store(struct ll_backend *b, const struct ll_kv_view *kv, const
   for (int t = 0; t < T; t++) {
     void *kd = kv_at(kv, kv->k, pos[t]), *vd = kv_at(kv, kv->v, pos[t]);
     if (kv->kv_type == LL_TYPE_F16) {
-      ll_quantize_row(LL_TYPE_F16, k + (size_t)t * n, kd, n);
-      ll_quantize_row(LL_TYPE_F16, v + (size_t)t * n, vd, n);
+      const struct ll_f16_ops *f16 = ll_cpu_f16_ops(); // F16C where the CPU has it
+      f16->from_f32(kd, k + (size_t)t * n, n);
+      f16->from_f32(vd, v + (size_t)t * n, n);
     } else {
       memcpy(kd, k + (size_t)t * n, (size_t)n * 4);
       memcpy(vd, v + (size_t)t * n, (size_t)n * 4);

@@ -306,7 +306,11 @@ static void ref_axpy_f16(float *o, const uint16_t *v, float w, int n) {
   for (int i = 0; i < n; i++) o[i] = fmaf(w, ll_fp16_to_fp32(v[i]), o[i]); // fused, as the SIMD path
 }
 
-static const struct ll_f16_ops f16_ref = {ref_dot_f32_f16, ref_axpy_f16};
+static void ref_from_f32(uint16_t *dst, const float *src, int n) {
+  for (int i = 0; i < n; i++) dst[i] = ll_fp32_to_fp16(src[i]);
+}
+
+static const struct ll_f16_ops f16_ref = {ref_dot_f32_f16, ref_axpy_f16, ref_from_f32};
 const struct ll_f16_ops *ll_cpu_f16_ops_ref(void) { return &f16_ref; }
 const struct ll_f16_ops *ll_cpu_f16_ops(void) {
   const struct ll_f16_ops *o = have_avx2() ? ll_cpu_f16_ops_avx2() : NULL;

@@ -268,5 +268,14 @@ static void avx2_axpy_f16(float *o, const uint16_t *v, float w, int n) {
   for (; i < n; i++) o[i] = fmaf(w, _cvtsh_ss(v[i]), o[i]);
 }
 
-static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16};
+// vcvtps2ph with round-to-nearest-even: the same bits as ll_fp32_to_fp16 for every non-NaN
+// input (a NaN keeps its payload here; the scalar version returns the canonical quiet NaN).
+static void avx2_from_f32(uint16_t *dst, const float *src, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16, avx2_from_f32};
 const struct ll_f16_ops *ll_cpu_f16_ops_avx2(void) { return &f16_avx2; }

@@ -51,9 +51,11 @@ const struct ll_type_kernels *ll_cpu_kernels_avx512(int weight_type);
 // Attention helpers over an f16 cache (scalar in dot.c, AVX2+F16C in dot_avx2.c):
 //   s = Σ q[i] * k[i]                 (q f32, k f16)
 //   o[i] += w * v[i]                  (v f16)
+//   dst[i] = f16(src[i])               (round to nearest even; the KV-cache store)
 struct ll_f16_ops {
   float (*dot_f32_f16)(const float *q, const uint16_t *k, int n);
   void (*axpy_f16)(float *o, const uint16_t *v, float w, int n);
+  void (*from_f32)(uint16_t *dst, const float *src, int n); // bit-identical for non-NaN inputs
 };
 const struct ll_f16_ops *ll_cpu_f16_ops(void);
 const struct ll_f16_ops *ll_cpu_f16_ops_ref(void);
