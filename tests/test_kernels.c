@@ -145,6 +145,9 @@ static void test_dots(void) {
     r->from_f32(h1, o1, n);
     f->from_f32(h2, o1, n);
     bad += memcmp(h1, h2, (size_t)n * 2) != 0;
+    r->round_f16(o2, o1, 0.37f, n);
+    f->round_f16(q, o1, 0.37f, n);
+    bad += memcmp(o2, q, (size_t)n * 4) != 0;
   }
   CHECKF(bad == 0, "f16 ops: %d mismatches", bad);
 }

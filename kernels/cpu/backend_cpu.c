@@ -225,7 +225,8 @@ static void attn_task(void *vctx, int task, int thread) {
   const float *q = j->q + ((size_t)t * j->n_head + h) * hd;
   const int f16 = kv->kv_type == LL_TYPE_F16;
   // With an f16 cache, llama.cpp rounds q to f16 before the dot: do the same.
-  for (int i = 0; i < hd; i++) qv[i] = f16 ? ll_fp16_to_fp32(ll_fp32_to_fp16(q[i])) : q[i];
+  if (f16) j->f16->round_f16(qv, q, 1.0f, hd);
+  else memcpy(qv, q, (size_t)hd * sizeof *qv);
   float mx = -INFINITY;
   for (int p = 0; p < n_pos; p++) {
     const char *kr = (const char *)kv_at(kv, kv->k, p) + (size_t)kvh * hd * kv_elem(kv);
@@ -251,8 +252,9 @@ static void attn_task(void *vctx, int task, int thread) {
     // accumulated (fused) into lane p % 32, lanes reduced in ggml's fixed tree.
     float *lanes = qv + hd; // (32, hd)
     memset(lanes, 0, (size_t)32 * hd * sizeof(float));
+    j->f16->round_f16(sc, sc, inv, n_pos); // probabilities rounded to f16, in place
     for (int p = 0; p < n_pos; p++) {
-      const float w = ll_fp16_to_fp32(ll_fp32_to_fp16(sc[p] * inv));
+      const float w = sc[p];
       const char *vr = (const char *)kv_at(kv, kv->v, p) + (size_t)kvh * hd * kv_elem(kv);
       j->f16->axpy_f16(lanes + (size_t)(p % 32) * hd, (const uint16_t *)vr, w, hd);
     }

@@ -310,7 +310,11 @@ static void ref_from_f32(uint16_t *dst, const float *src, int n) {
   for (int i = 0; i < n; i++) dst[i] = ll_fp32_to_fp16(src[i]);
 }
 
-static const struct ll_f16_ops f16_ref = {ref_dot_f32_f16, ref_axpy_f16, ref_from_f32};
+static void ref_round_f16(float *dst, const float *src, float mul, int n) {
+  for (int i = 0; i < n; i++) dst[i] = ll_fp16_to_fp32(ll_fp32_to_fp16(src[i] * mul));
+}
+
+static const struct ll_f16_ops f16_ref = {ref_dot_f32_f16, ref_axpy_f16, ref_from_f32, ref_round_f16};
 const struct ll_f16_ops *ll_cpu_f16_ops_ref(void) { return &f16_ref; }
 const struct ll_f16_ops *ll_cpu_f16_ops(void) {
   const struct ll_f16_ops *o = have_avx2() ? ll_cpu_f16_ops_avx2() : NULL;

@@ -277,5 +277,13 @@ static void avx2_from_f32(uint16_t *dst, const float *src, int n) {
   for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
-static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16, avx2_from_f32};
+static void avx2_round_f16(float *dst, const float *src, float mul, int n) {
+  const __m256 m = _mm256_set1_ps(mul);
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), m), _MM_FROUND_TO_NEAREST_INT)));
+  for (; i < n; i++) dst[i] = _cvtsh_ss(_cvtss_sh(src[i] * mul, _MM_FROUND_TO_NEAREST_INT));
+}
+
+static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16, avx2_from_f32, avx2_round_f16};
 const struct ll_f16_ops *ll_cpu_f16_ops_avx2(void) { return &f16_avx2; }

@@ -52,10 +52,12 @@ const struct ll_type_kernels *ll_cpu_kernels_avx512(int weight_type);
 //   s = Σ q[i] * k[i]                 (q f32, k f16)
 //   o[i] += w * v[i]                  (v f16)
 //   dst[i] = f16(src[i])               (round to nearest even; the KV-cache store)
+//   dst[i] = f32(f16(src[i] * mul))    (values rounded through f16, as llama.cpp does in attention)
 struct ll_f16_ops {
   float (*dot_f32_f16)(const float *q, const uint16_t *k, int n);
   void (*axpy_f16)(float *o, const uint16_t *v, float w, int n);
   void (*from_f32)(uint16_t *dst, const float *src, int n); // bit-identical for non-NaN inputs
+  void (*round_f16)(float *dst, const float *src, float mul, int n); // dst[i] = f32(f16(src[i] * mul))
 };
 const struct ll_f16_ops *ll_cpu_f16_ops(void);
 const struct ll_f16_ops *ll_cpu_f16_ops_ref(void);
