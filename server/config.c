@@ -310,7 +310,7 @@ int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const 
           break;
         }
         if ((rc = section_seen(seen_sec, &n_seen_sec, key, err, errlen, fname, key_line, key_col)) != 0) break;
-        snprintf(section, sizeof section, "%s", key);
+        snprintf(section, sizeof section, "%.63s", key);
         depth = 2;
         expect_key = 1;
       } else if (expect_key) {
@@ -351,7 +351,7 @@ int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const 
           rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: unknown key '%.64s'", fname, line, col, val);
           break;
         }
-        snprintf(key, sizeof key, "%s%s%s", section, section[0] ? "." : "", val);
+        snprintf(key, sizeof key, "%.63s%s%.63s", section, section[0] ? "." : "", val);
         key_line = line, key_col = col;
         expect_key = 0;
         break;
