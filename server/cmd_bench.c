@@ -38,10 +38,29 @@ static double run_once(struct ll_engine *e, int pp, int tg, int32_t *toks, float
   return dt;
 }
 
+// tg with np sequences decoding together: every step appends one token to each sequence in
+// one ll_engine_decode (one pass over the weights), logits for all - what the server's
+// continuous batching does. Returns seconds for tg steps (negative on error).
+static double run_parallel(struct ll_engine *e, int np, int tg, const int32_t *toks, float *logits, int V) {
+  char err[256];
+  int seqs[256];
+  struct ll_batch_item it[256];
+  for (int s = 0; s < np; s++)
+    if ((seqs[s] = ll_engine_seq_new(e)) < 0) return -1;
+  double t0 = now_s();
+  for (int i = 0; i < tg; i++) {
+    for (int s = 0; s < np; s++) it[s] = (struct ll_batch_item){seqs[s], 1, toks + (i + s) % tg, 1, logits + (size_t)s * V};
+    if (ll_engine_decode(e, it, np, err, sizeof err) != 0) return fprintf(stderr, "llsrv bench: %s\n", err), -1;
+  }
+  double dt = now_s() - t0;
+  for (int s = 0; s < np; s++) ll_engine_seq_free(e, seqs[s]);
+  return dt;
+}
+
 int ll_cmd_bench(int argc, char **argv) {
   struct ll_engine_params ep;
   ll_engine_params_default(&ep);
-  int pp = 128, tg = 64, reps = 3, json = 0;
+  int pp = 128, tg = 64, reps = 3, json = 0, np = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
@@ -50,12 +69,15 @@ int ll_cmd_bench(int argc, char **argv) {
     else if (ARG("-n")) tg = atoi(v);
     else if (ARG("-t")) ep.n_threads = atoi(v);
     else if (ARG("-r")) reps = atoi(v);
+    else if (ARG("--parallel") || ARG("-np")) np = atoi(v);
     else if (ARG("--device")) ep.device = v;
     else if (ARG("-o")) json = strcmp(v, "json") == 0;
     else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      printf("usage: llsrv bench --model M [-p 128] [-n 64] [-t THREADS] [-r 3] [-o md|json] [--device D]\n"
+      printf("usage: llsrv bench --model M [-p 128] [-n 64] [-t THREADS] [-r 3] [--parallel N] [-o md|json] [--device D]\n"
              "pp: one batch of p prompt tokens; tg: n tokens generated one at a time. Mean +/- stddev\n"
-             "over r repetitions after one warm-up, as llama-bench reports them.\n");
+             "over r repetitions after one warm-up, as llama-bench reports them.\n"
+             "--parallel N adds tgNxP: N sequences generating together, one token each per step\n"
+             "(continuous batching), aggregate tok/s.\n");
       return 0;
     } else {
       fprintf(stderr, "llsrv bench: unknown or incomplete option '%s'\n", a);
@@ -63,11 +85,12 @@ int ll_cmd_bench(int argc, char **argv) {
     }
 #undef ARG
   }
-  if (!ep.model_path || pp < 0 || tg < 0 || reps < 1 || pp > 8192 || tg > 8192) {
+  if (!ep.model_path || pp < 0 || tg < 0 || reps < 1 || pp > 8192 || tg > 8192 || np < 1 || np > 256) {
     fprintf(stderr, "llsrv bench: --model is required; -p/-n in 0..8192, -r >= 1\n");
     return 2;
   }
   ep.n_ctx = (pp > tg ? pp : tg) + 16;
+  ep.n_parallel = np;
   char err[512];
   struct ll_engine *e;
   if (ll_engine_open(&e, &ep, err, sizeof err) != 0) {
@@ -78,7 +101,7 @@ int ll_cmd_bench(int argc, char **argv) {
   ll_engine_get_info(e, &info);
   const int V = ll_engine_n_vocab(e), nt = (pp > tg ? pp : tg) + 1;
   int32_t *toks = malloc((size_t)nt * sizeof *toks);
-  float *logits = malloc((size_t)V * sizeof *logits);
+  float *logits = malloc((size_t)V * (size_t)np * sizeof *logits);
   uint64_t x = 42;
   for (int i = 0; i < nt && toks; i++) toks[i] = (int32_t)((x = x * 6364136223846793005ULL + 1442695040888963407ULL) >> 33) % V;
   if (!json) {
@@ -86,14 +109,18 @@ int ll_cmd_bench(int argc, char **argv) {
     printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
   }
   int rc = 0;
-  for (int which = 0; which < 2 && toks && logits; which++) {
-    const int n = which == 0 ? pp : tg;
-    if (n == 0) continue;
+  for (int which = 0; which < 3 && toks && logits; which++) {
+    const int n = which == 0 ? pp : which == 1 ? tg : tg * np;
+    if (n == 0 || (which == 2 && np < 2)) continue;
     double ts[64], sum = 0, sq = 0;
     if (reps > 64) reps = 64;
-    run_once(e, which == 0 ? pp : 0, which == 0 ? 0 : tg, toks, logits); // warm-up
+    char test[32];
+    if (which == 2) snprintf(test, sizeof test, "tg%dx%d", tg, np);
+    else snprintf(test, sizeof test, "%s%d", which ? "tg" : "pp", n);
+#define RUN() (which == 2 ? run_parallel(e, np, tg, toks, logits, V) : run_once(e, which == 0 ? pp : 0, which == 0 ? 0 : tg, toks, logits))
+    RUN(); // warm-up
     for (int r = 0; r < reps; r++) {
-      double dt = run_once(e, which == 0 ? pp : 0, which == 0 ? 0 : tg, toks, logits);
+      double dt = RUN();
       if (dt <= 0) {
         rc = 1;
         break;
@@ -106,11 +133,11 @@ int ll_cmd_bench(int argc, char **argv) {
     for (int r = 0; r < reps; r++) sq += (ts[r] - mean) * (ts[r] - mean);
     const double sd = reps > 1 ? sqrt(sq / (reps - 1)) : 0;
     if (json)
-      printf("{\"model\":\"%s\",\"quant\":\"%s\",\"size\":%lld,\"params\":%lld,\"backend\":\"%s\",\"threads\":%d,\"test\":\"%s%d\",\"avg_ts\":%.3f,\"stddev_ts\":%.3f}\n",
-             info.name, info.quant, (long long)info.weight_bytes, (long long)info.n_params, info.backend, info.n_threads, which ? "tg" : "pp", n, mean, sd);
+      printf("{\"model\":\"%s\",\"quant\":\"%s\",\"size\":%lld,\"params\":%lld,\"backend\":\"%s\",\"threads\":%d,\"test\":\"%s\",\"avg_ts\":%.3f,\"stddev_ts\":%.3f}\n",
+             info.name, info.quant, (long long)info.weight_bytes, (long long)info.n_params, info.backend, info.n_threads, test, mean, sd);
     else
-      printf("| %s %s | %.2f MiB | %.2f M | %s | %d | %s%d | %.2f ± %.2f |\n", info.name, info.quant, info.weight_bytes / 1048576.0,
-             info.n_params / 1e6, info.backend, info.n_threads, which ? "tg" : "pp", n, mean, sd);
+      printf("| %s %s | %.2f MiB | %.2f M | %s | %d | %s | %.2f ± %.2f |\n", info.name, info.quant, info.weight_bytes / 1048576.0,
+             info.n_params / 1e6, info.backend, info.n_threads, test, mean, sd);
     fflush(stdout);
   }
   free(toks);

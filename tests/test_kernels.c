@@ -59,6 +59,10 @@ static void test_dots(void) {
       float *x = malloc((size_t)k * sizeof *x);
       random_row(t, w, k);
       for (int i = 0; i < k; i++) x[i] = ll_test_randf(&rs) * 3;
+      // Quantizer corner cases: an all-zero block, tiny values, halves that tie when rounded.
+      if (trial % 4 == 1) memset(x, 0, sizeof(float) * (k < 32 ? k : 32));
+      if (trial % 4 == 2) for (int i = 0; i < k; i++) x[i] *= 1e-6f;
+      if (trial % 4 == 3) for (int i = 0; i < k; i++) x[i] = (float)((int)(ll_test_rand(&rs) % 255) - 127) * 0.5f;
       ref->from_float(x, a1, k);
       fast->from_float(x, a2, k);
       bad += memcmp(a1, a2, ll_row_size(ref->act_type, k)) != 0; // activation quantizers bit-identical
@@ -78,7 +82,7 @@ static void test_dots(void) {
       // activation quantization error (8-bit: 1/127 of each block's max; stated 1%).
       double exact = 0;
       for (int i = 0; i < k; i++) exact += (double)wf[i] * x[i];
-      bad += fabs(exact - s1) > 1e-2 * mag + 1e-5;
+      if (trial % 4 != 2) bad += fabs(exact - s1) > 1e-2 * mag + 1e-5; // (tiny inputs: fp16 scales underflow)
       // AVX-512 kernels follow the AVX2 float order exactly (llama.cpp agreement depends on it).
       if (!strcmp(fast->isa, "avx512vnni")) {
         const struct ll_type_kernels *k2 = ll_cpu_kernels_avx2(t);

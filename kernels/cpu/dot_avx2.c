@@ -217,8 +217,59 @@ DEF_TILE(q4_0, dot_q4_0_q8_0)
 
 // Activation quantizers: the shared scalar ones of dot.c (a few thousand elements per token,
 // negligible next to the weight stream), identical on every ISA.
-#define quantize_q8_0 ll_act_quantize_q8_0
-#define quantize_q8_1 ll_act_quantize_q8_1
+// Activation quantizers, vectorised: the same bytes as ll_act_quantize_q8_0/_q8_1 in dot.c
+// (max of |x| - identical to fmaxf for non-NaN input -, the same d and 127/amax, round to
+// nearest even, fp16 by vcvtps2ph with RNE; tested bit for bit).
+static inline float block_amax(const float *x, __m256 v[4]) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k), m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+// 32 floats * id -> 32 int8 (round to nearest even) stored at qs; returns the integer sum.
+static inline int block_q8(const __m256 v[4], float id, int8_t *qs) {
+  const __m256 mul = _mm256_set1_ps(id);
+  __m256i q[4];
+  for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256((__m256i *)qs, p);
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+  return _mm_cvtsi128_si32(t);
+}
+
+void ll_act_quantize_q8_0_avx2(const float *x, void *vy, int64_t n) {
+  ll_block_q8_0 *y = vy;
+  for (int64_t i = 0; i < n / 32; i++, x += 32) {
+    __m256 v[4];
+    const float amax = block_amax(x, v);
+    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    block_q8(v, id, y[i].qs);
+  }
+}
+
+void ll_act_quantize_q8_1_avx2(const float *x, void *vy, int64_t n) {
+  ll_block_q8_1 *y = vy;
+  for (int64_t i = 0; i < n / 32; i++, x += 32) {
+    __m256 v[4];
+    const float amax = block_amax(x, v);
+    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    const int sum = block_q8(v, id, y[i].qs);
+    y[i].s = _cvtss_sh(d * (float)sum, _MM_FROUND_TO_NEAREST_INT);
+  }
+}
+
+#define quantize_q8_0 ll_act_quantize_q8_0_avx2
+#define quantize_q8_1 ll_act_quantize_q8_1_avx2
 
 static void from_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * 4); }
 static void from_f16(const float *x, void *vy, int64_t n) {

@@ -72,18 +72,35 @@ AI __m512i q4_pair_natural(const uint8_t *qs0, const uint8_t *qs1) {
     if (two) acc = _mm256_fmadd_ps(_mm256_mul_ps(dw[1], _mm256_set1_ps(da[1])), _mm512_extractf32x8_ps(f_, 1), acc); \
   } while (0)
 
+// Two tokens share one zmm accumulator: [acc(t0) | acc(t1)]. The block-i halves of both
+// tokens' integer sums are brought together (one shuffle), converted and scaled in one go;
+// per output this is still acc8 = fma(d_w*d_a, float(isum8), acc8) per block in block order,
+// so the results are bit-identical to the 256-bit path while the conversions, products and
+// FMAs are done for two outputs per instruction.
+#define PAIR_STEP(accz, r0, r1, dwz, dap, two)                                                          \
+  do {                                                                                                  \
+    accz = _mm512_fmadd_ps(_mm512_mul_ps(dwz[0], dap[0]),                                               \
+                           _mm512_cvtepi32_ps(_mm512_shuffle_i64x2(r0, r1, _MM_SHUFFLE(1, 0, 1, 0))), accz); \
+    if (two)                                                                                            \
+      accz = _mm512_fmadd_ps(_mm512_mul_ps(dwz[1], dap[1]),                                             \
+                             _mm512_cvtepi32_ps(_mm512_shuffle_i64x2(r0, r1, _MM_SHUFFLE(3, 2, 3, 2))), accz); \
+  } while (0)
+// [a x8 | b x8]
+AI __m512 two_scales(float a, float b) { return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1); }
+
 // ---- Q4_1 x Q8_1 ----
 // The m·s term: per row one 4-lane vector whose lanes are the tokens; mul then add per block,
 // element for element what dot_avx2.c does in scalar (no fused multiply-add there either).
 AI void q4_1_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA) {
   const int nb = n / 32;
-  __m256 acc[4][4];
+  __m512 accp[4][2]; // token pairs (0,1), (2,3)
+  __m256 acc1[4];    // the last token when NA is odd
   __m128 sm[4];
   _Pragma("GCC unroll 4")
   for (int r = 0; r < NW; r++) {
     sm[r] = _mm_setzero_ps();
-    _Pragma("GCC unroll 4")
-    for (int t = 0; t < NA; t++) acc[r][t] = _mm256_setzero_ps();
+    accp[r][0] = accp[r][1] = _mm512_setzero_ps();
+    acc1[r] = _mm256_setzero_ps();
   }
   for (int i = 0; i < nb; i += 2) {
     const int two = i + 1 < nb;
@@ -98,23 +115,36 @@ AI void q4_1_impl(int n, const void *w, size_t ws, const void *a, size_t as, flo
       da[t][1] = two ? h2f(y[i + 1].d) : 0.0f, sa1[t] = two ? h2f(y[i + 1].s) : 0.0f;
     }
     const __m128 sav0 = _mm_loadu_ps(sa0), sav1 = _mm_loadu_ps(sa1);
+    __m512 dap[2][2];
+    _Pragma("GCC unroll 2")
+    for (int k = 0; 2 * k + 1 < NA; k++) dap[k][0] = two_scales(da[2 * k][0], da[2 * k + 1][0]), dap[k][1] = two_scales(da[2 * k][1], da[2 * k + 1][1]);
     _Pragma("GCC unroll 4")
     for (int r = 0; r < NW; r++) {
       const ll_block_q4_1 *x = ROW(ll_block_q4_1, w, ws, r);
       const __m512i wv = q4_pair_natural(x[i].qs, two ? x[i + 1].qs : NULL);
-      const __m256 dw[2] = {_mm256_set1_ps(h2f(x[i].d)), _mm256_set1_ps(two ? h2f(x[i + 1].d) : 0.0f)};
+      const __m512 dwz[2] = {_mm512_set1_ps(h2f(x[i].d)), _mm512_set1_ps(two ? h2f(x[i + 1].d) : 0.0f)};
+      const __m256 dw[2] = {_mm512_castps512_ps256(dwz[0]), _mm512_castps512_ps256(dwz[1])};
       sm[r] = _mm_add_ps(sm[r], _mm_mul_ps(_mm_set1_ps(h2f(x[i].m)), sav0));
       if (two) sm[r] = _mm_add_ps(sm[r], _mm_mul_ps(_mm_set1_ps(h2f(x[i + 1].m)), sav1));
-      _Pragma("GCC unroll 4")
-      for (int t = 0; t < NA; t++) STEP2(acc[r][t], _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, av[t]), dw, da[t], two);
+      _Pragma("GCC unroll 2")
+      for (int k = 0; 2 * k + 1 < NA; k++) {
+        const __m512i r0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, av[2 * k]);
+        const __m512i r1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, av[2 * k + 1]);
+        PAIR_STEP(accp[r][k], r0, r1, dwz, dap[k], two);
+      }
+      if (NA & 1) STEP2(acc1[r], _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, av[NA - 1]), dw, da[NA - 1], two);
     }
   }
   _Pragma("GCC unroll 4")
   for (int r = 0; r < NW; r++) {
     float smr[4];
     _mm_storeu_ps(smr, sm[r]);
-    _Pragma("GCC unroll 4")
-    for (int t = 0; t < NA; t++) out[(size_t)t * os + r] = hsum256(acc[r][t]) + smr[t];
+    _Pragma("GCC unroll 2")
+    for (int k = 0; 2 * k + 1 < NA; k++) {
+      out[(size_t)(2 * k) * os + r] = hsum256(_mm512_castps512_ps256(accp[r][k])) + smr[2 * k];
+      out[(size_t)(2 * k + 1) * os + r] = hsum256(_mm512_extractf32x8_ps(accp[r][k], 1)) + smr[2 * k + 1];
+    }
+    if (NA & 1) out[(size_t)(NA - 1) * os + r] = hsum256(acc1[r]) + smr[NA - 1];
   }
 }
 
@@ -122,11 +152,10 @@ AI void q4_1_impl(int n, const void *w, size_t ws, const void *a, size_t as, flo
 AI void q80_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA,
                  const int Q4) {
   const int nb = n / 32;
-  __m256 acc[4][4];
+  __m512 accp[4][2]; // token pairs (0,1), (2,3)
+  __m256 acc1[4];    // the last token when NA is odd
   _Pragma("GCC unroll 4")
-  for (int r = 0; r < NW; r++)
-    _Pragma("GCC unroll 4")
-    for (int t = 0; t < NA; t++) acc[r][t] = _mm256_setzero_ps();
+  for (int r = 0; r < NW; r++) accp[r][0] = accp[r][1] = _mm512_setzero_ps(), acc1[r] = _mm256_setzero_ps();
   // Offset removed through dpbusd's start value: -off·Σa per lane group, once per token and pair.
   const __m512i offv = _mm512_set1_epi8(Q4 ? 8 : (char)0x80);
   for (int i = 0; i < nb; i += 2) {
@@ -140,28 +169,42 @@ AI void q80_impl(int n, const void *w, size_t ws, const void *a, size_t as, floa
       corr[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, av[t]));
       da[t][0] = h2f(y[i].d), da[t][1] = two ? h2f(y[i + 1].d) : 0.0f;
     }
+    __m512 dap[2][2];
+    _Pragma("GCC unroll 2")
+    for (int k = 0; 2 * k + 1 < NA; k++) dap[k][0] = two_scales(da[2 * k][0], da[2 * k + 1][0]), dap[k][1] = two_scales(da[2 * k][1], da[2 * k + 1][1]);
     _Pragma("GCC unroll 4")
     for (int r = 0; r < NW; r++) {
       __m512i wv;
-      __m256 dw[2];
+      __m512 dwz[2];
       if (Q4) {
         const ll_block_q4_0 *x = ROW(ll_block_q4_0, w, ws, r);
         wv = q4_pair_natural(x[i].qs, two ? x[i + 1].qs : NULL);
-        dw[0] = _mm256_set1_ps(h2f(x[i].d)), dw[1] = _mm256_set1_ps(two ? h2f(x[i + 1].d) : 0.0f);
+        dwz[0] = _mm512_set1_ps(h2f(x[i].d)), dwz[1] = _mm512_set1_ps(two ? h2f(x[i + 1].d) : 0.0f);
       } else {
         const ll_block_q8_0 *x = ROW(ll_block_q8_0, w, ws, r);
         // A missing second block: its activation lanes are zero, so its products are zero.
         wv = _mm512_xor_si512(pair_q8(x[i].qs, two ? x[i + 1].qs : NULL), offv);
-        dw[0] = _mm256_set1_ps(h2f(x[i].d)), dw[1] = _mm256_set1_ps(two ? h2f(x[i + 1].d) : 0.0f);
+        dwz[0] = _mm512_set1_ps(h2f(x[i].d)), dwz[1] = _mm512_set1_ps(two ? h2f(x[i + 1].d) : 0.0f);
       }
-      _Pragma("GCC unroll 4")
-      for (int t = 0; t < NA; t++) STEP2(acc[r][t], _mm512_dpbusd_epi32(corr[t], wv, av[t]), dw, da[t], two);
+      const __m256 dw[2] = {_mm512_castps512_ps256(dwz[0]), _mm512_castps512_ps256(dwz[1])};
+      _Pragma("GCC unroll 2")
+      for (int k = 0; 2 * k + 1 < NA; k++) {
+        const __m512i r0 = _mm512_dpbusd_epi32(corr[2 * k], wv, av[2 * k]);
+        const __m512i r1 = _mm512_dpbusd_epi32(corr[2 * k + 1], wv, av[2 * k + 1]);
+        PAIR_STEP(accp[r][k], r0, r1, dwz, dap[k], two);
+      }
+      if (NA & 1) STEP2(acc1[r], _mm512_dpbusd_epi32(corr[NA - 1], wv, av[NA - 1]), dw, da[NA - 1], two);
     }
   }
   _Pragma("GCC unroll 4")
-  for (int r = 0; r < NW; r++)
-    _Pragma("GCC unroll 4")
-    for (int t = 0; t < NA; t++) out[(size_t)t * os + r] = hsum256(acc[r][t]);
+  for (int r = 0; r < NW; r++) {
+    _Pragma("GCC unroll 2")
+    for (int k = 0; 2 * k + 1 < NA; k++) {
+      out[(size_t)(2 * k) * os + r] = hsum256(_mm512_castps512_ps256(accp[r][k]));
+      out[(size_t)(2 * k + 1) * os + r] = hsum256(_mm512_extractf32x8_ps(accp[r][k], 1));
+    }
+    if (NA & 1) out[(size_t)(NA - 1) * os + r] = hsum256(acc1[r]);
+  }
 }
 
 // ---- instantiation: one function per (rows, tokens) so accumulators stay in registers ----
@@ -191,9 +234,9 @@ INST_ALL(q8_0, CALL_Q80)
 INST_ALL(q4_0, CALL_Q40)
 
 static const struct ll_type_kernels avx512_table[LL_TYPE_COUNT] = {
-    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0, dot_q4_0, "avx512vnni", tile_q4_0, 4},
-    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1, dot_q4_1, "avx512vnni", tile_q4_1, 4},
-    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0, dot_q8_0, "avx512vnni", tile_q8_0, 4},
+    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 4},
+    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile_q4_1, 4},
+    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q8_0, "avx512vnni", tile_q8_0, 4},
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_avx512(int t) {

@@ -34,6 +34,9 @@ struct ll_type_kernels {
 // Activation quantizers (llama.cpp's x86 semantics; see dot.c).
 void ll_act_quantize_q8_0(const float *x, void *y, int64_t n);
 void ll_act_quantize_q8_1(const float *x, void *y, int64_t n);
+// The same, vectorised (dot_avx2.c; only call where the CPU has AVX2/F16C).
+void ll_act_quantize_q8_0_avx2(const float *x, void *y, int64_t n);
+void ll_act_quantize_q8_1_avx2(const float *x, void *y, int64_t n);
 
 // Best kernels for a weight type on this CPU (NULL if unsupported).
 const struct ll_type_kernels *ll_cpu_kernels(int weight_type);
