@@ -191,6 +191,29 @@ class Server:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def concurrent_generate(srv, lines, timeout=600):
+    """Each request line on its own connection, all at once (one thread each).
+    Returns ({index: (text, END kv)}, [errors])."""
+    import threading
+    results, errors = {}, []
+
+    def one(i):
+        try:
+            c = srv.conn(timeout=timeout)
+            t, e, _ = c.generate(lines[i])
+            c.close()
+            results[i] = (t, e)
+        except Exception as ex:  # noqa: BLE001
+            errors.append(repr(ex))
+
+    ths = [threading.Thread(target=one, args=(i,)) for i in range(len(lines))]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    return results, errors
+
+
 class Checker:
     def __init__(self):
         self.passed = 0

@@ -8,13 +8,13 @@ import os
 import random
 import socket
 import stat
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from llsrv_client import BIN, Checker, Conn, Server, escape, parse_line  # noqa: E402
+from llsrv_client import BIN, Checker, Server, concurrent_generate, escape, parse_line  # noqa: E402
 
 check = Checker()
 tmp = tempfile.mkdtemp(prefix="llsrv-test-")
@@ -112,27 +112,10 @@ if stop:
     check(e.get("reason") == "stop" and t == full[:full.find(stop)], "stop=%r ends the text before it: %r" % (stop, t))
 
 # ---- 64 concurrent clients x 32 tokens; greedy outputs equal the single-client outputs ----
-results = {}
-errors = []
-
-
-def client(i):
-    try:
-        p = prompts[i % len(prompts)]
-        cc = srv.conn(timeout=300)
-        t, e, _ = cc.generate("GEN id=c%d max_tokens=32 temperature=0 :%s" % (i, escape(p)))
-        cc.close()
-        results[i] = (p, t, e)
-    except Exception as ex:  # noqa: BLE001
-        errors.append(repr(ex))
-
-
 t0 = time.time()
-ths = [threading.Thread(target=client, args=(i,)) for i in range(64)]
-for th in ths:
-    th.start()
-for th in ths:
-    th.join()
+res, errors = concurrent_generate(srv, ["GEN id=c%d max_tokens=32 temperature=0 :%s" % (i, escape(prompts[i % len(prompts)]))
+                                        for i in range(64)], timeout=300)
+results = {i: (prompts[i % len(prompts)], t, e) for i, (t, e) in res.items()}
 check(not errors, "64 clients: no errors %r" % errors[:3])
 done = [i for i, (p, t, e) in results.items() if e.get("reason") == "length" and e.get("tokens") == "32"]
 check(len(done) == 64, "64 clients each got 32 tokens (%d did)" % len(done))
@@ -324,7 +307,6 @@ check(j["ok"] is False and "training" in j["error"], "train pause refused honest
 m.close()
 
 # A second server on the same monitor socket refuses to start.
-import subprocess  # noqa: E402
 r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", srv.sock, "--state-dir", os.path.join(tmp, "state")],
                    capture_output=True, text=True, timeout=120)
 check(r.returncode != 0 and "another llsrv" in r.stderr, "live socket: second server refuses: %r" % r.stderr[-200:])

@@ -7,11 +7,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from llsrv_client import BIN, Checker, Server, escape, parse_line  # noqa: E402
+from llsrv_client import BIN, Checker, Server, concurrent_generate, escape, parse_line  # noqa: E402
 
 model = sys.argv[1] if len(sys.argv) > 1 else subprocess.run(
     ["bash", os.path.join(os.environ["LL_SOURCE_DIR"], "tests", "fetch-smollm2.sh")], capture_output=True, text=True,
@@ -37,27 +36,10 @@ r = subprocess.run([BIN, "generate", "--model", model, "-p", prompts[0], "-n", "
 check(r.stdout.rstrip(b"\n") == single[prompts[0]].rstrip(b"\n"), "server text equals llsrv generate: %r vs %r" %
       (single[prompts[0]], r.stdout))
 
-results = {}
-errors = []
-
-
-def client(i):
-    try:
-        p = prompts[i % len(prompts)]
-        c = srv.conn(timeout=600)
-        t, e, _ = c.generate("GEN id=c%d max_tokens=32 temperature=0 :%s" % (i, escape(p)))
-        c.close()
-        results[i] = (p, t, e)
-    except Exception as ex:  # noqa: BLE001
-        errors.append(repr(ex))
-
-
 t0 = time.time()
-ths = [threading.Thread(target=client, args=(i,)) for i in range(64)]
-for th in ths:
-    th.start()
-for th in ths:
-    th.join()
+res, errors = concurrent_generate(srv, ["GEN id=c%d max_tokens=32 temperature=0 :%s" % (i, escape(prompts[i % len(prompts)]))
+                                        for i in range(64)])
+results = {i: (prompts[i % len(prompts)], t, e) for i, (t, e) in res.items()}
 dt = time.time() - t0
 check(not errors, "no client errors: %r" % errors[:3])
 check(len(results) == 64, "64 clients finished (%d)" % len(results))
