@@ -114,6 +114,152 @@ static void dot_f16(int n, float *s, const void *w, const void *a) {
 }
 
 
+// ---- Q5_0 / Q5_1 / K-quants: the exact integer sums of the scalar references (dot.c) with
+// SIMD, then the very same float expression, so results are bit-identical to them (tested).
+
+static inline int hsum_i32(__m256i v) {
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+  return _mm_cvtsi128_si32(t);
+}
+
+// 32 bits -> 32 bytes, byte e = 0x10 if bit e is set (the fifth bit of Q5 weights).
+static inline __m256i bits_to_0x10(uint32_t bits) {
+  const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+  __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+  b = _mm256_cmpeq_epi8(_mm256_and_si256(b, sel), sel);
+  return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+// Σ u(a)·b over 32 bytes as an exact int (u8 x s8 pairs stay far below int16 limits here).
+static inline int isum_us8(__m256i a, __m256i b) {
+  return hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+}
+
+static void dot_q5_0_q8_0(int n, float *s, const void *w, const void *a) {
+  const ll_block_q5_0 *x = w;
+  const ll_block_q8_0 *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 32; i++) {
+    uint32_t qh;
+    memcpy(&qh, x[i].qh, 4);
+    const __m256i q = _mm256_or_si256(unpack_nibbles(x[i].qs), bits_to_0x10(qh)); // 0..31
+    const __m256i yv = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    const int si = isum_us8(q, yv) - 16 * isum_us8(_mm256_set1_epi8(1), yv); // Σ (q-16)·y
+    sum += si * h2f(x[i].d) * h2f(y[i].d);
+  }
+  *s = sum;
+}
+
+static void dot_q5_1_q8_1(int n, float *s, const void *w, const void *a) {
+  const ll_block_q5_1 *x = w;
+  const ll_block_q8_1 *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 32; i++) {
+    uint32_t qh;
+    memcpy(&qh, x[i].qh, 4);
+    const __m256i q = _mm256_or_si256(unpack_nibbles(x[i].qs), bits_to_0x10(qh));
+    const int si = isum_us8(q, _mm256_loadu_si256((const __m256i *)y[i].qs));
+    sum += (h2f(x[i].d) * h2f(y[i].d)) * si + h2f(x[i].m) * h2f(y[i].s);
+  }
+  *s = sum;
+}
+
+static void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Q4_K / Q5_K: per 64 elements, low then high nibbles (+ the fifth bit for Q5_K) times the
+// Q8_K bytes, scaled by the 6-bit sub-block scales in int32.
+static inline void k4_sums(const ll_block_q8_K *y, const uint8_t *qs, const uint8_t *qh, const uint8_t *scales, int *isum, int *msum) {
+  int sc[8], mn[8];
+  for (int j = 0; j < 8; j++) k_scale_min(j, scales, &sc[j], &mn[j]);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i qhv = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+  __m256i acc = _mm256_setzero_si256();
+  for (int j = 0; j < 4; j++, qs += 32) {
+    const __m256i qb = _mm256_loadu_si256((const __m256i *)qs);
+    __m256i lo = _mm256_and_si256(qb, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
+    if (qh) {
+      const __m256i one = _mm256_set1_epi8(1);
+      lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qhv, 2 * j), one), 4));
+      hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qhv, 2 * j + 1), one), 4));
+    }
+    const __m256i y0 = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j)), y1 = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j + 32));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16((short)sc[2 * j])));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16((short)sc[2 * j + 1])));
+  }
+  *isum = hsum_i32(acc);
+  int m = 0;
+  for (int j = 0; j < 4; j++)
+    m += mn[2 * j] * (y->bsums[4 * j] + y->bsums[4 * j + 1]) + mn[2 * j + 1] * (y->bsums[4 * j + 2] + y->bsums[4 * j + 3]);
+  *msum = m;
+}
+
+static void dot_q4_K_q8_K(int n, float *s, const void *w, const void *a) {
+  const ll_block_q4_K *x = w;
+  const ll_block_q8_K *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 256; i++) {
+    int isum, msum;
+    k4_sums(&y[i], x[i].qs, NULL, x[i].scales, &isum, &msum);
+    sum += y[i].d * (h2f(x[i].d) * isum - h2f(x[i].dmin) * msum);
+  }
+  *s = sum;
+}
+
+static void dot_q5_K_q8_K(int n, float *s, const void *w, const void *a) {
+  const ll_block_q5_K *x = w;
+  const ll_block_q8_K *y = a;
+  float sum = 0;
+  for (int i = 0; i < n / 256; i++) {
+    int isum, msum;
+    k4_sums(&y[i], x[i].qs, x[i].qh, x[i].scales, &isum, &msum);
+    sum += y[i].d * (h2f(x[i].d) * isum - h2f(x[i].dmin) * msum);
+  }
+  *s = sum;
+}
+
+// Q6_K: 6-bit values q (0..63) from ql/qh; Σ (q-32)·y·scale per 16 elements, exact in int32.
+static void dot_q6_K_q8_K(int n, float *s, const void *w, const void *a) {
+  const ll_block_q6_K *x = w;
+  const ll_block_q8_K *y = a;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+  float sum = 0;
+  for (int i = 0; i < n / 256; i++) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int half = 0; half < 2; half++) {
+      const uint8_t *ql = x[i].ql + 64 * half, *qh = x[i].qh + 32 * half;
+      const int8_t *sc = x[i].scales + 8 * half, *q8 = y[i].qs + 128 * half;
+      const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+      const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+      for (int k = 0; k < 4; k++) {
+        const __m256i yv = _mm256_loadu_si256((const __m256i *)(q8 + 32 * k));
+        // (q-32)·y in int16 pairs: q·y - 32·y, both exact (|pair| <= 16128 and 8192).
+        const __m256i d16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yv), _mm256_maddubs_epi16(c32, yv));
+        const __m256i scv = _mm256_setr_m128i(_mm_set1_epi16(sc[2 * k]), _mm_set1_epi16(sc[2 * k + 1])); // elements 0-15 | 16-31
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(d16, scv));
+      }
+    }
+    const int isum = hsum_i32(acc);
+    sum += h2f(x[i].d) * y[i].d * isum;
+  }
+  *s = sum;
+}
+
 // ---- tiles: 4 weight rows x 1 or 2 activation rows per pass, one accumulator per output ----
 // Per output the operation sequence equals the single dot above, so results are bit-identical;
 // the tile shares activation loads and runs independent dependency chains side by side.
@@ -268,6 +414,7 @@ void ll_act_quantize_q8_1_avx2(const float *x, void *vy, int64_t n) {
   }
 }
 
+static void quantize_q8_K(const float *x, void *y, int64_t n) { ll_quantize_row(LL_TYPE_Q8_K, x, y, n); }
 #define quantize_q8_0 ll_act_quantize_q8_0_avx2
 #define quantize_q8_1 ll_act_quantize_q8_1_avx2
 
@@ -286,6 +433,11 @@ static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2", tile_q4_0},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q4_1_q8_1, "avx2", tile_q4_1},
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0},
+    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q5_0_q8_0, "avx2", NULL},
+    [LL_TYPE_Q5_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q5_1_q8_1, "avx2", NULL},
+    [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q4_K_q8_K, "avx2", NULL},
+    [LL_TYPE_Q5_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q5_K_q8_K, "avx2", NULL},
+    [LL_TYPE_Q6_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q6_K_q8_K, "avx2", NULL},
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int t) {
