@@ -33,8 +33,10 @@ static void on_async(uv_async_t *a) {
     ll_net_close_all(s);
     ll_monitor_close(s);
     uv_close((uv_handle_t *)&s->tick, NULL);
-    uv_close((uv_handle_t *)&s->sig_int, NULL);
-    uv_close((uv_handle_t *)&s->sig_term, NULL);
+    // The signal handlers stay (a second signal must still exit at once while clients
+    // drain) but no longer keep the loop alive.
+    uv_unref((uv_handle_t *)&s->sig_int);
+    uv_unref((uv_handle_t *)&s->sig_term);
     uv_close((uv_handle_t *)&s->async, NULL);
     // stop_timer stays: if a client never lets its output drain, the loop still ends.
   }

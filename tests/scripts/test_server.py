@@ -6,6 +6,7 @@
 import json
 import os
 import random
+import signal
 import socket
 import stat
 import subprocess
@@ -147,6 +148,7 @@ k, rid, kv, t = parse_line(c.request("STATS"))
 check(kv.get("active") == "0", "a vanished client's request is gone at once: %r" % kv)
 
 # ---- bad input battery ----
+rss_battery0 = srv.rss()
 rng = random.Random(1234)
 bad = [
     "GEN max_tokens=abc :x", "GEN max_tokens=0 :x", "GEN max_tokens=99999999 :x", "GEN temperature=nan :x",
@@ -240,6 +242,8 @@ time.sleep(1.0)
 fd1 = srv.nfds()
 check(fd1 <= fd0 + 2, "5000 connect/disconnect cycles: fds %d -> %d" % (fd0, fd1))
 check_ping(srv, "after 5000 connect/disconnect cycles")
+rss_battery1 = srv.rss()
+check(rss_battery1 - rss_battery0 < 32 << 20, "the whole battery grew RSS by %.1f MiB" % ((rss_battery1 - rss_battery0) / 2**20))
 
 # Queue full -> busy (parallel 8 + max_queued 64 = 72 outstanding).
 qc = srv.conn()
@@ -333,6 +337,33 @@ if rc != 0:
     print(srv.output()[-3000:], file=sys.stderr)
 
 # ---- start-up refusals and auth ----
+# A bad config file: nothing starts, the message says file:line:col.
+bad_cfg = os.path.join(tmp, "bad.yaml")
+with open(bad_cfg, "w") as f:
+    f.write("listen: 127.0.0.1:0\nparallel: 4\nparalel: 8\n")
+r = subprocess.run([BIN, "--config", bad_cfg, "--state-dir", os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
+check(r.returncode == 2 and (bad_cfg + ":3:1:") in r.stderr and "parallel" in r.stderr, "bad YAML key refused: %r" % r.stderr[-200:])
+r = subprocess.run([BIN, "--ctx", "99999999"], capture_output=True, text=True, timeout=60)
+check(r.returncode == 2 and "out of range" in r.stderr, "out-of-range flag refused: %r" % r.stderr[-200:])
+# A second signal exits at once, even while the first waits for a client that does not read
+# (graceful shutdown would wait up to 5 s for its output to drain), and leaves no socket.
+srv3 = Server(tmp, ["--parallel", "2", "--ctx", "512", "--output-buffer", "256M"], name="twice")
+c3 = srv3.conn(rcvbuf=4096)
+c3.send("".join("TOKENIZE :%s\n" % ("a" * 300000) for _ in range(10)))  # ~12 MB of answers, never read
+time.sleep(2)
+srv3.p.send_signal(signal.SIGTERM)
+time.sleep(0.5)
+alive = srv3.p.poll() is None
+t0 = time.time()
+srv3.p.send_signal(signal.SIGTERM)
+try:
+    rc3 = srv3.p.wait(5)
+except subprocess.TimeoutExpired:
+    rc3 = None
+check(alive and rc3 == 1 and time.time() - t0 < 1.0, "second SIGTERM exits at once (alive after the first: %r, rc %r)" % (alive, rc3))
+check(not os.path.exists(srv3.sock), "second SIGTERM: monitor socket removed")
+c3.close()
+srv3.stop()
 r = subprocess.run([BIN, "--listen", "0.0.0.0:0", "--state-dir", os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
 check(r.returncode == 2 and "auth_token" in r.stderr, "non-loopback without a token refuses: %r" % r.stderr[-200:])
 # Stale socket file is replaced.
