@@ -114,6 +114,10 @@ struct ll_backend_i {
 struct ll_backend {
   const struct ll_backend_i *i;
   void *ctx; // backend-private state
+  // Transcendentals as the reference implementation of the model's origin computes them:
+  // 1 (GGUF models, compared with llama.cpp): ggml's vectorised exp in softmax and SiLU;
+  // 0 (llama.cpp's llama2.c models, compared with run.c): libm expf, one value at a time.
+  int ggml_math;
 };
 
 // ---- creation and device choice (kernels/device.c) ----

@@ -154,6 +154,32 @@ static void test_dots(void) {
     bad += memcmp(o2, q, (size_t)n * 4) != 0;
   }
   CHECKF(bad == 0, "f16 ops: %d mismatches", bad);
+
+  // ggml's softmax / SwiGLU: scalar emulation and AVX2 give the same bits; the exp is within
+  // 2 ulp of libm (ggml's stated error: 1.45 + 0.5 ulp) over the range softmax uses.
+  const struct ll_vec_ops *vr = ll_cpu_vec_ops_ref(), *vf = ll_cpu_vec_ops();
+  int vbad = 0, ulp_bad = 0;
+  for (int trial = 0; trial < 60; trial++) {
+    const int n = 1 + (int)(ll_test_rand(&rs) % 300);
+    float x[300], y1[300], y2[300], g[300], u[300], o1[300], o2[300];
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) {
+      x[i] = ll_test_randf(&rs) * (trial % 3 == 0 ? 200.0f : 20.0f); // also beyond exp's range
+      mx = x[i] > mx ? x[i] : mx;
+      g[i] = ll_test_randf(&rs) * 30.0f, u[i] = ll_test_randf(&rs);
+    }
+    const double s1 = vr->softmax(y1, x, mx, n), s2 = vf->softmax(y2, x, mx, n);
+    vbad += memcmp(&s1, &s2, sizeof s1) != 0 || memcmp(y1, y2, (size_t)n * 4) != 0;
+    for (int i = 0; i < n; i++) {
+      const float want = expf(x[i] - mx);
+      if (want > 1e-30f && fabsf(y1[i] - want) > 2.5f * (nextafterf(want, INFINITY) - want)) ulp_bad++;
+    }
+    vr->swiglu(o1, g, u, n);
+    vf->swiglu(o2, g, u, n);
+    vbad += memcmp(o1, o2, (size_t)n * 4) != 0;
+  }
+  CHECKF(vbad == 0, "softmax/swiglu: scalar and SIMD differ in %d trials", vbad);
+  CHECKF(ulp_bad == 0, "ggml exp: %d values more than 2.5 ulp from expf", ulp_bad);
 }
 
 struct sum_ctx {

@@ -211,6 +211,7 @@ struct attn_job {
   float scale;
   struct cpu_ctx *c;
   const struct ll_f16_ops *f16;
+  const struct ll_vec_ops *vec; // NULL: libm expf (b->ggml_math == 0)
 };
 
 // One (token, head): scores over positions 0..pos[t], softmax, weighted sum of V.
@@ -241,9 +242,13 @@ static void attn_task(void *vctx, int task, int thread) {
     if (sc[p] > mx) mx = sc[p];
   }
   double sum = 0;
-  for (int p = 0; p < n_pos; p++) {
-    sc[p] = expf(sc[p] - mx);
-    sum += sc[p];
+  if (j->vec) {
+    sum = j->vec->softmax(sc, sc, mx, n_pos); // ggml's exp and summation order
+  } else {
+    for (int p = 0; p < n_pos; p++) {
+      sc[p] = expf(sc[p] - mx);
+      sum += sc[p];
+    }
   }
   const float inv = (float)(1.0 / sum);
   float *o = j->out + ((size_t)t * j->n_head + h) * hd;
@@ -280,7 +285,7 @@ static int cpu_attention(struct ll_backend *b, float *out, const float *q, const
   if (n_head % kv->n_head_kv) return LL_EINVAL;
   int max_pos = 0;
   for (int t = 0; t < T; t++) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
-  const size_t per = (size_t)max_pos + 1 + (size_t)kv->head_dim * 33 + 16; // scores, q, 32 V lanes
+  const size_t per = (size_t)max_pos + 1 + 8 + (size_t)kv->head_dim * 33 + 16; // scores (+ a group of 8), q, 32 V lanes
   if (per > c->scratch_per_thread) {
     void *p = c->scratch;
     size_t cap = c->scratch_per_thread * (size_t)c->n_threads * sizeof(float);
@@ -288,13 +293,16 @@ static int cpu_attention(struct ll_backend *b, float *out, const float *q, const
     c->scratch = p;
     c->scratch_per_thread = per;
   }
-  struct attn_job j = {out, q, kv, pos, T, n_head, scale, c, ll_cpu_f16_ops()};
+  struct attn_job j = {out, q, kv, pos, T, n_head, scale, c, ll_cpu_f16_ops(), b->ggml_math ? ll_cpu_vec_ops() : NULL};
   ll_threadpool_run(c->pool, attn_task, &j, T * n_head);
   return 0;
 }
 
 static int cpu_swiglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) {
-  (void)b;
+  if (b->ggml_math) {
+    ll_cpu_vec_ops()->swiglu(out, gate, up, n);
+    return 0;
+  }
   for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
   return 0;
 }

@@ -284,6 +284,7 @@ const char *ll_cpu_isa(void) { return have_avx512() ? "avx512vnni" : have_avx2()
 const struct ll_type_kernels *ll_cpu_kernels_avx512(int t) { (void)t; return NULL; }
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int t) { (void)t; return NULL; }
 const struct ll_f16_ops *ll_cpu_f16_ops_avx2(void) { return NULL; }
+const struct ll_vec_ops *ll_cpu_vec_ops_avx2(void) { return NULL; }
 #endif
 
 // Same lane structure as the AVX2 version (and ggml's f16 dot): 32 lanes accumulated with
@@ -319,6 +320,60 @@ const struct ll_f16_ops *ll_cpu_f16_ops_ref(void) { return &f16_ref; }
 const struct ll_f16_ops *ll_cpu_f16_ops(void) {
   const struct ll_f16_ops *o = have_avx2() ? ll_cpu_f16_ops_avx2() : NULL;
   return o ? o : &f16_ref;
+}
+
+// ---- ggml_v_expf (AVX2 version), one lane ----
+static inline uint32_t fbits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+static inline float bitsf(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static float ggml_expf_lane(float x) {
+  const float r = 0x1.8p23f;
+  const float z = fmaf(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+  const uint32_t e = fbits(z) << 23;
+  const float k = bitsf(e + fbits(1.0f));
+  const float u = b * b;
+  const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u, 0x1.ffffecp-1f * b);
+  const float an = fabsf(n);
+  if (!(an > 126.0f)) return fmaf(j, k, k); // (NaN compares false, as _CMP_GT_OQ)
+  const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+  const float s1 = bitsf(g + 0x7f000000u), s2 = bitsf(e - g);
+  if (an > 192.0f) return s1 * s1;
+  return fmaf(s2, j, s2) * s1;
+}
+
+static double ref_softmax(float *y, const float *x, float max, int n) {
+  double sum = 0;
+  for (int i = 0; i < n; i += 8) {
+    float v[8];
+    for (int l = 0; l < 8; l++) v[l] = i + l < n ? ggml_expf_lane(x[i + l] - max) : 0.0f; // masked lanes: exactly 0
+    for (int l = 0; l < 8 && i + l < n; l++) y[i + l] = v[l];
+    const float a0 = v[4] + v[0], a1 = v[5] + v[1], a2 = v[6] + v[2], a3 = v[7] + v[3];
+    sum += (double)((a0 + a2) + (a1 + a3));
+  }
+  return sum;
+}
+
+static void ref_swiglu(float *out, const float *g, const float *up, int64_t n) {
+  const int64_t n8 = n - n % 8; // ggml: groups of 8 with ggml_v_silu, then libm for the tail
+  int64_t i = 0;
+  for (; i < n8; i++) out[i] = (g[i] / (1.0f + ggml_expf_lane(0.0f - g[i]))) * up[i];
+  for (; i < n; i++) out[i] = (g[i] / (1.0f + expf(-g[i]))) * up[i];
+}
+
+static const struct ll_vec_ops vec_ref = {ref_softmax, ref_swiglu};
+const struct ll_vec_ops *ll_cpu_vec_ops_ref(void) { return &vec_ref; }
+const struct ll_vec_ops *ll_cpu_vec_ops(void) {
+  const struct ll_vec_ops *o = have_avx2() ? ll_cpu_vec_ops_avx2() : NULL;
+  return o ? o : &vec_ref;
 }
 
 const struct ll_type_kernels *ll_cpu_kernels(int t) {

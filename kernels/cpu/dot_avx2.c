@@ -488,5 +488,69 @@ static void avx2_round_f16(float *dst, const float *src, float mul, int n) {
   for (; i < n; i++) dst[i] = _cvtsh_ss(_cvtss_sh(src[i] * mul, _MM_FROUND_TO_NEAREST_INT));
 }
 
+// ---- ggml_v_expf / ggml_v_silu (ggml-cpu/vec.h, AVX2+FMA), instruction for instruction ----
+static inline __m256 ggml_v_expf(__m256 x) {
+  const __m256 r = _mm256_set1_ps(0x1.8p23f);
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+  const __m256 n = _mm256_sub_ps(z, r);
+  const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+  const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+  const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1))));
+  const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n), _mm256_set1_ps(126), _CMP_GT_OQ));
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                      _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+      u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+  if (!_mm256_movemask_ps(_mm256_castsi256_ps(c))) return _mm256_fmadd_ps(j, k, k);
+  const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)), _mm256_set1_epi32((int)0x82000000u));
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+  const __m256i d = _mm256_castps_si256(_mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n), _mm256_set1_ps(192), _CMP_GT_OQ));
+  return _mm256_or_ps(_mm256_and_ps(_mm256_castsi256_ps(d), _mm256_mul_ps(s1, s1)),
+                      _mm256_andnot_ps(_mm256_castsi256_ps(d),
+                                       _mm256_or_ps(_mm256_and_ps(_mm256_castsi256_ps(c), _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                                                    _mm256_andnot_ps(_mm256_castsi256_ps(c), _mm256_fmadd_ps(k, j, k)))));
+}
+
+static double avx2_softmax(float *y, const float *x, float max, int n) {
+  double sum = 0;
+  const __m256 mx = _mm256_set1_ps(max);
+  int i = 0;
+  for (; i < n; i += 8) {
+    __m256 v;
+    if (i + 8 <= n) {
+      v = ggml_v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + i), mx));
+      _mm256_storeu_ps(y + i, v);
+    } else { // the last short group: the lanes beyond n are masked positions, exactly 0
+      float t[8] = {0};
+      memcpy(t, x + i, (size_t)(n - i) * sizeof *t);
+      const __m256 lanes = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+      v = _mm256_and_ps(ggml_v_expf(_mm256_sub_ps(_mm256_loadu_ps(t), mx)), lanes);
+      _mm256_storeu_ps(t, v);
+      memcpy(y + i, t, (size_t)(n - i) * sizeof *t);
+    }
+    __m128 v2 = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    v2 = _mm_add_ps(v2, _mm_movehl_ps(v2, v2));
+    v2 = _mm_add_ss(v2, _mm_movehdup_ps(v2));
+    sum += (double)_mm_cvtss_f32(v2);
+  }
+  return sum;
+}
+
+static void avx2_swiglu(float *out, const float *g, const float *up, int64_t n) {
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1), zero = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, ggml_v_expf(_mm256_sub_ps(zero, x))));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; i++) out[i] = (g[i] / (1.0f + expf(-g[i]))) * up[i];
+}
+
+static const struct ll_vec_ops vec_avx2 = {avx2_softmax, avx2_swiglu};
+const struct ll_vec_ops *ll_cpu_vec_ops_avx2(void) { return &vec_avx2; }
+
 static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16, avx2_from_f32, avx2_round_f16};
 const struct ll_f16_ops *ll_cpu_f16_ops_avx2(void) { return &f16_avx2; }

@@ -63,6 +63,21 @@ struct ll_f16_ops {
   void (*round_f16)(float *dst, const float *src, float mul, int n); // dst[i] = f32(f16(src[i] * mul))
 };
 const struct ll_f16_ops *ll_cpu_f16_ops(void);
+
+// ggml's CPU math (ggml-cpu/vec.{h,cpp}, its AVX2 path) reproduced bit for bit:
+//   softmax: y[i] = exp(x[i] - max) with ggml_v_expf, lanes of 8 from i = 0 (a short last
+//            group is padded with masked lanes, which ggml computes as exactly 0); returns
+//            Σ over groups of (double)(float sum of the group in ggml's order).
+//   swiglu:  out[i] = x/(1+exp(-x)) * up with ggml_v_silu per 8, then libm expf for a tail.
+// The scalar versions emulate the vector instructions lane by lane (fmaf, bit operations),
+// so both give the same bits (tested).
+struct ll_vec_ops {
+  double (*softmax)(float *y, const float *x, float max, int n);
+  void (*swiglu)(float *out, const float *gate, const float *up, int64_t n);
+};
+const struct ll_vec_ops *ll_cpu_vec_ops(void);
+const struct ll_vec_ops *ll_cpu_vec_ops_ref(void);
+const struct ll_vec_ops *ll_cpu_vec_ops_avx2(void);
 const struct ll_f16_ops *ll_cpu_f16_ops_ref(void);
 const struct ll_f16_ops *ll_cpu_f16_ops_avx2(void);
 
