@@ -86,15 +86,6 @@ static void dot_q8_0_q8_0(int n, float *s, const void *w, const void *a) {
 
 // K-quants: dequantize one 256-block of weights and dot with the Q8_K activations
 // (d * Σ q·w_int); exact integer sums per sub-block as the reference definition.
-static void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
 
 static void dot_q4_K_q8_K(int n, float *s, const void *w, const void *a) {
   const ll_block_q4_K *x = w;

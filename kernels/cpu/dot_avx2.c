@@ -167,15 +167,6 @@ static void dot_q5_1_q8_1(int n, float *s, const void *w, const void *a) {
   *s = sum;
 }
 
-static void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
 
 // Q4_K / Q5_K: per 64 elements, low then high nibbles (+ the fifth bit for Q5_K) times the
 // Q8_K bytes, scaled by the 6-bit sub-block scales in int32.

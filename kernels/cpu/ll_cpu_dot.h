@@ -31,6 +31,17 @@ struct ll_type_kernels {
   int tile_na;               // (optional) most activation rows per tile call; 0 means 2
 };
 
+// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block (shared by every ISA's dots).
+static inline void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
 // Activation quantizers (llama.cpp's x86 semantics; see dot.c).
 void ll_act_quantize_q8_0(const float *x, void *y, int64_t n);
 void ll_act_quantize_q8_1(const float *x, void *y, int64_t n);
