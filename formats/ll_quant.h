@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 enum ll_type {
   LL_TYPE_F32 = 0,
@@ -113,5 +114,17 @@ int ll_dequantize_row(int type, const void *src, float *dst, int64_t n);
 // Quantize n floats into `type` (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q8_1, Q8_K, F16, BF16, F32);
 // reference rounding identical to ggml's quantize_row_*_ref. Returns 0 or an error.
 int ll_quantize_row(int type, const float *src, void *dst, int64_t n);
+
+// The bits of a float and back (no aliasing: memcpy compiles to a register move).
+static inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+static inline float f32_from(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
 
 #endif

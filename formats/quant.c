@@ -63,16 +63,6 @@ size_t ll_row_size(int type, int64_t n) {
 
 // ---------------------------------------------------------------- fp16 / bf16
 
-static inline uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-static inline float f32_from(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 
 float ll_fp16_to_fp32(ll_fp16 h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16;

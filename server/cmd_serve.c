@@ -19,8 +19,6 @@
 #include "ll_log.h"
 #include "ll_server.h"
 
-static struct ll_server *g_server; // for the signal path only
-
 static void on_async(uv_async_t *a) {
   struct ll_server *s = a->data;
   for (struct ll_sched_out *o = ll_sched_take_output(s->sched), *n; o; o = n) {
@@ -196,7 +194,6 @@ int ll_cmd_serve(int argc, char **argv) {
   uv_signal_start(&srv.sig_int, on_signal, SIGINT);
   uv_signal_start(&srv.sig_term, on_signal, SIGTERM);
   signal(SIGPIPE, SIG_IGN);
-  g_server = &srv;
 
   // One start-up summary.
   const struct ll_engine_info *in = &srv.info;
@@ -229,7 +226,6 @@ int ll_cmd_serve(int argc, char **argv) {
   exit_code = 0;
   ll_log(LL_LOG_INFO, "stopped");
 out:
-  g_server = NULL;
   ll_sched_destroy(srv.sched); // joins the compute thread before the engine goes
   srv.sched = NULL;
   if (srv.mon_path[0]) unlink(srv.mon_path);

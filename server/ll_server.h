@@ -45,7 +45,6 @@ struct ll_server {
   uv_signal_t sig_int, sig_term;
   uv_timer_t stop_timer;
   int shutting_down;
-  int exit_code;
 };
 
 // net.c

@@ -54,7 +54,6 @@ static int meminfo(int64_t *total, int64_t *avail) {
   return *total >= 0 && *avail >= 0 ? 0 : -1;
 }
 
-static json_t *num_or_null(int known, double v) { return known ? json_real(v) : json_null(); }
 static json_t *int_or_null(int known, int64_t v) { return known ? json_integer(v) : json_null(); }
 
 static json_t *snapshot_json(struct ll_server *s) {
@@ -138,7 +137,6 @@ static json_t *snapshot_json(struct ll_server *s) {
   const char *nulls[] = {"step", "total_steps", "epoch", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "eta_s", "last_checkpoint"};
   for (size_t i = 0; i < sizeof nulls / sizeof nulls[0]; i++) json_object_set_new(tr, nulls[i], json_null());
   json_object_set_new(root, "training", tr);
-  (void)num_or_null;
   return root;
 }
 

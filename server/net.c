@@ -303,7 +303,6 @@ static void handle_line(struct ll_conn *c, char *line, size_t len) {
     return;
   }
   const char *v = q.verb;
-  char idbuf[LL_PROTO_MAX_ID + 1];
   const char *id = q.id ? q.id : "-";
   if (s->cfg->auth_token && !c->authed && strcmp(v, "AUTH") && strcmp(v, "QUIT")) {
     send_err(c, q.id, "auth_required", "send AUTH :TOKEN first");
@@ -415,7 +414,6 @@ static void handle_line(struct ll_conn *c, char *line, size_t len) {
     }
     if (q.id) snprintf(r->id, sizeof r->id, "%s", q.id);
     else next_id(c, r->id, sizeof r->id);
-    snprintf(idbuf, sizeof idbuf, "%s", r->id);
     r->conn = c->uid;
     r->kind = v[0] == 'G' ? LL_REQ_GEN : v[0] == 'C' ? LL_REQ_CHAT : v[0] == 'T' ? LL_REQ_TOKENIZE : LL_REQ_DETOKENIZE;
     if (is_gen) {
@@ -456,7 +454,6 @@ static void handle_line(struct ll_conn *c, char *line, size_t len) {
     snprintf(msg, sizeof msg, "unknown command '%s' (try HELP)", vb);
     send_err(c, "-", "unknown_command", msg);
   }
-  (void)idbuf;
 }
 
 // ---- reading ----
@@ -481,8 +478,15 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
   (void)buf;
   struct ll_conn *c = st->data;
   struct ll_server *s = c->srv;
-  if (n == UV_ENOBUFS) { // no room left although no newline: the line is too long
-    n = 0;
+  if (n == UV_ENOBUFS) { // no room left although no newline
+    if (c->in_len <= (size_t)s->cfg->max_line) {
+      // The buffer could not grow (out of memory) below max_line: answer instead of being
+      // called again and again with no room.
+      send_err(c, "-", "internal", "out of memory for the input line; closing");
+      conn_drain_close(c);
+      return;
+    }
+    n = 0; // the line is too long: handled below
   } else if (n == UV_EOF && c->n_inflight > 0) {
     // Half-close after sending requests (nc -N, scripts): answer them, then close. A peer
     // that is really gone makes the next write fail, which cancels its requests.

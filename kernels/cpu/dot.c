@@ -314,29 +314,19 @@ const struct ll_f16_ops *ll_cpu_f16_ops(void) {
 }
 
 // ---- ggml_v_expf (AVX2 version), one lane ----
-static inline uint32_t fbits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-static inline float bitsf(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 static float ggml_expf_lane(float x) {
   const float r = 0x1.8p23f;
   const float z = fmaf(x, 0x1.715476p+0f, r);
   const float n = z - r;
   const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
-  const uint32_t e = fbits(z) << 23;
-  const float k = bitsf(e + fbits(1.0f));
+  const uint32_t e = f32_bits(z) << 23;
+  const float k = f32_from(e + f32_bits(1.0f));
   const float u = b * b;
   const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u, 0x1.ffffecp-1f * b);
   const float an = fabsf(n);
   if (!(an > 126.0f)) return fmaf(j, k, k); // (NaN compares false, as _CMP_GT_OQ)
   const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
-  const float s1 = bitsf(g + 0x7f000000u), s2 = bitsf(e - g);
+  const float s1 = f32_from(g + 0x7f000000u), s2 = f32_from(e - g);
   if (an > 192.0f) return s1 * s1;
   return fmaf(s2, j, s2) * s1;
 }
