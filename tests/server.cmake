@@ -4,10 +4,10 @@ ll_test(NAME test_proto SOURCES test_proto.c LIBS ll_server LABELS unit)
 # (greedy outputs equal single-client ones), cancel, the bad-input battery (PING within 50 ms
 # after each, no fd growth), limits, monitor socket modes/schema/control, auth, SIGTERM.
 # Runs in the ASan build too (LSan checks the server's exit).
-ll_script_test(NAME server_sockets COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server.py
+ll_script_test(NAME server_sockets COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server.py
   LABELS integration TIMEOUT 300)
 # The real model behind the server: 64 clients x 32 tokens equal to alone, CHAT = generate --chat.
-ll_script_test(NAME server_smollm2 COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_smollm2.py
+ll_script_test(NAME server_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_smollm2.py
   LABELS "integration;slow" TIMEOUT 600 FIXTURES smollm2)
 # The option table: YAML errors with file:line:col, CLI over --config, configs/*.yaml load,
 # man/llsrv.yaml.5 generated from the table (gen_man_options prints the section).

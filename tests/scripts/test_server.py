@@ -43,6 +43,7 @@ for word in ("model", "device", "memory", "listening on", "monitor", "nc "):
     check(word in out, "start-up summary mentions %r" % word)
 
 # ---- basics ----
+print("-- basics", flush=True)
 c = srv.conn()
 check(c.request("PING") == "PONG", "PING -> PONG")
 check(c.request("PING id=p1") == "PONG p1", "PING id=p1 -> PONG p1")
@@ -61,6 +62,7 @@ r = c.request("DETOKENIZE :1 2 99999")
 check(r.startswith("ERR") and "bad_param" in r and "99999" in r, "DETOKENIZE out of range: %r" % r)
 
 # ---- generation: text of the TOK lines is the generated text; END summary ----
+print("-- generation: text of the TOK lines is the generated text; END summary", flush=True)
 text, end, lines = c.generate("GEN id=a1 max_tokens=32 temperature=0 :Once upon a time")
 check(text is not None and end.get("reason") == "length" and end.get("tokens") == "32", "GEN END: %r" % end)
 check(end.get("prompt_tokens") == "17" and "prefill_ms" in end and "decode_ms" in end, "GEN END fields: %r" % end)
@@ -113,6 +115,7 @@ if stop:
     check(e.get("reason") == "stop" and t == full[:full.find(stop)], "stop=%r ends the text before it: %r" % (stop, t))
 
 # ---- 64 concurrent clients x 32 tokens; greedy outputs equal the single-client outputs ----
+print("-- 64 concurrent clients x 32 tokens; greedy outputs equal the single-client outputs", flush=True)
 t0 = time.time()
 res, errors = concurrent_generate(srv, ["GEN id=c%d max_tokens=32 temperature=0 :%s" % (i, escape(prompts[i % len(prompts)]))
                                         for i in range(64)], timeout=300)
@@ -125,6 +128,7 @@ check(len(same) == 64, "64 concurrent greedy outputs equal the single-client one
 print("64 clients x 32 tokens in %.2f s" % (time.time() - t0), flush=True)
 
 # ---- cancel and disconnect mid-stream ----
+print("-- cancel and disconnect mid-stream", flush=True)
 c.send("GEN id=long max_tokens=2000 temperature=0 ignore_eos=1 :cancel me\n")
 first = c.line()
 check(first.startswith("TOK long") or first.startswith("END long"), "long request streams: %r" % first)
@@ -148,6 +152,7 @@ k, rid, kv, t = parse_line(c.request("STATS"))
 check(kv.get("active") == "0", "a vanished client's request is gone at once: %r" % kv)
 
 # ---- bad input battery ----
+print("-- bad input battery", flush=True)
 rss_battery0 = srv.rss()
 rng = random.Random(1234)
 bad = [
@@ -182,6 +187,7 @@ check(ok, "random bytes: the connection still answers PING afterwards")
 bc.close()
 check_ping(srv, "after random bytes")
 
+print("-- 1 MiB + 1 line", flush=True)
 # 1 MiB + 1 line: ERR too_long, then closed.
 lc = srv.conn()
 lc.send(b"GEN :" + b"a" * (1 << 20) + b"\n")
@@ -191,6 +197,7 @@ check(lc.line() is None, "connection closed after a too-long line")
 lc.close()
 check_ping(srv, "after a too-long line")
 
+print("-- Slowloris", flush=True)
 # Slowloris: one byte per second never completes a line -> dropped after line_timeout (3 s).
 sl = srv.conn(timeout=15)
 t0 = time.time()
@@ -212,6 +219,7 @@ except OSError:
 check(dropped or (r or "").startswith("ERR - timeout"), "slow writer dropped by line_timeout: %r" % r)
 sl.close()
 
+print("-- A reader that never reads", flush=True)
 # A reader that never reads: pipelined large outputs beyond output_buffer -> dropped, memory bounded.
 rss0 = srv.rss()
 stuck = srv.conn(rcvbuf=4096)
@@ -230,6 +238,7 @@ rss1 = srv.rss()
 check(rss1 - rss0 < 64 << 20, "stuck reader: RSS grew %d MiB (cap 4 MiB output buffer)" % ((rss1 - rss0) >> 20))
 stuck.close()
 
+print("-- 5000 connect/disconnect", flush=True)
 # 5000 connect/disconnect cycles: no fd growth, still answering.
 time.sleep(0.5)
 fd0 = srv.nfds()
@@ -245,6 +254,7 @@ check_ping(srv, "after 5000 connect/disconnect cycles")
 rss_battery1 = srv.rss()
 check(rss_battery1 - rss_battery0 < 32 << 20, "the whole battery grew RSS by %.1f MiB" % ((rss_battery1 - rss_battery0) / 2**20))
 
+print("-- Queue full", flush=True)
 # Queue full -> busy (parallel 8 + max_queued 64 = 72 outstanding).
 qc = srv.conn()
 qc.send("".join("GEN id=q%d max_tokens=2000 temperature=0 ignore_eos=1 :busy\n" % i for i in range(90)))
@@ -264,6 +274,7 @@ check(busy == 90 - 72, "queue full: %d of 90 got ERR busy (want 18)" % busy)
 qc.close()
 
 # ---- monitor socket ----
+print("-- monitor socket", flush=True)
 d = os.path.dirname(srv.sock)
 check(stat.S_IMODE(os.stat(d).st_mode) == 0o700, "monitor directory is 0700")
 check(stat.S_IMODE(os.stat(srv.sock).st_mode) == 0o600, "monitor socket is 0600")
@@ -310,12 +321,14 @@ while True:
 check(j["ok"] is False and "training" in j["error"], "train pause refused honestly without a trainer: %r" % j)
 m.close()
 
+print("-- A second server on the same monitor", flush=True)
 # A second server on the same monitor socket refuses to start.
 r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", srv.sock, "--state-dir", os.path.join(tmp, "state")],
                    capture_output=True, text=True, timeout=120)
 check(r.returncode != 0 and "another llsrv" in r.stderr, "live socket: second server refuses: %r" % r.stderr[-200:])
 
 # ---- SIGTERM with a request in flight: END reason=shutdown, exit 0, socket removed ----
+print("-- SIGTERM with a request in flight: END reason=shutdown, exit 0, socket removed", flush=True)
 c2 = srv.conn()
 c2.send("".join("GEN id=last%d max_tokens=2000 temperature=0 ignore_eos=1 :shutdown\n" % i for i in range(16)))
 c2.line()
@@ -337,6 +350,8 @@ if rc != 0:
     print(srv.output()[-3000:], file=sys.stderr)
 
 # ---- start-up refusals and auth ----
+print("-- start-up refusals and auth", flush=True)
+print("-- A bad config file", flush=True)
 # A bad config file: nothing starts, the message says file:line:col.
 bad_cfg = os.path.join(tmp, "bad.yaml")
 with open(bad_cfg, "w") as f:
@@ -345,6 +360,7 @@ r = subprocess.run([BIN, "--config", bad_cfg, "--state-dir", os.path.join(tmp, "
 check(r.returncode == 2 and (bad_cfg + ":3:1:") in r.stderr and "parallel" in r.stderr, "bad YAML key refused: %r" % r.stderr[-200:])
 r = subprocess.run([BIN, "--ctx", "99999999"], capture_output=True, text=True, timeout=60)
 check(r.returncode == 2 and "out of range" in r.stderr, "out-of-range flag refused: %r" % r.stderr[-200:])
+print("-- A second signal", flush=True)
 # A second signal exits at once, even while the first waits for a client that does not read
 # (graceful shutdown would wait up to 5 s for its output to drain), and leaves no socket.
 srv3 = Server(tmp, ["--parallel", "2", "--ctx", "512", "--output-buffer", "256M"], name="twice")
@@ -366,6 +382,7 @@ c3.close()
 srv3.stop()
 r = subprocess.run([BIN, "--listen", "0.0.0.0:0", "--state-dir", os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
 check(r.returncode == 2 and "auth_token" in r.stderr, "non-loopback without a token refuses: %r" % r.stderr[-200:])
+print("-- Stale socket file", flush=True)
 # Stale socket file is replaced.
 stale = os.path.join(tmp, "stale-run", "llsrv.sock")
 os.makedirs(os.path.dirname(stale), mode=0o700)
