@@ -1,19 +1,20 @@
 // dot_avx512.c - AVX-512 (F, BW, VL) + VNNI dot products for Q4_0, Q4_1 and Q8_0 weights
 // (compiled with -mavx512*; chosen at run time only on CPUs that have them).
 //
-// One zmm holds TWO 32-element blocks; vpdpbusd multiplies unsigned weight bytes by signed
-// activation bytes and sums groups of four into int32 lanes, exactly (no int16 saturation as
-// in maddubs). Signed weights are made unsigned by an offset whose contribution is removed
-// with a per-token correction computed once per tile (dpbusd starts from it):
+// vpdpbusd multiplies unsigned weight bytes by signed activation bytes and sums groups of
+// four into int32 lanes, exactly (no int16 saturation as in maddubs). Signed weights are made
+// unsigned by an offset whose contribution is removed through dpbusd's start value:
 //   Q8_0:  Σ w·a = Σ (w+128)·a − 128·Σa        Q4_0:  Σ (q−8)·a = Σ q·a − 8·Σa
 //   Q4_1:  d_w·d_a·Σ q·a  +  m_w·s_a
-// The float accumulation then follows dot_avx2.c block by block, so both paths give
-// bit-identical results (tested) and greedy outputs stay identical to llama.cpp's.
-// Tiles compute up to 4 weight rows x 4 activation rows per pass, sharing the unpacked weights
-// across tokens and the activation loads across rows. Every output is computed with the same
-// operation sequence whatever the tile shape (vec_dot is the 1x1 tile), so results do not
-// depend on batch composition.
+// The lanes of a zmm hold different weight rows (four for the 4-bit types, two for Q8_0) of
+// one token, each lane with the same integer groups and the same float steps as dot_avx2.c
+// (hence ggml on AVX2), block by block, so both paths give bit-identical results (tested) and
+// greedy outputs stay identical to llama.cpp's. Tiles compute up to 4 weight rows x 4
+// activation rows per pass, sharing the unpacked weights across tokens. Every output is
+// computed with the same operation sequence whatever the tile shape (vec_dot is the 1x1
+// tile), so results do not depend on batch composition.
 #include <immintrin.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "ll_cpu_dot.h"
@@ -23,199 +24,164 @@
 
 
 
-// Nibbles of blocks i, i+1 (16 bytes each) -> 128-bit lanes [lo_i, lo_i1, hi_i, hi_i1]
-// (lo = elements 0..15, hi = 16..31). A missing second block reads as zeros.
-AI __m512i q4_pair(const uint8_t *qs0, const uint8_t *qs1) {
-  const __m128i x0 = _mm_loadu_si128((const __m128i *)qs0);
-  const __m128i x1 = qs1 ? _mm_loadu_si128((const __m128i *)qs1) : _mm_setzero_si128();
-  const __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(x0), x1, 1);
-  const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(y), _mm256_srli_epi16(y, 4), 1);
-  return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
-}
-
-
-// Natural layout [x_i[0:32], x_i1[0:32]].
-AI __m512i pair_q8(const int8_t *a0, const int8_t *a1) {
-  const __m256i p = _mm256_loadu_si256((const __m256i *)a0);
-  const __m256i q = a1 ? _mm256_loadu_si256((const __m256i *)a1) : _mm256_setzero_si256();
-  return _mm512_inserti64x4(_mm512_castsi256_si512(p), q, 1);
-}
-
-
-#define ROW(T, base, stride, r) ((const T *)((const char *)(base) + (size_t)(r) * (stride)))
-
-// The same horizontal sum as dot_avx2.c (and ggml's hsum_float_8).
-AI float hsum256(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
 AI float h2f(ll_fp16 h) { return _cvtsh_ss(h); }
-// The half as a float in lane 0, other lanes zero.
-AI __m128 h2v(ll_fp16 h) { return _mm_cvtph_ps(_mm_cvtsi32_si128(h)); }
-// [v0[0], v1[0], v2[0], v3[0]] from the first n vectors (lane 0 each, the rest zero), the
-// missing ones zero.
-AI __m128 lanes4(const __m128 *v, const int n) {
-  const __m128 z = _mm_setzero_ps();
-  const __m128 lo = _mm_unpacklo_ps(v[0], n > 1 ? v[1] : z);
-  if (n <= 2) return lo;
-  return _mm_movelh_ps(lo, _mm_unpacklo_ps(v[2], n > 3 ? v[3] : z));
+// ---- Q4_0 x Q8_0 and Q4_1 x Q8_1: four weight rows per zmm ----
+// The nibbles of one block of four rows fill a zmm's four 128-bit lanes; masking gives the
+// low halves (elements 0..15) of all four rows, shifting the high halves (16..31). Against
+// the token's matching 16 activation bytes broadcast to every lane, vpdpbusd then yields,
+// per row, exactly the 8 int32 lanes of the AVX2 path split in two: lanes 0..3 ("L") and
+// 4..7 ("H"). Each float lane gets the same fma(d_w*d_a, float(isum), acc) per block, in
+// block order, as in dot_avx2.c, so results stay bit-identical; but one conversion and one
+// FMA now serve four rows of a single token, which halves decode's instruction count (an
+// earlier layout with two tokens per zmm left half of every instruction idle in decode). The horizontal sum at the end is
+// ggml's hsum_float_8 sequence (as in dot_avx2.c) for the four rows at once: (L+H), then lanes (0+2)+(1+3).
+AI __m512i q4_quad_load(const void *w, size_t ws, size_t blk, size_t off, const int NW) {
+  __m512i y = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)((const char *)w + blk + off)));
+  if (NW > 1) y = _mm512_inserti32x4(y, _mm_loadu_si128((const __m128i *)((const char *)w + ws + blk + off)), 1);
+  if (NW > 2) y = _mm512_inserti32x4(y, _mm_loadu_si128((const __m128i *)((const char *)w + 2 * ws + blk + off)), 2);
+  if (NW > 3) y = _mm512_inserti32x4(y, _mm_loadu_si128((const __m128i *)((const char *)w + 3 * ws + blk + off)), 3);
+  return y;
+}
+// The first 4 bytes of each row's block (Q4_1: d, m; Q4_0: d and the first two nibble
+// bytes) as 8 halves -> 8 floats [r0.0, r0.1, r1.0, r1.1, ...].
+AI __m256 q4_quad_head(const void *w, size_t ws, size_t blk, const int NW) {
+  uint32_t h[4] = {0, 0, 0, 0};
+  _Pragma("GCC unroll 4")
+  for (int r = 0; r < NW; r++) memcpy(&h[r], (const char *)w + (size_t)r * ws + blk, 4);
+  __m128i v = _mm_cvtsi32_si128((int)h[0]);
+  if (NW > 1) v = _mm_insert_epi32(v, (int)h[1], 1);
+  if (NW > 2) v = _mm_insert_epi32(v, (int)h[2], 2);
+  if (NW > 3) v = _mm_insert_epi32(v, (int)h[3], 3);
+  return _mm256_cvtph_ps(v);
+}
+// hsum_float_8 of row r's 8 lanes (L_r, H_r) for the four rows -> lane r.
+AI __m128 q4_quad_hsum(__m512 l, __m512 h) {
+  const __m512 v = _mm512_add_ps(l, h);
+  const __m512 t = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m512 u = _mm512_add_ps(t, _mm512_movehdup_ps(t));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
 }
 
-// Weight nibbles of blocks i, i+1 in natural element order [q_i[0:32], q_i1[0:32]].
-AI __m512i q4_pair_natural(const uint8_t *qs0, const uint8_t *qs1) {
-  const __m512i z = q4_pair(qs0, qs1); // [lo_i, lo_i1, hi_i, hi_i1]
-  return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-}
-
-// Float accumulation exactly as dot_avx2.c (hence as ggml on AVX2): per block, in block order,
-// acc8 += (d_w * d_a) * float(Σ of the block's 8 lanes of 4 products); vpdpbusd gives the
-// same exact integers as maddubs + madd. So the AVX-512 and AVX2 paths are bit-identical
-// (tested), which keeps greedy outputs identical to llama.cpp's; VNNI and 512-bit loads cut
-// the instruction count, and the tiles share unpacked weights and activations.
-#define STEP2(acc, r32, dw, da, two)                                                                   \
-  do {                                                                                                 \
-    const __m512 f_ = _mm512_cvtepi32_ps(r32);                                                         \
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw[0], _mm256_set1_ps(da[0])), _mm512_castps512_ps256(f_), acc); \
-    if (two) acc = _mm256_fmadd_ps(_mm256_mul_ps(dw[1], _mm256_set1_ps(da[1])), _mm512_extractf32x8_ps(f_, 1), acc); \
-  } while (0)
-
-// Two tokens share one zmm accumulator: [acc(t0) | acc(t1)]. The block-i halves of both
-// tokens' integer sums are brought together (one shuffle), converted and scaled in one go;
-// per output this is still acc8 = fma(d_w*d_a, float(isum8), acc8) per block in block order,
-// so the results are bit-identical to the 256-bit path while the conversions, products and
-// FMAs are done for two outputs per instruction.
-#define PAIR_STEP(accz, r0, r1, dwz, dap, two)                                                          \
-  do {                                                                                                  \
-    accz = _mm512_fmadd_ps(_mm512_mul_ps(dwz[0], dap[0]),                                               \
-                           _mm512_cvtepi32_ps(_mm512_shuffle_i64x2(r0, r1, _MM_SHUFFLE(1, 0, 1, 0))), accz); \
-    if (two)                                                                                            \
-      accz = _mm512_fmadd_ps(_mm512_mul_ps(dwz[1], dap[1]),                                             \
-                             _mm512_cvtepi32_ps(_mm512_shuffle_i64x2(r0, r1, _MM_SHUFFLE(3, 2, 3, 2))), accz); \
-  } while (0)
-// [a x8 | b x8]
-AI __m512 two_scales(float a, float b) { return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1); }
-
-// ---- Q4_1 x Q8_1 ----
-// The m·s term: per row one 4-lane vector whose lanes are the tokens; mul then add per block,
-// element for element what dot_avx2.c does in scalar (no fused multiply-add there either).
-AI void q4_1_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA) {
+AI void q4_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA,
+                     const int Q41) {
   const int nb = n / 32;
-  __m512 accp[4][2]; // token pairs (0,1), (2,3)
-  __m256 acc1[4];    // the last token when NA is odd
+  const size_t bw = Q41 ? sizeof(ll_block_q4_1) : sizeof(ll_block_q4_0);
+  const size_t ba = Q41 ? sizeof(ll_block_q8_1) : sizeof(ll_block_q8_0);
+  const size_t qoff = Q41 ? offsetof(ll_block_q4_1, qs) : offsetof(ll_block_q4_0, qs);
+  const size_t aoff = Q41 ? offsetof(ll_block_q8_1, qs) : offsetof(ll_block_q8_0, qs);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  // Lane 4r+j <- the d of row r (element 2r of the head floats); m likewise from 2r+1.
+  const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+  __m512 accl[4], acch[4];
   __m128 sm[4];
   _Pragma("GCC unroll 4")
-  for (int r = 0; r < NW; r++) {
-    sm[r] = _mm_setzero_ps();
-    accp[r][0] = accp[r][1] = _mm512_setzero_ps();
-    acc1[r] = _mm256_setzero_ps();
-  }
-  for (int i = 0; i < nb; i += 2) {
-    const int two = i + 1 < nb;
-    __m512i av[4];
-    float da[4][2];
-    __m128 s0[4], s1[4];
+  for (int t = 0; t < NA; t++) accl[t] = acch[t] = _mm512_setzero_ps(), sm[t] = _mm_setzero_ps();
+  for (int i = 0; i < nb; i++) {
+    const size_t blk = (size_t)i * bw;
+    const __m512i q = q4_quad_load(w, ws, blk, qoff, NW);
+    const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    const __m256 head = q4_quad_head(w, ws, blk, NW);
+    const __m512 dw = _mm512_permutexvar_ps(idx_d, _mm512_castps256_ps512(head)); // (d_r x4) per lane
+    const __m128 mw = Q41 ? _mm_shuffle_ps(_mm256_castps256_ps128(head), _mm256_extractf128_ps(head, 1), _MM_SHUFFLE(3, 1, 3, 1))
+                          : _mm_setzero_ps(); // (m_0, m_1, m_2, m_3)
     _Pragma("GCC unroll 4")
     for (int t = 0; t < NA; t++) {
-      const ll_block_q8_1 *y = ROW(ll_block_q8_1, a, as, t);
-      av[t] = pair_q8(y[i].qs, two ? y[i + 1].qs : NULL);
-      da[t][0] = h2f(y[i].d), s0[t] = h2v(y[i].s);
-      da[t][1] = two ? h2f(y[i + 1].d) : 0.0f, s1[t] = two ? h2v(y[i + 1].s) : _mm_setzero_ps();
-    }
-    // Lane t = token t's s, built in registers: filling a float[4] on the stack and loading it
-    // as a vector stalled every block on a failed store-to-load forward (~40% of a decode tile).
-    const __m128 sav0 = lanes4(s0, NA), sav1 = lanes4(s1, NA);
-    __m512 dap[2][2];
-    _Pragma("GCC unroll 2")
-    for (int k = 0; 2 * k + 1 < NA; k++) dap[k][0] = two_scales(da[2 * k][0], da[2 * k + 1][0]), dap[k][1] = two_scales(da[2 * k][1], da[2 * k + 1][1]);
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < NW; r++) {
-      const ll_block_q4_1 *x = ROW(ll_block_q4_1, w, ws, r);
-      const __m512i wv = q4_pair_natural(x[i].qs, two ? x[i + 1].qs : NULL);
-      const __m512 dwz[2] = {_mm512_set1_ps(h2f(x[i].d)), _mm512_set1_ps(two ? h2f(x[i + 1].d) : 0.0f)};
-      const __m256 dw[2] = {_mm512_castps512_ps256(dwz[0]), _mm512_castps512_ps256(dwz[1])};
-      sm[r] = _mm_add_ps(sm[r], _mm_mul_ps(_mm_set1_ps(h2f(x[i].m)), sav0));
-      if (two) sm[r] = _mm_add_ps(sm[r], _mm_mul_ps(_mm_set1_ps(h2f(x[i + 1].m)), sav1));
-      _Pragma("GCC unroll 2")
-      for (int k = 0; 2 * k + 1 < NA; k++) {
-        const __m512i r0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, av[2 * k]);
-        const __m512i r1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, av[2 * k + 1]);
-        PAIR_STEP(accp[r][k], r0, r1, dwz, dap[k], two);
+      const char *y = (const char *)a + (size_t)t * as + (size_t)i * ba;
+      const __m512i al = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff)));
+      const __m512i ah = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff + 16)));
+      ll_fp16 dh;
+      memcpy(&dh, y, sizeof dh);
+      const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(h2f(dh)));
+      __m512i il, ih;
+      if (Q41) {
+        il = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, al);
+        ih = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ah);
+        ll_fp16 sh;
+        memcpy(&sh, y + offsetof(ll_block_q8_1, s), sizeof sh);
+        sm[t] = _mm_add_ps(sm[t], _mm_mul_ps(mw, _mm_set1_ps(h2f(sh))));
+      } else { // Σ (q-8)·a = Σ q·a - Σ 8·a, the second term as dpbusd's start value
+        il = _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, al)), lo, al);
+        ih = _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, ah)), hi, ah);
       }
-      if (NA & 1) STEP2(acc1[r], _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, av[NA - 1]), dw, da[NA - 1], two);
+      accl[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(il), accl[t]);
+      acch[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(ih), acch[t]);
     }
   }
   _Pragma("GCC unroll 4")
-  for (int r = 0; r < NW; r++) {
-    float smr[4];
-    _mm_storeu_ps(smr, sm[r]);
-    _Pragma("GCC unroll 2")
-    for (int k = 0; 2 * k + 1 < NA; k++) {
-      out[(size_t)(2 * k) * os + r] = hsum256(_mm512_castps512_ps256(accp[r][k])) + smr[2 * k];
-      out[(size_t)(2 * k + 1) * os + r] = hsum256(_mm512_extractf32x8_ps(accp[r][k], 1)) + smr[2 * k + 1];
-    }
-    if (NA & 1) out[(size_t)(NA - 1) * os + r] = hsum256(acc1[r]) + smr[NA - 1];
+  for (int t = 0; t < NA; t++) {
+    const __m128 res = Q41 ? _mm_add_ps(q4_quad_hsum(accl[t], acch[t]), sm[t]) : q4_quad_hsum(accl[t], acch[t]);
+    float o[4];
+    _mm_storeu_ps(o, res);
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NW; r++) out[(size_t)t * os + r] = o[r];
   }
 }
 
-// ---- Q8_0 / Q4_0 x Q8_0 ----
-AI void q80_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA,
-                 const int Q4) {
+// ---- Q8_0 x Q8_0: two weight rows per zmm ----
+// One block of rows r, r+1 fills a zmm [w_r | w_r1]; the token's block is broadcast to both
+// halves, so vpdpbusd gives row r's 8 int32 lanes in the low half and row r+1's in the high
+// half, the AVX2 path's lanes exactly. Signed weights are made unsigned with +128 and the
+// offset removed through dpbusd's start value (-128·Σa per lane, once per token and block).
+// Per lane the float steps are dot_avx2.c's (fma(d_w*d_a, float(isum), acc) per block in
+// block order), so results stay bit-identical; one conversion and FMA serve two rows.
+AI __m512i q8_pair_load(const void *w, size_t ws, size_t blk, int r, const int NW) {
+  const char *p = (const char *)w + (size_t)r * ws + blk + offsetof(ll_block_q8_0, qs);
+  const __m512i lo = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)p));
+  return r + 1 < NW ? _mm512_inserti64x4(lo, _mm256_loadu_si256((const __m256i *)(p + ws)), 1) : lo;
+}
+// hsum_float_8 of each 256-bit half of p0 and p1 -> [p0.lo, p0.hi, p1.lo, p1.hi].
+AI __m128 q8_pair_hsum(__m512 p0, __m512 p1) {
+  const __m512 v0 = _mm512_add_ps(p0, _mm512_shuffle_f32x4(p0, p0, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m512 v1 = _mm512_add_ps(p1, _mm512_shuffle_f32x4(p1, p1, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m512 t0 = _mm512_add_ps(v0, _mm512_permute_ps(v0, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m512 t1 = _mm512_add_ps(v1, _mm512_permute_ps(v1, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m512 u0 = _mm512_add_ps(t0, _mm512_movehdup_ps(t0)), u1 = _mm512_add_ps(t1, _mm512_movehdup_ps(t1));
+  return _mm512_castps512_ps128(
+      _mm512_permutex2var_ps(u0, _mm512_setr_epi32(0, 8, 16, 24, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u1));
+}
+
+AI void q8_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA) {
   const int nb = n / 32;
-  __m512 accp[4][2]; // token pairs (0,1), (2,3)
-  __m256 acc1[4];    // the last token when NA is odd
+  const int NP = (NW + 1) / 2; // row pairs
+  const __m512i off = _mm512_set1_epi8((char)0x80);
+  const __m512i idx0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i idx1 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  __m512 acc[4][2];
   _Pragma("GCC unroll 4")
-  for (int r = 0; r < NW; r++) accp[r][0] = accp[r][1] = _mm512_setzero_ps(), acc1[r] = _mm256_setzero_ps();
-  // Offset removed through dpbusd's start value: -off·Σa per lane group, once per token and pair.
-  const __m512i offv = _mm512_set1_epi8(Q4 ? 8 : (char)0x80);
-  for (int i = 0; i < nb; i += 2) {
-    const int two = i + 1 < nb;
-    __m512i av[4], corr[4];
-    float da[4][2];
-    _Pragma("GCC unroll 4")
-    for (int t = 0; t < NA; t++) {
-      const ll_block_q8_0 *y = ROW(ll_block_q8_0, a, as, t);
-      av[t] = pair_q8(y[i].qs, two ? y[i + 1].qs : NULL);
-      corr[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, av[t]));
-      da[t][0] = h2f(y[i].d), da[t][1] = two ? h2f(y[i + 1].d) : 0.0f;
-    }
-    __m512 dap[2][2];
+  for (int t = 0; t < NA; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  for (int i = 0; i < nb; i++) {
+    const size_t blk = (size_t)i * sizeof(ll_block_q8_0);
+    __m512i wv[2];
     _Pragma("GCC unroll 2")
-    for (int k = 0; 2 * k + 1 < NA; k++) dap[k][0] = two_scales(da[2 * k][0], da[2 * k + 1][0]), dap[k][1] = two_scales(da[2 * k][1], da[2 * k + 1][1]);
+    for (int p = 0; p < NP; p++) wv[p] = _mm512_xor_si512(q8_pair_load(w, ws, blk, 2 * p, NW), off);
+    __m128i dh = _mm_setzero_si128();
     _Pragma("GCC unroll 4")
     for (int r = 0; r < NW; r++) {
-      __m512i wv;
-      __m512 dwz[2];
-      if (Q4) {
-        const ll_block_q4_0 *x = ROW(ll_block_q4_0, w, ws, r);
-        wv = q4_pair_natural(x[i].qs, two ? x[i + 1].qs : NULL);
-        dwz[0] = _mm512_set1_ps(h2f(x[i].d)), dwz[1] = _mm512_set1_ps(two ? h2f(x[i + 1].d) : 0.0f);
-      } else {
-        const ll_block_q8_0 *x = ROW(ll_block_q8_0, w, ws, r);
-        // A missing second block: its activation lanes are zero, so its products are zero.
-        wv = _mm512_xor_si512(pair_q8(x[i].qs, two ? x[i + 1].qs : NULL), offv);
-        dwz[0] = _mm512_set1_ps(h2f(x[i].d)), dwz[1] = _mm512_set1_ps(two ? h2f(x[i + 1].d) : 0.0f);
-      }
-      const __m256 dw[2] = {_mm512_castps512_ps256(dwz[0]), _mm512_castps512_ps256(dwz[1])};
+      ll_fp16 h;
+      memcpy(&h, (const char *)w + (size_t)r * ws + blk, sizeof h);
+      dh = _mm_insert_epi16(dh, h, r);
+    }
+    const __m512 d4 = _mm512_castps128_ps512(_mm_cvtph_ps(dh));
+    const __m512 dw[2] = {_mm512_permutexvar_ps(idx0, d4), _mm512_permutexvar_ps(idx1, d4)}; // (d_r x8 | d_r1 x8)
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < NA; t++) {
+      const char *y = (const char *)a + (size_t)t * as + blk;
+      const __m512i av = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(y + offsetof(ll_block_q8_0, qs))));
+      const __m512i corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, av));
+      ll_fp16 h;
+      memcpy(&h, y, sizeof h);
+      const __m512 da = _mm512_set1_ps(h2f(h));
       _Pragma("GCC unroll 2")
-      for (int k = 0; 2 * k + 1 < NA; k++) {
-        const __m512i r0 = _mm512_dpbusd_epi32(corr[2 * k], wv, av[2 * k]);
-        const __m512i r1 = _mm512_dpbusd_epi32(corr[2 * k + 1], wv, av[2 * k + 1]);
-        PAIR_STEP(accp[r][k], r0, r1, dwz, dap[k], two);
-      }
-      if (NA & 1) STEP2(acc1[r], _mm512_dpbusd_epi32(corr[NA - 1], wv, av[NA - 1]), dw, da[NA - 1], two);
+      for (int p = 0; p < NP; p++)
+        acc[t][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], da), _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, wv[p], av)), acc[t][p]);
     }
   }
   _Pragma("GCC unroll 4")
-  for (int r = 0; r < NW; r++) {
-    _Pragma("GCC unroll 2")
-    for (int k = 0; 2 * k + 1 < NA; k++) {
-      out[(size_t)(2 * k) * os + r] = hsum256(_mm512_castps512_ps256(accp[r][k]));
-      out[(size_t)(2 * k + 1) * os + r] = hsum256(_mm512_extractf32x8_ps(accp[r][k], 1));
-    }
-    if (NA & 1) out[(size_t)(NA - 1) * os + r] = hsum256(acc1[r]);
+  for (int t = 0; t < NA; t++) {
+    float o[4];
+    _mm_storeu_ps(o, q8_pair_hsum(acc[t][0], NP > 1 ? acc[t][1] : acc[t][0]));
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NW; r++) out[(size_t)t * os + r] = o[r];
   }
 }
 
@@ -238,9 +204,9 @@ typedef void (*tile_fn)(int n, const void *w, size_t ws, const void *a, size_t a
   }                                                                                                  \
   static void dot_##NAME(int n, float *s, const void *w, const void *a) { NAME##_1x1(n, w, 0, a, 0, s, 1); }
 
-#define CALL_Q41(NW, NA) q4_1_impl(n, w, ws, a, as, out, os, NW, NA)
-#define CALL_Q80(NW, NA) q80_impl(n, w, ws, a, as, out, os, NW, NA, 0)
-#define CALL_Q40(NW, NA) q80_impl(n, w, ws, a, as, out, os, NW, NA, 1)
+#define CALL_Q41(NW, NA) q4_quad_impl(n, w, ws, a, as, out, os, NW, NA, 1)
+#define CALL_Q80(NW, NA) q8_pair_impl(n, w, ws, a, as, out, os, NW, NA)
+#define CALL_Q40(NW, NA) q4_quad_impl(n, w, ws, a, as, out, os, NW, NA, 0)
 INST_ALL(q4_1, CALL_Q41)
 INST_ALL(q8_0, CALL_Q80)
 INST_ALL(q4_0, CALL_Q40)
