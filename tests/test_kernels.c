@@ -154,6 +154,45 @@ static void test_dots(void) {
     bad += memcmp(o2, q, (size_t)n * 4) != 0;
   }
   CHECKF(bad == 0, "f16 ops: %d mismatches", bad);
+  // One head's attention over paged rows: scores and the lane-ordered weighted sum of V,
+  // bit-identical between scalar and SIMD, for row counts below, at and above the 32 lanes
+  // and head sizes with and without a 64-element remainder or an 8-element tail.
+  {
+    static const int ns[] = {8, 13, 64, 72, 128, 200};
+    static const int rs_[] = {1, 5, 31, 32, 33, 64, 97};
+    int abad = 0, checked = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+      for (size_t b = 0; b < sizeof rs_ / sizeof *rs_; b++) {
+        const int n = ns[a], rows = rs_[b];
+        uint16_t *kv = malloc((size_t)rows * n * 2);
+        const uint16_t **ptr = malloc((size_t)rows * sizeof *ptr);
+        float *q = malloc((size_t)n * 4), *w = malloc((size_t)rows * 4), *s1 = malloc((size_t)rows * 4), *s2 = malloc((size_t)rows * 4);
+        float *o1 = malloc((size_t)n * 4), *o2 = malloc((size_t)n * 4), *lanes = malloc((size_t)32 * n * 4);
+        CHECK(kv && ptr && q && w && s1 && s2 && o1 && o2 && lanes);
+        if (!kv || !ptr || !q || !w || !s1 || !s2 || !o1 || !o2 || !lanes) return;
+        for (int i = 0; i < rows * n; i++) kv[i] = ll_fp32_to_fp16(ll_test_randf(&rs));
+        for (int p = 0; p < rows; p++) ptr[rows - 1 - p] = kv + (size_t)p * n, w[p] = ll_fp16_to_fp32(ll_fp32_to_fp16(ll_test_randf(&rs)));
+        for (int i = 0; i < n; i++) q[i] = ll_test_randf(&rs);
+        r->dot_rows_f16(s1, q, ptr, rows, n);
+        f->dot_rows_f16(s2, q, ptr, rows, n);
+        for (int p = 0; p < rows; p++) abad += s1[p] != f->dot_f32_f16(q, ptr[p], n); // the row op is the per-row op
+        abad += memcmp(s1, s2, (size_t)rows * 4) != 0;
+        for (int i = 0; i < 32 * n; i++) lanes[i] = NAN; // scratch content must not matter
+        r->wsum_rows_f16(o1, ptr, w, rows, n, lanes);
+        for (int i = 0; i < 32 * n; i++) lanes[i] = NAN;
+        f->wsum_rows_f16(o2, ptr, w, rows, n, lanes);
+        abad += memcmp(o1, o2, (size_t)n * 4) != 0;
+        // and against the plain sum (the order differs, the value must not by much)
+        for (int i = 0; i < n; i++) {
+          double e = 0;
+          for (int p = 0; p < rows; p++) e += (double)w[p] * ll_fp16_to_fp32(ptr[p][i]);
+          abad += fabs(e - o1[i]) > 1e-5 * (1 + fabs(e)) * rows;
+        }
+        checked++;
+        free(kv), free(ptr), free(q), free(w), free(s1), free(s2), free(o1), free(o2), free(lanes);
+      }
+    CHECKF(abad == 0 && checked == 42, "attention rows: %d mismatches in %d shapes", abad, checked);
+  }
 
   // ggml's softmax / SwiGLU: scalar emulation and AVX2 give the same bits; the exp is within
   // 2 ulp of libm (ggml's stated error: 1.45 + 0.5 ulp) over the range softmax uses.

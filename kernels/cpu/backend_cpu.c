@@ -216,7 +216,15 @@ struct attn_job {
   struct cpu_ctx *c;
   const struct ll_f16_ops *f16;
   const struct ll_vec_ops *vec; // NULL: libm expf (b->ggml_math == 0)
+  int max_pos;
 };
+
+// A thread's attention scratch (floats): scores (max_pos + 1, + a group of 8), q (hd), 32 V lanes
+// (32 hd), slack; then max_pos + 1 row pointers, 8-byte aligned (thread strides are even).
+static size_t attn_rows_off(int max_pos, int hd) {
+  const size_t o = (size_t)max_pos + 1 + 8 + (size_t)hd * 33 + 16;
+  return (o + 1) & ~(size_t)1;
+}
 
 // One (token, head): scores over positions 0..pos[t], softmax, weighted sum of V.
 static void attn_task(void *vctx, int task, int thread) {
@@ -233,17 +241,23 @@ static void attn_task(void *vctx, int task, int thread) {
   if (f16) j->f16->round_f16(qv, q, 1.0f, hd);
   else memcpy(qv, q, (size_t)hd * sizeof *qv);
   float mx = -INFINITY;
-  for (int p = 0; p < n_pos; p++) {
-    const char *kr = (const char *)kv_at(kv, kv->k, p) + (size_t)kvh * hd * kv_elem(kv);
-    float s = 0;
-    if (f16) {
-      s = j->f16->dot_f32_f16(qv, (const uint16_t *)kr, hd);
-    } else {
-      const float *kk = (const float *)kr;
-      for (int i = 0; i < hd; i++) s += qv[i] * kk[i];
+  // Row pointers into the paged cache, K then V (after the V lanes in this thread's scratch).
+  const uint16_t **rows = (const uint16_t **)(void *)(sc + attn_rows_off(j->max_pos, hd));
+  if (f16) {
+    for (int p = 0; p < n_pos; p++) rows[p] = (const uint16_t *)((const char *)kv_at(kv, kv->k, p) + (size_t)kvh * hd * 2);
+    j->f16->dot_rows_f16(sc, qv, rows, n_pos, hd);
+    for (int p = 0; p < n_pos; p++) {
+      sc[p] *= j->scale;
+      if (sc[p] > mx) mx = sc[p];
     }
-    sc[p] = s * j->scale;
-    if (sc[p] > mx) mx = sc[p];
+  } else {
+    for (int p = 0; p < n_pos; p++) {
+      const float *kk = (const float *)((const char *)kv_at(kv, kv->k, p) + (size_t)kvh * hd * 4);
+      float s = 0;
+      for (int i = 0; i < hd; i++) s += qv[i] * kk[i];
+      sc[p] = s * j->scale;
+      if (sc[p] > mx) mx = sc[p];
+    }
   }
   double sum = 0;
   if (j->vec) {
@@ -260,19 +274,9 @@ static void attn_task(void *vctx, int task, int thread) {
     // Weighted sum of V in llama.cpp's order: probabilities rounded to f16, position p
     // accumulated (fused) into lane p % 32, lanes reduced in ggml's fixed tree.
     float *lanes = qv + hd; // (32, hd)
-    memset(lanes, 0, (size_t)32 * hd * sizeof(float));
     j->f16->round_f16(sc, sc, inv, n_pos); // probabilities rounded to f16, in place
-    for (int p = 0; p < n_pos; p++) {
-      const float w = sc[p];
-      const char *vr = (const char *)kv_at(kv, kv->v, p) + (size_t)kvh * hd * kv_elem(kv);
-      j->f16->axpy_f16(lanes + (size_t)(p % 32) * hd, (const uint16_t *)vr, w, hd);
-    }
-    for (int i = 0; i < hd; i++) {
-      float x[8];
-      for (int e = 0; e < 8; e++)
-        x[e] = (lanes[(size_t)e * hd + i] + lanes[(size_t)(16 + e) * hd + i]) + (lanes[(size_t)(8 + e) * hd + i] + lanes[(size_t)(24 + e) * hd + i]);
-      o[i] = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
-    }
+    for (int p = 0; p < n_pos; p++) rows[p] = (const uint16_t *)((const char *)kv_at(kv, kv->v, p) + (size_t)kvh * hd * 2);
+    j->f16->wsum_rows_f16(o, rows, sc, n_pos, hd, lanes);
     return;
   }
   for (int i = 0; i < hd; i++) o[i] = 0;
@@ -289,7 +293,8 @@ static int cpu_attention(struct ll_backend *b, float *out, const float *q, const
   if (n_head % kv->n_head_kv) return LL_EINVAL;
   int max_pos = 0;
   for (int t = 0; t < T; t++) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
-  const size_t per = (size_t)max_pos + 1 + 8 + (size_t)kv->head_dim * 33 + 16; // scores (+ a group of 8), q, 32 V lanes
+  _Static_assert(sizeof(void *) <= 2 * sizeof(float), "row pointers fit two floats");
+  const size_t per = attn_rows_off(max_pos, kv->head_dim) + (size_t)(max_pos + 1) * 2;
   if (per > c->scratch_per_thread) {
     void *p = c->scratch;
     size_t cap = c->scratch_per_thread * (size_t)c->n_threads * sizeof(float);
@@ -297,7 +302,7 @@ static int cpu_attention(struct ll_backend *b, float *out, const float *q, const
     c->scratch = p;
     c->scratch_per_thread = per;
   }
-  struct attn_job j = {out, q, kv, pos, T, n_head, scale, c, ll_cpu_f16_ops(), b->ggml_math ? ll_cpu_vec_ops() : NULL};
+  struct attn_job j = {out, q, kv, pos, T, n_head, scale, c, ll_cpu_f16_ops(), b->ggml_math ? ll_cpu_vec_ops() : NULL, max_pos};
   ll_threadpool_run(c->pool, attn_task, &j, T * n_head);
   return 0;
 }

@@ -306,7 +306,24 @@ static void ref_round_f16(float *dst, const float *src, float mul, int n) {
   for (int i = 0; i < n; i++) dst[i] = ll_fp16_to_fp32(ll_fp32_to_fp16(src[i] * mul));
 }
 
-static const struct ll_f16_ops f16_ref = {ref_dot_f32_f16, ref_axpy_f16, ref_from_f32, ref_round_f16};
+static void ref_dot_rows_f16(float *s, const float *q, const uint16_t *const *k, int rows, int n) {
+  for (int p = 0; p < rows; p++) s[p] = ref_dot_f32_f16(q, k[p], n);
+}
+
+// The weighted sum as llama.cpp computes it (V^T · probabilities through ggml's f16 dot):
+// 32 lanes, position p fused into lane p % 32, then the fixed reduction tree per element.
+static void ref_wsum_rows_f16(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes) {
+  memset(lanes, 0, (size_t)32 * n * sizeof *lanes);
+  for (int p = 0; p < rows; p++) ref_axpy_f16(lanes + (size_t)(p % 32) * n, v[p], w[p], n);
+  for (int i = 0; i < n; i++) {
+    float x[8];
+    for (int e = 0; e < 8; e++)
+      x[e] = (lanes[(size_t)e * n + i] + lanes[(size_t)(16 + e) * n + i]) + (lanes[(size_t)(8 + e) * n + i] + lanes[(size_t)(24 + e) * n + i]);
+    o[i] = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+  }
+}
+
+static const struct ll_f16_ops f16_ref = {ref_dot_f32_f16, ref_axpy_f16, ref_from_f32, ref_round_f16, ref_dot_rows_f16, ref_wsum_rows_f16};
 const struct ll_f16_ops *ll_cpu_f16_ops_ref(void) { return &f16_ref; }
 const struct ll_f16_ops *ll_cpu_f16_ops(void) {
   const struct ll_f16_ops *o = have_avx2() ? ll_cpu_f16_ops_avx2() : NULL;

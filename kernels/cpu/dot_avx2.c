@@ -543,5 +543,56 @@ static void avx2_swiglu(float *out, const float *g, const float *up, int64_t n) 
 static const struct ll_vec_ops vec_avx2 = {avx2_softmax, avx2_swiglu};
 const struct ll_vec_ops *ll_cpu_vec_ops_avx2(void) { return &vec_avx2; }
 
-static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16, avx2_from_f32, avx2_round_f16};
+static void avx2_dot_rows_f16(float *s, const float *q, const uint16_t *const *k, int rows, int n) {
+  for (int p = 0; p < rows; p++) s[p] = avx2_dot_f32_f16(q, k[p], n); // inlined: no call per position
+}
+
+// Lane L's positions L, L+32, ... are accumulated in registers, 64 elements at a time, and
+// stored once (the reference updates a lane in memory per position): the same fused steps in
+// the same order per element, so bit-identical. Lanes no position reaches are +0 in the
+// reference's zeroed scratch; the reduction adds a +0 register in their place.
+static void avx2_wsum_rows_f16(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes) {
+  if (n % 8) {
+    memset(lanes, 0, (size_t)32 * n * sizeof *lanes);
+    for (int p = 0; p < rows; p++) avx2_axpy_f16(lanes + (size_t)(p % 32) * n, v[p], w[p], n);
+  } else {
+    const int nl = rows < 32 ? rows : 32;
+    for (int c = 0; c < n; c += 64) {
+      const int nv = (n - c) / 8 < 8 ? (n - c) / 8 : 8;
+      for (int L = 0; L < nl; L++) {
+        __m256 acc[8];
+        for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
+        for (int p = L; p < rows; p += 32) {
+          const __m256 wv = _mm256_set1_ps(w[p]);
+          const uint16_t *vp = v[p] + c;
+          if (nv == 8) {
+            _Pragma("GCC unroll 8")
+            for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vp + 8 * u))), acc[u]);
+          } else {
+            for (int u = 0; u < nv; u++) acc[u] = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vp + 8 * u))), acc[u]);
+          }
+        }
+        for (int u = 0; u < nv; u++) _mm256_storeu_ps(lanes + (size_t)L * n + c + 8 * u, acc[u]);
+      }
+    }
+    for (int i = 0; i < n; i += 8) {
+      __m256 x[8];
+#define LANE(l) ((l) < nl ? _mm256_loadu_ps(lanes + (size_t)(l) * n + i) : _mm256_setzero_ps())
+      for (int e = 0; e < 8; e++)
+        x[e] = _mm256_add_ps(_mm256_add_ps(LANE(e), LANE(16 + e)), _mm256_add_ps(LANE(8 + e), LANE(24 + e)));
+#undef LANE
+      _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(x[0], x[4]), _mm256_add_ps(x[1], x[5])),
+                                            _mm256_add_ps(_mm256_add_ps(x[2], x[6]), _mm256_add_ps(x[3], x[7]))));
+    }
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    float x[8];
+    for (int e = 0; e < 8; e++)
+      x[e] = (lanes[(size_t)e * n + i] + lanes[(size_t)(16 + e) * n + i]) + (lanes[(size_t)(8 + e) * n + i] + lanes[(size_t)(24 + e) * n + i]);
+    o[i] = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+  }
+}
+
+static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16, avx2_from_f32, avx2_round_f16, avx2_dot_rows_f16, avx2_wsum_rows_f16};
 const struct ll_f16_ops *ll_cpu_f16_ops_avx2(void) { return &f16_avx2; }

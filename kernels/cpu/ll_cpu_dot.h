@@ -72,6 +72,12 @@ struct ll_f16_ops {
   void (*axpy_f16)(float *o, const uint16_t *v, float w, int n);
   void (*from_f32)(uint16_t *dst, const float *src, int n); // bit-identical for non-NaN inputs
   void (*round_f16)(float *dst, const float *src, float mul, int n); // dst[i] = f32(f16(src[i] * mul))
+  // One head's attention over `rows` cached positions (rows given by pointer: the cache is paged):
+  //   s[p] = dot_f32_f16(q, k[p], n)
+  //   o[i] = Σ_p w[p] * v[p][i] in llama.cpp's order: position p accumulated (fused) into lane
+  //          p % 32, the 32 lanes reduced in ggml's fixed tree (lanes: scratch of 32 * n floats)
+  void (*dot_rows_f16)(float *s, const float *q, const uint16_t *const *k, int rows, int n);
+  void (*wsum_rows_f16)(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes);
 };
 const struct ll_f16_ops *ll_cpu_f16_ops(void);
 
