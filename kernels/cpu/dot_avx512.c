@@ -73,32 +73,45 @@ AI void q4_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, 
   // Lane 4r+j <- the d of row r (element 2r of the head floats); m likewise from 2r+1.
   const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
   __m512 accl[4], acch[4];
-  __m128 sm[4];
+  __m512 sm = _mm512_setzero_ps(); // lane 4t + r: token t's Σ m_r·s_t (Q4_1)
   _Pragma("GCC unroll 4")
-  for (int t = 0; t < NA; t++) accl[t] = acch[t] = _mm512_setzero_ps(), sm[t] = _mm_setzero_ps();
+  for (int t = 0; t < NA; t++) accl[t] = acch[t] = _mm512_setzero_ps();
   for (int i = 0; i < nb; i++) {
     const size_t blk = (size_t)i * bw;
     const __m512i q = q4_quad_load(w, ws, blk, qoff, NW);
     const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
     const __m256 head = q4_quad_head(w, ws, blk, NW);
     const __m512 dw = _mm512_permutexvar_ps(idx_d, _mm512_castps256_ps512(head)); // (d_r x4) per lane
-    const __m128 mw = Q41 ? _mm_shuffle_ps(_mm256_castps256_ps128(head), _mm256_extractf128_ps(head, 1), _MM_SHUFFLE(3, 1, 3, 1))
-                          : _mm_setzero_ps(); // (m_0, m_1, m_2, m_3)
+    // The tokens' activation scales, converted together: Q8_1 [d0 s0 d1 s1 ...], Q8_0 [d0 d1 ...].
+    uint32_t u[4] = {0, 0, 0, 0};
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < NA; t++) memcpy(&u[t], (const char *)a + (size_t)t * as + (size_t)i * ba, Q41 ? 4 : 2);
+    __m128i uv = _mm_cvtsi32_si128((int)u[0]);
+    if (Q41) {
+      if (NA > 1) uv = _mm_insert_epi32(uv, (int)u[1], 1);
+      if (NA > 2) uv = _mm_insert_epi32(uv, (int)u[2], 2);
+      if (NA > 3) uv = _mm_insert_epi32(uv, (int)u[3], 3);
+    } else {
+      if (NA > 1) uv = _mm_insert_epi16(uv, (int)u[1], 1);
+      if (NA > 2) uv = _mm_insert_epi16(uv, (int)u[2], 2);
+      if (NA > 3) uv = _mm_insert_epi16(uv, (int)u[3], 3);
+    }
+    const __m512 ds = _mm512_castps256_ps512(_mm256_cvtph_ps(uv));
+    if (Q41) { // m_r·s_t for every (token, row) lane at once: mul, then add, as dot_avx2.c's scalar
+      const __m512 mw = _mm512_broadcast_f32x4(_mm_shuffle_ps(_mm256_castps256_ps128(head), _mm256_extractf128_ps(head, 1), _MM_SHUFFLE(3, 1, 3, 1)));
+      const __m512 st = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), ds);
+      sm = _mm512_add_ps(sm, _mm512_mul_ps(mw, st));
+    }
     _Pragma("GCC unroll 4")
     for (int t = 0; t < NA; t++) {
       const char *y = (const char *)a + (size_t)t * as + (size_t)i * ba;
       const __m512i al = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff)));
       const __m512i ah = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff + 16)));
-      ll_fp16 dh;
-      memcpy(&dh, y, sizeof dh);
-      const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(h2f(dh)));
+      const __m512 sc = _mm512_mul_ps(dw, _mm512_permutexvar_ps(_mm512_set1_epi32(Q41 ? 2 * t : t), ds));
       __m512i il, ih;
       if (Q41) {
         il = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, al);
         ih = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ah);
-        ll_fp16 sh;
-        memcpy(&sh, y + offsetof(ll_block_q8_1, s), sizeof sh);
-        sm[t] = _mm_add_ps(sm[t], _mm_mul_ps(mw, _mm_set1_ps(h2f(sh))));
       } else { // Σ (q-8)·a = Σ q·a - Σ 8·a, the second term as dpbusd's start value
         il = _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, al)), lo, al);
         ih = _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, ah)), hi, ah);
@@ -109,7 +122,8 @@ AI void q4_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, 
   }
   _Pragma("GCC unroll 4")
   for (int t = 0; t < NA; t++) {
-    const __m128 res = Q41 ? _mm_add_ps(q4_quad_hsum(accl[t], acch[t]), sm[t]) : q4_quad_hsum(accl[t], acch[t]);
+    __m128 res = q4_quad_hsum(accl[t], acch[t]);
+    if (Q41) res = _mm_add_ps(res, _mm512_extractf32x4_ps(sm, t));
     float o[4];
     _mm_storeu_ps(o, res);
     _Pragma("GCC unroll 4")
