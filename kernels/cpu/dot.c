@@ -269,7 +269,14 @@ static int have_avx512(void) {
 #endif
 }
 
+// NEON is part of every AArch64 CPU, so there it is a build-time choice, not a cpuid one.
+#if defined(__aarch64__) && defined(__ARM_NEON)
+const char *ll_cpu_isa(void) { return "neon"; }
+#else
 const char *ll_cpu_isa(void) { return have_avx512() ? "avx512vnni" : have_avx2() ? "avx2" : "scalar"; }
+// (dot_neon.c is compiled to nothing here; the stub keeps callers and tests portable.)
+const struct ll_type_kernels *ll_cpu_kernels_neon(int t) { (void)t; return NULL; }
+#endif
 
 #if !(defined(__x86_64__) || defined(__i386__))
 const struct ll_type_kernels *ll_cpu_kernels_avx512(int t) { (void)t; return NULL; }
@@ -375,6 +382,8 @@ const struct ll_vec_ops *ll_cpu_vec_ops(void) {
 }
 
 const struct ll_type_kernels *ll_cpu_kernels(int t) {
+  const struct ll_type_kernels *kn = ll_cpu_kernels_neon(t); // NULL off AArch64
+  if (kn) return kn;
   if (have_avx512()) {
     const struct ll_type_kernels *k = ll_cpu_kernels_avx512(t);
     if (k) return k;

@@ -53,7 +53,7 @@ void ll_act_quantize_q8_1_avx2(const float *x, void *y, int64_t n);
 const struct ll_type_kernels *ll_cpu_kernels(int weight_type);
 // The scalar references (always available; used by tests and as the fallback).
 const struct ll_type_kernels *ll_cpu_kernels_ref(int weight_type);
-// "avx512vnni" / "avx2" / "scalar": the best SIMD level of this CPU (per type the best
+// "avx512vnni" / "avx2" / "neon" / "scalar": the best SIMD level of this CPU (per type the best
 // kernel written for it is used).
 const char *ll_cpu_isa(void);
 
@@ -61,6 +61,9 @@ const char *ll_cpu_isa(void);
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int weight_type);
 // AVX-512 F/BW/VL + VNNI versions (dot_avx512.c): Q4_0, Q4_1, Q8_0.
 const struct ll_type_kernels *ll_cpu_kernels_avx512(int weight_type);
+// AArch64 NEON versions (dot_neon.c): Q4_0, Q4_1, Q8_0, bit-identical to the scalar
+// references; NULL on other architectures.
+const struct ll_type_kernels *ll_cpu_kernels_neon(int weight_type);
 
 // Attention helpers over an f16 cache (scalar in dot.c, AVX2+F16C in dot_avx2.c):
 //   s = Σ q[i] * k[i]                 (q f32, k f16)
