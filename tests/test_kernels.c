@@ -185,6 +185,25 @@ static void test_dots(void) {
         for (int i = 0; i < 32 * n; i++) lanes[i] = NAN;
         f->wsum_rows_f16(o2, ptr, w, rows, n, lanes);
         abad += memcmp(o1, o2, (size_t)n * 4) != 0;
+        // The prompt-pass (8-lane) order: scalar and SIMD bit-identical too, and near the
+        // 32-lane result (same sums, different rounding).
+        if (n % 8 == 0) {
+          float s3[128], s4[128];
+          r->dot_rows8_f16(s3, q, ptr, rows, n);
+          f->dot_rows8_f16(s4, q, ptr, rows, n);
+          abad += memcmp(s3, s4, (size_t)rows * 4) != 0;
+          for (int p = 0; p < rows; p++) abad += fabsf(s3[p] - s1[p]) > 1e-4f * (1 + fabsf(s1[p]));
+        }
+        {
+          float *o3 = malloc((size_t)n * 4), *o4 = malloc((size_t)n * 4);
+          CHECK(o3 && o4);
+          if (!o3 || !o4) return;
+          r->wsum_rows8_f16(o3, ptr, w, rows, n, lanes);
+          f->wsum_rows8_f16(o4, ptr, w, rows, n, lanes);
+          abad += memcmp(o3, o4, (size_t)n * 4) != 0;
+          for (int i = 0; i < n; i++) abad += fabsf(o3[i] - o1[i]) > 1e-4f * (1 + fabsf(o1[i])) * rows;
+          free(o3), free(o4);
+        }
         // and against the plain sum (the order differs, the value must not by much)
         for (int i = 0; i < n; i++) {
           double e = 0;

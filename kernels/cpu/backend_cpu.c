@@ -219,6 +219,7 @@ struct attn_job {
   const struct ll_f16_ops *f16;
   const struct ll_vec_ops *vec; // NULL: libm expf (b->ggml_math == 0)
   int max_pos;
+  int prompt_order; // llama.cpp's prompt-pass (tinyBLAS) summation order; see attn_task
 };
 
 // A thread's attention scratch (floats): scores (max_pos + 1, + a group of 8), q (hd), 32 V lanes
@@ -247,7 +248,10 @@ static void attn_task(void *vctx, int task, int thread) {
   const uint16_t **rows = (const uint16_t **)(void *)(sc + attn_rows_off(j->max_pos, hd));
   if (f16) {
     for (int p = 0; p < n_pos; p++) rows[p] = (const uint16_t *)((const char *)kv_at(kv, kv->k, p) + (size_t)kvh * hd * 2);
-    j->f16->dot_rows_f16(sc, qv, rows, n_pos, hd);
+    // A prompt pass (>= 2 tokens of this sequence) follows llama.cpp's, which computes the
+    // products through its tinyBLAS GEMM; a single token follows its vec_dot (see ll_f16_ops).
+    if (j->prompt_order) j->f16->dot_rows8_f16(sc, qv, rows, n_pos, hd);
+    else j->f16->dot_rows_f16(sc, qv, rows, n_pos, hd);
     for (int p = 0; p < n_pos; p++) {
       sc[p] *= j->scale;
       if (sc[p] > mx) mx = sc[p];
@@ -278,7 +282,8 @@ static void attn_task(void *vctx, int task, int thread) {
     float *lanes = qv + hd; // (32, hd)
     j->f16->round_f16(sc, sc, inv, n_pos); // probabilities rounded to f16, in place
     for (int p = 0; p < n_pos; p++) rows[p] = (const uint16_t *)((const char *)kv_at(kv, kv->v, p) + (size_t)kvh * hd * 2);
-    j->f16->wsum_rows_f16(o, rows, sc, n_pos, hd, lanes);
+    if (j->prompt_order) j->f16->wsum_rows8_f16(o, rows, sc, n_pos, hd, lanes);
+    else j->f16->wsum_rows_f16(o, rows, sc, n_pos, hd, lanes);
     return;
   }
   for (int i = 0; i < hd; i++) o[i] = 0;
@@ -304,7 +309,11 @@ static int cpu_attention(struct ll_backend *b, float *out, const float *q, const
     c->scratch = p;
     c->scratch_per_thread = per;
   }
-  struct attn_job j = {out, q, kv, pos, T, n_head, scale, c, ll_cpu_f16_ops(), b->ggml_math ? ll_cpu_vec_ops() : NULL, max_pos};
+  struct attn_job j = {out, q, kv, pos, T, n_head, scale, c, ll_cpu_f16_ops(), b->ggml_math ? ll_cpu_vec_ops() : NULL, max_pos, 0};
+  // Which tokens take which order depends only on this sequence's own tokens in the batch
+  // (the scheduler's prompt chunks do not depend on other requests), so batching never
+  // changes a sequence's results.
+  j.prompt_order = b->ggml_math && T >= 2 && kv->head_dim % 8 == 0;
   ll_threadpool_run(c->pool, attn_task, &j, T * n_head);
   return 0;
 }

@@ -330,7 +330,28 @@ static void ref_wsum_rows_f16(float *o, const uint16_t *const *v, const float *w
   }
 }
 
-static const struct ll_f16_ops f16_ref = {ref_dot_f32_f16, ref_axpy_f16, ref_from_f32, ref_round_f16, ref_dot_rows_f16, ref_wsum_rows_f16};
+static float hsum8_tree(const float *l) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
+
+static void ref_dot_rows8_f16(float *s, const float *q, const uint16_t *const *k, int rows, int n) {
+  for (int p = 0; p < rows; p++) {
+    float l[8] = {0};
+    for (int i = 0; i < n; i += 8)
+      for (int e = 0; e < 8; e++) l[e] = fmaf(q[i + e], ll_fp16_to_fp32(k[p][i + e]), l[e]);
+    s[p] = hsum8_tree(l);
+  }
+}
+
+static void ref_wsum_rows8_f16(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes) {
+  (void)lanes;
+  for (int i = 0; i < n; i++) {
+    float l[8] = {0};
+    for (int p = 0; p < rows; p++) l[p % 8] = fmaf(ll_fp16_to_fp32(v[p][i]), w[p], l[p % 8]);
+    o[i] = hsum8_tree(l);
+  }
+}
+
+static const struct ll_f16_ops f16_ref = {ref_dot_f32_f16, ref_axpy_f16, ref_from_f32, ref_round_f16, ref_dot_rows_f16, ref_wsum_rows_f16,
+                                          ref_dot_rows8_f16, ref_wsum_rows8_f16};
 const struct ll_f16_ops *ll_cpu_f16_ops_ref(void) { return &f16_ref; }
 const struct ll_f16_ops *ll_cpu_f16_ops(void) {
   const struct ll_f16_ops *o = have_avx2() ? ll_cpu_f16_ops_avx2() : NULL;

@@ -594,5 +594,41 @@ static void avx2_wsum_rows_f16(float *o, const uint16_t *const *v, const float *
   }
 }
 
-static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16, avx2_from_f32, avx2_round_f16, avx2_dot_rows_f16, avx2_wsum_rows_f16};
+// tinyBLAS's hsum(__m256): (hi + lo), then + movehl, then + movehdup.
+static inline float hsum8_tb(__m256 x) {
+  __m128 v = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  v = _mm_add_ss(v, _mm_movehdup_ps(v));
+  return _mm_cvtss_f32(v);
+}
+
+static void avx2_dot_rows8_f16(float *s, const float *q, const uint16_t *const *k, int rows, int n) {
+  for (int p = 0; p < rows; p++) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[p] + i))), acc);
+    s[p] = hsum8_tb(acc);
+  }
+}
+
+// Lanes are positions here (p % 8) and the vector runs over output elements: lane L of 8
+// elements accumulates positions L, L+8, ... in order, then the lanes meet in hsum's tree.
+static void avx2_wsum_rows8_f16(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes) {
+  if (n % 8) {
+    ll_cpu_f16_ops_ref()->wsum_rows8_f16(o, v, w, rows, n, lanes);
+    return;
+  }
+  const int nl = rows < 8 ? rows : 8;
+  for (int i = 0; i < n; i += 8) {
+    __m256 l[8];
+    for (int L = 0; L < 8; L++) l[L] = _mm256_setzero_ps();
+    for (int L = 0; L < nl; L++)
+      for (int p = L; p < rows; p += 8)
+        l[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p] + i))), _mm256_set1_ps(w[p]), l[L]);
+    _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+                                          _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]))));
+  }
+}
+
+static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16, avx2_from_f32, avx2_round_f16, avx2_dot_rows_f16, avx2_wsum_rows_f16,
+                                           avx2_dot_rows8_f16, avx2_wsum_rows8_f16};
 const struct ll_f16_ops *ll_cpu_f16_ops_avx2(void) { return &f16_avx2; }

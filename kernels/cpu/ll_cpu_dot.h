@@ -81,6 +81,11 @@ struct ll_f16_ops {
   //          p % 32, the 32 lanes reduced in ggml's fixed tree (lanes: scratch of 32 * n floats)
   void (*dot_rows_f16)(float *s, const float *q, const uint16_t *const *k, int rows, int n);
   void (*wsum_rows_f16)(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes);
+  // The same two in the order llama.cpp's prompt pass uses (its llamafile tinyBLAS F16 GEMM,
+  // taken for batches of >= 2 tokens): 8 lanes, element/position e fused into lane e % 8 in
+  // order, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). n % 8 == 0 for dot_rows8_f16.
+  void (*dot_rows8_f16)(float *s, const float *q, const uint16_t *const *k, int rows, int n);
+  void (*wsum_rows8_f16)(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes);
 };
 const struct ll_f16_ops *ll_cpu_f16_ops(void);
 
