@@ -85,6 +85,11 @@ struct ll_backend_i {
   // Grouped-query: head h reads kv head h / (n_head / n_head_kv).
   int (*attention)(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv,
                    const int32_t *pos, int T, int n_head, float scale);
+  // (optional) The same for n_seq sequences in one call (one dispatch instead of one per
+  // sequence in a batched decode step): sequence i owns rows [t0[i], t0[i] + nt[i]) of q, out
+  // and pos, and its cache view kv[i]. Each sequence's results are those attention gives it.
+  int (*attention_multi)(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos,
+                         const int *t0, const int *nt, int n_seq, int n_head, float scale);
   // out (T, F) = silu(gate) * up
   int (*swiglu)(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n);
   // out = a + b (n)

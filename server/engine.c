@@ -58,6 +58,8 @@ struct ll_engine {
   int max_batch;
   float *x, *xn, *q, *k, *v, *att, *tmp, *g, *u;
   int32_t *pos, *ids;
+  struct ll_kv_view *kvv; // (n_seqs) per batch item: its cache view, first row, row count
+  int *it0, *itn;
   float *logits_buf;
   size_t logits_cap;
   float *sel; // (rows needing logits, C)
@@ -235,7 +237,11 @@ static int alloc_scratch(struct ll_engine *e, char *err, size_t errlen) {
   e->u = malloc(B * e->F * sizeof(float));
   e->pos = malloc(B * sizeof(int32_t));
   e->ids = malloc(B * sizeof(int32_t));
-  if (!e->k || !e->v || !e->g || !e->u || !e->pos || !e->ids) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  e->kvv = malloc((size_t)e->n_seqs * sizeof *e->kvv); // a batch has each sequence at most once
+  e->it0 = malloc((size_t)e->n_seqs * sizeof *e->it0);
+  e->itn = malloc((size_t)e->n_seqs * sizeof *e->itn);
+  if (!e->k || !e->v || !e->g || !e->u || !e->pos || !e->ids || !e->kvv || !e->it0 || !e->itn)
+    return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
   return 0;
 }
 
@@ -254,6 +260,7 @@ void ll_engine_close(struct ll_engine *e) {
   free(e->owned_f32);
   free(e->x), free(e->xn), free(e->q), free(e->k), free(e->v), free(e->att), free(e->tmp), free(e->g), free(e->u), free(e->sel);
   free(e->pos), free(e->ids), free(e->logits_buf);
+  free(e->kvv), free(e->it0), free(e->itn);
   ll_modelfile_free(&e->mf);
   free(e);
 }
@@ -381,10 +388,16 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     BK(B->rope(be, e->q, e->pos, T, e->H, e->hd, &e->rope), "rope q");
     BK(B->rope(be, e->k, e->pos, T, e->Hkv, e->hd, &e->rope), "rope k");
     for (int i = 0, t0 = 0; i < n_items; t0 += items[i].n_tokens, i++) {
-      struct ll_kv_view kv = {e->kv_type, LL_KV_BLOCK, e->Hkv, e->hd, e->k_pool[l], e->v_pool[l], e->seqs[items[i].seq].blocks};
-      const int n = items[i].n_tokens;
-      BK(B->kv_store(be, &kv, e->k + (size_t)t0 * kvd, e->v + (size_t)t0 * kvd, e->pos + t0, n), "kv_store");
-      BK(B->attention(be, e->att + (size_t)t0 * C, e->q + (size_t)t0 * C, &kv, e->pos + t0, n, e->H, scale), "attention"); // att (n, C)
+      e->kvv[i] = (struct ll_kv_view){e->kv_type, LL_KV_BLOCK, e->Hkv, e->hd, e->k_pool[l], e->v_pool[l], e->seqs[items[i].seq].blocks};
+      e->it0[i] = t0, e->itn[i] = items[i].n_tokens;
+      BK(B->kv_store(be, &e->kvv[i], e->k + (size_t)t0 * kvd, e->v + (size_t)t0 * kvd, e->pos + t0, e->itn[i]), "kv_store");
+    }
+    if (B->attention_multi) { // all sequences in one dispatch: att (T, C)
+      BK(B->attention_multi(be, e->att, e->q, e->kvv, e->pos, e->it0, e->itn, n_items, e->H, scale), "attention");
+    } else {
+      for (int i = 0; i < n_items; i++)
+        BK(B->attention(be, e->att + (size_t)e->it0[i] * C, e->q + (size_t)e->it0[i] * C, &e->kvv[i], e->pos + e->it0[i], e->itn[i], e->H, scale),
+           "attention"); // att (n, C)
     }
     BK(B->matmul(be, e->x, e->att, &y->wo, T, 1), "matmul o"); // x += att · Woᵀ
     BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->eps), "rmsnorm");

@@ -211,15 +211,15 @@ static int cpu_kv_store(struct ll_backend *b, const struct ll_kv_view *kv, const
 struct attn_job {
   float *out;
   const float *q;
-  const struct ll_kv_view *kv;
-  const int32_t *pos;
-  int T, n_head;
+  const struct ll_kv_view *kv; // (n_seq)
+  const int32_t *pos;          // (rows)
+  const int *t0, *nt;          // (n_seq) first row and row count of each sequence
+  int n_seq, n_head;
   float scale;
   struct cpu_ctx *c;
   const struct ll_f16_ops *f16;
   const struct ll_vec_ops *vec; // NULL: libm expf (b->ggml_math == 0)
-  int max_pos;
-  int prompt_order; // llama.cpp's prompt-pass (tinyBLAS) summation order; see attn_task
+  int max_pos, ggml_math;
 };
 
 // A thread's attention scratch (floats): scores (max_pos + 1, + a group of 8), q (hd), 32 V lanes
@@ -232,8 +232,16 @@ static size_t attn_rows_off(int max_pos, int hd) {
 // One (token, head): scores over positions 0..pos[t], softmax, weighted sum of V.
 static void attn_task(void *vctx, int task, int thread) {
   const struct attn_job *j = vctx;
-  const struct ll_kv_view *kv = j->kv;
-  const int t = task / j->n_head, h = task % j->n_head, hd = kv->head_dim;
+  const int t = task / j->n_head, h = task % j->n_head;
+  int si = 0;
+  while (si + 1 < j->n_seq && t >= j->t0[si + 1]) si++; // rows are in sequence order
+  const struct ll_kv_view *kv = &j->kv[si];
+  const int hd = kv->head_dim;
+  // A prompt pass (>= 2 tokens of this sequence in the batch) follows llama.cpp's, which
+  // computes these products through its tinyBLAS GEMM; a single token follows its vec_dot
+  // (see ll_f16_ops). The choice depends only on the sequence's own tokens (the scheduler's
+  // prompt chunks do not depend on other requests), so batching never changes its results.
+  const int prompt_order = j->ggml_math && j->nt[si] >= 2 && hd % 8 == 0;
   const int kvh = h / (j->n_head / kv->n_head_kv);
   const int n_pos = j->pos[t] + 1;
   float *sc = j->c->scratch + (size_t)thread * j->c->scratch_per_thread;
@@ -248,9 +256,7 @@ static void attn_task(void *vctx, int task, int thread) {
   const uint16_t **rows = (const uint16_t **)(void *)(sc + attn_rows_off(j->max_pos, hd));
   if (f16) {
     for (int p = 0; p < n_pos; p++) rows[p] = (const uint16_t *)((const char *)kv_at(kv, kv->k, p) + (size_t)kvh * hd * 2);
-    // A prompt pass (>= 2 tokens of this sequence) follows llama.cpp's, which computes the
-    // products through its tinyBLAS GEMM; a single token follows its vec_dot (see ll_f16_ops).
-    if (j->prompt_order) j->f16->dot_rows8_f16(sc, qv, rows, n_pos, hd);
+    if (prompt_order) j->f16->dot_rows8_f16(sc, qv, rows, n_pos, hd);
     else j->f16->dot_rows_f16(sc, qv, rows, n_pos, hd);
     for (int p = 0; p < n_pos; p++) {
       sc[p] *= j->scale;
@@ -282,7 +288,7 @@ static void attn_task(void *vctx, int task, int thread) {
     float *lanes = qv + hd; // (32, hd)
     j->f16->round_f16(sc, sc, inv, n_pos); // probabilities rounded to f16, in place
     for (int p = 0; p < n_pos; p++) rows[p] = (const uint16_t *)((const char *)kv_at(kv, kv->v, p) + (size_t)kvh * hd * 2);
-    if (j->prompt_order) j->f16->wsum_rows8_f16(o, rows, sc, n_pos, hd, lanes);
+    if (prompt_order) j->f16->wsum_rows8_f16(o, rows, sc, n_pos, hd, lanes);
     else j->f16->wsum_rows_f16(o, rows, sc, n_pos, hd, lanes);
     return;
   }
@@ -294,14 +300,19 @@ static void attn_task(void *vctx, int task, int thread) {
   }
 }
 
-static int cpu_attention(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, int T, int n_head,
-                         float scale) {
+static int cpu_attention_multi(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos,
+                               const int *t0, const int *nt, int n_seq, int n_head, float scale) {
   struct cpu_ctx *c = C(b);
-  if (n_head % kv->n_head_kv) return LL_EINVAL;
-  int max_pos = 0;
-  for (int t = 0; t < T; t++) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
+  if (n_seq < 1) return 0;
+  int max_pos = 0, max_hd = 0, rows = 0;
+  for (int i = 0; i < n_seq; i++) {
+    if (n_head % kv[i].n_head_kv || nt[i] < 0 || t0[i] != rows) return LL_EINVAL; // contiguous, in order
+    rows += nt[i];
+    max_hd = kv[i].head_dim > max_hd ? kv[i].head_dim : max_hd;
+    for (int t = t0[i]; t < t0[i] + nt[i]; t++) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
+  }
   _Static_assert(sizeof(void *) <= 2 * sizeof(float), "row pointers fit two floats");
-  const size_t per = attn_rows_off(max_pos, kv->head_dim) + (size_t)(max_pos + 1) * 2;
+  const size_t per = attn_rows_off(max_pos, max_hd) + (size_t)(max_pos + 1) * 2;
   if (per > c->scratch_per_thread) {
     void *p = c->scratch;
     size_t cap = c->scratch_per_thread * (size_t)c->n_threads * sizeof(float);
@@ -309,13 +320,16 @@ static int cpu_attention(struct ll_backend *b, float *out, const float *q, const
     c->scratch = p;
     c->scratch_per_thread = per;
   }
-  struct attn_job j = {out, q, kv, pos, T, n_head, scale, c, ll_cpu_f16_ops(), b->ggml_math ? ll_cpu_vec_ops() : NULL, max_pos, 0};
-  // Which tokens take which order depends only on this sequence's own tokens in the batch
-  // (the scheduler's prompt chunks do not depend on other requests), so batching never
-  // changes a sequence's results.
-  j.prompt_order = b->ggml_math && T >= 2 && kv->head_dim % 8 == 0;
-  ll_threadpool_run(c->pool, attn_task, &j, T * n_head);
+  struct attn_job j = {out, q, kv, pos, t0, nt, n_seq, n_head, scale, c, ll_cpu_f16_ops(), b->ggml_math ? ll_cpu_vec_ops() : NULL,
+                       max_pos, b->ggml_math};
+  ll_threadpool_run(c->pool, attn_task, &j, rows * n_head);
   return 0;
+}
+
+static int cpu_attention(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, int T, int n_head,
+                         float scale) {
+  const int t0 = 0;
+  return cpu_attention_multi(b, out, q, kv, pos, &t0, &T, 1, n_head, scale);
 }
 
 static int cpu_swiglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) {
@@ -365,6 +379,7 @@ static const struct ll_backend_i cpu_iface = {
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .attention_multi = cpu_attention_multi,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
 };
