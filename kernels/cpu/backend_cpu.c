@@ -44,7 +44,8 @@ struct mm_job {
   size_t w_row, a_row;
   const char *act;
   const struct ll_type_kernels *k;
-  int T, N, K, chunk, accumulate;
+  int T, N, K, accumulate;
+  int chunk; // rows per task (a multiple of 4; see cpu_matmul)
 };
 
 static void mm_task(void *vctx, int task, int thread) {
@@ -117,13 +118,19 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   if (T >= 2 && c->n_threads > 1) ll_threadpool_run(c->pool, quant_task, &qj, T);
   else
     for (int t = 0; t < T; t++) quant_task(&qj, t, 0);
-  struct mm_job j = {out, w->data, ll_row_size(w->type, w->k), a_row, c->act, k, T, (int)w->n, (int)w->k, 0, accumulate};
-  // Enough chunks to balance the pool, rows per chunk a multiple of 4 for cache lines.
-  int chunks = c->n_threads * 8;
-  j.chunk = (int)((w->n + chunks - 1) / chunks);
+  struct mm_job j = {out, w->data, ll_row_size(w->type, w->k), a_row, c->act, k, T, (int)w->n, (int)w->k, accumulate, 0};
+  // Chunk schedule (rows in multiples of 4). A decode step's matrices take microseconds: every
+  // chunk costs a contended atomic claim and a restart of the hardware prefetcher, so small
+  // batches get one contiguous chunk per thread (16 chunks per matmul cost a quarter of
+  // 2-thread decode speed). Large batches are compute-bound and take longer: several chunks
+  // per thread, claimed dynamically, so a thread slowed by the host does not hold the rest.
+  const int N = (int)w->n, nt = c->n_threads;
+  const int per_thread = T < 16 ? 1 : 4;
+  j.chunk = (N + nt * per_thread - 1) / (nt * per_thread);
   j.chunk = (j.chunk + 3) & ~3;
   if (j.chunk < 4) j.chunk = 4;
-  ll_threadpool_run(c->pool, mm_task, &j, (int)((w->n + j.chunk - 1) / j.chunk));
+  const int n_tasks = (N + j.chunk - 1) / j.chunk;
+  ll_threadpool_run(c->pool, mm_task, &j, n_tasks);
   return 0;
 }
 
