@@ -116,6 +116,8 @@ struct ll_backend_i {
   int (*sync)(struct ll_backend *b); // (optional) wait for queued work
 };
 
+#define LL_BLAS_MIN_T 32
+
 struct ll_backend {
   const struct ll_backend_i *i;
   void *ctx; // backend-private state
@@ -123,6 +125,11 @@ struct ll_backend {
   // 1 (GGUF models, compared with llama.cpp): ggml's vectorised exp in softmax and SiLU;
   // 0 (llama.cpp's llama2.c models, compared with run.c): libm expf, one value at a time.
   int ggml_math;
+  // 1 (the server): a token's results must not depend on which other tokens share its batch,
+  // so batched products use the same kernels as single tokens. 0 (generate, perplexity, bench,
+  // training): float weights (F32/F16/BF16) multiply batches of >= LL_BLAS_MIN_T tokens
+  // through OpenBLAS sgemm, a different summation order.
+  int batch_invariant;
 };
 
 // ---- creation and device choice (kernels/device.c) ----

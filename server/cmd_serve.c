@@ -160,6 +160,7 @@ int ll_cmd_serve(int argc, char **argv) {
   ep.n_ctx = (int)cfg.ctx;
   ep.n_parallel = (int)cfg.parallel;
   ep.kv_f16 = cfg.kv_f16;
+  ep.batch_invariant = 1; // greedy outputs must not depend on which requests share a step
   ep.device = cfg.device;
   struct ll_server srv;
   memset(&srv, 0, sizeof srv);

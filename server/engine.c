@@ -286,6 +286,7 @@ int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, cha
     rc = ll_backend_create(&e->be, &bp, e->info.device_reason, sizeof e->info.device_reason, err, errlen);
     // llama2.c checkpoints are compared with run.c (libm expf); everything else with llama.cpp.
     if (rc == 0) e->be->ggml_math = strcmp(e->mf.source_format, "llama2c") != 0;
+    if (rc == 0) e->be->batch_invariant = p->batch_invariant;
   }
   if (rc) {
     ll_engine_close(e);

@@ -24,6 +24,7 @@ struct ll_engine_params {
   int kv_blocks;           // KV pool size in blocks of LL_KV_BLOCK positions (0: n_ctx*n_parallel/LL_KV_BLOCK)
   int kv_f16;              // store K/V as f16 (default 1, as llama.cpp)
   const char *device;      // "auto", "cpu", "opencl[:P[:D]]" (NULL = auto)
+  int batch_invariant;     // 1: outputs independent of batch composition (the server; see ll_backend)
 };
 
 #define LL_KV_BLOCK 16

@@ -298,6 +298,45 @@ static void test_backend_ops(void) {
     CHECKF(bad == 0, "matmul %s K=%d N=%d T=%d: %d differences", ll_type_name(t), K, N, T, bad);
     free(W), free(x), free(out), free(act);
   }
+  // Float weights x a batch of >= LL_BLAS_MIN_T tokens go through OpenBLAS sgemm (a different
+  // summation order): within 1e-5 of the double-precision product relative to the sum of
+  // magnitudes, with and without accumulation, for ragged N (several row blocks per task);
+  // in batch-invariant mode (the server) every row is bit-identical to the single-token path.
+  for (int trial = 0; trial < 6; trial++) {
+    const int t = trial % 3 == 0 ? LL_TYPE_F32 : trial % 3 == 1 ? LL_TYPE_F16 : LL_TYPE_BF16;
+    const int K = 8 * (1 + (int)(ll_test_rand(&rs) % 40)), N = 1 + (int)(ll_test_rand(&rs) % 300), T = LL_BLAS_MIN_T + (int)(ll_test_rand(&rs) % 20);
+    const size_t rsz = ll_row_size(t, K);
+    unsigned char *W = malloc(rsz * N);
+    float *wf = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * T * K), *out = malloc(sizeof(float) * T * N),
+          *out2 = malloc(sizeof(float) * T * N), *one = malloc(sizeof(float) * N);
+    CHECK(W && wf && x && out && out2 && one);
+    if (!W || !wf || !x || !out || !out2 || !one) return;
+    for (int i = 0; i < N * K; i++) wf[i] = ll_test_randf(&rs);
+    for (int n = 0; n < N; n++) ll_quantize_row(t, wf + (size_t)n * K, W + rsz * n, K), ll_dequantize_row(t, W + rsz * n, wf + (size_t)n * K, K);
+    for (int i = 0; i < T * K; i++) x[i] = ll_test_randf(&rs);
+    struct ll_weight w = {t, K, N, W, NULL};
+    for (int i = 0; i < T * N; i++) out[i] = 0.5f;
+    b->batch_invariant = 0;
+    CHECK(B->matmul(b, out, x, &w, T, trial & 1) == 0);
+    int bad = 0;
+    for (int tt = 0; tt < T; tt++)
+      for (int n = 0; n < N; n++) {
+        double e = (trial & 1) ? 0.5 : 0, mag = 0;
+        for (int i = 0; i < K; i++) e += (double)x[(size_t)tt * K + i] * wf[(size_t)n * K + i], mag += fabs((double)x[(size_t)tt * K + i] * wf[(size_t)n * K + i]);
+        bad += fabs(e - out[(size_t)tt * N + n]) > 1e-5 * (mag + 1);
+      }
+    CHECKF(bad == 0, "sgemm matmul %s K=%d N=%d T=%d: %d outside 1e-5", ll_type_name(t), K, N, T, bad);
+    b->batch_invariant = 1;
+    CHECK(B->matmul(b, out2, x, &w, T, 0) == 0);
+    int diff = 0;
+    for (int tt = 0; tt < T; tt++) {
+      CHECK(B->matmul(b, one, x + (size_t)tt * K, &w, 1, 0) == 0);
+      diff += memcmp(one, out2 + (size_t)tt * N, sizeof(float) * N) != 0;
+    }
+    CHECKF(diff == 0, "batch-invariant matmul %s: %d token rows differ from the single-token path", ll_type_name(t), diff);
+    b->batch_invariant = 0;
+    free(W), free(wf), free(x), free(out), free(out2), free(one);
+  }
   // rmsnorm and rope against the formulas.
   float x[3 * 64], y[3 * 64], g[64];
   for (int i = 0; i < 192; i++) x[i] = ll_test_randf(&rs);

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cblas.h>
+
 #include "ll_backend.h"
 #include "ll_cpu_dot.h"
 #include "ll_error.h"
@@ -19,6 +21,8 @@ struct cpu_ctx {
   int n_threads;
   void *act;          // quantized activations (T rows)
   size_t act_cap;
+  float *wbuf;        // float weight rows for sgemm (LL_BLAS_ROWS x K per thread)
+  size_t wbuf_cap;
   float *scratch;     // per-thread scratch (attention scores, rope tables)
   size_t scratch_per_thread;
   char device[128];
@@ -105,9 +109,51 @@ static void quant_task(void *vctx, int t, int thread) {
   q->k->from_float(q->x + (size_t)t * q->K, (char *)q->act + (size_t)t * q->a_row, q->K);
 }
 
+// ---- float weights x a batch: OpenBLAS sgemm ----
+// Each pool task takes a slice of the weight rows: F16/BF16 rows are widened into the
+// thread's buffer LL_BLAS_ROWS at a time, then out[:, slice] (+)= x · slice^T in one
+// single-threaded sgemm per block (OpenBLAS's own threads are off: our pool is the only one).
+#define LL_BLAS_ROWS 64
+struct blas_job {
+  float *out;
+  const float *x;
+  const struct ll_weight *w;
+  struct cpu_ctx *c;
+  int T, N, K, accumulate, chunk;
+};
+static void blas_task(void *vctx, int task, int thread) {
+  const struct blas_job *j = vctx;
+  const int n0 = task * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
+  const size_t rs = ll_row_size(j->w->type, j->K);
+  float *buf = j->c->wbuf + (size_t)thread * LL_BLAS_ROWS * j->K;
+  for (int r0 = n0; r0 < n1; r0 += LL_BLAS_ROWS) {
+    const int nr = n1 - r0 < LL_BLAS_ROWS ? n1 - r0 : LL_BLAS_ROWS;
+    const float *wb;
+    if (j->w->type == LL_TYPE_F32) {
+      wb = (const float *)j->w->data + (size_t)r0 * j->K;
+    } else {
+      for (int r = 0; r < nr; r++) ll_dequantize_row(j->w->type, (const char *)j->w->data + (size_t)(r0 + r) * rs, buf + (size_t)r * j->K, j->K);
+      wb = buf;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, nr, j->K, 1.0f, j->x, j->K, wb, j->K, j->accumulate ? 1.0f : 0.0f,
+                j->out + r0, j->N);
+  }
+}
+static int cpu_matmul_blas(struct cpu_ctx *c, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
+  if (grow((void **)&c->wbuf, &c->wbuf_cap, (size_t)c->n_threads * LL_BLAS_ROWS * (size_t)w->k * sizeof(float))) return LL_ENOMEM;
+  struct blas_job j = {out, x, w, c, T, (int)w->n, (int)w->k, accumulate, 0};
+  j.chunk = (int)((w->n + c->n_threads * 4 - 1) / (c->n_threads * 4));
+  j.chunk = (j.chunk + LL_BLAS_ROWS - 1) / LL_BLAS_ROWS * LL_BLAS_ROWS; // whole blocks
+  ll_threadpool_run(c->pool, blas_task, &j, (int)((w->n + j.chunk - 1) / j.chunk));
+  return 0;
+}
+
 // out (T, N) = x (T, K) · W (N, K)ᵀ
 static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
   struct cpu_ctx *c = C(b);
+  // Float weights and a batch (not in the server): sgemm beats our dot loops there.
+  if (!b->batch_invariant && T >= LL_BLAS_MIN_T && (w->type == LL_TYPE_F32 || w->type == LL_TYPE_F16 || w->type == LL_TYPE_BF16))
+    return cpu_matmul_blas(c, out, x, w, T, accumulate);
   const struct ll_type_kernels *k = ll_cpu_kernels(w->type);
   if (!k) return LL_EUNSUPPORTED;
   const size_t a_row = ll_row_size(k->act_type, w->k);
@@ -371,6 +417,7 @@ static void cpu_free(struct ll_backend *b) {
   if (c) {
     ll_threadpool_free(c->pool);
     free(c->act);
+    free(c->wbuf);
     free(c->scratch);
     free(c);
   }
@@ -423,6 +470,9 @@ int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, siz
     return ll_errf(err, errlen, LL_ENOMEM, "cpu backend: out of memory");
   }
   c->n_threads = ll_threadpool_size(c->pool);
+  // sgemm runs inside our pool's tasks: OpenBLAS must not start threads of its own (they would
+  // compete with ours for the same cores).
+  openblas_set_num_threads(1);
   char model[96];
   cpu_model_name(model, sizeof model);
   snprintf(c->device, sizeof c->device, "%s (%d threads, %s)", model, c->n_threads, ll_cpu_isa());
