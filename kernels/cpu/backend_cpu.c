@@ -56,7 +56,7 @@ static void mm_task(void *vctx, int task, int thread) {
   (void)thread;
   const struct mm_job *j = vctx;
   const int n0 = task * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
-  float tile[4][4];
+  float tile[8][4]; // (tile_na <= 8) x 4 rows
   const int tna = j->k->tile_na > 0 ? j->k->tile_na : 2;
   for (int n = n0; n < n1;) {
     const char *wr = (const char *)j->w + (size_t)n * j->w_row;

@@ -12,6 +12,11 @@
 
 #define H2F(x) ll_fp16_to_fp32(x)
 
+// Q4_0 in the order llama.cpp computes it on x86 and Arm: it repacks every Q4_0 matrix whose
+// row count is a multiple of 8 into interleaved rows, and its GEMV/GEMM there take each block's
+// exact integer sum, then sum = fma(float(si), d_w * d_a, sum) block by block (d_w * d_a of
+// two halves is exact in float). Every ISA here computes exactly this, so all are
+// bit-identical to this reference.
 static void dot_q4_0_q8_0(int n, float *s, const void *w, const void *a) {
   const ll_block_q4_0 *x = w;
   const ll_block_q8_0 *y = a;
@@ -22,7 +27,7 @@ static void dot_q4_0_q8_0(int n, float *s, const void *w, const void *a) {
       si += ((x[i].qs[j] & 0x0F) - 8) * y[i].qs[j];
       si += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + 16];
     }
-    sum += si * H2F(x[i].d) * H2F(y[i].d);
+    sum = fmaf((float)si, H2F(x[i].d) * H2F(y[i].d), sum);
   }
   *s = sum;
 }

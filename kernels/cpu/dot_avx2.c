@@ -26,6 +26,9 @@ static void fp16_table_init(void) {
 }
 static inline float h2f(ll_fp16 h) { return fp16_table[h]; }
 
+// Row r of a tile's weights.
+#define W_ROW(T, r) const T *w##r = (const T *)((const char *)w + (size_t)(r) * w_stride)
+
 // 16 bytes of packed nibbles -> 32 bytes: low nibbles first (elements 0..15), then high.
 // (broadcast load + shift + blend: no shuffle-port work)
 static inline __m256i unpack_nibbles(const uint8_t *qs) {
@@ -45,18 +48,56 @@ static inline __m256 mul_sum_i8(__m256i a, __m256i b) {
   return mul_sum_us8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
 }
 
+// Q4_0: dot.c's order (llama.cpp's repacked one): exact integer sum per block, then one fused
+// multiply-add per block.
+static inline __m256i isum_i8(__m256i a, __m256i b) { // 8 int32 lanes of Σ signed(a)·signed(b)
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)), _mm256_set1_epi16(1));
+}
+static inline int hsum_i32(__m256i v) {
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(x);
+}
 static void dot_q4_0_q8_0(int n, float *s, const void *w, const void *a) {
   const ll_block_q4_0 *x = w;
   const ll_block_q8_0 *y = a;
-  __m256 acc = _mm256_setzero_ps();
+  float sum = 0;
   const __m256i off = _mm256_set1_epi8(8);
   for (int i = 0; i < n / 32; i++) {
-    const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
     const __m256i qx = _mm256_sub_epi8(unpack_nibbles(x[i].qs), off);
-    const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-    acc = _mm256_fmadd_ps(d, mul_sum_i8(qx, qy), acc);
+    const int si = hsum_i32(isum_i8(qx, _mm256_loadu_si256((const __m256i *)y[i].qs)));
+    sum = fmaf((float)si, h2f(x[i].d) * h2f(y[i].d), sum);
   }
-  *s = hsum256(acc);
+  *s = sum;
+}
+
+// Four rows x 1 or 2 tokens: the four rows' integer sums reduced together (hadd), then one
+// 4-lane fma per block and token, lane r exactly dot_q4_0_q8_0's step for row r.
+static inline __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+static void q4_0_rows4(int n, const void *w, size_t w_stride, const void *a, size_t a_stride, int na, float *out, size_t ostride) {
+  W_ROW(ll_block_q4_0, 0); W_ROW(ll_block_q4_0, 1); W_ROW(ll_block_q4_0, 2); W_ROW(ll_block_q4_0, 3);
+  const ll_block_q8_0 *y0 = a, *y1 = (const ll_block_q8_0 *)((const char *)a + a_stride);
+  const __m256i off = _mm256_set1_epi8(8);
+  __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
+  for (int i = 0; i < n / 32; i++) {
+    const __m256i x0 = _mm256_sub_epi8(unpack_nibbles(w0[i].qs), off), x1 = _mm256_sub_epi8(unpack_nibbles(w1[i].qs), off);
+    const __m256i x2 = _mm256_sub_epi8(unpack_nibbles(w2[i].qs), off), x3 = _mm256_sub_epi8(unpack_nibbles(w3[i].qs), off);
+    const __m128 dw = _mm_setr_ps(h2f(w0[i].d), h2f(w1[i].d), h2f(w2[i].d), h2f(w3[i].d));
+    const __m256i q0 = _mm256_loadu_si256((const __m256i *)y0[i].qs);
+    acc0 = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_i32(isum_i8(x0, q0), isum_i8(x1, q0), isum_i8(x2, q0), isum_i8(x3, q0))),
+                        _mm_mul_ps(dw, _mm_set1_ps(h2f(y0[i].d))), acc0);
+    if (na > 1) {
+      const __m256i q1 = _mm256_loadu_si256((const __m256i *)y1[i].qs);
+      acc1 = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_i32(isum_i8(x0, q1), isum_i8(x1, q1), isum_i8(x2, q1), isum_i8(x3, q1))),
+                          _mm_mul_ps(dw, _mm_set1_ps(h2f(y1[i].d))), acc1);
+    }
+  }
+  _mm_storeu_ps(out, acc0);
+  if (na > 1) _mm_storeu_ps(out + ostride, acc1);
 }
 
 static void dot_q4_1_q8_1(int n, float *s, const void *w, const void *a) {
@@ -116,13 +157,6 @@ static void dot_f16(int n, float *s, const void *w, const void *a) {
 
 // ---- Q5_0 / Q5_1 / K-quants: the exact integer sums of the scalar references (dot.c) with
 // SIMD, then the very same float expression, so results are bit-identical to them (tested).
-
-static inline int hsum_i32(__m256i v) {
-  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-  return _mm_cvtsi128_si32(t);
-}
 
 // 32 bits -> 32 bytes, byte e = 0x10 if bit e is set (the fifth bit of Q5 weights).
 static inline __m256i bits_to_0x10(uint32_t bits) {
@@ -255,7 +289,6 @@ static void dot_q6_K_q8_K(int n, float *s, const void *w, const void *a) {
 // Per output the operation sequence equals the single dot above, so results are bit-identical;
 // the tile shares activation loads and runs independent dependency chains side by side.
 // Accumulators are named variables (not arrays) so they stay in registers.
-#define W_ROW(T, r) const T *w##r = (const T *)((const char *)w + (size_t)(r) * w_stride)
 
 // q4_1 x q8_1
 #define Q41_STEP(r, q, qx)                                                                          \
@@ -335,9 +368,7 @@ static void q4_1_4x2(int n, const void *w, size_t w_stride, const void *a, size_
     out[ostride + 3] = hsum256(a31);                                                                \
   }
 #define XF_Q8_0(wr) _mm256_loadu_si256((const __m256i *)wr[i].qs)
-#define XF_Q4_0(wr) _mm256_sub_epi8(unpack_nibbles(wr[i].qs), _mm256_set1_epi8(8))
 DEF_Q0_TILES(q8_0, ll_block_q8_0, XF_Q8_0)
-DEF_Q0_TILES(q4_0, ll_block_q4_0, XF_Q4_0)
 
 // Generic entry: 4 rows x (1 | 2) activations; other shapes loop over the single dot.
 #define DEF_TILE(NAME, DOT)                                                                         \
@@ -350,7 +381,12 @@ DEF_Q0_TILES(q4_0, ll_block_q4_0, XF_Q4_0)
   }
 DEF_TILE(q4_1, dot_q4_1_q8_1)
 DEF_TILE(q8_0, dot_q8_0_q8_0)
-DEF_TILE(q4_0, dot_q4_0_q8_0)
+static void tile_q4_0(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, float *out, size_t ostride) {
+  if (nw == 4 && na <= 2) return q4_0_rows4(n, w, w_stride, a, a_stride, na, out, ostride);
+  for (int q = 0; q < na; q++)
+    for (int r = 0; r < nw; r++)
+      dot_q4_0_q8_0(n, &out[(size_t)q * ostride + r], (const char *)w + (size_t)r * w_stride, (const char *)a + (size_t)q * a_stride);
+}
 
 // Activation quantizers: the shared scalar ones of dot.c (a few thousand elements per token,
 // negligible next to the weight stream), identical on every ISA.

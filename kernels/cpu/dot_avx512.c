@@ -5,6 +5,7 @@
 // four into int32 lanes, exactly (no int16 saturation as in maddubs). Signed weights are made
 // unsigned by an offset whose contribution is removed through dpbusd's start value:
 //   Q8_0:  Σ w·a = Σ (w+128)·a − 128·Σa        Q4_0:  Σ (q−8)·a = Σ q·a − 8·Σa
+//   (Q4_0's float step is dot.c's - llama.cpp's repacked order -, the others follow dot_avx2.c)
 //   Q4_1:  d_w·d_a·Σ q·a  +  m_w·s_a
 // The lanes of a zmm hold different weight rows (four for the 4-bit types, two for Q8_0) of
 // one token, each lane with the same integer groups and the same float steps as dot_avx2.c
@@ -131,6 +132,83 @@ AI void q4_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, 
   }
 }
 
+// ---- Q4_0 x Q8_0: dot.c's order (llama.cpp's repacked one), four rows per zmm ----
+// Weights and activations as in the quad kernel above; per token the L and H integer lanes
+// are added, then the four tokens' (row, 4-lane) partials are reduced and transposed so that
+// lane 4r + t holds the exact block sum of row r and token t; one conversion and one FMA per
+// block then serve all 16 (row, token) pairs: sum = fma(float(si), d_w * d_a, sum), as in
+// dot.c, bit for bit.
+AI __m512i q40_rows_tokens(const __m512i *s, const int NA) {
+  if (NA == 1) { // every lane of row r's 128 bits becomes the row's total
+    const __m512i v = _mm512_add_epi32(s[0], _mm512_shuffle_epi32(s[0], (_MM_PERM_ENUM)_MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm512_add_epi32(v, _mm512_shuffle_epi32(v, (_MM_PERM_ENUM)_MM_SHUFFLE(2, 3, 0, 1)));
+  }
+  const __m512i z = _mm512_setzero_si512();
+  const __m512i s1 = s[1], s2 = NA > 2 ? s[2] : z, s3 = NA > 3 ? s[3] : z;
+  const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(s[0], s1), _mm512_unpackhi_epi32(s[0], s1));
+  const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(s2, s3), _mm512_unpackhi_epi32(s2, s3));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+}
+
+AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA) {
+  const int nb = n / 32;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8), flip = _mm512_set1_epi8((char)0x80);
+  const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; // tokens 0-3 / 4-7, lane 4r + t%4
+  for (int i = 0; i < nb; i++) {
+    const size_t blk = (size_t)i * sizeof(ll_block_q4_0);
+    const __m512i q = q4_quad_load(w, ws, blk, offsetof(ll_block_q4_0, qs), NW);
+    __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    const __m512 dw = _mm512_permutexvar_ps(idx_d, _mm512_castps256_ps512(q4_quad_head(w, ws, blk, NW))); // d_r
+    // With several tokens the weights become signed (q-8) and the activations unsigned
+    // (a+128): Σ (a+128)(q-8) - 128·Σ(q-8) = Σ (q-8)·a, and the offset term depends on the
+    // weights only, so it is computed once per block instead of once per token (one token
+    // keeps Σ q·a - 8·Σa, cheaper there). The integers are the same either way.
+    __m512i wl = _mm512_setzero_si512(), wh = wl;
+    if (NA > 1) {
+      lo = _mm512_sub_epi8(lo, eight), hi = _mm512_sub_epi8(hi, eight);
+      wl = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, lo));
+      wh = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, hi));
+    }
+    __m128i uv[2] = {_mm_setzero_si128(), _mm_setzero_si128()};
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < NA; t++) {
+      ll_fp16 h;
+      memcpy(&h, (const char *)a + (size_t)t * as + (size_t)i * sizeof(ll_block_q8_0), sizeof h);
+      uv[t / 4] = _mm_insert_epi16(uv[t / 4], h, t % 4);
+    }
+    __m512i sum[8];
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < NA; t++) {
+      const char *y = (const char *)a + (size_t)t * as + (size_t)i * sizeof(ll_block_q8_0) + offsetof(ll_block_q8_0, qs);
+      const __m512i al = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y));
+      const __m512i ah = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + 16)));
+      __m512i il, ih;
+      if (NA > 1) {
+        il = _mm512_dpbusd_epi32(wl, _mm512_xor_si512(al, flip), lo);
+        ih = _mm512_dpbusd_epi32(wh, _mm512_xor_si512(ah, flip), hi);
+      } else { // Σ q·a - Σ 8·a, the second term as dpbusd's start value
+        il = _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, al)), lo, al);
+        ih = _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, ah)), hi, ah);
+      }
+      sum[t] = _mm512_add_epi32(il, ih);
+    }
+    _Pragma("GCC unroll 2")
+    for (int g = 0; 4 * g < NA; g++) {
+      const int ng = NA - 4 * g < 4 ? NA - 4 * g : 4;
+      const __m512 sc = _mm512_mul_ps(dw, _mm512_broadcast_f32x4(_mm_cvtph_ps(uv[g]))); // d_r * d_t (exact)
+      acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q40_rows_tokens(sum + 4 * g, ng)), sc, acc[g]);
+    }
+  }
+  float o[2][16];
+  _mm512_storeu_ps(o[0], acc[0]);
+  if (NA > 4) _mm512_storeu_ps(o[1], acc[1]);
+  _Pragma("GCC unroll 8")
+  for (int t = 0; t < NA; t++)
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NW; r++) out[(size_t)t * os + r] = o[t / 4][4 * r + t % 4];
+}
+
 // ---- Q8_0 x Q8_0: two weight rows per zmm ----
 // One block of rows r, r+1 fills a zmm [w_r | w_r1]; the token's block is broadcast to both
 // halves, so vpdpbusd gives row r's 8 int32 lanes in the low half and row r+1's in the high
@@ -220,13 +298,21 @@ typedef void (*tile_fn)(int n, const void *w, size_t ws, const void *a, size_t a
 
 #define CALL_Q41(NW, NA) q4_quad_impl(n, w, ws, a, as, out, os, NW, NA, 1)
 #define CALL_Q80(NW, NA) q8_pair_impl(n, w, ws, a, as, out, os, NW, NA)
-#define CALL_Q40(NW, NA) q4_quad_impl(n, w, ws, a, as, out, os, NW, NA, 0)
+#define CALL_Q40(NW, NA) q40_quad_impl(n, w, ws, a, as, out, os, NW, NA)
 INST_ALL(q4_1, CALL_Q41)
 INST_ALL(q8_0, CALL_Q80)
-INST_ALL(q4_0, CALL_Q40)
+// Q4_0 tiles take up to 8 tokens (the weight-side work per block is shared by more tokens).
+#define INST_ROW8(NAME, CALL, NW)                                                                      INST(NAME, CALL, NW, 1) INST(NAME, CALL, NW, 2) INST(NAME, CALL, NW, 3) INST(NAME, CALL, NW, 4)       INST(NAME, CALL, NW, 5) INST(NAME, CALL, NW, 6) INST(NAME, CALL, NW, 7) INST(NAME, CALL, NW, 8)
+INST_ROW8(q4_0, CALL_Q40, 1) INST_ROW8(q4_0, CALL_Q40, 2) INST_ROW8(q4_0, CALL_Q40, 3) INST_ROW8(q4_0, CALL_Q40, 4)
+#define ROW8(NAME, NW) {NAME##_##NW##x1, NAME##_##NW##x2, NAME##_##NW##x3, NAME##_##NW##x4, NAME##_##NW##x5, NAME##_##NW##x6, NAME##_##NW##x7, NAME##_##NW##x8}
+static const tile_fn q4_0_tiles[4][8] = {ROW8(q4_0, 1), ROW8(q4_0, 2), ROW8(q4_0, 3), ROW8(q4_0, 4)};
+static void tile_q4_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
+  q4_0_tiles[nw - 1][na - 1](n, w, ws, a, as, out, os);
+}
+static void dot_q4_0(int n, float *s, const void *w, const void *a) { q4_0_1x1(n, w, 0, a, 0, s, 1); }
 
 static const struct ll_type_kernels avx512_table[LL_TYPE_COUNT] = {
-    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 4},
+    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 8},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile_q4_1, 4},
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q8_0, "avx512vnni", tile_q8_0, 4},
 };

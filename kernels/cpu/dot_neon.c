@@ -6,7 +6,7 @@
 // |a| <= 128, far from int32 overflow), and the per-block float step is the reference's own C
 // expression in the reference's block order. Both files are built with the same flags
 // (ISO C11: GCC does not contract a*b+c into fma there), so the same expression gives the
-// same bits. Do not hand-write fma or reorder the float step here: the test (tests/cross)
+// same bits (Q4_0's step is an explicit fmaf in both). Do not reorder the float step here: the test (tests/cross)
 // demands equality bit for bit, not a tolerance.
 //
 // Integer sums: baseline armv8-a has no 8-bit dot instruction, so products are widened with
@@ -17,6 +17,7 @@
 #if defined(__aarch64__) && defined(__ARM_NEON)
 
 #include <arm_neon.h>
+#include <math.h>
 #include <stddef.h>
 
 #include "ll_cpu_dot.h"
@@ -53,7 +54,7 @@ static void neon_dot_q4_0_q8_0(int n, float *s, const void *w, const void *a) {
   float sum = 0;
   for (int i = 0; i < n / 32; i++) {
     const int si = block_q4(x[i].qs, y[i].qs, eight);
-    sum += si * H2F(x[i].d) * H2F(y[i].d); // dot.c's expression, unchanged
+    sum = fmaf((float)si, H2F(x[i].d) * H2F(y[i].d), sum); // dot.c's expression, unchanged
   }
   *s = sum;
 }

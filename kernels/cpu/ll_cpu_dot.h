@@ -28,7 +28,7 @@ struct ll_type_kernels {
   ll_vec_dot_fn vec_dot;
   const char *isa;           // "scalar", "avx2", ...
   ll_vec_dot_tile_fn tile;   // (optional) NULL: callers loop over vec_dot
-  int tile_na;               // (optional) most activation rows per tile call; 0 means 2
+  int tile_na;               // (optional) most activation rows per tile call (<= 8); 0 means 2
 };
 
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block (shared by every ISA's dots).
