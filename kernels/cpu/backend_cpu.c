@@ -238,6 +238,18 @@ static int cpu_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, i
 
 static inline size_t kv_elem(const struct ll_kv_view *kv) { return kv->kv_type == LL_TYPE_F16 ? 2 : 4; }
 
+// rows[p] = head kvh's vector at positions 0..n-1 of a paged f16 cache, block by block (one table
+// lookup and division per block instead of per position).
+static void kv_rows(const struct ll_kv_view *kv, const void *base, int kvh, int n, const uint16_t **rows) {
+  const size_t el = kv->kv_type == LL_TYPE_F16 ? 2 : 4, row = (size_t)kv->n_head_kv * kv->head_dim * el;
+  const size_t off = (size_t)kvh * kv->head_dim * el;
+  for (int p0 = 0, b = 0; p0 < n; p0 += kv->block, b++) {
+    const char *blk = (const char *)base + (size_t)kv->block_table[b] * kv->block * row + off;
+    const int m = n - p0 < kv->block ? n - p0 : kv->block;
+    for (int p = 0; p < m; p++) rows[p0 + p] = (const uint16_t *)(const void *)(blk + (size_t)p * row);
+  }
+}
+
 static inline void *kv_at(const struct ll_kv_view *kv, void *base, int pos) {
   const int blk = kv->block_table[pos / kv->block], off = pos % kv->block;
   const size_t row = (size_t)kv->n_head_kv * kv->head_dim * kv_elem(kv);
@@ -308,7 +320,7 @@ static void attn_task(void *vctx, int task, int thread) {
   // Row pointers into the paged cache, K then V (after the V lanes in this thread's scratch).
   const uint16_t **rows = (const uint16_t **)(void *)(sc + attn_rows_off(j->max_pos, hd));
   if (f16) {
-    for (int p = 0; p < n_pos; p++) rows[p] = (const uint16_t *)((const char *)kv_at(kv, kv->k, p) + (size_t)kvh * hd * 2);
+    kv_rows(kv, kv->k, kvh, n_pos, rows);
     if (prompt_order) j->f16->dot_rows8_f16(sc, qv, rows, n_pos, hd);
     else j->f16->dot_rows_f16(sc, qv, rows, n_pos, hd);
     for (int p = 0; p < n_pos; p++) {
@@ -340,7 +352,7 @@ static void attn_task(void *vctx, int task, int thread) {
     // accumulated (fused) into lane p % 32, lanes reduced in ggml's fixed tree.
     float *lanes = qv + hd; // (32, hd)
     j->f16->round_f16(sc, sc, inv, n_pos); // probabilities rounded to f16, in place
-    for (int p = 0; p < n_pos; p++) rows[p] = (const uint16_t *)((const char *)kv_at(kv, kv->v, p) + (size_t)kvh * hd * 2);
+    kv_rows(kv, kv->v, kvh, n_pos, rows);
     if (prompt_order) j->f16->wsum_rows8_f16(o, rows, sc, n_pos, hd, lanes);
     else j->f16->wsum_rows_f16(o, rows, sc, n_pos, hd, lanes);
     return;
