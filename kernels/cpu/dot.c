@@ -12,7 +12,7 @@
 
 #define H2F(x) ll_fp16_to_fp32(x)
 
-// Q4_0 in the order llama.cpp computes it on x86 and Arm: it repacks every Q4_0 matrix whose
+// Q4_0 in the order llama.cpp computes it on x86 (AVX2 and up): it repacks every Q4_0 matrix whose
 // row count is a multiple of 8 into interleaved rows, and its GEMV/GEMM there take each block's
 // exact integer sum, then sum = fma(float(si), d_w * d_a, sum) block by block (d_w * d_a of
 // two halves is exact in float). Every ISA here computes exactly this, so all are

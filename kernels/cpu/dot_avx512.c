@@ -26,6 +26,24 @@
 
 
 AI float h2f(ll_fp16 h) { return _cvtsh_ss(h); }
+// Lane-indexed insert/extract whose immediates must be constants: in the optimized build the
+// loops are unrolled and the switch folds away; unoptimized (sanitizer) builds still compile.
+AI __m128i ins16(__m128i v, int x, int lane) {
+  switch (lane) {
+  case 0: return _mm_insert_epi16(v, x, 0);
+  case 1: return _mm_insert_epi16(v, x, 1);
+  case 2: return _mm_insert_epi16(v, x, 2);
+  default: return _mm_insert_epi16(v, x, 3);
+  }
+}
+AI __m128 lane128(__m512 v, int i) {
+  switch (i) {
+  case 0: return _mm512_extractf32x4_ps(v, 0);
+  case 1: return _mm512_extractf32x4_ps(v, 1);
+  case 2: return _mm512_extractf32x4_ps(v, 2);
+  default: return _mm512_extractf32x4_ps(v, 3);
+  }
+}
 // ---- Q4_0 x Q8_0 and Q4_1 x Q8_1: four weight rows per zmm ----
 // The nibbles of one block of four rows fill a zmm's four 128-bit lanes; masking gives the
 // low halves (elements 0..15) of all four rows, shifting the high halves (16..31). Against
@@ -124,7 +142,7 @@ AI void q4_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, 
   _Pragma("GCC unroll 4")
   for (int t = 0; t < NA; t++) {
     __m128 res = q4_quad_hsum(accl[t], acch[t]);
-    if (Q41) res = _mm_add_ps(res, _mm512_extractf32x4_ps(sm, t));
+    if (Q41) res = _mm_add_ps(res, lane128(sm, t));
     float o[4];
     _mm_storeu_ps(o, res);
     _Pragma("GCC unroll 4")
@@ -175,7 +193,7 @@ AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as,
     for (int t = 0; t < NA; t++) {
       ll_fp16 h;
       memcpy(&h, (const char *)a + (size_t)t * as + (size_t)i * sizeof(ll_block_q8_0), sizeof h);
-      uv[t / 4] = _mm_insert_epi16(uv[t / 4], h, t % 4);
+      uv[t / 4] = ins16(uv[t / 4], h, t % 4);
     }
     __m512i sum[8];
     _Pragma("GCC unroll 8")
@@ -251,7 +269,7 @@ AI void q8_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as, 
     for (int r = 0; r < NW; r++) {
       ll_fp16 h;
       memcpy(&h, (const char *)w + (size_t)r * ws + blk, sizeof h);
-      dh = _mm_insert_epi16(dh, h, r);
+      dh = ins16(dh, h, r);
     }
     const __m512 d4 = _mm512_castps128_ps512(_mm_cvtph_ps(dh));
     const __m512 dw[2] = {_mm512_permutexvar_ps(idx0, d4), _mm512_permutexvar_ps(idx1, d4)}; // (d_r x8 | d_r1 x8)
