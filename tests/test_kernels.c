@@ -241,8 +241,18 @@ static void test_dots(void) {
     vr->swiglu(o1, g, u, n);
     vf->swiglu(o2, g, u, n);
     vbad += memcmp(o1, o2, (size_t)n * 4) != 0;
+    // RoPE rotation: fused as llama.cpp's GCC build computes it (both pair layouts, odd counts too)
+    const int np = n / 2;
+    if (np > 0) {
+      memcpy(o1, u, (size_t)n * 4), memcpy(o2, u, (size_t)n * 4);
+      vr->rope_pairs(o1, g, x, np, trial % 2);
+      vf->rope_pairs(o2, g, x, np, trial % 2);
+      vbad += memcmp(o1, o2, (size_t)n * 4) != 0;
+      const float x1 = u[trial % 2 ? np : 1], want0 = fmaf(u[0], g[0], -(x1 * x[0])); // pair 0, fused
+      vbad += np >= 2 && memcmp(&o1[0], &want0, 4) != 0;
+    }
   }
-  CHECKF(vbad == 0, "softmax/swiglu: scalar and SIMD differ in %d trials", vbad);
+  CHECKF(vbad == 0, "softmax/swiglu/rope: scalar and SIMD differ in %d trials", vbad);
   CHECKF(ulp_bad == 0, "ggml exp: %d values more than 2.5 ulp from expf", ulp_bad);
 }
 

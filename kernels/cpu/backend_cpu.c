@@ -209,7 +209,6 @@ static int cpu_rmsnorm(struct ll_backend *b, float *out, const float *x, const f
 
 // x (T, n_head, head_dim) rotated in place at positions pos (T)
 static int cpu_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, int n_head, int head_dim, const struct ll_rope_params *p) {
-  (void)b;
   if (p->n_rot > head_dim || p->n_rot % 2) return LL_EINVAL;
   const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
   float cs[1024], sn[1024]; // n_rot / 2 <= 512 (head_dim <= 1024)
@@ -223,6 +222,12 @@ static int cpu_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, i
       sn[i] = sinf(th);
       theta *= theta_scale;
     }
+    if (b->ggml_math) { // llama.cpp's rotation, fused as its compiler fuses it (ll_rope_pairs_impl)
+      const struct ll_vec_ops *vo = ll_cpu_vec_ops();
+      for (int h = 0; h < n_head; h++) vo->rope_pairs(x + ((size_t)t * n_head + h) * head_dim, cs, sn, p->n_rot / 2, p->mode == LL_ROPE_NEOX);
+      continue;
+    }
+    // llama2.c's run.c (built without FMA): both products rounded.
     for (int h = 0; h < n_head; h++) {
       float *v = x + ((size_t)t * n_head + h) * head_dim;
       for (int i = 0; i < p->n_rot / 2; i++) {

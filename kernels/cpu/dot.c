@@ -400,7 +400,9 @@ static void ref_swiglu(float *out, const float *g, const float *up, int64_t n) {
   for (; i < n; i++) out[i] = (g[i] / (1.0f + expf(-g[i]))) * up[i];
 }
 
-static const struct ll_vec_ops vec_ref = {ref_softmax, ref_swiglu};
+static void ref_rope_pairs(float *v, const float *cs, const float *sn, int n_pairs, int neox) { ll_rope_pairs_impl(v, cs, sn, n_pairs, neox); }
+
+static const struct ll_vec_ops vec_ref = {ref_softmax, ref_swiglu, ref_rope_pairs};
 const struct ll_vec_ops *ll_cpu_vec_ops_ref(void) { return &vec_ref; }
 const struct ll_vec_ops *ll_cpu_vec_ops(void) {
   const struct ll_vec_ops *o = have_avx2() ? ll_cpu_vec_ops_avx2() : NULL;

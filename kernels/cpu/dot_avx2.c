@@ -576,7 +576,9 @@ static void avx2_swiglu(float *out, const float *g, const float *up, int64_t n) 
   for (; i < n; i++) out[i] = (g[i] / (1.0f + expf(-g[i]))) * up[i];
 }
 
-static const struct ll_vec_ops vec_avx2 = {avx2_softmax, avx2_swiglu};
+static void avx2_rope_pairs(float *v, const float *cs, const float *sn, int n_pairs, int neox) { ll_rope_pairs_impl(v, cs, sn, n_pairs, neox); }
+
+static const struct ll_vec_ops vec_avx2 = {avx2_softmax, avx2_swiglu, avx2_rope_pairs};
 const struct ll_vec_ops *ll_cpu_vec_ops_avx2(void) { return &vec_avx2; }
 
 static void avx2_dot_rows_f16(float *s, const float *q, const uint16_t *const *k, int rows, int n) {

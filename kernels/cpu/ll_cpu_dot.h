@@ -9,6 +9,7 @@
 #define LL_CPU_DOT_H
 
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 
 // s = w (n elements, weight type) · a (n elements, activation type)
@@ -99,7 +100,29 @@ const struct ll_f16_ops *ll_cpu_f16_ops(void);
 struct ll_vec_ops {
   double (*softmax)(float *y, const float *x, float max, int n);
   void (*swiglu)(float *out, const float *gate, const float *up, int64_t n);
+  // RoPE rotation of one head's n_pairs pairs (NEOX: (v[i], v[i + n_pairs]); else (v[2i], v[2i+1]))
+  void (*rope_pairs)(float *v, const float *cs, const float *sn, int n_pairs, int neox);
 };
+
+// llama.cpp's rotate_pairs (ggml-cpu/ops.cpp) is GNU C++ built with -mfma and the default
+// -ffp-contract=fast: GCC fuses the first product of each rotated value, x0*c - x1*s becomes
+// fma(x0, c, -(x1*s)) and x0*s + x1*c becomes fma(x0, s, x1*c), in its vectorised (vfmaddsub)
+// and scalar loops alike. Only NORMAL mode's epilogue for an odd pair count (vaddsubps) is unfused.
+// Included by dot.c (fmaf from libm) and dot_avx2.c (-mfma: inline vfmadd), same bits.
+static inline void ll_rope_pairs_impl(float *v, const float *cs, const float *sn, int n_pairs, int neox) {
+  const int unfused_last = !neox && n_pairs % 2;
+  for (int i = 0; i < n_pairs; i++) {
+    const int a = neox ? i : 2 * i, c2 = neox ? i + n_pairs : 2 * i + 1;
+    const float x0 = v[a], x1 = v[c2];
+    if (unfused_last && i == n_pairs - 1) {
+      v[a] = x0 * cs[i] - x1 * sn[i];
+      v[c2] = x0 * sn[i] + x1 * cs[i];
+    } else {
+      v[a] = fmaf(x0, cs[i], -(x1 * sn[i]));
+      v[c2] = fmaf(x0, sn[i], x1 * cs[i]);
+    }
+  }
+}
 const struct ll_vec_ops *ll_cpu_vec_ops(void);
 const struct ll_vec_ops *ll_cpu_vec_ops_ref(void);
 const struct ll_vec_ops *ll_cpu_vec_ops_avx2(void);
