@@ -500,7 +500,10 @@ static void *compute_main(void *arg) {
     int n_active = 0;
     for (int i = 0; i < s->parallel; i++) n_active += s->active[i] != NULL;
     pthread_mutex_lock(&s->mu);
-    while (!s->quit && s->n_in == 0 && !s->cancels && n_active == 0 && !(s->shutdown && s->wait_head)) {
+    // Queued requests are work too: when every active slot finished in the same step (equal
+    // requests started together), the queue must be admitted now, not after the next arrival
+    // (that wait hung 55 queued requests forever in a test run). wait_head is this thread's.
+    while (!s->quit && s->n_in == 0 && !s->cancels && n_active == 0 && !s->wait_head) {
       if (s->decode_tps != 0 || s->prefill_tps != 0) { // idle: rates fall to 0
         s->decode_tps = s->prefill_tps = 0;
         s->stats.decode_tps = s->stats.prefill_tps = 0;

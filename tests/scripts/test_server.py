@@ -114,6 +114,24 @@ if stop:
     t, e, _ = c.generate("GEN max_tokens=32 temperature=0 stop=%s :Once upon a time" % stop.decode())
     check(e.get("reason") == "stop" and t == full[:full.find(stop)], "stop=%r ends the text before it: %r" % (stop, t))
 
+# ---- a burst of equal requests in one write: the first 8 fill every slot, start and finish in
+# the same step, and the 16 queued behind them must still be admitted (the scheduler once went
+# to sleep there with a full queue and no slot busy, so they waited forever) ----
+print("-- burst: 24 equal requests in one write; all slots finish together; the queue moves on", flush=True)
+b = srv.conn(timeout=30)
+b.send("".join("GEN id=b%d max_tokens=8 temperature=0 :Once upon a time\n" % i for i in range(24)))
+burst_ends = 0
+try:
+    while burst_ends < 24:
+        l = b.line()
+        if l is None:
+            break
+        burst_ends += parse_line(l)[0] == "END"
+except socket.timeout:
+    pass
+check(burst_ends == 24, "burst of 24: all ended within 30 s (%d did)" % burst_ends)
+b.close()
+
 # ---- 64 concurrent clients x 32 tokens; greedy outputs equal the single-client outputs ----
 print("-- 64 concurrent clients x 32 tokens; greedy outputs equal the single-client outputs", flush=True)
 t0 = time.time()
