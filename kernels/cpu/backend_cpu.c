@@ -21,6 +21,8 @@ struct cpu_ctx {
   int n_threads;
   void *act;          // quantized activations (T rows)
   size_t act_cap;
+  float *asc;         // their block scales as floats, block-major (nb, T), for tile_sc
+  size_t asc_cap;
   float *wbuf;        // float weight rows for sgemm (LL_BLAS_ROWS x K per thread)
   size_t wbuf_cap;
   float *scratch;     // per-thread scratch (attention scores, rope tables)
@@ -49,7 +51,8 @@ struct mm_job {
   const char *act;
   const struct ll_type_kernels *k;
   int T, N, K, accumulate;
-  int chunk; // rows per task (a multiple of 4; see cpu_matmul)
+  int chunk;       // rows per task (a multiple of 4; see cpu_matmul)
+  const float *sc; // (nb, T) activation scales for k->tile_sc, or NULL
 };
 
 static void mm_task(void *vctx, int task, int thread) {
@@ -75,11 +78,14 @@ static void mm_task(void *vctx, int task, int thread) {
       // 4 weight rows x up to 4 tokens per pass: weights unpacked once, independent chains.
       for (int t = 0; t < j->T; t += tna) {
         const int na = j->T - t >= tna ? tna : j->T - t;
+        const char *at = j->act + (size_t)t * j->a_row;
         if (!j->accumulate) { // straight into the output rows
-          j->k->tile(j->K, wr, j->w_row, 4, j->act + (size_t)t * j->a_row, j->a_row, na, j->out + (size_t)t * j->N + n, (size_t)j->N);
+          if (j->sc) j->k->tile_sc(j->K, wr, j->w_row, 4, at, j->a_row, na, j->sc + t, (size_t)j->T, j->out + (size_t)t * j->N + n, (size_t)j->N);
+          else j->k->tile(j->K, wr, j->w_row, 4, at, j->a_row, na, j->out + (size_t)t * j->N + n, (size_t)j->N);
           continue;
         }
-        j->k->tile(j->K, wr, j->w_row, 4, j->act + (size_t)t * j->a_row, j->a_row, na, &tile[0][0], 4);
+        if (j->sc) j->k->tile_sc(j->K, wr, j->w_row, 4, at, j->a_row, na, j->sc + t, (size_t)j->T, &tile[0][0], 4);
+        else j->k->tile(j->K, wr, j->w_row, 4, at, j->a_row, na, &tile[0][0], 4);
         for (int q = 0; q < na; q++)
           for (int r = 0; r < 4; r++) j->out[(size_t)(t + q) * j->N + n + r] += tile[q][r];
       }
@@ -102,11 +108,22 @@ struct quant_job {
   const struct ll_type_kernels *k;
   size_t a_row;
   int64_t K;
+  float *sc; // (nb, T) block scales to fill, or NULL
+  int T;
 };
 static void quant_task(void *vctx, int t, int thread) {
   (void)thread;
   const struct quant_job *q = vctx;
-  q->k->from_float(q->x + (size_t)t * q->K, (char *)q->act + (size_t)t * q->a_row, q->K);
+  const char *row = (const char *)q->act + (size_t)t * q->a_row;
+  q->k->from_float(q->x + (size_t)t * q->K, (void *)row, q->K);
+  if (q->sc) { // Q8_0 / Q8_1 blocks start with their fp16 d
+    const size_t bs = ll_row_size(q->k->act_type, 32);
+    for (int64_t i = 0; i < q->K / 32; i++) {
+      ll_fp16 h;
+      memcpy(&h, row + (size_t)i * bs, sizeof h);
+      q->sc[(size_t)i * q->T + t] = ll_fp16_to_fp32(h);
+    }
+  }
 }
 
 // ---- float weights x a batch: OpenBLAS sgemm ----
@@ -160,11 +177,17 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   if (!a_row) return LL_EINVAL;
   if (grow(&c->act, &c->act_cap, a_row * (size_t)T)) return LL_ENOMEM;
   // Quantize the activation rows (each row independently: the same bytes however it is split).
-  struct quant_job qj = {x, c->act, k, a_row, w->k};
+  // Kernels that take the activation scales as floats get them converted here, once.
+  float *sc = NULL;
+  if (k->tile_sc && T >= 2 && (k->act_type == LL_TYPE_Q8_0 || k->act_type == LL_TYPE_Q8_1)) {
+    if (grow((void **)&c->asc, &c->asc_cap, (size_t)(w->k / 32) * (size_t)T * sizeof(float))) return LL_ENOMEM;
+    sc = c->asc;
+  }
+  struct quant_job qj = {x, c->act, k, a_row, w->k, sc, T};
   if (T >= 2 && c->n_threads > 1) ll_threadpool_run(c->pool, quant_task, &qj, T);
   else
     for (int t = 0; t < T; t++) quant_task(&qj, t, 0);
-  struct mm_job j = {out, w->data, ll_row_size(w->type, w->k), a_row, c->act, k, T, (int)w->n, (int)w->k, accumulate, 0};
+  struct mm_job j = {out, w->data, ll_row_size(w->type, w->k), a_row, c->act, k, T, (int)w->n, (int)w->k, accumulate, 0, sc};
   // Chunk schedule (rows in multiples of 4). A decode step's matrices take microseconds: every
   // chunk costs a contended atomic claim and a restart of the hardware prefetcher, so small
   // batches get one contiguous chunk per thread (16 chunks per matmul cost a quarter of
@@ -434,6 +457,7 @@ static void cpu_free(struct ll_backend *b) {
   if (c) {
     ll_threadpool_free(c->pool);
     free(c->act);
+    free(c->asc);
     free(c->wbuf);
     free(c->scratch);
     free(c);

@@ -168,7 +168,8 @@ AI __m512i q40_rows_tokens(const __m512i *s, const int NA) {
   return _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
 }
 
-AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA) {
+AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, size_t scs, float *out, size_t os, const int NW,
+                     const int NA) {
   const int nb = n / 32;
   const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8), flip = _mm512_set1_epi8((char)0x80);
   const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
@@ -188,12 +189,20 @@ AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as,
       wl = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, lo));
       wh = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, hi));
     }
-    __m128i uv[2] = {_mm_setzero_si128(), _mm_setzero_si128()};
-    _Pragma("GCC unroll 8")
-    for (int t = 0; t < NA; t++) {
-      ll_fp16 h;
-      memcpy(&h, (const char *)a + (size_t)t * as + (size_t)i * sizeof(ll_block_q8_0), sizeof h);
-      uv[t / 4] = ins16(uv[t / 4], h, t % 4);
+    __m128 dav[2]; // the tokens' activation scales d_t (f32), 4 per group
+    if (sca) { // converted once per product by the caller
+      _Pragma("GCC unroll 2")
+      for (int g = 0; 4 * g < NA; g++)
+        dav[g] = _mm_maskz_loadu_ps((__mmask8)((1u << (NA - 4 * g < 4 ? NA - 4 * g : 4)) - 1), sca + (size_t)i * scs + 4 * g);
+    } else {
+      __m128i uv[2] = {_mm_setzero_si128(), _mm_setzero_si128()};
+      _Pragma("GCC unroll 8")
+      for (int t = 0; t < NA; t++) {
+        ll_fp16 h;
+        memcpy(&h, (const char *)a + (size_t)t * as + (size_t)i * sizeof(ll_block_q8_0), sizeof h);
+        uv[t / 4] = ins16(uv[t / 4], h, t % 4);
+      }
+      dav[0] = _mm_cvtph_ps(uv[0]), dav[1] = _mm_cvtph_ps(uv[1]);
     }
     __m512i sum[8];
     _Pragma("GCC unroll 8")
@@ -214,7 +223,7 @@ AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as,
     _Pragma("GCC unroll 2")
     for (int g = 0; 4 * g < NA; g++) {
       const int ng = NA - 4 * g < 4 ? NA - 4 * g : 4;
-      const __m512 sc = _mm512_mul_ps(dw, _mm512_broadcast_f32x4(_mm_cvtph_ps(uv[g]))); // d_r * d_t (exact)
+      const __m512 sc = _mm512_mul_ps(dw, _mm512_broadcast_f32x4(dav[g])); // d_r * d_t (exact)
       acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q40_rows_tokens(sum + 4 * g, ng)), sc, acc[g]);
     }
   }
@@ -316,7 +325,8 @@ typedef void (*tile_fn)(int n, const void *w, size_t ws, const void *a, size_t a
 
 #define CALL_Q41(NW, NA) q4_quad_impl(n, w, ws, a, as, out, os, NW, NA, 1)
 #define CALL_Q80(NW, NA) q8_pair_impl(n, w, ws, a, as, out, os, NW, NA)
-#define CALL_Q40(NW, NA) q40_quad_impl(n, w, ws, a, as, out, os, NW, NA)
+#define CALL_Q40(NW, NA) q40_quad_impl(n, w, ws, a, as, NULL, 0, out, os, NW, NA)
+#define CALL_Q40S(NW, NA) q40_quad_impl(n, w, ws, a, as, sc, scs, out, os, NW, NA)
 INST_ALL(q4_1, CALL_Q41)
 INST_ALL(q8_0, CALL_Q80)
 // Q4_0 tiles take up to 8 tokens (the weight-side work per block is shared by more tokens).
@@ -327,10 +337,26 @@ static const tile_fn q4_0_tiles[4][8] = {ROW8(q4_0, 1), ROW8(q4_0, 2), ROW8(q4_0
 static void tile_q4_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
   q4_0_tiles[nw - 1][na - 1](n, w, ws, a, as, out, os);
 }
+// The same with the activation scales converted by the caller (ll_type_kernels.tile_sc).
+typedef void (*tile_sc_fn)(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, size_t scs, float *out, size_t os);
+#define INST_S(NAME, CALL, NW, NA)                                                                   \
+  static void NAME##_##NW##x##NA(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, size_t scs, float *out, \
+                                 size_t os) {                                                     \
+    CALL(NW, NA);                                                                                  \
+  }
+#define INST_S_ROW8(NAME, CALL, NW)                                                                  \
+  INST_S(NAME, CALL, NW, 1) INST_S(NAME, CALL, NW, 2) INST_S(NAME, CALL, NW, 3) INST_S(NAME, CALL, NW, 4) \
+  INST_S(NAME, CALL, NW, 5) INST_S(NAME, CALL, NW, 6) INST_S(NAME, CALL, NW, 7) INST_S(NAME, CALL, NW, 8)
+INST_S_ROW8(q4_0s, CALL_Q40S, 1) INST_S_ROW8(q4_0s, CALL_Q40S, 2) INST_S_ROW8(q4_0s, CALL_Q40S, 3) INST_S_ROW8(q4_0s, CALL_Q40S, 4)
+static const tile_sc_fn q4_0s_tiles[4][8] = {ROW8(q4_0s, 1), ROW8(q4_0s, 2), ROW8(q4_0s, 3), ROW8(q4_0s, 4)};
+static void tile_sc_q4_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, size_t scs, float *out,
+                         size_t os) {
+  q4_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, scs, out, os);
+}
 static void dot_q4_0(int n, float *s, const void *w, const void *a) { q4_0_1x1(n, w, 0, a, 0, s, 1); }
 
 static const struct ll_type_kernels avx512_table[LL_TYPE_COUNT] = {
-    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 8},
+    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 8, tile_sc_q4_0},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile_q4_1, 4},
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q8_0, "avx512vnni", tile_q8_0, 4},
 };

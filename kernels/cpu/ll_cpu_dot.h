@@ -30,6 +30,12 @@ struct ll_type_kernels {
   const char *isa;           // "scalar", "avx2", ...
   ll_vec_dot_tile_fn tile;   // (optional) NULL: callers loop over vec_dot
   int tile_na;               // (optional) most activation rows per tile call (<= 8); 0 means 2
+  // (optional) The tile given the activation blocks' scales as floats, block-major:
+  // sc[i * sc_stride + a] is the scale of block i of activation row a (for Q8_0 activations:
+  // f32 of the row's fp16 d). Same results as tile; the caller converts the scales once per
+  // matrix product instead of every row group converting them again.
+  void (*tile_sc)(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, const float *sc,
+                  size_t sc_stride, float *out, size_t ostride);
 };
 
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block (shared by every ISA's dots).
