@@ -44,7 +44,7 @@ AI __m128 lane128(__m512 v, int i) {
   default: return _mm512_extractf32x4_ps(v, 3);
   }
 }
-// ---- Q4_0 x Q8_0 and Q4_1 x Q8_1: four weight rows per zmm ----
+// ---- Q4_1 x Q8_1: four weight rows per zmm ----
 // The nibbles of one block of four rows fill a zmm's four 128-bit lanes; masking gives the
 // low halves (elements 0..15) of all four rows, shifting the high halves (16..31). Against
 // the token's matching 16 activation bytes broadcast to every lane, vpdpbusd then yields,
@@ -81,68 +81,49 @@ AI __m128 q4_quad_hsum(__m512 l, __m512 h) {
   return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
 }
 
-AI void q4_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA,
-                     const int Q41) {
+AI void q4_1_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA) {
   const int nb = n / 32;
-  const size_t bw = Q41 ? sizeof(ll_block_q4_1) : sizeof(ll_block_q4_0);
-  const size_t ba = Q41 ? sizeof(ll_block_q8_1) : sizeof(ll_block_q8_0);
-  const size_t qoff = Q41 ? offsetof(ll_block_q4_1, qs) : offsetof(ll_block_q4_0, qs);
-  const size_t aoff = Q41 ? offsetof(ll_block_q8_1, qs) : offsetof(ll_block_q8_0, qs);
-  const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  const size_t ba = sizeof(ll_block_q8_1), aoff = offsetof(ll_block_q8_1, qs);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
   // Lane 4r+j <- the d of row r (element 2r of the head floats); m likewise from 2r+1.
   const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
   __m512 accl[4], acch[4];
-  __m512 sm = _mm512_setzero_ps(); // lane 4t + r: token t's Σ m_r·s_t (Q4_1)
+  __m512 sm = _mm512_setzero_ps(); // lane 4t + r: token t's Σ m_r·s_t
   _Pragma("GCC unroll 4")
   for (int t = 0; t < NA; t++) accl[t] = acch[t] = _mm512_setzero_ps();
   for (int i = 0; i < nb; i++) {
-    const size_t blk = (size_t)i * bw;
-    const __m512i q = q4_quad_load(w, ws, blk, qoff, NW);
+    const size_t blk = (size_t)i * sizeof(ll_block_q4_1);
+    const __m512i q = q4_quad_load(w, ws, blk, offsetof(ll_block_q4_1, qs), NW);
     const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
     const __m256 head = q4_quad_head(w, ws, blk, NW);
     const __m512 dw = _mm512_permutexvar_ps(idx_d, _mm512_castps256_ps512(head)); // (d_r x4) per lane
-    // The tokens' activation scales, converted together: Q8_1 [d0 s0 d1 s1 ...], Q8_0 [d0 d1 ...].
+    // The tokens' activation scales, converted together: [d0 s0 d1 s1 ...].
     uint32_t u[4] = {0, 0, 0, 0};
     _Pragma("GCC unroll 4")
-    for (int t = 0; t < NA; t++) memcpy(&u[t], (const char *)a + (size_t)t * as + (size_t)i * ba, Q41 ? 4 : 2);
+    for (int t = 0; t < NA; t++) memcpy(&u[t], (const char *)a + (size_t)t * as + (size_t)i * ba, 4);
     __m128i uv = _mm_cvtsi32_si128((int)u[0]);
-    if (Q41) {
-      if (NA > 1) uv = _mm_insert_epi32(uv, (int)u[1], 1);
-      if (NA > 2) uv = _mm_insert_epi32(uv, (int)u[2], 2);
-      if (NA > 3) uv = _mm_insert_epi32(uv, (int)u[3], 3);
-    } else {
-      if (NA > 1) uv = _mm_insert_epi16(uv, (int)u[1], 1);
-      if (NA > 2) uv = _mm_insert_epi16(uv, (int)u[2], 2);
-      if (NA > 3) uv = _mm_insert_epi16(uv, (int)u[3], 3);
-    }
+    if (NA > 1) uv = _mm_insert_epi32(uv, (int)u[1], 1);
+    if (NA > 2) uv = _mm_insert_epi32(uv, (int)u[2], 2);
+    if (NA > 3) uv = _mm_insert_epi32(uv, (int)u[3], 3);
     const __m512 ds = _mm512_castps256_ps512(_mm256_cvtph_ps(uv));
-    if (Q41) { // m_r·s_t for every (token, row) lane at once: mul, then add, as dot_avx2.c's scalar
-      const __m512 mw = _mm512_broadcast_f32x4(_mm_shuffle_ps(_mm256_castps256_ps128(head), _mm256_extractf128_ps(head, 1), _MM_SHUFFLE(3, 1, 3, 1)));
-      const __m512 st = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), ds);
-      sm = _mm512_add_ps(sm, _mm512_mul_ps(mw, st));
-    }
+    // m_r·s_t for every (token, row) lane at once: mul, then add, as dot_avx2.c's scalar (the
+    // product of two halves is exact, so fused or not gives the same bits)
+    const __m512 mw = _mm512_broadcast_f32x4(_mm_shuffle_ps(_mm256_castps256_ps128(head), _mm256_extractf128_ps(head, 1), _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 st = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), ds);
+    sm = _mm512_add_ps(sm, _mm512_mul_ps(mw, st));
     _Pragma("GCC unroll 4")
     for (int t = 0; t < NA; t++) {
       const char *y = (const char *)a + (size_t)t * as + (size_t)i * ba;
       const __m512i al = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff)));
       const __m512i ah = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff + 16)));
-      const __m512 sc = _mm512_mul_ps(dw, _mm512_permutexvar_ps(_mm512_set1_epi32(Q41 ? 2 * t : t), ds));
-      __m512i il, ih;
-      if (Q41) {
-        il = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, al);
-        ih = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ah);
-      } else { // Σ (q-8)·a = Σ q·a - Σ 8·a, the second term as dpbusd's start value
-        il = _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, al)), lo, al);
-        ih = _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, ah)), hi, ah);
-      }
-      accl[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(il), accl[t]);
-      acch[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(ih), acch[t]);
+      const __m512 sc = _mm512_mul_ps(dw, _mm512_permutexvar_ps(_mm512_set1_epi32(2 * t), ds));
+      accl[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, al)), accl[t]);
+      acch[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ah)), acch[t]);
     }
   }
   _Pragma("GCC unroll 4")
   for (int t = 0; t < NA; t++) {
-    __m128 res = q4_quad_hsum(accl[t], acch[t]);
-    if (Q41) res = _mm_add_ps(res, lane128(sm, t));
+    const __m128 res = _mm_add_ps(q4_quad_hsum(accl[t], acch[t]), lane128(sm, t));
     float o[4];
     _mm_storeu_ps(o, res);
     _Pragma("GCC unroll 4")
@@ -323,7 +304,7 @@ typedef void (*tile_fn)(int n, const void *w, size_t ws, const void *a, size_t a
   }                                                                                                  \
   static void dot_##NAME(int n, float *s, const void *w, const void *a) { NAME##_1x1(n, w, 0, a, 0, s, 1); }
 
-#define CALL_Q41(NW, NA) q4_quad_impl(n, w, ws, a, as, out, os, NW, NA, 1)
+#define CALL_Q41(NW, NA) q4_1_quad_impl(n, w, ws, a, as, out, os, NW, NA)
 #define CALL_Q80(NW, NA) q8_pair_impl(n, w, ws, a, as, out, os, NW, NA)
 #define CALL_Q40(NW, NA) q40_quad_impl(n, w, ws, a, as, NULL, 0, out, os, NW, NA)
 #define CALL_Q40S(NW, NA) q40_quad_impl(n, w, ws, a, as, sc, scs, out, os, NW, NA)
