@@ -124,16 +124,12 @@ static void test_dots(void) {
                 fast->vec_dot(k, &s, W + wr * r, A + ar * q);
                 tbad += memcmp(&s, &out[q * 4 + r], 4) != 0;
               }
-            if (fast->tile_sc) { // with the scales pre-converted (block-major, stride 8): same bits
+            if (fast->tile_sc) { // with the side tables (block-major, stride 8): same bits
               float sc[128 * 8], out2[8 * 4];
-              const size_t ablk = ll_row_size(fast->act_type, 32);
-              for (int i = 0; i < k / 32 && i < 128; i++)
-                for (int q = 0; q < 8; q++) {
-                  ll_fp16 h;
-                  memcpy(&h, A + ar * q + ablk * i, sizeof h);
-                  sc[i * 8 + q] = ll_fp16_to_fp32(h);
-                }
-              fast->tile_sc(k, W, wr, nw, A, ar, na, sc, 8, out2, 4);
+              int32_t ss[128 * 8];
+              CHECK(k / 32 <= 128);
+              for (int q = 0; q < 8; q++) ll_act_side_q8_0(A + ar * q, k, sc + q, ss + q, 8);
+              fast->tile_sc(k, W, wr, nw, A, ar, na, sc, ss, 8, out2, 4);
               for (int q = 0; q < na; q++)
                 for (int r = 0; r < nw; r++) tbad += memcmp(&out[q * 4 + r], &out2[q * 4 + r], 4) != 0;
             }

@@ -21,8 +21,8 @@ struct cpu_ctx {
   int n_threads;
   void *act;          // quantized activations (T rows)
   size_t act_cap;
-  float *asc;         // their block scales as floats, block-major (nb, T), for tile_sc
-  size_t asc_cap;
+  float *asc;         // their side tables for tile_sc, block-major: scales as floats (nb, T),
+  size_t asc_cap;     //   then -8 x their sums (nb, T) int32 (ll_act_side_q8_0)
   float *wbuf;        // float weight rows for sgemm (LL_BLAS_ROWS x K per thread)
   size_t wbuf_cap;
   float *scratch;     // per-thread scratch (attention scores, rope tables)
@@ -52,7 +52,8 @@ struct mm_job {
   const struct ll_type_kernels *k;
   int T, N, K, accumulate;
   int chunk;       // rows per task (a multiple of 4; see cpu_matmul)
-  const float *sc; // (nb, T) activation scales for k->tile_sc, or NULL
+  const float *sc;   // (nb, T) activation scales for k->tile_sc, or NULL
+  const int32_t *ss; // (nb, T) -8 x activation block sums for k->tile_sc
 };
 
 static void mm_task(void *vctx, int task, int thread) {
@@ -80,11 +81,11 @@ static void mm_task(void *vctx, int task, int thread) {
         const int na = j->T - t >= tna ? tna : j->T - t;
         const char *at = j->act + (size_t)t * j->a_row;
         if (!j->accumulate) { // straight into the output rows
-          if (j->sc) j->k->tile_sc(j->K, wr, j->w_row, 4, at, j->a_row, na, j->sc + t, (size_t)j->T, j->out + (size_t)t * j->N + n, (size_t)j->N);
+          if (j->sc) j->k->tile_sc(j->K, wr, j->w_row, 4, at, j->a_row, na, j->sc + t, j->ss + t, (size_t)j->T, j->out + (size_t)t * j->N + n, (size_t)j->N);
           else j->k->tile(j->K, wr, j->w_row, 4, at, j->a_row, na, j->out + (size_t)t * j->N + n, (size_t)j->N);
           continue;
         }
-        if (j->sc) j->k->tile_sc(j->K, wr, j->w_row, 4, at, j->a_row, na, j->sc + t, (size_t)j->T, &tile[0][0], 4);
+        if (j->sc) j->k->tile_sc(j->K, wr, j->w_row, 4, at, j->a_row, na, j->sc + t, j->ss + t, (size_t)j->T, &tile[0][0], 4);
         else j->k->tile(j->K, wr, j->w_row, 4, at, j->a_row, na, &tile[0][0], 4);
         for (int q = 0; q < na; q++)
           for (int r = 0; r < 4; r++) j->out[(size_t)(t + q) * j->N + n + r] += tile[q][r];
@@ -108,7 +109,8 @@ struct quant_job {
   const struct ll_type_kernels *k;
   size_t a_row;
   int64_t K;
-  float *sc; // (nb, T) block scales to fill, or NULL
+  float *sc;   // (nb, T) block scales to fill, or NULL
+  int32_t *ss; // (nb, T) -8 x block sums to fill (with sc)
   int T;
 };
 static void quant_task(void *vctx, int t, int thread) {
@@ -116,14 +118,7 @@ static void quant_task(void *vctx, int t, int thread) {
   const struct quant_job *q = vctx;
   const char *row = (const char *)q->act + (size_t)t * q->a_row;
   q->k->from_float(q->x + (size_t)t * q->K, (void *)row, q->K);
-  if (q->sc) { // Q8_0 / Q8_1 blocks start with their fp16 d
-    const size_t bs = ll_row_size(q->k->act_type, 32);
-    for (int64_t i = 0; i < q->K / 32; i++) {
-      ll_fp16 h;
-      memcpy(&h, row + (size_t)i * bs, sizeof h);
-      q->sc[(size_t)i * q->T + t] = ll_fp16_to_fp32(h);
-    }
-  }
+  if (q->sc) ll_act_side_q8_0(row, q->K, q->sc + t, q->ss + t, (size_t)q->T);
 }
 
 // ---- float weights x a batch: OpenBLAS sgemm ----
@@ -177,17 +172,20 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   if (!a_row) return LL_EINVAL;
   if (grow(&c->act, &c->act_cap, a_row * (size_t)T)) return LL_ENOMEM;
   // Quantize the activation rows (each row independently: the same bytes however it is split).
-  // Kernels that take the activation scales as floats get them converted here, once.
+  // Kernels that take side tables of the activation blocks get them computed here, once.
   float *sc = NULL;
-  if (k->tile_sc && T >= 2 && (k->act_type == LL_TYPE_Q8_0 || k->act_type == LL_TYPE_Q8_1)) {
-    if (grow((void **)&c->asc, &c->asc_cap, (size_t)(w->k / 32) * (size_t)T * sizeof(float))) return LL_ENOMEM;
+  int32_t *ss = NULL;
+  if (k->tile_sc && T >= 2 && k->act_type == LL_TYPE_Q8_0) {
+    const size_t nbt = (size_t)(w->k / 32) * (size_t)T;
+    if (grow((void **)&c->asc, &c->asc_cap, nbt * (sizeof(float) + sizeof(int32_t)))) return LL_ENOMEM;
     sc = c->asc;
+    ss = (int32_t *)(c->asc + nbt);
   }
-  struct quant_job qj = {x, c->act, k, a_row, w->k, sc, T};
+  struct quant_job qj = {x, c->act, k, a_row, w->k, sc, ss, T};
   if (T >= 2 && c->n_threads > 1) ll_threadpool_run(c->pool, quant_task, &qj, T);
   else
     for (int t = 0; t < T; t++) quant_task(&qj, t, 0);
-  struct mm_job j = {out, w->data, ll_row_size(w->type, w->k), a_row, c->act, k, T, (int)w->n, (int)w->k, accumulate, 0, sc};
+  struct mm_job j = {out, w->data, ll_row_size(w->type, w->k), a_row, c->act, k, T, (int)w->n, (int)w->k, accumulate, 0, sc, ss};
   // Chunk schedule (rows in multiples of 4). A decode step's matrices take microseconds: every
   // chunk costs a contended atomic claim and a restart of the hardware prefetcher, so small
   // batches get one contiguous chunk per thread (16 chunks per matmul cost a quarter of

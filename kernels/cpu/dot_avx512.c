@@ -132,11 +132,19 @@ AI void q4_1_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as
 }
 
 // ---- Q4_0 x Q8_0: dot.c's order (llama.cpp's repacked one), four rows per zmm ----
-// Weights and activations as in the quad kernel above; per token the L and H integer lanes
-// are added, then the four tokens' (row, 4-lane) partials are reduced and transposed so that
-// lane 4r + t holds the exact block sum of row r and token t; one conversion and one FMA per
-// block then serve all 16 (row, token) pairs: sum = fma(float(si), d_w * d_a, sum), as in
-// dot.c, bit for bit.
+// Weights as in the quad kernel above, left unsigned (0..15) against the signed activation
+// bytes; per token one chain of two vpdpbusd (low then high halves) gives row r's four int32
+// partials of Σ q·a in lanes 4r..4r+3; the four tokens' partials are then reduced and
+// transposed so that lane 4r + t holds row r and token t, and the -8·Σa of each token (the
+// weights' offset, exact in integers) is added there: lane 4r + t = Σ (q-8)·a, the exact block
+// sum. One conversion and one FMA per block then serve all 16 (row, token) pairs:
+// sum = fma(float(si), d_w * d_a, sum), as in dot.c, bit for bit.
+// With the caller's side tables (tile_sc) the tokens' -8·Σa and d_a are loaded four at a
+// time, and the reduction runs in 16 bits: a partial is at most 8·15·128 = 15360 in
+// magnitude, two of them still fit, so pack + pmaddwd (then vpdpwssd adding -8·Σa) do in 6
+// instructions what takes 9 in 32 bits. Without the tables each token computes its own Σa
+// (two more vpdpbusd) and starts its chain from -8·Σa, which no longer fits 16 bits: the
+// reduction stays in 32 bits there.
 AI __m512i q40_rows_tokens(const __m512i *s, const int NA) {
   if (NA == 1) { // every lane of row r's 128 bits becomes the row's total
     const __m512i v = _mm512_add_epi32(s[0], _mm512_shuffle_epi32(s[0], (_MM_PERM_ENUM)_MM_SHUFFLE(1, 0, 3, 2)));
@@ -149,63 +157,69 @@ AI __m512i q40_rows_tokens(const __m512i *s, const int NA) {
   return _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
 }
 
-AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, size_t scs, float *out, size_t os, const int NW,
-                     const int NA) {
+// The same for Σ q·a partials that fit 16 bits (see above), plus c (lane 4r + t: token t's
+// correction) in the last step.
+AI __m512i q40_rows_tokens16(const __m512i *s, const int NA, __m512i c) {
+  const __m512i z = _mm512_setzero_si512(), ones = _mm512_set1_epi16(1);
+  const __m512i s1 = NA > 1 ? s[1] : z, s2 = NA > 2 ? s[2] : z, s3 = NA > 3 ? s[3] : z;
+  const __m512i ab = _mm512_madd_epi16(_mm512_packs_epi32(s[0], s1), ones); // [a01 a23 b01 b23] per row
+  const __m512i cd = NA > 2 ? _mm512_madd_epi16(_mm512_packs_epi32(s2, s3), ones) : z;
+  return _mm512_dpwssd_epi32(c, _mm512_packs_epi32(ab, cd), ones); // [a b c d] + c per row
+}
+
+// The four rows' block scales d_r (the fp16 at each block's start) -> lane 4r + j, j < 4.
+AI __m512 q40_quad_d(const void *w, size_t ws, size_t blk, const int NW) {
+  const __m512i h = q4_quad_load(w, ws, blk, 0, NW); // row r's first 16 bytes in lane r
+  // word k < 16 <- word 8 * (k / 4): the d of row k / 4 (two words per int32 below)
+  const __m512i idx = _mm512_setr_epi32(0, 0, 0x00080008, 0x00080008, 0x00100010, 0x00100010, 0x00180018, 0x00180018, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, h)));
+}
+
+AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs,
+                     float *out, size_t os, const int NW, const int NA, const int SIDE) {
   const int nb = n / 32;
-  const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8), flip = _mm512_set1_epi8((char)0x80);
-  const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; // tokens 0-3 / 4-7, lane 4r + t%4
   for (int i = 0; i < nb; i++) {
     const size_t blk = (size_t)i * sizeof(ll_block_q4_0);
     const __m512i q = q4_quad_load(w, ws, blk, offsetof(ll_block_q4_0, qs), NW);
-    __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-    const __m512 dw = _mm512_permutexvar_ps(idx_d, _mm512_castps256_ps512(q4_quad_head(w, ws, blk, NW))); // d_r
-    // With several tokens the weights become signed (q-8) and the activations unsigned
-    // (a+128): Σ (a+128)(q-8) - 128·Σ(q-8) = Σ (q-8)·a, and the offset term depends on the
-    // weights only, so it is computed once per block instead of once per token (one token
-    // keeps Σ q·a - 8·Σa, cheaper there). The integers are the same either way.
-    __m512i wl = _mm512_setzero_si512(), wh = wl;
-    if (NA > 1) {
-      lo = _mm512_sub_epi8(lo, eight), hi = _mm512_sub_epi8(hi, eight);
-      wl = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, lo));
-      wh = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, hi));
-    }
-    __m128 dav[2]; // the tokens' activation scales d_t (f32), 4 per group
-    if (sca) { // converted once per product by the caller
-      _Pragma("GCC unroll 2")
-      for (int g = 0; 4 * g < NA; g++)
-        dav[g] = _mm_maskz_loadu_ps((__mmask8)((1u << (NA - 4 * g < 4 ? NA - 4 * g : 4)) - 1), sca + (size_t)i * scs + 4 * g);
-    } else {
-      __m128i uv[2] = {_mm_setzero_si128(), _mm_setzero_si128()};
-      _Pragma("GCC unroll 8")
-      for (int t = 0; t < NA; t++) {
-        ll_fp16 h;
-        memcpy(&h, (const char *)a + (size_t)t * as + (size_t)i * sizeof(ll_block_q8_0), sizeof h);
-        uv[t / 4] = ins16(uv[t / 4], h, t % 4);
-      }
-      dav[0] = _mm_cvtph_ps(uv[0]), dav[1] = _mm_cvtph_ps(uv[1]);
-    }
+    const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    const __m512 dw = q40_quad_d(w, ws, blk, NW); // d_r
     __m512i sum[8];
     _Pragma("GCC unroll 8")
     for (int t = 0; t < NA; t++) {
       const char *y = (const char *)a + (size_t)t * as + (size_t)i * sizeof(ll_block_q8_0) + offsetof(ll_block_q8_0, qs);
       const __m512i al = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y));
       const __m512i ah = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + 16)));
-      __m512i il, ih;
-      if (NA > 1) {
-        il = _mm512_dpbusd_epi32(wl, _mm512_xor_si512(al, flip), lo);
-        ih = _mm512_dpbusd_epi32(wh, _mm512_xor_si512(ah, flip), hi);
-      } else { // Σ q·a - Σ 8·a, the second term as dpbusd's start value
-        il = _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, al)), lo, al);
-        ih = _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, ah)), hi, ah);
-      }
-      sum[t] = _mm512_add_epi32(il, ih);
+      __m512i s0 = _mm512_setzero_si512();
+      if (!SIDE) // -8·Σa spread over each row's four lanes: dpbusd's start value
+        s0 = _mm512_sub_epi32(s0, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, al), eight, ah));
+      sum[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s0, lo, al), hi, ah);
     }
     _Pragma("GCC unroll 2")
     for (int g = 0; 4 * g < NA; g++) {
       const int ng = NA - 4 * g < 4 ? NA - 4 * g : 4;
-      const __m512 sc = _mm512_mul_ps(dw, _mm512_broadcast_f32x4(dav[g])); // d_r * d_t (exact)
-      acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q40_rows_tokens(sum + 4 * g, ng)), sc, acc[g]);
+      const __mmask8 m = (__mmask8)((1u << ng) - 1);
+      __m512i si;
+      __m128 da; // the tokens' d_a
+      if (SIDE) {
+        const size_t at = (size_t)i * scs + 4 * g;
+        const __m512i c = _mm512_broadcast_i32x4(ng == 4 ? _mm_loadu_si128((const __m128i *)(ssa + at)) : _mm_maskz_loadu_epi32(m, ssa + at));
+        si = q40_rows_tokens16(sum + 4 * g, ng, c);
+        da = ng == 4 ? _mm_loadu_ps(sca + at) : _mm_maskz_loadu_ps(m, sca + at);
+      } else {
+        si = q40_rows_tokens(sum + 4 * g, ng);
+        __m128i uv = _mm_setzero_si128();
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < ng; t++) {
+          ll_fp16 h;
+          memcpy(&h, (const char *)a + (size_t)(4 * g + t) * as + (size_t)i * sizeof(ll_block_q8_0), sizeof h);
+          uv = ins16(uv, h, t);
+        }
+        da = _mm_cvtph_ps(uv);
+      }
+      const __m512 sc = _mm512_mul_ps(dw, _mm512_broadcast_f32x4(da)); // d_r * d_t (exact)
+      acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), sc, acc[g]);
     }
   }
   float o[2][16];
@@ -306,8 +320,8 @@ typedef void (*tile_fn)(int n, const void *w, size_t ws, const void *a, size_t a
 
 #define CALL_Q41(NW, NA) q4_1_quad_impl(n, w, ws, a, as, out, os, NW, NA)
 #define CALL_Q80(NW, NA) q8_pair_impl(n, w, ws, a, as, out, os, NW, NA)
-#define CALL_Q40(NW, NA) q40_quad_impl(n, w, ws, a, as, NULL, 0, out, os, NW, NA)
-#define CALL_Q40S(NW, NA) q40_quad_impl(n, w, ws, a, as, sc, scs, out, os, NW, NA)
+#define CALL_Q40(NW, NA) q40_quad_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0)
+#define CALL_Q40S(NW, NA) q40_quad_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1)
 INST_ALL(q4_1, CALL_Q41)
 INST_ALL(q8_0, CALL_Q80)
 // Q4_0 tiles take up to 8 tokens (the weight-side work per block is shared by more tokens).
@@ -319,10 +333,11 @@ static void tile_q4_0(int n, const void *w, size_t ws, int nw, const void *a, si
   q4_0_tiles[nw - 1][na - 1](n, w, ws, a, as, out, os);
 }
 // The same with the activation scales converted by the caller (ll_type_kernels.tile_sc).
-typedef void (*tile_sc_fn)(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, size_t scs, float *out, size_t os);
+typedef void (*tile_sc_fn)(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, const int32_t *ss, size_t scs,
+                           float *out, size_t os);
 #define INST_S(NAME, CALL, NW, NA)                                                                   \
-  static void NAME##_##NW##x##NA(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, size_t scs, float *out, \
-                                 size_t os) {                                                     \
+  static void NAME##_##NW##x##NA(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, const int32_t *ss,     \
+                                 size_t scs, float *out, size_t os) {                             \
     CALL(NW, NA);                                                                                  \
   }
 #define INST_S_ROW8(NAME, CALL, NW)                                                                  \
@@ -330,9 +345,9 @@ typedef void (*tile_sc_fn)(int n, const void *w, size_t ws, const void *a, size_
   INST_S(NAME, CALL, NW, 5) INST_S(NAME, CALL, NW, 6) INST_S(NAME, CALL, NW, 7) INST_S(NAME, CALL, NW, 8)
 INST_S_ROW8(q4_0s, CALL_Q40S, 1) INST_S_ROW8(q4_0s, CALL_Q40S, 2) INST_S_ROW8(q4_0s, CALL_Q40S, 3) INST_S_ROW8(q4_0s, CALL_Q40S, 4)
 static const tile_sc_fn q4_0s_tiles[4][8] = {ROW8(q4_0s, 1), ROW8(q4_0s, 2), ROW8(q4_0s, 3), ROW8(q4_0s, 4)};
-static void tile_sc_q4_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, size_t scs, float *out,
-                         size_t os) {
-  q4_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, scs, out, os);
+static void tile_sc_q4_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, const int32_t *ss,
+                         size_t scs, float *out, size_t os) {
+  q4_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
 }
 static void dot_q4_0(int n, float *s, const void *w, const void *a) { q4_0_1x1(n, w, 0, a, 0, s, 1); }
 

@@ -30,12 +30,13 @@ struct ll_type_kernels {
   const char *isa;           // "scalar", "avx2", ...
   ll_vec_dot_tile_fn tile;   // (optional) NULL: callers loop over vec_dot
   int tile_na;               // (optional) most activation rows per tile call (<= 8); 0 means 2
-  // (optional) The tile given the activation blocks' scales as floats, block-major:
-  // sc[i * sc_stride + a] is the scale of block i of activation row a (for Q8_0 activations:
-  // f32 of the row's fp16 d). Same results as tile; the caller converts the scales once per
-  // matrix product instead of every row group converting them again.
+  // (optional) The tile given side tables of the activation blocks, block-major:
+  // sc[i * sc_stride + a] is the scale of block i of activation row a as a float, ss[i *
+  // sc_stride + a] = -8 * the sum of its quants (Q8_0 activations; ll_act_side_q8_0 fills both).
+  // Same results as tile; the caller computes these once per matrix product instead of every
+  // row group computing them again.
   void (*tile_sc)(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, const float *sc,
-                  size_t sc_stride, float *out, size_t ostride);
+                  const int32_t *ss, size_t sc_stride, float *out, size_t ostride);
 };
 
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block (shared by every ISA's dots).
@@ -55,6 +56,10 @@ void ll_act_quantize_q8_1(const float *x, void *y, int64_t n);
 // The same, vectorised (dot_avx2.c; only call where the CPU has AVX2/F16C).
 void ll_act_quantize_q8_0_avx2(const float *x, void *y, int64_t n);
 void ll_act_quantize_q8_1_avx2(const float *x, void *y, int64_t n);
+
+// The side tables of ll_type_kernels.tile_sc for one row of n Q8_0 activations (row a of T):
+// sc[i * stride] = f32 of block i's d, ss[i * stride] = -8 * the sum of its quants.
+void ll_act_side_q8_0(const void *row, int64_t n, float *sc, int32_t *ss, size_t stride);
 
 // Best kernels for a weight type on this CPU (NULL if unsupported).
 const struct ll_type_kernels *ll_cpu_kernels(int weight_type);
