@@ -213,18 +213,42 @@ static int cpu_get_rows(struct ll_backend *b, float *out, const struct ll_weight
   return 0;
 }
 
-// out (T, C) = x / rms(x) * g   (sum of squares in double, as ggml)
-static int cpu_rmsnorm(struct ll_backend *b, float *out, const float *x, const float *g, int T, int Cn, float eps) {
-  (void)b;
-  for (int t = 0; t < T; t++) {
-    const float *xr = x + (size_t)t * Cn;
-    float *o = out + (size_t)t * Cn;
-    double sum = 0;
-    for (int i = 0; i < Cn; i++) sum += (double)(xr[i] * xr[i]);
-    const float mean = (float)(sum / Cn);
-    const float scale = 1.0f / sqrtf(mean + eps);
-    for (int i = 0; i < Cn; i++) o[i] = (xr[i] * scale) * g[i];
+// out (T, C) = x / rms(x) * g   (sum of squares in double, as ggml, element by element)
+// Rows go four at a time: each row's sum keeps ggml's sequential order (so its bits), but
+// four independent chains hide the add latency that one chain waits on; batches split the
+// row groups over the pool.
+struct norm_job {
+  float *out;
+  const float *x, *g;
+  int T, Cn;
+  float eps;
+};
+static void norm_task(void *vctx, int task, int thread) {
+  (void)thread;
+  const struct norm_job *j = vctx;
+  const int t0 = 4 * task, nr = j->T - t0 < 4 ? j->T - t0 : 4, Cn = j->Cn;
+  const float *xr[4];
+  double sum[4] = {0, 0, 0, 0};
+  for (int r = 0; r < 4; r++) xr[r] = j->x + (size_t)(t0 + (r < nr ? r : 0)) * Cn;
+  for (int i = 0; i < Cn; i++) {
+    sum[0] += (double)(xr[0][i] * xr[0][i]);
+    sum[1] += (double)(xr[1][i] * xr[1][i]);
+    sum[2] += (double)(xr[2][i] * xr[2][i]);
+    sum[3] += (double)(xr[3][i] * xr[3][i]);
   }
+  for (int r = 0; r < nr; r++) {
+    const float mean = (float)(sum[r] / Cn);
+    const float scale = 1.0f / sqrtf(mean + j->eps);
+    float *o = j->out + (size_t)(t0 + r) * Cn;
+    for (int i = 0; i < Cn; i++) o[i] = (xr[r][i] * scale) * j->g[i];
+  }
+}
+static int cpu_rmsnorm(struct ll_backend *b, float *out, const float *x, const float *g, int T, int Cn, float eps) {
+  struct norm_job j = {out, x, g, T, Cn, eps};
+  const int n = (T + 3) / 4;
+  if (n >= 2 && C(b)->n_threads > 1) ll_threadpool_run(C(b)->pool, norm_task, &j, n);
+  else
+    for (int i = 0; i < n; i++) norm_task(&j, i, 0);
   return 0;
 }
 

@@ -640,8 +640,23 @@ static inline float hsum8_tb(__m256 x) {
   return _mm_cvtss_f32(v);
 }
 
+// Four positions at a time: four independent FMA chains instead of one (a single chain of
+// hd/8 dependent FMAs per position was latency-bound); each position's lane order is unchanged.
 static void avx2_dot_rows8_f16(float *s, const float *q, const uint16_t *const *k, int rows, int n) {
-  for (int p = 0; p < rows; p++) {
+  int p = 0;
+  for (; p + 4 <= rows; p += 4) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const uint16_t *k0 = k[p], *k1 = k[p + 1], *k2 = k[p + 2], *k3 = k[p + 3];
+    for (int i = 0; i < n; i += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + i);
+      a0 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + i))), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + i))), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k2 + i))), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k3 + i))), a3);
+    }
+    s[p] = hsum8_tb(a0), s[p + 1] = hsum8_tb(a1), s[p + 2] = hsum8_tb(a2), s[p + 3] = hsum8_tb(a3);
+  }
+  for (; p < rows; p++) {
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[p] + i))), acc);
     s[p] = hsum8_tb(acc);
@@ -650,18 +665,25 @@ static void avx2_dot_rows8_f16(float *s, const float *q, const uint16_t *const *
 
 // Lanes are positions here (p % 8) and the vector runs over output elements: lane L of 8
 // elements accumulates positions L, L+8, ... in order, then the lanes meet in hsum's tree.
+// The eight lane accumulators stay in registers (whole groups of 8 positions, then the tail).
 static void avx2_wsum_rows8_f16(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes) {
   if (n % 8) {
     ll_cpu_f16_ops_ref()->wsum_rows8_f16(o, v, w, rows, n, lanes);
     return;
   }
-  const int nl = rows < 8 ? rows : 8;
+  const int full = rows & ~7;
   for (int i = 0; i < n; i += 8) {
     __m256 l[8];
+    _Pragma("GCC unroll 8")
     for (int L = 0; L < 8; L++) l[L] = _mm256_setzero_ps();
-    for (int L = 0; L < nl; L++)
-      for (int p = L; p < rows; p += 8)
-        l[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p] + i))), _mm256_set1_ps(w[p]), l[L]);
+    for (int p = 0; p < full; p += 8) {
+      _Pragma("GCC unroll 8")
+      for (int L = 0; L < 8; L++)
+        l[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p + L] + i))), _mm256_broadcast_ss(w + p + L), l[L]);
+    }
+    _Pragma("GCC unroll 8")
+    for (int L = 0; L < 8; L++)
+      if (full + L < rows) l[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[full + L] + i))), _mm256_broadcast_ss(w + full + L), l[L]);
     _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
                                           _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]))));
   }
