@@ -7,7 +7,10 @@
 #    (|difference| <= 1e-5), the top token equal;
 #  - greedy continuation: all 64 tokens identical for every prompt;
 #  - perplexity on tests/ref/ppl.txt equal to llama-perplexity's 4 printed decimals (and well
-#    within the 0.5%).
+#    within the 0.5%);
+#  - Q4_0 (llama.cpp's repacked order on x86): the file `llsrv convert --quant q4_0` makes from
+#    the Q4_1 one (sha256 checked: the reference belongs to those bytes) gives llama.cpp's 64
+#    greedy tokens on every prompt too (tests/ref/smollm2_q4_0_greedy64.tsv).
 set -u
 LLSRV=$LL_BINARY_DIR/server/llsrv
 M=$LL_MODEL_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -53,6 +56,24 @@ if m:
     check(abs(ours - theirs) <= 0.00015, f"perplexity {ours} vs {theirs}: not llama-perplexity's value")
 else:
     check(False, "tests/ref/smollm2_ppl.txt lacks the -c 128 -fa off run")
+# Q4_0: convert (Q4_1 -> dequantize -> Q4_0, deterministic) to .ckpt and back to GGUF.
+import hashlib, os, tempfile
+with tempfile.TemporaryDirectory() as td:
+    ck, gg = os.path.join(td, "q4_0.ckpt"), os.path.join(td, "q4_0.gguf")
+    rc = subprocess.run([llsrv, "convert", model, ck, "--quant", "q4_0"], capture_output=True).returncode
+    rc = rc or subprocess.run([llsrv, "convert", ck, gg], capture_output=True).returncode
+    check(rc == 0, "llsrv convert to Q4_0 failed")
+    digest = hashlib.sha256(open(gg, "rb").read()).hexdigest() if rc == 0 else ""
+    want_sha = "dc51cbdc90dfb5c74a00a173bbc5ff4609f0df10a2a535040d484246c347da16"
+    check(digest == want_sha, f"converted Q4_0 file sha256 {digest} != {want_sha} (the reference's file)")
+    for r in [l.rstrip("\n").split("\t") for l in open(f"{ref}/smollm2_q4_0_greedy64.tsv")][1:]:
+        i = int(r[1])
+        out = subprocess.run([llsrv, "generate", "--model", gg, "-p", prompts[i], "--temp", "0", "-n", "64", "--ids", "--ignore-eos", "-t", "2"],
+                             capture_output=True, text=True).stdout.split()
+        want = r[3].split(); n = 0
+        while n < min(len(out), len(want)) and out[n] == want[n]: n += 1
+        print(f"Q4_0 prompt {i}: {n}/64 greedy tokens identical to llama.cpp")
+        check(n == 64, f"Q4_0 prompt {i}: only {n} of 64 greedy tokens identical")
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 PY
