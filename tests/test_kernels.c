@@ -128,7 +128,7 @@ static void test_dots(void) {
               float sc[128 * 8], out2[8 * 4];
               int32_t ss[128 * 8];
               CHECK(k / 32 <= 128);
-              for (int q = 0; q < 8; q++) ll_act_side_q8_0(A + ar * q, k, sc + q, ss + q, 8);
+              for (int q = 0; q < 8; q++) tbad += ll_act_side(fast->act_type, A + ar * q, k, sc + q, ss + q, 8) != 0;
               fast->tile_sc(k, W, wr, nw, A, ar, na, sc, ss, 8, out2, 4);
               for (int q = 0; q < na; q++)
                 for (int r = 0; r < nw; r++) tbad += memcmp(&out[q * 4 + r], &out2[q * 4 + r], 4) != 0;

@@ -22,7 +22,7 @@ struct cpu_ctx {
   void *act;          // quantized activations (T rows)
   size_t act_cap;
   float *asc;         // their side tables for tile_sc, block-major: scales as floats (nb, T),
-  size_t asc_cap;     //   then -8 x their sums (nb, T) int32 (ll_act_side_q8_0)
+  size_t asc_cap;     //   then the second table (nb, T) (ll_act_side)
   float *wbuf;        // float weight rows for sgemm (LL_BLAS_ROWS x K per thread)
   size_t wbuf_cap;
   float *scratch;     // per-thread scratch (attention scores, rope tables)
@@ -53,7 +53,7 @@ struct mm_job {
   int T, N, K, accumulate;
   int chunk;       // rows per task (a multiple of 4; see cpu_matmul)
   const float *sc;   // (nb, T) activation scales for k->tile_sc, or NULL
-  const int32_t *ss; // (nb, T) -8 x activation block sums for k->tile_sc
+  const int32_t *ss; // (nb, T) the second side table for k->tile_sc
 };
 
 static void mm_task(void *vctx, int task, int thread) {
@@ -110,7 +110,7 @@ struct quant_job {
   size_t a_row;
   int64_t K;
   float *sc;   // (nb, T) block scales to fill, or NULL
-  int32_t *ss; // (nb, T) -8 x block sums to fill (with sc)
+  int32_t *ss; // (nb, T) the second side table to fill (with sc)
   int T;
 };
 static void quant_task(void *vctx, int t, int thread) {
@@ -118,7 +118,7 @@ static void quant_task(void *vctx, int t, int thread) {
   const struct quant_job *q = vctx;
   const char *row = (const char *)q->act + (size_t)t * q->a_row;
   q->k->from_float(q->x + (size_t)t * q->K, (void *)row, q->K);
-  if (q->sc) ll_act_side_q8_0(row, q->K, q->sc + t, q->ss + t, (size_t)q->T);
+  if (q->sc) ll_act_side(q->k->act_type, row, q->K, q->sc + t, q->ss + t, (size_t)q->T);
 }
 
 // ---- float weights x a batch: OpenBLAS sgemm ----
@@ -175,7 +175,7 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   // Kernels that take side tables of the activation blocks get them computed here, once.
   float *sc = NULL;
   int32_t *ss = NULL;
-  if (k->tile_sc && T >= 2 && k->act_type == LL_TYPE_Q8_0) {
+  if (k->tile_sc && T >= 2 && (k->act_type == LL_TYPE_Q8_0 || k->act_type == LL_TYPE_Q8_1)) {
     const size_t nbt = (size_t)(w->k / 32) * (size_t)T;
     if (grow((void **)&c->asc, &c->asc_cap, nbt * (sizeof(float) + sizeof(int32_t)))) return LL_ENOMEM;
     sc = c->asc;

@@ -409,14 +409,27 @@ const struct ll_vec_ops *ll_cpu_vec_ops(void) {
   return o ? o : &vec_ref;
 }
 
-void ll_act_side_q8_0(const void *row, int64_t n, float *sc, int32_t *ss, size_t stride) {
-  const ll_block_q8_0 *b = row;
-  for (int64_t i = 0; i < n / 32; i++) {
-    int32_t s = 0;
-    for (int j = 0; j < 32; j++) s += b[i].qs[j];
-    sc[(size_t)i * stride] = ll_fp16_to_fp32(b[i].d);
-    ss[(size_t)i * stride] = -8 * s;
+int ll_act_side(int act_type, const void *row, int64_t n, float *sc, int32_t *ss, size_t stride) {
+  if (act_type == LL_TYPE_Q8_0) {
+    const ll_block_q8_0 *b = row;
+    for (int64_t i = 0; i < n / 32; i++) {
+      int32_t s = 0;
+      for (int j = 0; j < 32; j++) s += b[i].qs[j];
+      sc[(size_t)i * stride] = ll_fp16_to_fp32(b[i].d);
+      ss[(size_t)i * stride] = -8 * s;
+    }
+    return 0;
   }
+  if (act_type == LL_TYPE_Q8_1) {
+    const ll_block_q8_1 *b = row;
+    for (int64_t i = 0; i < n / 32; i++) {
+      const float s = ll_fp16_to_fp32(b[i].s);
+      sc[(size_t)i * stride] = ll_fp16_to_fp32(b[i].d);
+      memcpy(&ss[(size_t)i * stride], &s, sizeof s);
+    }
+    return 0;
+  }
+  return -1;
 }
 
 const struct ll_type_kernels *ll_cpu_kernels(int t) {

@@ -131,6 +131,56 @@ AI void q4_1_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as
   }
 }
 
+// Q4_1 with the caller's side tables (tile_sc: sc = d_a, ss = s_a as float bits), up to 8
+// tokens: the same lanes and float steps as above, with the weights' unpacking, the row
+// scales and offsets (one vpermw: d_r to lanes 4r+j, m_r to lanes 4t+r) and the m·s term
+// shared by twice as many tokens, and each token's d_a one broadcast load.
+AI void q4_1_side_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs,
+                      float *out, size_t os, const int NW, const int NA) {
+  const int nb = n / 32;
+  const size_t ba = sizeof(ll_block_q8_1), aoff = offsetof(ll_block_q8_1, qs);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  // Words 0..15 <- d of row k/4 (word 8(k/4) of the heads), words 16..31 <- m of row k%4 (word 8(k%4)+1).
+  const __m512i hidx = _mm512_setr_epi32(0, 0, 0x00080008, 0x00080008, 0x00100010, 0x00100010, 0x00180018, 0x00180018, //
+                                         0x00090001, 0x00190011, 0x00090001, 0x00190011, 0x00090001, 0x00190011, 0x00090001, 0x00190011);
+  const __m512i sidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  __m512 accl[8], acch[8];
+  __m512 sm[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; // lane 4(t%4) + r: token t's Σ m_r·s_t
+  _Pragma("GCC unroll 8")
+  for (int t = 0; t < NA; t++) accl[t] = acch[t] = _mm512_setzero_ps();
+  for (int i = 0; i < nb; i++) {
+    const size_t blk = (size_t)i * sizeof(ll_block_q4_1);
+    const __m512i q = q4_quad_load(w, ws, blk, offsetof(ll_block_q4_1, qs), NW);
+    const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    const __m512i hw = _mm512_permutexvar_epi16(hidx, q4_quad_load(w, ws, blk, 0, NW));
+    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(hw)), mw = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hw, 1));
+    _Pragma("GCC unroll 2")
+    for (int g = 0; 4 * g < NA; g++) { // mul, then add, as dot_avx2.c's scalar (the product of two halves is exact)
+      const int ng = NA - 4 * g < 4 ? NA - 4 * g : 4;
+      const float *sp = (const float *)(const void *)(ssa + (size_t)i * scs + 4 * g);
+      const __m128 s4 = ng == 4 ? _mm_loadu_ps(sp) : _mm_maskz_loadu_ps((__mmask8)((1u << ng) - 1), sp);
+      sm[g] = _mm512_add_ps(sm[g], _mm512_mul_ps(mw, _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(s4))));
+    }
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < NA; t++) {
+      const char *y = (const char *)a + (size_t)t * as + (size_t)i * ba;
+      const __m512i al = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff)));
+      const __m512i ah = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff + 16)));
+      const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(sca[(size_t)i * scs + t]));
+      accl[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, al)), accl[t]);
+      acch[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ah)), acch[t]);
+    }
+  }
+  _Pragma("GCC unroll 8")
+  for (int t = 0; t < NA; t++) {
+    const __m128 res = _mm_add_ps(q4_quad_hsum(accl[t], acch[t]), lane128(sm[t / 4], t % 4));
+    float o[4];
+    _mm_storeu_ps(o, res);
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NW; r++) out[(size_t)t * os + r] = o[r];
+  }
+}
+
 // ---- Q4_0 x Q8_0: dot.c's order (llama.cpp's repacked one), four rows per zmm ----
 // Weights as in the quad kernel above, left unsigned (0..15) against the signed activation
 // bytes; per token one chain of two vpdpbusd (low then high halves) gives row r's four int32
@@ -323,6 +373,15 @@ typedef void (*tile_fn)(int n, const void *w, size_t ws, const void *a, size_t a
 #define CALL_Q40(NW, NA) q40_quad_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0)
 #define CALL_Q40S(NW, NA) q40_quad_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1)
 INST_ALL(q4_1, CALL_Q41)
+// Q4_1 tiles of up to 8 tokens: the plain tile in two passes of <= 4 (each output is computed
+// independently, so the bits are the same), the side-table tile in one.
+static void tile8_q4_1(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
+  if (na > 4) {
+    tile_q4_1(n, w, ws, nw, a, as, 4, out, os);
+    a = (const char *)a + 4 * as, out += 4 * os, na -= 4;
+  }
+  tile_q4_1(n, w, ws, nw, a, as, na, out, os);
+}
 INST_ALL(q8_0, CALL_Q80)
 // Q4_0 tiles take up to 8 tokens (the weight-side work per block is shared by more tokens).
 #define INST_ROW8(NAME, CALL, NW)                                                                      INST(NAME, CALL, NW, 1) INST(NAME, CALL, NW, 2) INST(NAME, CALL, NW, 3) INST(NAME, CALL, NW, 4)       INST(NAME, CALL, NW, 5) INST(NAME, CALL, NW, 6) INST(NAME, CALL, NW, 7) INST(NAME, CALL, NW, 8)
@@ -350,10 +409,17 @@ static void tile_sc_q4_0(int n, const void *w, size_t ws, int nw, const void *a,
   q4_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
 }
 static void dot_q4_0(int n, float *s, const void *w, const void *a) { q4_0_1x1(n, w, 0, a, 0, s, 1); }
+#define CALL_Q41S(NW, NA) q4_1_side_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA)
+INST_S_ROW8(q4_1s, CALL_Q41S, 1) INST_S_ROW8(q4_1s, CALL_Q41S, 2) INST_S_ROW8(q4_1s, CALL_Q41S, 3) INST_S_ROW8(q4_1s, CALL_Q41S, 4)
+static const tile_sc_fn q4_1s_tiles[4][8] = {ROW8(q4_1s, 1), ROW8(q4_1s, 2), ROW8(q4_1s, 3), ROW8(q4_1s, 4)};
+static void tile_sc_q4_1(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, const int32_t *ss,
+                         size_t scs, float *out, size_t os) {
+  q4_1s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
+}
 
 static const struct ll_type_kernels avx512_table[LL_TYPE_COUNT] = {
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 8, tile_sc_q4_0},
-    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile_q4_1, 4},
+    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile8_q4_1, 8, tile_sc_q4_1},
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q8_0, "avx512vnni", tile_q8_0, 4},
 };
 

@@ -32,7 +32,8 @@ struct ll_type_kernels {
   int tile_na;               // (optional) most activation rows per tile call (<= 8); 0 means 2
   // (optional) The tile given side tables of the activation blocks, block-major:
   // sc[i * sc_stride + a] is the scale of block i of activation row a as a float, ss[i *
-  // sc_stride + a] = -8 * the sum of its quants (Q8_0 activations; ll_act_side_q8_0 fills both).
+  // sc_stride + a] for Q8_0 -8 * the sum of its quants, for Q8_1 the bits of its s as a float
+  // (ll_act_side fills both).
   // Same results as tile; the caller computes these once per matrix product instead of every
   // row group computing them again.
   void (*tile_sc)(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, const float *sc,
@@ -57,9 +58,10 @@ void ll_act_quantize_q8_1(const float *x, void *y, int64_t n);
 void ll_act_quantize_q8_0_avx2(const float *x, void *y, int64_t n);
 void ll_act_quantize_q8_1_avx2(const float *x, void *y, int64_t n);
 
-// The side tables of ll_type_kernels.tile_sc for one row of n Q8_0 activations (row a of T):
-// sc[i * stride] = f32 of block i's d, ss[i * stride] = -8 * the sum of its quants.
-void ll_act_side_q8_0(const void *row, int64_t n, float *sc, int32_t *ss, size_t stride);
+// The side tables of ll_type_kernels.tile_sc for one row of n activations of type act_type
+// (Q8_0 or Q8_1; row a of T): sc[i * stride] = f32 of block i's d, ss[i * stride] = Q8_0:
+// -8 * the sum of its quants, Q8_1: f32 of its s (bits). Returns 0, or -1 for another type.
+int ll_act_side(int act_type, const void *row, int64_t n, float *sc, int32_t *ss, size_t stride);
 
 // Best kernels for a weight type on this CPU (NULL if unsupported).
 const struct ll_type_kernels *ll_cpu_kernels(int weight_type);
