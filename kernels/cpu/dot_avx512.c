@@ -349,6 +349,51 @@ AI void q8_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as, 
   }
 }
 
+// Q8_0 with the caller's scale table (tile_sc: sc = d_a; ss unused), up to 8 tokens: here
+// the activations are made unsigned (a+128, one xor per token and block) and the weights stay
+// signed, so the offset 128·Σw of each lane depends on the weights only and is computed once
+// per block for all tokens (the plain tile above computes -128·Σa per token). The int32 lanes
+// are the same exact 4-product sums, the float steps the same, so the bits are too.
+AI void q8_side_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, size_t scs, float *out, size_t os,
+                    const int NW, const int NA) {
+  const int nb = n / 32;
+  const int NP = (NW + 1) / 2; // row pairs
+  const __m512i off = _mm512_set1_epi8((char)0x80);
+  // Words 0..15 <- d of rows 0, 1 (8 each), words 16..31 <- d of rows 2, 3: word 8r of the heads.
+  const __m512i hidx = _mm512_setr_epi32(0, 0, 0, 0, 0x00080008, 0x00080008, 0x00080008, 0x00080008, //
+                                         0x00100010, 0x00100010, 0x00100010, 0x00100010, 0x00180018, 0x00180018, 0x00180018, 0x00180018);
+  __m512 acc[8][2];
+  _Pragma("GCC unroll 8")
+  for (int t = 0; t < NA; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  for (int i = 0; i < nb; i++) {
+    const size_t blk = (size_t)i * sizeof(ll_block_q8_0);
+    __m512i wv[2], cw[2];
+    _Pragma("GCC unroll 2")
+    for (int p = 0; p < NP; p++) {
+      wv[p] = q8_pair_load(w, ws, blk, 2 * p, NW);
+      cw[p] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, wv[p])); // -128·Σw per lane
+    }
+    const __m512i hw = _mm512_permutexvar_epi16(hidx, q4_quad_load(w, ws, blk, 0, NW));
+    const __m512 dw[2] = {_mm512_cvtph_ps(_mm512_castsi512_si256(hw)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hw, 1))};
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < NA; t++) {
+      const char *y = (const char *)a + (size_t)t * as + blk + offsetof(ll_block_q8_0, qs);
+      const __m512i av = _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y)), off); // a + 128
+      const __m512 da = _mm512_set1_ps(sca[(size_t)i * scs + t]);
+      _Pragma("GCC unroll 2")
+      for (int p = 0; p < NP; p++)
+        acc[t][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], da), _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cw[p], av, wv[p])), acc[t][p]);
+    }
+  }
+  _Pragma("GCC unroll 8")
+  for (int t = 0; t < NA; t++) {
+    float o[4];
+    _mm_storeu_ps(o, q8_pair_hsum(acc[t][0], NP > 1 ? acc[t][1] : acc[t][0]));
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NW; r++) out[(size_t)t * os + r] = o[r];
+  }
+}
+
 // ---- instantiation: one function per (rows, tokens) so accumulators stay in registers ----
 typedef void (*tile_fn)(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os);
 #define INST(NAME, CALL, NW, NA)                                                                     \
@@ -383,6 +428,13 @@ static void tile8_q4_1(int n, const void *w, size_t ws, int nw, const void *a, s
   tile_q4_1(n, w, ws, nw, a, as, na, out, os);
 }
 INST_ALL(q8_0, CALL_Q80)
+static void tile8_q8_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
+  if (na > 4) { // two passes of <= 4 tokens, as tile8_q4_1
+    tile_q8_0(n, w, ws, nw, a, as, 4, out, os);
+    a = (const char *)a + 4 * as, out += 4 * os, na -= 4;
+  }
+  tile_q8_0(n, w, ws, nw, a, as, na, out, os);
+}
 // Q4_0 tiles take up to 8 tokens (the weight-side work per block is shared by more tokens).
 #define INST_ROW8(NAME, CALL, NW)                                                                      INST(NAME, CALL, NW, 1) INST(NAME, CALL, NW, 2) INST(NAME, CALL, NW, 3) INST(NAME, CALL, NW, 4)       INST(NAME, CALL, NW, 5) INST(NAME, CALL, NW, 6) INST(NAME, CALL, NW, 7) INST(NAME, CALL, NW, 8)
 INST_ROW8(q4_0, CALL_Q40, 1) INST_ROW8(q4_0, CALL_Q40, 2) INST_ROW8(q4_0, CALL_Q40, 3) INST_ROW8(q4_0, CALL_Q40, 4)
@@ -409,6 +461,13 @@ static void tile_sc_q4_0(int n, const void *w, size_t ws, int nw, const void *a,
   q4_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
 }
 static void dot_q4_0(int n, float *s, const void *w, const void *a) { q4_0_1x1(n, w, 0, a, 0, s, 1); }
+#define CALL_Q80S(NW, NA) q8_side_impl(n, w, ws, a, as, sc, scs, out, os, NW, NA)
+INST_S_ROW8(q8_0s, CALL_Q80S, 1) INST_S_ROW8(q8_0s, CALL_Q80S, 2) INST_S_ROW8(q8_0s, CALL_Q80S, 3) INST_S_ROW8(q8_0s, CALL_Q80S, 4)
+static const tile_sc_fn q8_0s_tiles[4][8] = {ROW8(q8_0s, 1), ROW8(q8_0s, 2), ROW8(q8_0s, 3), ROW8(q8_0s, 4)};
+static void tile_sc_q8_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, const int32_t *ss,
+                         size_t scs, float *out, size_t os) {
+  q8_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
+}
 #define CALL_Q41S(NW, NA) q4_1_side_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA)
 INST_S_ROW8(q4_1s, CALL_Q41S, 1) INST_S_ROW8(q4_1s, CALL_Q41S, 2) INST_S_ROW8(q4_1s, CALL_Q41S, 3) INST_S_ROW8(q4_1s, CALL_Q41S, 4)
 static const tile_sc_fn q4_1s_tiles[4][8] = {ROW8(q4_1s, 1), ROW8(q4_1s, 2), ROW8(q4_1s, 3), ROW8(q4_1s, 4)};
@@ -420,7 +479,7 @@ static void tile_sc_q4_1(int n, const void *w, size_t ws, int nw, const void *a,
 static const struct ll_type_kernels avx512_table[LL_TYPE_COUNT] = {
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 8, tile_sc_q4_0},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile8_q4_1, 8, tile_sc_q4_1},
-    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q8_0, "avx512vnni", tile_q8_0, 4},
+    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q8_0, "avx512vnni", tile8_q8_0, 8, tile_sc_q8_0},
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_avx512(int t) {
