@@ -204,29 +204,45 @@ static void dot_q5_1_q8_1(int n, float *s, const void *w, const void *a) {
 
 // Q4_K / Q5_K: per 64 elements, low then high nibbles (+ the fifth bit for Q5_K) times the
 // Q8_K bytes, scaled by the 6-bit sub-block scales in int32.
-static inline void k4_sums(const ll_block_q8_K *y, const uint8_t *qs, const uint8_t *qh, const uint8_t *scales, int *isum, int *msum) {
-  int sc[8], mn[8];
-  for (int j = 0; j < 8; j++) k_scale_min(j, scales, &sc[j], &mn[j]);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+// A super-block's weights unpacked (scales and values), shared by every token of a tile.
+struct k4_unpacked {
+  __m256i q[8];  // sub-blocks 2j (low nibbles) and 2j+1 (high), 32 bytes each, 0..15 (0..31 for Q5_K)
+  __m256i sc[8]; // their 6-bit scales as int16 lanes
+  int mn[8];     // their 6-bit mins
+};
+static inline void k4_unpack(const uint8_t *qs, const uint8_t *qh, const uint8_t *scales, struct k4_unpacked *u) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   const __m256i qhv = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-  __m256i acc = _mm256_setzero_si256();
+  for (int j = 0; j < 8; j++) {
+    int sc;
+    k_scale_min(j, scales, &sc, &u->mn[j]);
+    u->sc[j] = _mm256_set1_epi16((short)sc);
+  }
   for (int j = 0; j < 4; j++, qs += 32) {
     const __m256i qb = _mm256_loadu_si256((const __m256i *)qs);
     __m256i lo = _mm256_and_si256(qb, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
     if (qh) {
-      const __m256i one = _mm256_set1_epi8(1);
       lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qhv, 2 * j), one), 4));
       hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qhv, 2 * j + 1), one), 4));
     }
-    const __m256i y0 = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j)), y1 = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j + 32));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16((short)sc[2 * j])));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16((short)sc[2 * j + 1])));
+    u->q[2 * j] = lo, u->q[2 * j + 1] = hi;
   }
+}
+// The exact Σ scale·q·y and Σ min·bsum of one token's super-block.
+static inline void k4_isum(const ll_block_q8_K *y, const struct k4_unpacked *u, int *isum, int *msum) {
+  __m256i acc = _mm256_setzero_si256();
+  for (int j = 0; j < 8; j++)
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u->q[j], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j))), u->sc[j]));
   *isum = hsum_i32(acc);
   int m = 0;
   for (int j = 0; j < 4; j++)
-    m += mn[2 * j] * (y->bsums[4 * j] + y->bsums[4 * j + 1]) + mn[2 * j + 1] * (y->bsums[4 * j + 2] + y->bsums[4 * j + 3]);
+    m += u->mn[2 * j] * (y->bsums[4 * j] + y->bsums[4 * j + 1]) + u->mn[2 * j + 1] * (y->bsums[4 * j + 2] + y->bsums[4 * j + 3]);
   *msum = m;
+}
+static inline void k4_sums(const ll_block_q8_K *y, const uint8_t *qs, const uint8_t *qh, const uint8_t *scales, int *isum, int *msum) {
+  struct k4_unpacked u;
+  k4_unpack(qs, qh, scales, &u);
+  k4_isum(y, &u, isum, msum);
 }
 
 static void dot_q4_K_q8_K(int n, float *s, const void *w, const void *a) {
@@ -254,35 +270,98 @@ static void dot_q5_K_q8_K(int n, float *s, const void *w, const void *a) {
 }
 
 // Q6_K: 6-bit values q (0..63) from ql/qh; Σ (q-32)·y·scale per 16 elements, exact in int32.
+struct k6_unpacked {
+  __m256i q[8];  // 32 values each: half h, part k at 4h + k
+  __m256i sc[8]; // their two 16-element scales as int16 lanes (elements 0-15 | 16-31)
+};
+static inline void k6_unpack(const ll_block_q6_K *x, struct k6_unpacked *u) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  for (int half = 0; half < 2; half++) {
+    const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
+    const int8_t *sc = x->scales + 8 * half;
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    __m256i *q = u->q + 4 * half;
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+    for (int k = 0; k < 4; k++) u->sc[4 * half + k] = _mm256_setr_m128i(_mm_set1_epi16(sc[2 * k]), _mm_set1_epi16(sc[2 * k + 1]));
+  }
+}
+static inline int k6_isum(const ll_block_q8_K *y, const struct k6_unpacked *u) {
+  const __m256i c32 = _mm256_set1_epi8(32);
+  __m256i acc = _mm256_setzero_si256();
+  for (int j = 0; j < 8; j++) {
+    const __m256i yv = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j));
+    // (q-32)·y in int16 pairs: q·y - 32·y, both exact (|pair| <= 16128 and 8192).
+    const __m256i d16 = _mm256_sub_epi16(_mm256_maddubs_epi16(u->q[j], yv), _mm256_maddubs_epi16(c32, yv));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(d16, u->sc[j]));
+  }
+  return hsum_i32(acc);
+}
 static void dot_q6_K_q8_K(int n, float *s, const void *w, const void *a) {
   const ll_block_q6_K *x = w;
   const ll_block_q8_K *y = a;
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
   float sum = 0;
   for (int i = 0; i < n / 256; i++) {
-    __m256i acc = _mm256_setzero_si256();
-    for (int half = 0; half < 2; half++) {
-      const uint8_t *ql = x[i].ql + 64 * half, *qh = x[i].qh + 32 * half;
-      const int8_t *sc = x[i].scales + 8 * half, *q8 = y[i].qs + 128 * half;
-      const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-      const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-      __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
-      for (int k = 0; k < 4; k++) {
-        const __m256i yv = _mm256_loadu_si256((const __m256i *)(q8 + 32 * k));
-        // (q-32)·y in int16 pairs: q·y - 32·y, both exact (|pair| <= 16128 and 8192).
-        const __m256i d16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yv), _mm256_maddubs_epi16(c32, yv));
-        const __m256i scv = _mm256_setr_m128i(_mm_set1_epi16(sc[2 * k]), _mm_set1_epi16(sc[2 * k + 1])); // elements 0-15 | 16-31
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(d16, scv));
-      }
-    }
-    const int isum = hsum_i32(acc);
+    struct k6_unpacked u;
+    k6_unpack(&x[i], &u);
+    const int isum = k6_isum(&y[i], &u);
     sum += h2f(x[i].d) * y[i].d * isum;
   }
   *s = sum;
+}
+
+// ---- K-quant tiles: each weight row's super-block unpacked once for up to 8 tokens ----
+// Per token the integer sums are the dot's (exact) and the float step the same C expression
+// (ISO C: no contraction), so every output has the dot's bits.
+static void tile_k4(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os, int q5) {
+  for (int r = 0; r < nw; r++) {
+    float sum[8] = {0};
+    for (int i = 0; i < n / 256; i++) {
+      struct k4_unpacked u;
+      float d, dmin;
+      if (q5) {
+        const ll_block_q5_K *x = (const ll_block_q5_K *)(const void *)((const char *)w + (size_t)r * ws) + i;
+        k4_unpack(x->qs, x->qh, x->scales, &u);
+        d = h2f(x->d), dmin = h2f(x->dmin);
+      } else {
+        const ll_block_q4_K *x = (const ll_block_q4_K *)(const void *)((const char *)w + (size_t)r * ws) + i;
+        k4_unpack(x->qs, NULL, x->scales, &u);
+        d = h2f(x->d), dmin = h2f(x->dmin);
+      }
+      for (int t = 0; t < na; t++) {
+        const ll_block_q8_K *y = (const ll_block_q8_K *)(const void *)((const char *)a + (size_t)t * as) + i;
+        int isum, msum;
+        k4_isum(y, &u, &isum, &msum);
+        sum[t] += y->d * (d * isum - dmin * msum);
+      }
+    }
+    for (int t = 0; t < na; t++) out[(size_t)t * os + r] = sum[t];
+  }
+}
+static void tile_q4_K(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
+  tile_k4(n, w, ws, nw, a, as, na, out, os, 0);
+}
+static void tile_q5_K(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
+  tile_k4(n, w, ws, nw, a, as, na, out, os, 1);
+}
+static void tile_q6_K(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
+  for (int r = 0; r < nw; r++) {
+    float sum[8] = {0};
+    for (int i = 0; i < n / 256; i++) {
+      const ll_block_q6_K *x = (const ll_block_q6_K *)(const void *)((const char *)w + (size_t)r * ws) + i;
+      struct k6_unpacked u;
+      k6_unpack(x, &u);
+      for (int t = 0; t < na; t++) {
+        const ll_block_q8_K *y = (const ll_block_q8_K *)(const void *)((const char *)a + (size_t)t * as) + i;
+        const int isum = k6_isum(y, &u);
+        sum[t] += h2f(x->d) * y->d * isum;
+      }
+    }
+    for (int t = 0; t < na; t++) out[(size_t)t * os + r] = sum[t];
+  }
 }
 
 // ---- tiles: 4 weight rows x 1 or 2 activation rows per pass, one accumulator per output ----
@@ -462,9 +541,9 @@ static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0},
     [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q5_0_q8_0, "avx2", NULL},
     [LL_TYPE_Q5_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q5_1_q8_1, "avx2", NULL},
-    [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q4_K_q8_K, "avx2", NULL},
-    [LL_TYPE_Q5_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q5_K_q8_K, "avx2", NULL},
-    [LL_TYPE_Q6_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q6_K_q8_K, "avx2", NULL},
+    [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q4_K_q8_K, "avx2", tile_q4_K, 8},
+    [LL_TYPE_Q5_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q5_K_q8_K, "avx2", tile_q5_K, 8},
+    [LL_TYPE_Q6_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q6_K_q8_K, "avx2", tile_q6_K, 8},
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int t) {

@@ -1,4 +1,4 @@
-// dot_avx512.c - AVX-512 (F, BW, VL) + VNNI dot products for Q4_0, Q4_1 and Q8_0 weights
+// dot_avx512.c - AVX-512 (F, BW, VL) + VNNI dot products for Q4_0, Q4_1, Q5_0 and Q8_0 weights
 // (compiled with -mavx512*; chosen at run time only on CPUs that have them).
 //
 // vpdpbusd multiplies unsigned weight bytes by signed activation bytes and sums groups of
@@ -281,6 +281,77 @@ AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as,
     for (int r = 0; r < NW; r++) out[(size_t)t * os + r] = o[t / 4][4 * r + t % 4];
 }
 
+// ---- Q5_0 x Q8_0, up to 8 tokens ----
+// dot.c's order: each block's exact integer sum, then sum += (si * d_w) * d_a (ISO C, no
+// contraction). Four rows per zmm as for Q4_0: q = nibble | fifth bit << 4 (0..31) unsigned
+// against the signed activations, the fifth bits expanded from two 64-bit masks (16 bits of
+// each row's qh per half). -16·Σa = 2 x the Q8_0 side table's -8·Σa (tile_sc), or computed
+// per token (two more vpdpbusd) and d_a converted per block without the tables (SIDE 0: vec_dot
+// and the plain tile). The partials can reach 8·31·128, so the reduction stays in 32 bits.
+AI void q50_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs,
+                     float *out, size_t os, const int NW, const int NA, const int SIDE) {
+  const int nb = n / 32;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+  // Words 0..15 <- d of row k/4 (word 8(k/4)); words 16..19 <- qh bits 0..15 of rows 0..3
+  // (word 8r+1), words 20..23 <- qh bits 16..31 (word 8r+2).
+  const __m512i hidx = _mm512_setr_epi32(0, 0, 0x00080008, 0x00080008, 0x00100010, 0x00100010, 0x00180018, 0x00180018, //
+                                         0x00090001, 0x00190011, 0x000a0002, 0x001a0012, 0, 0, 0, 0);
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; // tokens 0-3 / 4-7, lane 4r + t%4
+  for (int i = 0; i < nb; i++) {
+    const size_t blk = (size_t)i * sizeof(ll_block_q5_0);
+    const __m512i q = q4_quad_load(w, ws, blk, offsetof(ll_block_q5_0, qs), NW);
+    const __m512i hw = _mm512_permutexvar_epi16(hidx, q4_quad_load(w, ws, blk, 0, NW));
+    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(hw));
+    const __m128i qh = _mm512_extracti32x4_epi32(hw, 2);
+    const __mmask64 klo = _cvtu64_mask64((unsigned long long)_mm_cvtsi128_si64(qh));
+    const __mmask64 khi = _cvtu64_mask64((unsigned long long)_mm_extract_epi64(qh, 1));
+    const __m512i lo = _mm512_or_si512(_mm512_and_si512(q, m4), _mm512_maskz_mov_epi8(klo, b4));
+    const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4), _mm512_maskz_mov_epi8(khi, b4));
+    __m512i sum[8];
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < NA; t++) {
+      const char *y = (const char *)a + (size_t)t * as + (size_t)i * sizeof(ll_block_q8_0) + offsetof(ll_block_q8_0, qs);
+      const __m512i al = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y));
+      const __m512i ah = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + 16)));
+      __m512i s0 = _mm512_setzero_si512();
+      if (!SIDE) // -16·Σa spread over each row's four lanes: dpbusd's start value
+        s0 = _mm512_sub_epi32(s0, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), b4, al), b4, ah));
+      sum[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s0, lo, al), hi, ah);
+    }
+    _Pragma("GCC unroll 2")
+    for (int g = 0; 4 * g < NA; g++) {
+      const int ng = NA - 4 * g < 4 ? NA - 4 * g : 4;
+      const __mmask8 m = (__mmask8)((1u << ng) - 1);
+      __m512i si;
+      __m512 da;
+      if (SIDE) {
+        const size_t at = (size_t)i * scs + 4 * g;
+        const __m512i c = _mm512_broadcast_i32x4(ng == 4 ? _mm_loadu_si128((const __m128i *)(ssa + at)) : _mm_maskz_loadu_epi32(m, ssa + at));
+        si = _mm512_add_epi32(q40_rows_tokens(sum + 4 * g, ng), _mm512_slli_epi32(c, 1));
+        da = _mm512_broadcast_f32x4(ng == 4 ? _mm_loadu_ps(sca + at) : _mm_maskz_loadu_ps(m, sca + at));
+      } else {
+        si = q40_rows_tokens(sum + 4 * g, ng);
+        __m128i uv = _mm_setzero_si128();
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < ng; t++) {
+          ll_fp16 h;
+          memcpy(&h, (const char *)a + (size_t)(4 * g + t) * as + (size_t)i * sizeof(ll_block_q8_0), sizeof h);
+          uv = ins16(uv, h, t);
+        }
+        da = _mm512_broadcast_f32x4(_mm_cvtph_ps(uv));
+      }
+      acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(si), dw), da));
+    }
+  }
+  float o[2][16];
+  _mm512_storeu_ps(o[0], acc[0]);
+  if (NA > 4) _mm512_storeu_ps(o[1], acc[1]);
+  _Pragma("GCC unroll 8")
+  for (int t = 0; t < NA; t++)
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < NW; r++) out[(size_t)t * os + r] = o[t / 4][4 * r + t % 4];
+}
+
 // ---- Q8_0 x Q8_0: two weight rows per zmm ----
 // One block of rows r, r+1 fills a zmm [w_r | w_r1]; the token's block is broadcast to both
 // halves, so vpdpbusd gives row r's 8 int32 lanes in the low half and row r+1's in the high
@@ -468,6 +539,20 @@ static void tile_sc_q8_0(int n, const void *w, size_t ws, int nw, const void *a,
                          size_t scs, float *out, size_t os) {
   q8_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
 }
+#define CALL_Q50S(NW, NA) q50_quad_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1)
+#define CALL_Q50(NW, NA) q50_quad_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0)
+INST_S_ROW8(q5_0s, CALL_Q50S, 1) INST_S_ROW8(q5_0s, CALL_Q50S, 2) INST_S_ROW8(q5_0s, CALL_Q50S, 3) INST_S_ROW8(q5_0s, CALL_Q50S, 4)
+static const tile_sc_fn q5_0s_tiles[4][8] = {ROW8(q5_0s, 1), ROW8(q5_0s, 2), ROW8(q5_0s, 3), ROW8(q5_0s, 4)};
+static void tile_sc_q5_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, const int32_t *ss,
+                         size_t scs, float *out, size_t os) {
+  q5_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
+}
+INST_ROW8(q5_0, CALL_Q50, 1) INST_ROW8(q5_0, CALL_Q50, 2) INST_ROW8(q5_0, CALL_Q50, 3) INST_ROW8(q5_0, CALL_Q50, 4)
+static const tile_fn q5_0_tiles[4][8] = {ROW8(q5_0, 1), ROW8(q5_0, 2), ROW8(q5_0, 3), ROW8(q5_0, 4)};
+static void tile_q5_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
+  q5_0_tiles[nw - 1][na - 1](n, w, ws, a, as, out, os);
+}
+static void dot_q5_0(int n, float *s, const void *w, const void *a) { q5_0_1x1(n, w, 0, a, 0, s, 1); }
 #define CALL_Q41S(NW, NA) q4_1_side_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA)
 INST_S_ROW8(q4_1s, CALL_Q41S, 1) INST_S_ROW8(q4_1s, CALL_Q41S, 2) INST_S_ROW8(q4_1s, CALL_Q41S, 3) INST_S_ROW8(q4_1s, CALL_Q41S, 4)
 static const tile_sc_fn q4_1s_tiles[4][8] = {ROW8(q4_1s, 1), ROW8(q4_1s, 2), ROW8(q4_1s, 3), ROW8(q4_1s, 4)};
@@ -480,6 +565,7 @@ static const struct ll_type_kernels avx512_table[LL_TYPE_COUNT] = {
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 8, tile_sc_q4_0},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile8_q4_1, 8, tile_sc_q4_1},
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q8_0, "avx512vnni", tile8_q8_0, 8, tile_sc_q8_0},
+    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q5_0, "avx512vnni", tile_q5_0, 8, tile_sc_q5_0},
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_avx512(int t) {
