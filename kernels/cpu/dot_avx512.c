@@ -225,16 +225,36 @@ AI __m512 q40_quad_d(const void *w, size_t ws, size_t blk, const int NW) {
   return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, h)));
 }
 
-AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs,
-                     float *out, size_t os, const int NW, const int NA, const int SIDE) {
+// ---- Q5_0 x Q8_0 (Q5 = 1 below) ----
+// dot.c's order: each block's exact integer sum, then sum += (si * d_w) * d_a (ISO C, no
+// contraction). Four rows per zmm as for Q4_0: q = nibble | fifth bit << 4 (0..31) unsigned
+// against the signed activations, the fifth bits expanded from two 64-bit masks (16 bits of
+// each row's qh per half); the offset is -16·Σa = 2 x the side table's -8·Σa. The partials
+// can reach 8·31·128, so the reduction stays in 32 bits.
+AI void qblk_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs,
+                      float *out, size_t os, const int NW, const int NA, const int SIDE, const int Q5) {
   const int nb = n / 32;
-  const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  const size_t bsz = Q5 ? sizeof(ll_block_q5_0) : sizeof(ll_block_q4_0);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), off = _mm512_set1_epi8(Q5 ? 16 : 8);
+  // Q5_0: words 0..15 <- d of row k/4 (word 8(k/4)); words 16..19 <- qh bits 0..15 of rows
+  // 0..3 (word 8r+1), words 20..23 <- qh bits 16..31 (word 8r+2).
+  const __m512i hidx = _mm512_setr_epi32(0, 0, 0x00080008, 0x00080008, 0x00100010, 0x00100010, 0x00180018, 0x00180018, //
+                                         0x00090001, 0x00190011, 0x000a0002, 0x001a0012, 0, 0, 0, 0);
   __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; // tokens 0-3 / 4-7, lane 4r + t%4
   for (int i = 0; i < nb; i++) {
-    const size_t blk = (size_t)i * sizeof(ll_block_q4_0);
-    const __m512i q = q4_quad_load(w, ws, blk, offsetof(ll_block_q4_0, qs), NW);
-    const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-    const __m512 dw = q40_quad_d(w, ws, blk, NW); // d_r
+    const size_t blk = (size_t)i * bsz;
+    const __m512i q = q4_quad_load(w, ws, blk, Q5 ? offsetof(ll_block_q5_0, qs) : offsetof(ll_block_q4_0, qs), NW);
+    __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    __m512 dw; // d_r
+    if (Q5) {
+      const __m512i hw = _mm512_permutexvar_epi16(hidx, q4_quad_load(w, ws, blk, 0, NW));
+      const __m128i qh = _mm512_extracti32x4_epi32(hw, 2);
+      dw = _mm512_cvtph_ps(_mm512_castsi512_si256(hw));
+      lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(_cvtu64_mask64((unsigned long long)_mm_cvtsi128_si64(qh)), off));
+      hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(_cvtu64_mask64((unsigned long long)_mm_extract_epi64(qh, 1)), off));
+    } else {
+      dw = q40_quad_d(w, ws, blk, NW);
+    }
     __m512i sum[8];
     _Pragma("GCC unroll 8")
     for (int t = 0; t < NA; t++) {
@@ -242,8 +262,8 @@ AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as,
       const __m512i al = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y));
       const __m512i ah = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + 16)));
       __m512i s0 = _mm512_setzero_si512();
-      if (!SIDE) // -8·Σa spread over each row's four lanes: dpbusd's start value
-        s0 = _mm512_sub_epi32(s0, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, al), eight, ah));
+      if (!SIDE) // -off·Σa spread over each row's four lanes: dpbusd's start value
+        s0 = _mm512_sub_epi32(s0, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), off, al), off, ah));
       sum[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s0, lo, al), hi, ah);
     }
     _Pragma("GCC unroll 2")
@@ -255,7 +275,7 @@ AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as,
       if (SIDE) {
         const size_t at = (size_t)i * scs + 4 * g;
         const __m512i c = _mm512_broadcast_i32x4(ng == 4 ? _mm_loadu_si128((const __m128i *)(ssa + at)) : _mm_maskz_loadu_epi32(m, ssa + at));
-        si = q40_rows_tokens16(sum + 4 * g, ng, c);
+        si = Q5 ? _mm512_add_epi32(q40_rows_tokens(sum + 4 * g, ng), _mm512_slli_epi32(c, 1)) : q40_rows_tokens16(sum + 4 * g, ng, c);
         da = ng == 4 ? _mm_loadu_ps(sca + at) : _mm_maskz_loadu_ps(m, sca + at);
       } else {
         si = q40_rows_tokens(sum + 4 * g, ng);
@@ -268,79 +288,10 @@ AI void q40_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as,
         }
         da = _mm_cvtph_ps(uv);
       }
-      const __m512 sc = _mm512_mul_ps(dw, _mm512_broadcast_f32x4(da)); // d_r * d_t (exact)
-      acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), sc, acc[g]);
-    }
-  }
-  float o[2][16];
-  _mm512_storeu_ps(o[0], acc[0]);
-  if (NA > 4) _mm512_storeu_ps(o[1], acc[1]);
-  _Pragma("GCC unroll 8")
-  for (int t = 0; t < NA; t++)
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < NW; r++) out[(size_t)t * os + r] = o[t / 4][4 * r + t % 4];
-}
-
-// ---- Q5_0 x Q8_0, up to 8 tokens ----
-// dot.c's order: each block's exact integer sum, then sum += (si * d_w) * d_a (ISO C, no
-// contraction). Four rows per zmm as for Q4_0: q = nibble | fifth bit << 4 (0..31) unsigned
-// against the signed activations, the fifth bits expanded from two 64-bit masks (16 bits of
-// each row's qh per half). -16·Σa = 2 x the Q8_0 side table's -8·Σa (tile_sc), or computed
-// per token (two more vpdpbusd) and d_a converted per block without the tables (SIDE 0: vec_dot
-// and the plain tile). The partials can reach 8·31·128, so the reduction stays in 32 bits.
-AI void q50_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs,
-                     float *out, size_t os, const int NW, const int NA, const int SIDE) {
-  const int nb = n / 32;
-  const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
-  // Words 0..15 <- d of row k/4 (word 8(k/4)); words 16..19 <- qh bits 0..15 of rows 0..3
-  // (word 8r+1), words 20..23 <- qh bits 16..31 (word 8r+2).
-  const __m512i hidx = _mm512_setr_epi32(0, 0, 0x00080008, 0x00080008, 0x00100010, 0x00100010, 0x00180018, 0x00180018, //
-                                         0x00090001, 0x00190011, 0x000a0002, 0x001a0012, 0, 0, 0, 0);
-  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; // tokens 0-3 / 4-7, lane 4r + t%4
-  for (int i = 0; i < nb; i++) {
-    const size_t blk = (size_t)i * sizeof(ll_block_q5_0);
-    const __m512i q = q4_quad_load(w, ws, blk, offsetof(ll_block_q5_0, qs), NW);
-    const __m512i hw = _mm512_permutexvar_epi16(hidx, q4_quad_load(w, ws, blk, 0, NW));
-    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(hw));
-    const __m128i qh = _mm512_extracti32x4_epi32(hw, 2);
-    const __mmask64 klo = _cvtu64_mask64((unsigned long long)_mm_cvtsi128_si64(qh));
-    const __mmask64 khi = _cvtu64_mask64((unsigned long long)_mm_extract_epi64(qh, 1));
-    const __m512i lo = _mm512_or_si512(_mm512_and_si512(q, m4), _mm512_maskz_mov_epi8(klo, b4));
-    const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4), _mm512_maskz_mov_epi8(khi, b4));
-    __m512i sum[8];
-    _Pragma("GCC unroll 8")
-    for (int t = 0; t < NA; t++) {
-      const char *y = (const char *)a + (size_t)t * as + (size_t)i * sizeof(ll_block_q8_0) + offsetof(ll_block_q8_0, qs);
-      const __m512i al = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y));
-      const __m512i ah = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + 16)));
-      __m512i s0 = _mm512_setzero_si512();
-      if (!SIDE) // -16·Σa spread over each row's four lanes: dpbusd's start value
-        s0 = _mm512_sub_epi32(s0, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), b4, al), b4, ah));
-      sum[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s0, lo, al), hi, ah);
-    }
-    _Pragma("GCC unroll 2")
-    for (int g = 0; 4 * g < NA; g++) {
-      const int ng = NA - 4 * g < 4 ? NA - 4 * g : 4;
-      const __mmask8 m = (__mmask8)((1u << ng) - 1);
-      __m512i si;
-      __m512 da;
-      if (SIDE) {
-        const size_t at = (size_t)i * scs + 4 * g;
-        const __m512i c = _mm512_broadcast_i32x4(ng == 4 ? _mm_loadu_si128((const __m128i *)(ssa + at)) : _mm_maskz_loadu_epi32(m, ssa + at));
-        si = _mm512_add_epi32(q40_rows_tokens(sum + 4 * g, ng), _mm512_slli_epi32(c, 1));
-        da = _mm512_broadcast_f32x4(ng == 4 ? _mm_loadu_ps(sca + at) : _mm_maskz_loadu_ps(m, sca + at));
-      } else {
-        si = q40_rows_tokens(sum + 4 * g, ng);
-        __m128i uv = _mm_setzero_si128();
-        _Pragma("GCC unroll 4")
-        for (int t = 0; t < ng; t++) {
-          ll_fp16 h;
-          memcpy(&h, (const char *)a + (size_t)(4 * g + t) * as + (size_t)i * sizeof(ll_block_q8_0), sizeof h);
-          uv = ins16(uv, h, t);
-        }
-        da = _mm512_broadcast_f32x4(_mm_cvtph_ps(uv));
-      }
-      acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(si), dw), da));
+      if (Q5) // sum + (si * d_w) * d_a
+        acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(si), dw), _mm512_broadcast_f32x4(da)));
+      else // fma(si, d_w * d_a, sum); the product of two halves is exact
+        acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(dw, _mm512_broadcast_f32x4(da)), acc[g]);
     }
   }
   float o[2][16];
@@ -486,8 +437,8 @@ typedef void (*tile_fn)(int n, const void *w, size_t ws, const void *a, size_t a
 
 #define CALL_Q41(NW, NA) q4_1_quad_impl(n, w, ws, a, as, out, os, NW, NA)
 #define CALL_Q80(NW, NA) q8_pair_impl(n, w, ws, a, as, out, os, NW, NA)
-#define CALL_Q40(NW, NA) q40_quad_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0)
-#define CALL_Q40S(NW, NA) q40_quad_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1)
+#define CALL_Q40(NW, NA) qblk_quad_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0, 0)
+#define CALL_Q40S(NW, NA) qblk_quad_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1, 0)
 INST_ALL(q4_1, CALL_Q41)
 // Q4_1 tiles of up to 8 tokens: the plain tile in two passes of <= 4 (each output is computed
 // independently, so the bits are the same), the side-table tile in one.
@@ -539,8 +490,8 @@ static void tile_sc_q8_0(int n, const void *w, size_t ws, int nw, const void *a,
                          size_t scs, float *out, size_t os) {
   q8_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
 }
-#define CALL_Q50S(NW, NA) q50_quad_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1)
-#define CALL_Q50(NW, NA) q50_quad_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0)
+#define CALL_Q50S(NW, NA) qblk_quad_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1, 1)
+#define CALL_Q50(NW, NA) qblk_quad_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0, 1)
 INST_S_ROW8(q5_0s, CALL_Q50S, 1) INST_S_ROW8(q5_0s, CALL_Q50S, 2) INST_S_ROW8(q5_0s, CALL_Q50S, 3) INST_S_ROW8(q5_0s, CALL_Q50S, 4)
 static const tile_sc_fn q5_0s_tiles[4][8] = {ROW8(q5_0s, 1), ROW8(q5_0s, 2), ROW8(q5_0s, 3), ROW8(q5_0s, 4)};
 static void tile_sc_q5_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, const int32_t *ss,
