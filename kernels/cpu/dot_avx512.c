@@ -36,6 +36,14 @@ AI __m128i ins16(__m128i v, int x, int lane) {
   default: return _mm_insert_epi16(v, x, 3);
   }
 }
+AI __m128i ins32(__m128i v, int x, int lane) {
+  switch (lane) {
+  case 0: return _mm_insert_epi32(v, x, 0);
+  case 1: return _mm_insert_epi32(v, x, 1);
+  case 2: return _mm_insert_epi32(v, x, 2);
+  default: return _mm_insert_epi32(v, x, 3);
+  }
+}
 AI __m128 lane128(__m512 v, int i) {
   switch (i) {
   case 0: return _mm512_extractf32x4_ps(v, 0);
@@ -61,18 +69,6 @@ AI __m512i q4_quad_load(const void *w, size_t ws, size_t blk, size_t off, const 
   if (NW > 3) y = _mm512_inserti32x4(y, _mm_loadu_si128((const __m128i *)((const char *)w + 3 * ws + blk + off)), 3);
   return y;
 }
-// The first 4 bytes of each row's block (Q4_1: d, m; Q4_0: d and the first two nibble
-// bytes) as 8 halves -> 8 floats [r0.0, r0.1, r1.0, r1.1, ...].
-AI __m256 q4_quad_head(const void *w, size_t ws, size_t blk, const int NW) {
-  uint32_t h[4] = {0, 0, 0, 0};
-  _Pragma("GCC unroll 4")
-  for (int r = 0; r < NW; r++) memcpy(&h[r], (const char *)w + (size_t)r * ws + blk, 4);
-  __m128i v = _mm_cvtsi32_si128((int)h[0]);
-  if (NW > 1) v = _mm_insert_epi32(v, (int)h[1], 1);
-  if (NW > 2) v = _mm_insert_epi32(v, (int)h[2], 2);
-  if (NW > 3) v = _mm_insert_epi32(v, (int)h[3], 3);
-  return _mm256_cvtph_ps(v);
-}
 // hsum_float_8 of row r's 8 lanes (L_r, H_r) for the four rows -> lane r.
 AI __m128 q4_quad_hsum(__m512 l, __m512 h) {
   const __m512 v = _mm512_add_ps(l, h);
@@ -81,62 +77,11 @@ AI __m128 q4_quad_hsum(__m512 l, __m512 h) {
   return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
 }
 
-AI void q4_1_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA) {
-  const int nb = n / 32;
-  const size_t ba = sizeof(ll_block_q8_1), aoff = offsetof(ll_block_q8_1, qs);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  // Lane 4r+j <- the d of row r (element 2r of the head floats); m likewise from 2r+1.
-  const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
-  __m512 accl[4], acch[4];
-  __m512 sm = _mm512_setzero_ps(); // lane 4t + r: token t's Σ m_r·s_t
-  _Pragma("GCC unroll 4")
-  for (int t = 0; t < NA; t++) accl[t] = acch[t] = _mm512_setzero_ps();
-  for (int i = 0; i < nb; i++) {
-    const size_t blk = (size_t)i * sizeof(ll_block_q4_1);
-    const __m512i q = q4_quad_load(w, ws, blk, offsetof(ll_block_q4_1, qs), NW);
-    const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-    const __m256 head = q4_quad_head(w, ws, blk, NW);
-    const __m512 dw = _mm512_permutexvar_ps(idx_d, _mm512_castps256_ps512(head)); // (d_r x4) per lane
-    // The tokens' activation scales, converted together: [d0 s0 d1 s1 ...].
-    uint32_t u[4] = {0, 0, 0, 0};
-    _Pragma("GCC unroll 4")
-    for (int t = 0; t < NA; t++) memcpy(&u[t], (const char *)a + (size_t)t * as + (size_t)i * ba, 4);
-    __m128i uv = _mm_cvtsi32_si128((int)u[0]);
-    if (NA > 1) uv = _mm_insert_epi32(uv, (int)u[1], 1);
-    if (NA > 2) uv = _mm_insert_epi32(uv, (int)u[2], 2);
-    if (NA > 3) uv = _mm_insert_epi32(uv, (int)u[3], 3);
-    const __m512 ds = _mm512_castps256_ps512(_mm256_cvtph_ps(uv));
-    // m_r·s_t for every (token, row) lane at once: mul, then add, as dot_avx2.c's scalar (the
-    // product of two halves is exact, so fused or not gives the same bits)
-    const __m512 mw = _mm512_broadcast_f32x4(_mm_shuffle_ps(_mm256_castps256_ps128(head), _mm256_extractf128_ps(head, 1), _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 st = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), ds);
-    sm = _mm512_add_ps(sm, _mm512_mul_ps(mw, st));
-    _Pragma("GCC unroll 4")
-    for (int t = 0; t < NA; t++) {
-      const char *y = (const char *)a + (size_t)t * as + (size_t)i * ba;
-      const __m512i al = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff)));
-      const __m512i ah = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff + 16)));
-      const __m512 sc = _mm512_mul_ps(dw, _mm512_permutexvar_ps(_mm512_set1_epi32(2 * t), ds));
-      accl[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, al)), accl[t]);
-      acch[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ah)), acch[t]);
-    }
-  }
-  _Pragma("GCC unroll 4")
-  for (int t = 0; t < NA; t++) {
-    const __m128 res = _mm_add_ps(q4_quad_hsum(accl[t], acch[t]), lane128(sm, t));
-    float o[4];
-    _mm_storeu_ps(o, res);
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < NW; r++) out[(size_t)t * os + r] = o[r];
-  }
-}
-
-// Q4_1 with the caller's side tables (tile_sc: sc = d_a, ss = s_a as float bits), up to 8
-// tokens: the same lanes and float steps as above, with the weights' unpacking, the row
-// scales and offsets (one vpermw: d_r to lanes 4r+j, m_r to lanes 4t+r) and the m·s term
-// shared by twice as many tokens, and each token's d_a one broadcast load.
-AI void q4_1_side_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs,
-                      float *out, size_t os, const int NW, const int NA) {
+// Up to 8 tokens. The row scales and offsets come from one vpermw over the rows' block heads
+// (d_r to lanes 4r+j, m_r to lanes 4t+r); the tokens' d_a and s_a from the caller's side
+// tables (tile_sc: sc = d_a, ss = s_a as float bits; SIDE 1) or converted from the blocks.
+AI void q4_1_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs,
+                      float *out, size_t os, const int NW, const int NA, const int SIDE) {
   const int nb = n / 32;
   const size_t ba = sizeof(ll_block_q8_1), aoff = offsetof(ll_block_q8_1, qs);
   const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -154,11 +99,27 @@ AI void q4_1_side_impl(int n, const void *w, size_t ws, const void *a, size_t as
     const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
     const __m512i hw = _mm512_permutexvar_epi16(hidx, q4_quad_load(w, ws, blk, 0, NW));
     const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(hw)), mw = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hw, 1));
+    __m128 d4[2]; // the tokens' d_a, four per group
     _Pragma("GCC unroll 2")
-    for (int g = 0; 4 * g < NA; g++) { // mul, then add, as dot_avx2.c's scalar (the product of two halves is exact)
+    for (int g = 0; 4 * g < NA; g++) { // m·s: mul, then add, as dot_avx2.c's scalar (the product of two halves is exact)
       const int ng = NA - 4 * g < 4 ? NA - 4 * g : 4;
-      const float *sp = (const float *)(const void *)(ssa + (size_t)i * scs + 4 * g);
-      const __m128 s4 = ng == 4 ? _mm_loadu_ps(sp) : _mm_maskz_loadu_ps((__mmask8)((1u << ng) - 1), sp);
+      __m128 s4;
+      if (SIDE) {
+        const __mmask8 m = (__mmask8)((1u << ng) - 1);
+        const float *sp = (const float *)(const void *)(ssa + (size_t)i * scs + 4 * g);
+        s4 = ng == 4 ? _mm_loadu_ps(sp) : _mm_maskz_loadu_ps(m, sp);
+      } else { // [d0 s0 d1 s1 ...] of the group's blocks, converted together
+        __m128i uv = _mm_setzero_si128();
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < ng; t++) {
+          uint32_t u;
+          memcpy(&u, (const char *)a + (size_t)(4 * g + t) * as + (size_t)i * ba, 4);
+          uv = ins32(uv, (int)u, t);
+        }
+        const __m256 ds = _mm256_cvtph_ps(uv);
+        d4[g] = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(ds, _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0)));
+        s4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(ds, _mm256_setr_epi32(1, 3, 5, 7, 0, 0, 0, 0)));
+      }
       sm[g] = _mm512_add_ps(sm[g], _mm512_mul_ps(mw, _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(s4))));
     }
     _Pragma("GCC unroll 8")
@@ -166,7 +127,8 @@ AI void q4_1_side_impl(int n, const void *w, size_t ws, const void *a, size_t as
       const char *y = (const char *)a + (size_t)t * as + (size_t)i * ba;
       const __m512i al = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff)));
       const __m512i ah = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y + aoff + 16)));
-      const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(sca[(size_t)i * scs + t]));
+      const __m512 da = SIDE ? _mm512_set1_ps(sca[(size_t)i * scs + t]) : _mm512_permutexvar_ps(_mm512_set1_epi32(t % 4), _mm512_castps128_ps512(d4[t / 4]));
+      const __m512 sc = _mm512_mul_ps(dw, da);
       accl[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, al)), accl[t]);
       acch[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ah)), acch[t]);
     }
@@ -306,8 +268,9 @@ AI void qblk_quad_impl(int n, const void *w, size_t ws, const void *a, size_t as
 // ---- Q8_0 x Q8_0: two weight rows per zmm ----
 // One block of rows r, r+1 fills a zmm [w_r | w_r1]; the token's block is broadcast to both
 // halves, so vpdpbusd gives row r's 8 int32 lanes in the low half and row r+1's in the high
-// half, the AVX2 path's lanes exactly. Signed weights are made unsigned with +128 and the
-// offset removed through dpbusd's start value (-128·Σa per lane, once per token and block).
+// half, the AVX2 path's lanes exactly. The activations are made unsigned (a+128, one xor per
+// token and block) and the weights stay signed, so each lane's offset 128·Σw depends on the
+// weights only: computed once per block for all tokens, removed through dpbusd's start value.
 // Per lane the float steps are dot_avx2.c's (fma(d_w*d_a, float(isum), acc) per block in
 // block order), so results stay bit-identical; one conversion and FMA serve two rows.
 AI __m512i q8_pair_load(const void *w, size_t ws, size_t blk, int r, const int NW) {
@@ -326,58 +289,9 @@ AI __m128 q8_pair_hsum(__m512 p0, __m512 p1) {
       _mm512_permutex2var_ps(u0, _mm512_setr_epi32(0, 8, 16, 24, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u1));
 }
 
-AI void q8_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os, const int NW, const int NA) {
-  const int nb = n / 32;
-  const int NP = (NW + 1) / 2; // row pairs
-  const __m512i off = _mm512_set1_epi8((char)0x80);
-  const __m512i idx0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i idx1 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  __m512 acc[4][2];
-  _Pragma("GCC unroll 4")
-  for (int t = 0; t < NA; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-  for (int i = 0; i < nb; i++) {
-    const size_t blk = (size_t)i * sizeof(ll_block_q8_0);
-    __m512i wv[2];
-    _Pragma("GCC unroll 2")
-    for (int p = 0; p < NP; p++) wv[p] = _mm512_xor_si512(q8_pair_load(w, ws, blk, 2 * p, NW), off);
-    __m128i dh = _mm_setzero_si128();
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < NW; r++) {
-      ll_fp16 h;
-      memcpy(&h, (const char *)w + (size_t)r * ws + blk, sizeof h);
-      dh = ins16(dh, h, r);
-    }
-    const __m512 d4 = _mm512_castps128_ps512(_mm_cvtph_ps(dh));
-    const __m512 dw[2] = {_mm512_permutexvar_ps(idx0, d4), _mm512_permutexvar_ps(idx1, d4)}; // (d_r x8 | d_r1 x8)
-    _Pragma("GCC unroll 4")
-    for (int t = 0; t < NA; t++) {
-      const char *y = (const char *)a + (size_t)t * as + blk;
-      const __m512i av = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(y + offsetof(ll_block_q8_0, qs))));
-      const __m512i corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, av));
-      ll_fp16 h;
-      memcpy(&h, y, sizeof h);
-      const __m512 da = _mm512_set1_ps(h2f(h));
-      _Pragma("GCC unroll 2")
-      for (int p = 0; p < NP; p++)
-        acc[t][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], da), _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, wv[p], av)), acc[t][p]);
-    }
-  }
-  _Pragma("GCC unroll 4")
-  for (int t = 0; t < NA; t++) {
-    float o[4];
-    _mm_storeu_ps(o, q8_pair_hsum(acc[t][0], NP > 1 ? acc[t][1] : acc[t][0]));
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < NW; r++) out[(size_t)t * os + r] = o[r];
-  }
-}
-
-// Q8_0 with the caller's scale table (tile_sc: sc = d_a; ss unused), up to 8 tokens: here
-// the activations are made unsigned (a+128, one xor per token and block) and the weights stay
-// signed, so the offset 128·Σw of each lane depends on the weights only and is computed once
-// per block for all tokens (the plain tile above computes -128·Σa per token). The int32 lanes
-// are the same exact 4-product sums, the float steps the same, so the bits are too.
-AI void q8_side_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, size_t scs, float *out, size_t os,
-                    const int NW, const int NA) {
+// Up to 8 tokens; d_a from the caller's scale table (tile_sc: sc = d_a, SIDE 1) or converted.
+AI void q8_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, size_t scs, float *out, size_t os,
+                    const int NW, const int NA, const int SIDE) {
   const int nb = n / 32;
   const int NP = (NW + 1) / 2; // row pairs
   const __m512i off = _mm512_set1_epi8((char)0x80);
@@ -399,9 +313,16 @@ AI void q8_side_impl(int n, const void *w, size_t ws, const void *a, size_t as, 
     const __m512 dw[2] = {_mm512_cvtph_ps(_mm512_castsi512_si256(hw)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hw, 1))};
     _Pragma("GCC unroll 8")
     for (int t = 0; t < NA; t++) {
-      const char *y = (const char *)a + (size_t)t * as + blk + offsetof(ll_block_q8_0, qs);
-      const __m512i av = _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y)), off); // a + 128
-      const __m512 da = _mm512_set1_ps(sca[(size_t)i * scs + t]);
+      const char *y = (const char *)a + (size_t)t * as + blk;
+      const __m512i av = _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(y + offsetof(ll_block_q8_0, qs)))), off); // a + 128
+      __m512 da;
+      if (SIDE) {
+        da = _mm512_set1_ps(sca[(size_t)i * scs + t]);
+      } else {
+        ll_fp16 h;
+        memcpy(&h, y, sizeof h);
+        da = _mm512_set1_ps(h2f(h));
+      }
       _Pragma("GCC unroll 2")
       for (int p = 0; p < NP; p++)
         acc[t][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], da), _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cw[p], av, wv[p])), acc[t][p]);
@@ -422,100 +343,60 @@ typedef void (*tile_fn)(int n, const void *w, size_t ws, const void *a, size_t a
   static void NAME##_##NW##x##NA(int n, const void *w, size_t ws, const void *a, size_t as, float *out, size_t os) { \
     CALL(NW, NA);                                                                                    \
   }
-#define INST_ALL(NAME, CALL)                                                                         \
-  INST(NAME, CALL, 1, 1) INST(NAME, CALL, 1, 2) INST(NAME, CALL, 1, 3) INST(NAME, CALL, 1, 4)         \
-  INST(NAME, CALL, 2, 1) INST(NAME, CALL, 2, 2) INST(NAME, CALL, 2, 3) INST(NAME, CALL, 2, 4)         \
-  INST(NAME, CALL, 3, 1) INST(NAME, CALL, 3, 2) INST(NAME, CALL, 3, 3) INST(NAME, CALL, 3, 4)         \
-  INST(NAME, CALL, 4, 1) INST(NAME, CALL, 4, 2) INST(NAME, CALL, 4, 3) INST(NAME, CALL, 4, 4)         \
-  static const tile_fn NAME##_tiles[4][4] = {                                                        \
-      {NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4}, {NAME##_2x1, NAME##_2x2, NAME##_2x3, NAME##_2x4}, \
-      {NAME##_3x1, NAME##_3x2, NAME##_3x3, NAME##_3x4}, {NAME##_4x1, NAME##_4x2, NAME##_4x3, NAME##_4x4}}; \
-  static void tile_##NAME(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) { \
-    NAME##_tiles[nw - 1][na - 1](n, w, ws, a, as, out, os);                                          \
-  }                                                                                                  \
-  static void dot_##NAME(int n, float *s, const void *w, const void *a) { NAME##_1x1(n, w, 0, a, 0, s, 1); }
 
-#define CALL_Q41(NW, NA) q4_1_quad_impl(n, w, ws, a, as, out, os, NW, NA)
-#define CALL_Q80(NW, NA) q8_pair_impl(n, w, ws, a, as, out, os, NW, NA)
+#define CALL_Q41(NW, NA) q4_1_quad_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0)
+#define CALL_Q80(NW, NA) q8_pair_impl(n, w, ws, a, as, NULL, 0, out, os, NW, NA, 0)
 #define CALL_Q40(NW, NA) qblk_quad_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0, 0)
 #define CALL_Q40S(NW, NA) qblk_quad_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1, 0)
-INST_ALL(q4_1, CALL_Q41)
-// Q4_1 tiles of up to 8 tokens: the plain tile in two passes of <= 4 (each output is computed
-// independently, so the bits are the same), the side-table tile in one.
-static void tile8_q4_1(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
-  if (na > 4) {
-    tile_q4_1(n, w, ws, nw, a, as, 4, out, os);
-    a = (const char *)a + 4 * as, out += 4 * os, na -= 4;
-  }
-  tile_q4_1(n, w, ws, nw, a, as, na, out, os);
-}
-INST_ALL(q8_0, CALL_Q80)
-static void tile8_q8_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
-  if (na > 4) { // two passes of <= 4 tokens, as tile8_q4_1
-    tile_q8_0(n, w, ws, nw, a, as, 4, out, os);
-    a = (const char *)a + 4 * as, out += 4 * os, na -= 4;
-  }
-  tile_q8_0(n, w, ws, nw, a, as, na, out, os);
-}
-// Q4_0 tiles take up to 8 tokens (the weight-side work per block is shared by more tokens).
-#define INST_ROW8(NAME, CALL, NW)                                                                      INST(NAME, CALL, NW, 1) INST(NAME, CALL, NW, 2) INST(NAME, CALL, NW, 3) INST(NAME, CALL, NW, 4)       INST(NAME, CALL, NW, 5) INST(NAME, CALL, NW, 6) INST(NAME, CALL, NW, 7) INST(NAME, CALL, NW, 8)
-INST_ROW8(q4_0, CALL_Q40, 1) INST_ROW8(q4_0, CALL_Q40, 2) INST_ROW8(q4_0, CALL_Q40, 3) INST_ROW8(q4_0, CALL_Q40, 4)
+
+// Tiles take up to 8 tokens (the weight-side work per block is shared by more tokens).
+#define INST_ROW8(NAME, CALL, NW)                                                                  \
+  INST(NAME, CALL, NW, 1) INST(NAME, CALL, NW, 2) INST(NAME, CALL, NW, 3) INST(NAME, CALL, NW, 4)     \
+  INST(NAME, CALL, NW, 5) INST(NAME, CALL, NW, 6) INST(NAME, CALL, NW, 7) INST(NAME, CALL, NW, 8)
 #define ROW8(NAME, NW) {NAME##_##NW##x1, NAME##_##NW##x2, NAME##_##NW##x3, NAME##_##NW##x4, NAME##_##NW##x5, NAME##_##NW##x6, NAME##_##NW##x7, NAME##_##NW##x8}
-static const tile_fn q4_0_tiles[4][8] = {ROW8(q4_0, 1), ROW8(q4_0, 2), ROW8(q4_0, 3), ROW8(q4_0, 4)};
-static void tile_q4_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
-  q4_0_tiles[nw - 1][na - 1](n, w, ws, a, as, out, os);
-}
-// The same with the activation scales converted by the caller (ll_type_kernels.tile_sc).
+#define TILES8(NAME, CALL)                                                                         \
+  INST_ROW8(NAME, CALL, 1) INST_ROW8(NAME, CALL, 2) INST_ROW8(NAME, CALL, 3) INST_ROW8(NAME, CALL, 4) \
+  static const tile_fn NAME##_tiles[4][8] = {ROW8(NAME, 1), ROW8(NAME, 2), ROW8(NAME, 3), ROW8(NAME, 4)}; \
+  static void tile_##NAME(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) { \
+    NAME##_tiles[nw - 1][na - 1](n, w, ws, a, as, out, os);                                          \
+  }                                                                                                \
+  static void dot_##NAME(int n, float *s, const void *w, const void *a) { NAME##_1x1(n, w, 0, a, 0, s, 1); }
+#define CALL_Q50(NW, NA) qblk_quad_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0, 1)
+TILES8(q4_1, CALL_Q41)
+TILES8(q4_0, CALL_Q40)
+TILES8(q5_0, CALL_Q50)
+TILES8(q8_0, CALL_Q80)
+// The same with the caller's side tables of the activation blocks (ll_type_kernels.tile_sc).
 typedef void (*tile_sc_fn)(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, const int32_t *ss, size_t scs,
                            float *out, size_t os);
 #define INST_S(NAME, CALL, NW, NA)                                                                   \
   static void NAME##_##NW##x##NA(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, const int32_t *ss,     \
                                  size_t scs, float *out, size_t os) {                             \
+    (void)ss;                                                                                      \
     CALL(NW, NA);                                                                                  \
   }
 #define INST_S_ROW8(NAME, CALL, NW)                                                                  \
   INST_S(NAME, CALL, NW, 1) INST_S(NAME, CALL, NW, 2) INST_S(NAME, CALL, NW, 3) INST_S(NAME, CALL, NW, 4) \
   INST_S(NAME, CALL, NW, 5) INST_S(NAME, CALL, NW, 6) INST_S(NAME, CALL, NW, 7) INST_S(NAME, CALL, NW, 8)
-INST_S_ROW8(q4_0s, CALL_Q40S, 1) INST_S_ROW8(q4_0s, CALL_Q40S, 2) INST_S_ROW8(q4_0s, CALL_Q40S, 3) INST_S_ROW8(q4_0s, CALL_Q40S, 4)
-static const tile_sc_fn q4_0s_tiles[4][8] = {ROW8(q4_0s, 1), ROW8(q4_0s, 2), ROW8(q4_0s, 3), ROW8(q4_0s, 4)};
-static void tile_sc_q4_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, const int32_t *ss,
-                         size_t scs, float *out, size_t os) {
-  q4_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
-}
-static void dot_q4_0(int n, float *s, const void *w, const void *a) { q4_0_1x1(n, w, 0, a, 0, s, 1); }
-#define CALL_Q80S(NW, NA) q8_side_impl(n, w, ws, a, as, sc, scs, out, os, NW, NA)
-INST_S_ROW8(q8_0s, CALL_Q80S, 1) INST_S_ROW8(q8_0s, CALL_Q80S, 2) INST_S_ROW8(q8_0s, CALL_Q80S, 3) INST_S_ROW8(q8_0s, CALL_Q80S, 4)
-static const tile_sc_fn q8_0s_tiles[4][8] = {ROW8(q8_0s, 1), ROW8(q8_0s, 2), ROW8(q8_0s, 3), ROW8(q8_0s, 4)};
-static void tile_sc_q8_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, const int32_t *ss,
-                         size_t scs, float *out, size_t os) {
-  q8_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
-}
+#define TILES8_SC(NAME, CALL)                                                                      \
+  INST_S_ROW8(NAME##s, CALL, 1) INST_S_ROW8(NAME##s, CALL, 2) INST_S_ROW8(NAME##s, CALL, 3) INST_S_ROW8(NAME##s, CALL, 4) \
+  static const tile_sc_fn NAME##s_tiles[4][8] = {ROW8(NAME##s, 1), ROW8(NAME##s, 2), ROW8(NAME##s, 3), ROW8(NAME##s, 4)}; \
+  static void tile_sc_##NAME(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc,        \
+                             const int32_t *ss, size_t scs, float *out, size_t os) {                \
+    NAME##s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);                            \
+  }
+#define CALL_Q80S(NW, NA) q8_pair_impl(n, w, ws, a, as, sc, scs, out, os, NW, NA, 1)
 #define CALL_Q50S(NW, NA) qblk_quad_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1, 1)
-#define CALL_Q50(NW, NA) qblk_quad_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0, 1)
-INST_S_ROW8(q5_0s, CALL_Q50S, 1) INST_S_ROW8(q5_0s, CALL_Q50S, 2) INST_S_ROW8(q5_0s, CALL_Q50S, 3) INST_S_ROW8(q5_0s, CALL_Q50S, 4)
-static const tile_sc_fn q5_0s_tiles[4][8] = {ROW8(q5_0s, 1), ROW8(q5_0s, 2), ROW8(q5_0s, 3), ROW8(q5_0s, 4)};
-static void tile_sc_q5_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, const int32_t *ss,
-                         size_t scs, float *out, size_t os) {
-  q5_0s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
-}
-INST_ROW8(q5_0, CALL_Q50, 1) INST_ROW8(q5_0, CALL_Q50, 2) INST_ROW8(q5_0, CALL_Q50, 3) INST_ROW8(q5_0, CALL_Q50, 4)
-static const tile_fn q5_0_tiles[4][8] = {ROW8(q5_0, 1), ROW8(q5_0, 2), ROW8(q5_0, 3), ROW8(q5_0, 4)};
-static void tile_q5_0(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
-  q5_0_tiles[nw - 1][na - 1](n, w, ws, a, as, out, os);
-}
-static void dot_q5_0(int n, float *s, const void *w, const void *a) { q5_0_1x1(n, w, 0, a, 0, s, 1); }
-#define CALL_Q41S(NW, NA) q4_1_side_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA)
-INST_S_ROW8(q4_1s, CALL_Q41S, 1) INST_S_ROW8(q4_1s, CALL_Q41S, 2) INST_S_ROW8(q4_1s, CALL_Q41S, 3) INST_S_ROW8(q4_1s, CALL_Q41S, 4)
-static const tile_sc_fn q4_1s_tiles[4][8] = {ROW8(q4_1s, 1), ROW8(q4_1s, 2), ROW8(q4_1s, 3), ROW8(q4_1s, 4)};
-static void tile_sc_q4_1(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, const int32_t *ss,
-                         size_t scs, float *out, size_t os) {
-  q4_1s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);
-}
+#define CALL_Q41S(NW, NA) q4_1_quad_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1)
+TILES8_SC(q4_0, CALL_Q40S)
+TILES8_SC(q4_1, CALL_Q41S)
+TILES8_SC(q5_0, CALL_Q50S)
+TILES8_SC(q8_0, CALL_Q80S)
 
 static const struct ll_type_kernels avx512_table[LL_TYPE_COUNT] = {
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 8, tile_sc_q4_0},
-    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile8_q4_1, 8, tile_sc_q4_1},
-    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q8_0, "avx512vnni", tile8_q8_0, 8, tile_sc_q8_0},
+    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile_q4_1, 8, tile_sc_q4_1},
+    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q8_0, "avx512vnni", tile_q8_0, 8, tile_sc_q8_0},
     [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q5_0, "avx512vnni", tile_q5_0, 8, tile_sc_q5_0},
 };
 
