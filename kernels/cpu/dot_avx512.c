@@ -1,19 +1,21 @@
 // dot_avx512.c - AVX-512 (F, BW, VL) + VNNI dot products for Q4_0, Q4_1, Q5_0 and Q8_0 weights
 // (compiled with -mavx512*; chosen at run time only on CPUs that have them).
 //
-// vpdpbusd multiplies unsigned weight bytes by signed activation bytes and sums groups of
-// four into int32 lanes, exactly (no int16 saturation as in maddubs). Signed weights are made
-// unsigned by an offset whose contribution is removed through dpbusd's start value:
-//   Q8_0:  Σ w·a = Σ (w+128)·a − 128·Σa        Q4_0:  Σ (q−8)·a = Σ q·a − 8·Σa
-//   (Q4_0's float step is dot.c's - llama.cpp's repacked order -, the others follow dot_avx2.c)
-//   Q4_1:  d_w·d_a·Σ q·a  +  m_w·s_a
-// The lanes of a zmm hold different weight rows (four for the 4-bit types, two for Q8_0) of
-// one token, each lane with the same integer groups and the same float steps as dot_avx2.c
-// (hence ggml on AVX2), block by block, so both paths give bit-identical results (tested) and
-// greedy outputs stay identical to llama.cpp's. Tiles compute up to 4 weight rows x 4
-// activation rows per pass, sharing the unpacked weights across tokens. Every output is
-// computed with the same operation sequence whatever the tile shape (vec_dot is the 1x1
-// tile), so results do not depend on batch composition.
+// vpdpbusd multiplies unsigned bytes by signed bytes and sums groups of four into int32 lanes,
+// exactly (no int16 saturation as in maddubs). One side is made unsigned and the offset's
+// contribution removed in integers:
+//   Q4_0 / Q5_0:  Σ (q−8)·a = Σ q·a − 8·Σa  (q−16 and 16·Σa for Q5_0)
+//   Q8_0:         Σ w·a = Σ w·(a+128) − 128·Σw   (per lane, from the weights: once per block)
+//   Q4_1:         d_w·d_a·Σ q·a  +  m_w·s_a
+// Q4_0 and Q5_0 follow dot.c's block-sum order (llama.cpp's repacked Q4_0 order), Q4_1 and
+// Q8_0 dot_avx2.c's 8-lane order (ggml on AVX2). The lanes of a zmm hold different weight rows
+// (four for the 4/5-bit types, two for Q8_0), each with the same integer groups and float
+// steps as those references, block by block, so every path gives bit-identical results
+// (tested) and greedy outputs stay identical to llama.cpp's. Tiles compute up to 4 weight rows
+// x 8 activation rows per pass, sharing the unpacked weights across tokens; with tile_sc the
+// activation blocks' scales (and offsets) come from side tables the caller fills once per
+// matrix product. Every output is computed with the same operation sequence whatever the tile
+// shape (vec_dot is the 1x1 tile), so results do not depend on batch composition.
 #include <immintrin.h>
 #include <stddef.h>
 #include <string.h>
