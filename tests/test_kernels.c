@@ -295,10 +295,13 @@ static void test_backend_ops(void) {
   char err[256];
   CHECK(ll_backend_cpu_create(&b, 2, err, sizeof err) == 0);
   const struct ll_backend_i *B = b->i;
-  // matmul (T, N) = x (T, K) · W (N, K)ᵀ against per-row reference dots, ragged N and T.
-  for (int trial = 0; trial < 12; trial++) {
-    const int t = trial % 2 ? LL_TYPE_Q4_1 : LL_TYPE_Q8_0;
-    const int K = 32 * (1 + (int)(ll_test_rand(&rs) % 24)), N = 1 + (int)(ll_test_rand(&rs) % 77), T = 1 + (int)(ll_test_rand(&rs) % 9);
+  // matmul (T, N) = x (T, K) · W (N, K)ᵀ against per-row reference dots, ragged N and T (up to
+  // three 8-token tiles and a tail; batches use the side-table tiles where a type has them).
+  static const int mm_types[] = {LL_TYPE_Q4_1, LL_TYPE_Q8_0, LL_TYPE_Q4_0, LL_TYPE_Q5_0, LL_TYPE_Q4_K, LL_TYPE_Q6_K};
+  for (int trial = 0; trial < 24; trial++) {
+    const int t = mm_types[trial % 6], unit = ll_type_traits_get(t)->blck_size;
+    const int K = unit * (1 + (int)(ll_test_rand(&rs) % (unit >= 256 ? 4 : 24))), N = 1 + (int)(ll_test_rand(&rs) % 77),
+              T = 1 + (int)(ll_test_rand(&rs) % 20);
     const size_t rsz = ll_row_size(t, K);
     unsigned char *W = malloc(rsz * N);
     for (int n = 0; n < N; n++) random_row(t, W + rsz * n, K);
