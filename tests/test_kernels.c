@@ -374,23 +374,27 @@ static void test_backend_ops(void) {
     for (int i = 0; i < 64; i++) bad += fabs(y[t * 64 + i] - x[t * 64 + i] / sqrt(ss / 64 + 1e-5) * g[i]) > 1e-5;
   }
   CHECK(bad == 0);
-  for (int mode = 0; mode <= 2; mode += 2) {
+  // The backend keeps the last cos/sin tables: repeated positions reuse them, new positions or
+  // parameters must not (same positions twice, then one position changed, then another base).
+  for (int call = 0; call < 8; call++) {
+    const int mode = call % 2 ? 2 : 0;
+    const float base = call >= 6 ? 500.0f : 10000.0f;
     memcpy(y, x, sizeof x);
-    int32_t pos[3] = {0, 7, 300};
-    struct ll_rope_params rp = {mode, 16, 10000.0f, 1.0f, NULL};
+    int32_t pos[3] = {call >= 4 ? 1 : 0, 7, 300};
+    struct ll_rope_params rp = {mode, 16, base, 1.0f, NULL};
     CHECK(B->rope(b, y, pos, 3, 2, 32, &rp) == 0); // 3 tokens, 2 heads of 32, 16 rotated dims
     bad = 0;
     for (int t = 0; t < 3; t++)
       for (int h = 0; h < 2; h++) {
         const float *in = x + (t * 2 + h) * 32, *o = y + (t * 2 + h) * 32;
         for (int i = 0; i < 8; i++) {
-          const double th = pos[t] * pow(10000.0, -2.0 * i / 16);
+          const double th = pos[t] * pow((double)base, -2.0 * i / 16);
           const int a = mode ? i : 2 * i, c = mode ? i + 8 : 2 * i + 1;
           bad += fabs(o[a] - (in[a] * cos(th) - in[c] * sin(th))) > 1e-3 || fabs(o[c] - (in[a] * sin(th) + in[c] * cos(th))) > 1e-3;
         }
         for (int i = 16; i < 32; i++) bad += o[i] != in[i]; // beyond n_rot: untouched
       }
-    CHECKF(bad == 0, "rope mode %d: %d differences", mode, bad);
+    CHECKF(bad == 0, "rope call %d (mode %d): %d differences", call, mode, bad);
   }
   // attention over a paged f32 cache against a naive softmax(q·k)·v; f16 cache within 1e-2.
   for (int kvt = 0; kvt < 2; kvt++) {

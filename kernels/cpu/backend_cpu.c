@@ -26,6 +26,14 @@ struct cpu_ctx {
   float *wbuf;        // float weight rows for sgemm (LL_BLAS_ROWS x K per thread)
   size_t wbuf_cap;
   float *scratch;     // per-thread scratch (attention scores, rope tables)
+  // RoPE's cos/sin tables (T, n_rot/2) each, kept for the positions and parameters they were
+  // made for: every layer's q and k of one step rotate at the same positions, so a step
+  // computes them once instead of twice per layer.
+  float *rope_cs;
+  size_t rope_cap;      // floats in rope_cs (cos table then sin table)
+  int32_t *rope_pos;    // (rope_T) the positions of the tables
+  int rope_T, rope_n;   // tokens, pairs per token (0: no tables)
+  struct ll_rope_params rope_p;
   size_t scratch_per_thread;
   char device[128];
 };
@@ -252,31 +260,61 @@ static int cpu_rmsnorm(struct ll_backend *b, float *out, const float *x, const f
   return 0;
 }
 
+// RoPE tables for positions pos (T): cs, sn (T, n_pairs), from the cache when they match.
+static int rope_tables(struct cpu_ctx *c, const int32_t *pos, int T, const struct ll_rope_params *p, const float **cs, const float **sn) {
+  const int n = p->n_rot / 2;
+  const size_t need = 2 * (size_t)T * (size_t)n;
+  const int same = c->rope_pos && c->rope_n == n && c->rope_T == T && c->rope_p.n_rot == p->n_rot && c->rope_p.freq_base == p->freq_base &&
+                   c->rope_p.freq_scale == p->freq_scale && c->rope_p.freq_factors == p->freq_factors &&
+                   !memcmp(c->rope_pos, pos, (size_t)T * sizeof *pos);
+  if (!same) {
+    c->rope_n = 0; // invalid until filled
+    if (need > c->rope_cap) {
+      float *nt = realloc(c->rope_cs, need * sizeof *nt);
+      if (!nt) return LL_ENOMEM;
+      c->rope_cs = nt, c->rope_cap = need;
+    }
+    int32_t *np = realloc(c->rope_pos, (size_t)(T > 0 ? T : 1) * sizeof *np);
+    if (!np) return LL_ENOMEM;
+    c->rope_pos = np;
+    const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
+    float *ct = c->rope_cs, *st = c->rope_cs + (size_t)T * n;
+    for (int t = 0; t < T; t++) {
+      float theta = (float)pos[t];
+      for (int i = 0; i < n; i++) {
+        const float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
+        const float th = p->freq_scale * (theta / ff);
+        ct[(size_t)t * n + i] = cosf(th);
+        st[(size_t)t * n + i] = sinf(th);
+        theta *= theta_scale;
+      }
+    }
+    memcpy(c->rope_pos, pos, (size_t)T * sizeof *pos);
+    c->rope_T = T, c->rope_p = *p, c->rope_n = n;
+  }
+  *cs = c->rope_cs, *sn = c->rope_cs + (size_t)T * n;
+  return 0;
+}
+
 // x (T, n_head, head_dim) rotated in place at positions pos (T)
 static int cpu_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, int n_head, int head_dim, const struct ll_rope_params *p) {
-  if (p->n_rot > head_dim || p->n_rot % 2) return LL_EINVAL;
-  const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
-  float cs[1024], sn[1024]; // n_rot / 2 <= 512 (head_dim <= 1024)
-  if (p->n_rot / 2 > 1024) return LL_EINVAL;
+  if (p->n_rot > head_dim || p->n_rot % 2 || p->n_rot < 0 || T < 0) return LL_EINVAL;
+  const int n = p->n_rot / 2;
+  const float *ct, *st;
+  const int rc = rope_tables(C(b), pos, T, p, &ct, &st);
+  if (rc) return rc;
   for (int t = 0; t < T; t++) {
-    float theta = (float)pos[t];
-    for (int i = 0; i < p->n_rot / 2; i++) {
-      const float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
-      const float th = p->freq_scale * (theta / ff);
-      cs[i] = cosf(th);
-      sn[i] = sinf(th);
-      theta *= theta_scale;
-    }
+    const float *cs = ct + (size_t)t * n, *sn = st + (size_t)t * n;
     if (b->ggml_math) { // llama.cpp's rotation, fused as its compiler fuses it (ll_rope_pairs_impl)
       const struct ll_vec_ops *vo = ll_cpu_vec_ops();
-      for (int h = 0; h < n_head; h++) vo->rope_pairs(x + ((size_t)t * n_head + h) * head_dim, cs, sn, p->n_rot / 2, p->mode == LL_ROPE_NEOX);
+      for (int h = 0; h < n_head; h++) vo->rope_pairs(x + ((size_t)t * n_head + h) * head_dim, cs, sn, n, p->mode == LL_ROPE_NEOX);
       continue;
     }
     // llama2.c's run.c (built without FMA): both products rounded.
     for (int h = 0; h < n_head; h++) {
       float *v = x + ((size_t)t * n_head + h) * head_dim;
-      for (int i = 0; i < p->n_rot / 2; i++) {
-        const int a = p->mode == LL_ROPE_NEOX ? i : 2 * i, c2 = p->mode == LL_ROPE_NEOX ? i + p->n_rot / 2 : 2 * i + 1;
+      for (int i = 0; i < n; i++) {
+        const int a = p->mode == LL_ROPE_NEOX ? i : 2 * i, c2 = p->mode == LL_ROPE_NEOX ? i + n : 2 * i + 1;
         const float x0 = v[a], x1 = v[c2];
         v[a] = x0 * cs[i] - x1 * sn[i];
         v[c2] = x0 * sn[i] + x1 * cs[i];
@@ -291,7 +329,7 @@ static inline size_t kv_elem(const struct ll_kv_view *kv) { return kv->kv_type =
 // rows[p] = head kvh's vector at positions 0..n-1 of a paged f16 cache, block by block (one table
 // lookup and division per block instead of per position).
 static void kv_rows(const struct ll_kv_view *kv, const void *base, int kvh, int n, const uint16_t **rows) {
-  const size_t el = kv->kv_type == LL_TYPE_F16 ? 2 : 4, row = (size_t)kv->n_head_kv * kv->head_dim * el;
+  const size_t el = kv_elem(kv), row = (size_t)kv->n_head_kv * kv->head_dim * el;
   const size_t off = (size_t)kvh * kv->head_dim * el;
   for (int p0 = 0, b = 0; p0 < n; p0 += kv->block, b++) {
     const char *blk = (const char *)base + (size_t)kv->block_table[b] * kv->block * row + off;
@@ -481,6 +519,8 @@ static void cpu_free(struct ll_backend *b) {
     free(c->act);
     free(c->asc);
     free(c->wbuf);
+    free(c->rope_cs);
+    free(c->rope_pos);
     free(c->scratch);
     free(c);
   }

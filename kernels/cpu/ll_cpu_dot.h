@@ -73,7 +73,7 @@ const char *ll_cpu_isa(void);
 
 // AVX2 versions (dot_avx2.c), NULL entries where not written.
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int weight_type);
-// AVX-512 F/BW/VL + VNNI versions (dot_avx512.c): Q4_0, Q4_1, Q8_0.
+// AVX-512 F/BW/VL + VNNI versions (dot_avx512.c): Q4_0, Q4_1, Q5_0, Q8_0.
 const struct ll_type_kernels *ll_cpu_kernels_avx512(int weight_type);
 // AArch64 NEON versions (dot_neon.c): Q4_0, Q4_1, Q8_0, bit-identical to the scalar
 // references; NULL on other architectures.
