@@ -1,6 +1,6 @@
 // ll_backend.h - the compute backend interface (one struct of function pointers per backend).
 //
-// The model code (server/model.c) composes a Llama forward/backward pass from these calls and
+// The model code (server/engine/engine.c) composes a Llama forward/backward pass from these calls and
 // knows nothing of how a backend computes. The CPU backend (kernels/cpu/) is the first
 // implementation and the reference; the OpenCL backend (kernels/opencl/) slots in later.
 //

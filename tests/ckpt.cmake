@@ -1,4 +1,4 @@
-# .ckpt container (formats/ckpt.c) and `llsrv convert` (server/cmd_convert.c).
+# .ckpt container (formats/ckpt.c) and `llsrv convert` (server/cmd/cmd_convert.c).
 ll_test(NAME test_ckpt SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_ckpt.c LABELS unit TIMEOUT 120)
 # Crash safety: one in-writer kill per shard + 120 random SIGKILLs of a child writing over a
 # valid file; after each, the path holds exactly the old or the new checkpoint.
