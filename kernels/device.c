@@ -7,6 +7,7 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ll_backend.h"
@@ -52,4 +53,23 @@ int ll_backend_create(struct ll_backend **out, const struct ll_backend_params *p
 
 void ll_backend_free(struct ll_backend *b) {
   if (b && b->i && b->i->free) b->i->free(b);
+}
+
+void *ll_backend_alloc(struct ll_backend *b, size_t n) {
+  if (b && b->i && b->i->alloc) return b->i->alloc(b, n);
+  // Host memory: 64-byte aligned (a cache line, a zmm register), zeroed.
+  size_t sz = (n + 63) & ~(size_t)63;
+  if (sz < n) return NULL;
+  void *p = aligned_alloc(64, sz ? sz : 64);
+  if (p) memset(p, 0, sz ? sz : 64);
+  return p;
+}
+
+void ll_backend_free_buf(struct ll_backend *b, void *p) {
+  if (!p) return;
+  if (b && b->i && b->i->alloc) {
+    if (b->i->free_buf) b->i->free_buf(b, p);
+    return;
+  }
+  free(p);
 }

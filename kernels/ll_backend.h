@@ -95,21 +95,63 @@ struct ll_backend_i {
   // out = a + b (n)
   int (*add)(struct ll_backend *b, float *out, const float *a, const float *x, int64_t n);
 
-  // ---- training (optional until the LoRA training issue; scalar references live in
-  //      kernels/cpu/ beside the forward ops) ----
-  // dx (T, K) += dout (T, N) · W (N, K);  dW (N, K) += dout (T, N)ᵀ · x (T, K) (f32 W only)
+  // ---- memory (training issue; the OpenCL issue makes these device buffers) ----
+  // (optional) n bytes of backend memory for activations, gradients, adapters and optimizer
+  // state, zeroed, 64-byte aligned; NULL when out of memory. Through ll_backend_alloc() /
+  // ll_backend_free_buf() (kernels/device.c), which fall back to aligned host memory. The
+  // trainer allocates every buffer it computes on this way, never with malloc.
+  void *(*alloc)(struct ll_backend *b, size_t n);
+  void (*free_buf)(struct ll_backend *b, void *p);                                         // (optional)
+
+  // ---- training (optional: a backend without them trains through the CPU backend's
+  //      scalar references in kernels/cpu/train_ref.c; fast versions beside them) ----
+  // dx (T, K) += dout (T, N) · W (N, K)          (dx may be NULL; W of any type, dequantized)
+  // dw (N, K) += dout (T, N)ᵀ · x (T, K)         (dw may be NULL; only for F32 W)
   int (*matmul_backward)(struct ll_backend *b, float *dx, float *dw, const float *dout,
                          const float *x, const struct ll_weight *w, int T);              // (optional)
+  // dx (T, C) += ∂/∂x of out = x / rms(x) * g;  dg (C) += ∂/∂g (dg may be NULL)
   int (*rmsnorm_backward)(struct ll_backend *b, float *dx, float *dg, const float *dout,
                           const float *x, const float *g, int T, int C, float eps);       // (optional)
+  // dx (T, n_head, head_dim) in place: the transposed (inverse) rotation of rope at pos
   int (*rope_backward)(struct ll_backend *b, float *dx, const int32_t *pos, int T, int n_head,
                        int head_dim, const struct ll_rope_params *p);                      // (optional)
+  // dgate, dup (n) = gradients of out = silu(gate) * up given dout (n)   (overwritten)
   int (*swiglu_backward)(struct ll_backend *b, float *dgate, float *dup, const float *dout,
                          const float *gate, const float *up, int64_t n);                   // (optional)
-  // loss = mean over T of -log softmax(logits)[target]; dlogits (T, V) if non-NULL
-  int (*softmax_xent)(struct ll_backend *b, float *loss, float *dlogits, const float *logits,
-                      const int32_t *targets, int T, int V);                               // (optional)
-  // AdamW step on n params: p -= lr * (m̂ / (sqrt(v̂) + eps) + wd * p)
+  // Causal self-attention of one sequence of S tokens, no cache (training):
+  //   q (S, n_head, hd), k, v (S, n_head_kv, hd) -> out (S, n_head, hd);
+  //   att (n_head, S, S) receives the softmax probabilities (row i covers 0..i, the rest 0),
+  //   kept for the backward pass. Grouped-query as attention. scale = 1/sqrt(hd).
+  int (*attention_train)(struct ll_backend *b, float *out, float *att, const float *q,
+                         const float *k, const float *v, int S, int n_head, int n_head_kv,
+                         int head_dim, float scale);                                        // (optional)
+  // Its backward: dq (S, n_head, hd) overwritten; dk, dv (S, n_head_kv, hd) overwritten
+  // (each kv head sums the gradients of the query heads that share it).
+  int (*attention_backward)(struct ll_backend *b, float *dq, float *dk, float *dv,
+                            const float *dout, const float *q, const float *k, const float *v,
+                            const float *att, int S, int n_head, int n_head_kv, int head_dim,
+                            float scale);                                                   // (optional)
+  // Cross-entropy with a mask: rows t with targets[t] < 0 do not count.
+  //   *loss = Σ_counted -log softmax(logits[t])[targets[t]]   (a sum, in double)
+  //   dlogits (T, V) (if non-NULL; may alias logits) = (softmax - onehot) * grad_scale for
+  //   counted rows, 0 for the others.
+  int (*softmax_xent)(struct ll_backend *b, double *loss, float *dlogits, const float *logits,
+                      const int32_t *targets, int T, int V, float grad_scale);             // (optional)
+  // dw[ids[t], :] += dout[t, :]   (embedding backward; dw (rows, C) f32)
+  int (*get_rows_backward)(struct ll_backend *b, float *dw, const float *dout,
+                           const int32_t *ids, int T, int C);                               // (optional)
+  // out (n) = x * keep / (1 - p), keep drawn from a counter-based RNG of (seed, index): the
+  // same seed gives the same mask, so the backward pass is the same call on dout.
+  int (*dropout)(struct ll_backend *b, float *out, const float *x, float p, uint64_t seed,
+                 int64_t n);                                                                // (optional)
+  // *out = Σ x² (accumulated in double; for the global gradient norm)
+  int (*sumsq)(struct ll_backend *b, double *out, const float *x, int64_t n);              // (optional)
+  // out (n) += alpha * x   (x may be out: then out *= 1 + alpha)
+  int (*axpy)(struct ll_backend *b, float *out, const float *x, float alpha, int64_t n);   // (optional)
+  // x (n) *= alpha
+  int (*scale)(struct ll_backend *b, float *x, float alpha, int64_t n);                    // (optional)
+  // AdamW (decoupled weight decay), step >= 1 for bias correction:
+  //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g²;  p -= lr * (m/(1-b1^step) / (sqrt(v/(1-b2^step)) + eps) + wd * p)
   int (*adamw)(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n,
                float lr, float beta1, float beta2, float eps, float wd, int step);        // (optional)
 
@@ -143,6 +185,9 @@ struct ll_backend_params {
 int ll_backend_create(struct ll_backend **out, const struct ll_backend_params *p, char *reason,
                       size_t reason_len, char *err, size_t errlen);
 void ll_backend_free(struct ll_backend *b); // accepts NULL
+// Backend memory (see alloc above); host memory when the backend has no allocator.
+void *ll_backend_alloc(struct ll_backend *b, size_t n);
+void ll_backend_free_buf(struct ll_backend *b, void *p); // accepts NULL
 
 // CPU backend (always available).
 int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, size_t errlen);
