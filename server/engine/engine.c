@@ -16,18 +16,12 @@
 
 #include "ll_backend.h"
 #include "ll_error.h"
+#include "ll_model.h"
 #include "ll_modelfile.h"
 #include "ll_quant.h"
 #include "ll_tokenizer.h"
 
 #define MAX_BATCH_DEFAULT 512
-
-struct layer {
-  const float *attn_norm, *ffn_norm; // (C)
-  const float *bq, *bk, *bv;         // (C), (kvd), (kvd) or NULL
-  struct ll_weight wq, wk, wv, wo;   // (C, C), (kvd, C), (kvd, C), (C, C)
-  struct ll_weight gate, up, down;   // (F, C), (F, C), (C, F)
-};
 
 struct seq {
   int used, len, n_blocks;
@@ -39,14 +33,8 @@ struct ll_engine {
   struct ll_tokenizer *tok;
   struct ll_backend *be;
   struct ll_engine_info info;
-  // hyperparameters
-  int n_vocab, C, L, H, Hkv, hd, kvd, F, n_ctx;
-  float eps;
-  struct ll_rope_params rope;
-  // weights
-  struct ll_weight tok_embd, output;
-  const float *output_norm;
-  struct layer *layers;
+  struct ll_model m; // hyperparameters and weights (ll_model.h; the trainer reads them too)
+  int n_ctx;
   float *owned_f32; // dequantized norms / biases
   // KV cache
   int kv_type, n_blocks, max_blocks_per_seq, n_free;
@@ -125,32 +113,32 @@ static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, c
     if (rc) return ll_errf(err, errlen, LL_EFORMAT, "model: %s.%s is missing or not an integer", arch, keys[i]);
     if (v[i] <= 0 || v[i] > (1 << 20)) return ll_errf(err, errlen, LL_EFORMAT, "model: %s.%s = %lld is out of range", arch, keys[i], (long long)v[i]);
   }
-  e->C = (int)v[0], e->L = (int)v[1], e->H = (int)v[2], e->F = (int)v[3], e->Hkv = (int)v[5];
+  e->m.C = (int)v[0], e->m.L = (int)v[1], e->m.H = (int)v[2], e->m.F = (int)v[3], e->m.Hkv = (int)v[5];
   e->info.n_ctx_train = (int)v[4];
-  if (e->C % e->H || e->H % e->Hkv) return ll_errf(err, errlen, LL_EFORMAT, "model: %d heads do not divide %d dims / %d kv heads", e->H, e->C, e->Hkv);
-  e->hd = e->C / e->H;
-  e->kvd = e->hd * e->Hkv;
+  if (e->m.C % e->m.H || e->m.H % e->m.Hkv) return ll_errf(err, errlen, LL_EFORMAT, "model: %d heads do not divide %d dims / %d kv heads", e->m.H, e->m.C, e->m.Hkv);
+  e->m.hd = e->m.C / e->m.H;
+  e->m.kvd = e->m.hd * e->m.Hkv;
   double d;
-  e->eps = ll_mf_get_arch_float(&e->mf, "attention.layer_norm_rms_epsilon", &d) == 0 ? (float)d : 1e-5f;
-  e->rope.mode = neox ? LL_ROPE_NEOX : LL_ROPE_NORMAL;
+  e->m.eps = ll_mf_get_arch_float(&e->mf, "attention.layer_norm_rms_epsilon", &d) == 0 ? (float)d : 1e-5f;
+  e->m.rope.mode = neox ? LL_ROPE_NEOX : LL_ROPE_NORMAL;
   int64_t nrot;
-  e->rope.n_rot = ll_mf_get_arch_int(&e->mf, "rope.dimension_count", &nrot) == 0 ? (int)nrot : e->hd;
-  if (e->rope.n_rot <= 0 || e->rope.n_rot > e->hd || e->rope.n_rot % 2) return ll_errf(err, errlen, LL_EFORMAT, "model: rope.dimension_count %d", e->rope.n_rot);
-  e->rope.freq_base = ll_mf_get_arch_float(&e->mf, "rope.freq_base", &d) == 0 ? (float)d : 10000.0f;
-  e->rope.freq_scale = 1.0f;
+  e->m.rope.n_rot = ll_mf_get_arch_int(&e->mf, "rope.dimension_count", &nrot) == 0 ? (int)nrot : e->m.hd;
+  if (e->m.rope.n_rot <= 0 || e->m.rope.n_rot > e->m.hd || e->m.rope.n_rot % 2) return ll_errf(err, errlen, LL_EFORMAT, "model: rope.dimension_count %d", e->m.rope.n_rot);
+  e->m.rope.freq_base = ll_mf_get_arch_float(&e->mf, "rope.freq_base", &d) == 0 ? (float)d : 10000.0f;
+  e->m.rope.freq_scale = 1.0f;
   char key[96];
   const char *st;
   snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
   if (ll_mf_get_str(&e->mf, key, &st) == 0 && strcmp(st, "linear") == 0 && ll_mf_get_arch_float(&e->mf, "rope.scaling.factor", &d) == 0 && d > 0)
-    e->rope.freq_scale = (float)(1.0 / d);
+    e->m.rope.freq_scale = (float)(1.0 / d);
   const struct ll_tensor_info *ff = ll_mf_find_tensor(&e->mf, "rope_freqs.weight");
   if (ff) {
-    if (ff->type != LL_TYPE_F32 || ff->ne[0] != e->rope.n_rot / 2) return ll_errf(err, errlen, LL_EFORMAT, "model: rope_freqs.weight shape/type");
-    e->rope.freq_factors = ff->data;
+    if (ff->type != LL_TYPE_F32 || ff->ne[0] != e->m.rope.n_rot / 2) return ll_errf(err, errlen, LL_EFORMAT, "model: rope_freqs.weight shape/type");
+    e->m.rope.freq_factors = ff->data;
   }
   const struct ll_tensor_info *te = ll_mf_find_tensor(&e->mf, "token_embd.weight");
   if (!te) return ll_errf(err, errlen, LL_ENOTFOUND, "model: tensor 'token_embd.weight' is missing");
-  e->n_vocab = (int)te->ne[1];
+  e->m.n_vocab = (int)te->ne[1];
   e->n_ctx = p->n_ctx > 0 ? p->n_ctx : (e->info.n_ctx_train < 4096 ? e->info.n_ctx_train : 4096);
   if (e->n_ctx > (1 << 20)) return ll_errf(err, errlen, LL_EINVAL, "engine: n_ctx %d is too large", e->n_ctx);
   return 0;
@@ -158,26 +146,26 @@ static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, c
 
 static int load_weights(struct ll_engine *e, char *err, size_t errlen) {
   int rc;
-  e->layers = calloc((size_t)e->L, sizeof *e->layers);
-  e->owned_f32 = malloc(((size_t)e->L * (2 * e->C + e->C + 2 * e->kvd) + e->C) * sizeof(float));
-  if (!e->layers || !e->owned_f32) return ll_errf(err, errlen, LL_ENOMEM, "model: out of memory");
+  e->m.layers = calloc((size_t)e->m.L, sizeof *e->m.layers);
+  e->owned_f32 = malloc(((size_t)e->m.L * (2 * e->m.C + e->m.C + 2 * e->m.kvd) + e->m.C) * sizeof(float));
+  if (!e->m.layers || !e->owned_f32) return ll_errf(err, errlen, LL_ENOMEM, "model: out of memory");
   float *arena = e->owned_f32;
-  if ((rc = weight(e, "token_embd.weight", e->C, e->n_vocab, &e->tok_embd, 0, err, errlen))) return rc;
-  rc = weight(e, "output.weight", e->C, e->n_vocab, &e->output, 1, err, errlen);
+  if ((rc = weight(e, "token_embd.weight", e->m.C, e->m.n_vocab, &e->m.tok_embd, 0, err, errlen))) return rc;
+  rc = weight(e, "output.weight", e->m.C, e->m.n_vocab, &e->m.output, 1, err, errlen);
   if (rc < 0) return rc;
-  if (rc == 1) e->output = e->tok_embd; // tied embeddings
-  if ((rc = vec(e, "output_norm.weight", e->C, &e->output_norm, &arena, 0, err, errlen))) return rc;
+  if (rc == 1) e->m.output = e->m.tok_embd, e->m.tied = 1; // tied embeddings
+  if ((rc = vec(e, "output_norm.weight", e->m.C, &e->m.output_norm, &arena, 0, err, errlen))) return rc;
   char n[96];
-  for (int l = 0; l < e->L; l++) {
-    struct layer *y = &e->layers[l];
+  for (int l = 0; l < e->m.L; l++) {
+    struct ll_layer *y = &e->m.layers[l];
 #define W(suffix, K, N, dst) (snprintf(n, sizeof n, "blk.%d." suffix, l), weight(e, n, K, N, dst, 0, err, errlen))
 #define V(suffix, N, dst, opt) (snprintf(n, sizeof n, "blk.%d." suffix, l), vec(e, n, N, dst, &arena, opt, err, errlen))
-    if ((rc = V("attn_norm.weight", e->C, &y->attn_norm, 0)) || (rc = V("ffn_norm.weight", e->C, &y->ffn_norm, 0)) ||
-        (rc = W("attn_q.weight", e->C, e->C, &y->wq)) || (rc = W("attn_k.weight", e->C, e->kvd, &y->wk)) ||
-        (rc = W("attn_v.weight", e->C, e->kvd, &y->wv)) || (rc = W("attn_output.weight", e->C, e->C, &y->wo)) ||
-        (rc = W("ffn_gate.weight", e->C, e->F, &y->gate)) || (rc = W("ffn_up.weight", e->C, e->F, &y->up)) ||
-        (rc = W("ffn_down.weight", e->F, e->C, &y->down)) || (rc = V("attn_q.bias", e->C, &y->bq, 1)) ||
-        (rc = V("attn_k.bias", e->kvd, &y->bk, 1)) || (rc = V("attn_v.bias", e->kvd, &y->bv, 1)))
+    if ((rc = V("attn_norm.weight", e->m.C, &y->attn_norm, 0)) || (rc = V("ffn_norm.weight", e->m.C, &y->ffn_norm, 0)) ||
+        (rc = W("attn_q.weight", e->m.C, e->m.C, &y->wq)) || (rc = W("attn_k.weight", e->m.C, e->m.kvd, &y->wk)) ||
+        (rc = W("attn_v.weight", e->m.C, e->m.kvd, &y->wv)) || (rc = W("attn_output.weight", e->m.C, e->m.C, &y->wo)) ||
+        (rc = W("ffn_gate.weight", e->m.C, e->m.F, &y->gate)) || (rc = W("ffn_up.weight", e->m.C, e->m.F, &y->up)) ||
+        (rc = W("ffn_down.weight", e->m.F, e->m.C, &y->down)) || (rc = V("attn_q.bias", e->m.C, &y->bq, 1)) ||
+        (rc = V("attn_k.bias", e->m.kvd, &y->bk, 1)) || (rc = V("attn_v.bias", e->m.kvd, &y->bv, 1)))
       return rc;
 #undef W
 #undef V
@@ -203,15 +191,15 @@ static int alloc_kv(struct ll_engine *e, const struct ll_engine_params *p, char 
   e->n_seqs = p->n_parallel > 0 ? p->n_parallel : 1;
   e->max_blocks_per_seq = (e->n_ctx + LL_KV_BLOCK - 1) / LL_KV_BLOCK;
   e->n_blocks = p->kv_blocks > 0 ? p->kv_blocks : e->max_blocks_per_seq * e->n_seqs;
-  const size_t block_bytes = (size_t)LL_KV_BLOCK * e->kvd * (e->kv_type == LL_TYPE_F16 ? 2 : 4);
-  if ((double)block_bytes * e->n_blocks * 2 * e->L > 64.0 * (1ull << 30))
+  const size_t block_bytes = (size_t)LL_KV_BLOCK * e->m.kvd * (e->kv_type == LL_TYPE_F16 ? 2 : 4);
+  if ((double)block_bytes * e->n_blocks * 2 * e->m.L > 64.0 * (1ull << 30))
     return ll_errf(err, errlen, LL_ELIMIT, "engine: KV cache of %d blocks would exceed 64 GiB", e->n_blocks);
-  e->k_pool = calloc((size_t)e->L, sizeof *e->k_pool);
-  e->v_pool = calloc((size_t)e->L, sizeof *e->v_pool);
+  e->k_pool = calloc((size_t)e->m.L, sizeof *e->k_pool);
+  e->v_pool = calloc((size_t)e->m.L, sizeof *e->v_pool);
   e->free_list = malloc((size_t)e->n_blocks * sizeof *e->free_list);
   e->seqs = calloc((size_t)e->n_seqs, sizeof *e->seqs);
   if (!e->k_pool || !e->v_pool || !e->free_list || !e->seqs) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
-  for (int l = 0; l < e->L; l++) {
+  for (int l = 0; l < e->m.L; l++) {
     e->k_pool[l] = calloc((size_t)e->n_blocks, block_bytes);
     e->v_pool[l] = calloc((size_t)e->n_blocks, block_bytes);
     if (!e->k_pool[l] || !e->v_pool[l]) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory for the KV cache");
@@ -220,7 +208,7 @@ static int alloc_kv(struct ll_engine *e, const struct ll_engine_params *p, char 
   e->n_free = e->n_blocks;
   for (int s = 0; s < e->n_seqs; s++)
     if (!(e->seqs[s].blocks = malloc((size_t)e->max_blocks_per_seq * sizeof(int32_t)))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
-  e->info.kv_bytes = (int64_t)block_bytes * e->n_blocks * 2 * e->L;
+  e->info.kv_bytes = (int64_t)block_bytes * e->n_blocks * 2 * e->m.L;
   e->info.kv_blocks_total = e->n_blocks;
   return 0;
 }
@@ -230,11 +218,11 @@ static int alloc_scratch(struct ll_engine *e, char *err, size_t errlen) {
   const size_t B = (size_t)e->max_batch;
   float **bufs[] = {&e->x, &e->xn, &e->q, &e->att, &e->tmp, &e->sel};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-    if (!(*bufs[i] = malloc(B * e->C * sizeof(float)))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
-  e->k = malloc(B * e->kvd * sizeof(float));
-  e->v = malloc(B * e->kvd * sizeof(float));
-  e->g = malloc(B * e->F * sizeof(float));
-  e->u = malloc(B * e->F * sizeof(float));
+    if (!(*bufs[i] = malloc(B * e->m.C * sizeof(float)))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  e->k = malloc(B * e->m.kvd * sizeof(float));
+  e->v = malloc(B * e->m.kvd * sizeof(float));
+  e->g = malloc(B * e->m.F * sizeof(float));
+  e->u = malloc(B * e->m.F * sizeof(float));
   e->pos = malloc(B * sizeof(int32_t));
   e->ids = malloc(B * sizeof(int32_t));
   e->kvv = malloc((size_t)e->n_seqs * sizeof *e->kvv); // a batch has each sequence at most once
@@ -249,14 +237,14 @@ void ll_engine_close(struct ll_engine *e) {
   if (!e) return;
   ll_backend_free(e->be);
   ll_tokenizer_free(e->tok);
-  for (int l = 0; e->k_pool && l < e->L; l++) free(e->k_pool[l]);
-  for (int l = 0; e->v_pool && l < e->L; l++) free(e->v_pool[l]);
+  for (int l = 0; e->k_pool && l < e->m.L; l++) free(e->k_pool[l]);
+  for (int l = 0; e->v_pool && l < e->m.L; l++) free(e->v_pool[l]);
   free(e->k_pool);
   free(e->v_pool);
   for (int s = 0; e->seqs && s < e->n_seqs; s++) free(e->seqs[s].blocks);
   free(e->seqs);
   free(e->free_list);
-  free(e->layers);
+  free(e->m.layers);
   free(e->owned_f32);
   free(e->x), free(e->xn), free(e->q), free(e->k), free(e->v), free(e->att), free(e->tmp), free(e->g), free(e->u), free(e->sel);
   free(e->pos), free(e->ids), free(e->logits_buf);
@@ -298,15 +286,17 @@ int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, cha
   snprintf(e->info.device_name, sizeof e->info.device_name, "%s", bi.device);
   const char *name;
   snprintf(e->info.name, sizeof e->info.name, "%s", ll_mf_get_str(&e->mf, "general.name", &name) == 0 ? name : p->model_path);
-  e->info.n_vocab = e->n_vocab, e->info.n_ctx = e->n_ctx, e->info.n_embd = e->C, e->info.n_layer = e->L;
-  e->info.n_head = e->H, e->info.n_head_kv = e->Hkv, e->info.n_parallel = e->n_seqs, e->info.n_threads = bi.compute_units;
+  e->info.n_vocab = e->m.n_vocab, e->info.n_ctx = e->n_ctx, e->info.n_embd = e->m.C, e->info.n_layer = e->m.L;
+  e->info.n_head = e->m.H, e->info.n_head_kv = e->m.Hkv, e->info.n_parallel = e->n_seqs, e->info.n_threads = bi.compute_units;
   *out = e;
   return 0;
 }
 
 void ll_engine_get_info(const struct ll_engine *e, struct ll_engine_info *info) { *info = e->info; }
 const struct ll_tokenizer *ll_engine_tokenizer(const struct ll_engine *e) { return e->tok; }
-int ll_engine_n_vocab(const struct ll_engine *e) { return e->n_vocab; }
+int ll_engine_n_vocab(const struct ll_engine *e) { return e->m.n_vocab; }
+const struct ll_model *ll_engine_model(const struct ll_engine *e) { return &e->m; }
+struct ll_backend *ll_engine_backend(const struct ll_engine *e) { return e->be; }
 int ll_engine_kv_blocks_used(const struct ll_engine *e) { return e->n_blocks - e->n_free; }
 
 // ---------------------------------------------------------------- sequences
@@ -352,7 +342,7 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     if (e->seqs[it->seq].len + it->n_tokens > e->n_ctx)
       return ll_errf(err, errlen, LL_ELIMIT, "engine: sequence %d would reach %d positions (context %d)", it->seq, e->seqs[it->seq].len + it->n_tokens, e->n_ctx);
     for (int t = 0; t < it->n_tokens; t++)
-      if (it->tokens[t] < 0 || it->tokens[t] >= e->n_vocab) return ll_errf(err, errlen, LL_EINVAL, "engine: token id %d out of range (vocabulary %d)", it->tokens[t], e->n_vocab);
+      if (it->tokens[t] < 0 || it->tokens[t] >= e->m.n_vocab) return ll_errf(err, errlen, LL_EINVAL, "engine: token id %d out of range (vocabulary %d)", it->tokens[t], e->m.n_vocab);
     T += it->n_tokens;
     rows += it->logits_mode == 2 ? it->n_tokens : it->logits_mode == 1 ? 1 : 0;
   }
@@ -374,37 +364,37 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
       e->ids[t] = items[i].tokens[j];
       e->pos[t] = e->seqs[items[i].seq].len + j;
     }
-  const int C = e->C, kvd = e->kvd;
-  const float scale = 1.0f / sqrtf((float)e->hd);
-  BK(B->get_rows(be, e->x, &e->tok_embd, e->ids, T), "get_rows"); // x (T, C)
-  for (int l = 0; l < e->L; l++) {
-    const struct layer *y = &e->layers[l];
-    BK(B->rmsnorm(be, e->xn, e->x, y->attn_norm, T, C, e->eps), "rmsnorm"); // xn (T, C)
+  const int C = e->m.C, kvd = e->m.kvd;
+  const float scale = 1.0f / sqrtf((float)e->m.hd);
+  BK(B->get_rows(be, e->x, &e->m.tok_embd, e->ids, T), "get_rows"); // x (T, C)
+  for (int l = 0; l < e->m.L; l++) {
+    const struct ll_layer *y = &e->m.layers[l];
+    BK(B->rmsnorm(be, e->xn, e->x, y->attn_norm, T, C, e->m.eps), "rmsnorm"); // xn (T, C)
     BK(B->matmul(be, e->q, e->xn, &y->wq, T, 0), "matmul q");              // q (T, C)
     BK(B->matmul(be, e->k, e->xn, &y->wk, T, 0), "matmul k");              // k (T, kvd)
     BK(B->matmul(be, e->v, e->xn, &y->wv, T, 0), "matmul v");              // v (T, kvd)
     for (int t = 0; y->bq && t < T; t++) B->add(be, e->q + (size_t)t * C, e->q + (size_t)t * C, y->bq, C);
     for (int t = 0; y->bk && t < T; t++) B->add(be, e->k + (size_t)t * kvd, e->k + (size_t)t * kvd, y->bk, kvd);
     for (int t = 0; y->bv && t < T; t++) B->add(be, e->v + (size_t)t * kvd, e->v + (size_t)t * kvd, y->bv, kvd);
-    BK(B->rope(be, e->q, e->pos, T, e->H, e->hd, &e->rope), "rope q");
-    BK(B->rope(be, e->k, e->pos, T, e->Hkv, e->hd, &e->rope), "rope k");
+    BK(B->rope(be, e->q, e->pos, T, e->m.H, e->m.hd, &e->m.rope), "rope q");
+    BK(B->rope(be, e->k, e->pos, T, e->m.Hkv, e->m.hd, &e->m.rope), "rope k");
     for (int i = 0, t0 = 0; i < n_items; t0 += items[i].n_tokens, i++) {
-      e->kvv[i] = (struct ll_kv_view){e->kv_type, LL_KV_BLOCK, e->Hkv, e->hd, e->k_pool[l], e->v_pool[l], e->seqs[items[i].seq].blocks};
+      e->kvv[i] = (struct ll_kv_view){e->kv_type, LL_KV_BLOCK, e->m.Hkv, e->m.hd, e->k_pool[l], e->v_pool[l], e->seqs[items[i].seq].blocks};
       e->it0[i] = t0, e->itn[i] = items[i].n_tokens;
       BK(B->kv_store(be, &e->kvv[i], e->k + (size_t)t0 * kvd, e->v + (size_t)t0 * kvd, e->pos + t0, e->itn[i]), "kv_store");
     }
     if (B->attention_multi) { // all sequences in one dispatch: att (T, C)
-      BK(B->attention_multi(be, e->att, e->q, e->kvv, e->pos, e->it0, e->itn, n_items, e->H, scale), "attention");
+      BK(B->attention_multi(be, e->att, e->q, e->kvv, e->pos, e->it0, e->itn, n_items, e->m.H, scale), "attention");
     } else {
       for (int i = 0; i < n_items; i++)
-        BK(B->attention(be, e->att + (size_t)e->it0[i] * C, e->q + (size_t)e->it0[i] * C, &e->kvv[i], e->pos + e->it0[i], e->itn[i], e->H, scale),
+        BK(B->attention(be, e->att + (size_t)e->it0[i] * C, e->q + (size_t)e->it0[i] * C, &e->kvv[i], e->pos + e->it0[i], e->itn[i], e->m.H, scale),
            "attention"); // att (n, C)
     }
     BK(B->matmul(be, e->x, e->att, &y->wo, T, 1), "matmul o"); // x += att · Woᵀ
-    BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->eps), "rmsnorm");
+    BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->m.eps), "rmsnorm");
     BK(B->matmul(be, e->g, e->xn, &y->gate, T, 0), "matmul gate"); // g (T, F)
     BK(B->matmul(be, e->u, e->xn, &y->up, T, 0), "matmul up");     // u (T, F)
-    BK(B->swiglu(be, e->g, e->g, e->u, (int64_t)T * e->F), "swiglu");
+    BK(B->swiglu(be, e->g, e->g, e->u, (int64_t)T * e->m.F), "swiglu");
     BK(B->matmul(be, e->x, e->g, &y->down, T, 1), "matmul down"); // x += g · Wdownᵀ
   }
   for (int i = 0; i < n_items; i++) e->seqs[items[i].seq].len += items[i].n_tokens;
@@ -416,19 +406,19 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     if (items[i].logits_mode == 2) memcpy(e->sel + (size_t)r * C, e->x + (size_t)t0 * C, (size_t)n * C * sizeof(float)), r += n;
     else if (items[i].logits_mode == 1) memcpy(e->sel + (size_t)r * C, e->x + (size_t)(t0 + n - 1) * C, (size_t)C * sizeof(float)), r++;
   }
-  BK(B->rmsnorm(be, e->sel, e->sel, e->output_norm, rows, C, e->eps), "rmsnorm");
-  const size_t need_bytes = (size_t)rows * e->n_vocab * sizeof(float);
+  BK(B->rmsnorm(be, e->sel, e->sel, e->m.output_norm, rows, C, e->m.eps), "rmsnorm");
+  const size_t need_bytes = (size_t)rows * e->m.n_vocab * sizeof(float);
   if (need_bytes > e->logits_cap) { // grows only for a larger batch of logits rows than ever before
     float *nb = realloc(e->logits_buf, need_bytes);
     if (!nb) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory for %d rows of logits", rows);
     e->logits_buf = nb;
     e->logits_cap = need_bytes;
   }
-  BK(B->matmul(be, e->logits_buf, e->sel, &e->output, rows, 0), "matmul output"); // logits (rows, V)
+  BK(B->matmul(be, e->logits_buf, e->sel, &e->m.output, rows, 0), "matmul output"); // logits (rows, V)
   r = 0;
   for (int i = 0; i < n_items; i++) {
     const int nr = items[i].logits_mode == 2 ? items[i].n_tokens : items[i].logits_mode == 1 ? 1 : 0;
-    if (nr && items[i].logits) memcpy(items[i].logits, e->logits_buf + (size_t)r * e->n_vocab, (size_t)nr * e->n_vocab * sizeof(float));
+    if (nr && items[i].logits) memcpy(items[i].logits, e->logits_buf + (size_t)r * e->m.n_vocab, (size_t)nr * e->m.n_vocab * sizeof(float));
     r += nr;
   }
   return 0;

@@ -1,0 +1,45 @@
+// ll_model.h - a loaded Llama-family model's hyperparameters and weights, as the engine reads
+// them from the file. The engine's forward pass and the trainer's forward/backward passes both
+// read this one picture (the trainer through ll_engine_model()), so the two cannot disagree on
+// shapes, tied heads or RoPE parameters.
+//
+// Weights stay in their file type (struct ll_weight, GGUF layout: N rows of K elements);
+// norms and biases are f32. Pointers are owned by the engine (mmapped file or .ckpt memory,
+// plus the engine's arena for dequantized 1-D tensors) and live as long as the engine.
+#ifndef LL_MODEL_H
+#define LL_MODEL_H
+
+#include "ll_backend.h"
+
+struct ll_layer {
+  const float *attn_norm, *ffn_norm; // (C)
+  const float *bq, *bk, *bv;         // (C), (kvd), (kvd) or NULL (Qwen2 has them)
+  struct ll_weight wq, wk, wv, wo;   // (C, C), (kvd, C), (kvd, C), (C, C)
+  struct ll_weight gate, up, down;   // (F, C), (F, C), (C, F)
+};
+
+struct ll_model {
+  // hyperparameters
+  int n_vocab;  // rows of tok_embd
+  int C;        // embedding width
+  int L;        // layers
+  int H, Hkv;   // query heads, key/value heads (grouped-query: H % Hkv == 0)
+  int hd, kvd;  // head dim (C / H), key/value width (hd * Hkv)
+  int F;        // feed-forward width
+  float eps;    // RMSNorm epsilon
+  struct ll_rope_params rope;
+  // weights
+  struct ll_weight tok_embd;  // (n_vocab, C)
+  struct ll_weight output;    // (n_vocab, C); the same matrix as tok_embd when tied
+  int tied;                   // 1: output is tok_embd (no output.weight in the file)
+  const float *output_norm;   // (C)
+  struct ll_layer *layers;    // (L)
+};
+
+struct ll_engine;
+// The engine's model and backend (valid while the engine is open). The trainer computes on
+// the same backend so that its buffers and the engine's weights live in one place.
+const struct ll_model *ll_engine_model(const struct ll_engine *e);
+struct ll_backend *ll_engine_backend(const struct ll_engine *e);
+
+#endif
