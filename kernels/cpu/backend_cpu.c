@@ -12,6 +12,7 @@
 
 #include "ll_backend.h"
 #include "ll_cpu_dot.h"
+#include "ll_cpu_train.h"
 #include "ll_error.h"
 #include "ll_quant.h"
 #include "ll_threadpool.h"
@@ -539,6 +540,20 @@ static const struct ll_backend_i cpu_iface = {
     .attention_multi = cpu_attention_multi,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
+    // training (kernels/cpu/train_ref.c; ll_cpu_train.h)
+    .matmul_backward = ll_train_ref_matmul_backward,
+    .rmsnorm_backward = ll_train_ref_rmsnorm_backward,
+    .rope_backward = ll_train_ref_rope_backward,
+    .swiglu_backward = ll_train_ref_swiglu_backward,
+    .attention_train = ll_train_ref_attention_train,
+    .attention_backward = ll_train_ref_attention_backward,
+    .softmax_xent = ll_train_ref_softmax_xent,
+    .get_rows_backward = ll_train_ref_get_rows_backward,
+    .dropout = ll_train_ref_dropout,
+    .sumsq = ll_train_ref_sumsq,
+    .axpy = ll_train_ref_axpy,
+    .scale = ll_train_ref_scale,
+    .adamw = ll_train_ref_adamw,
 };
 
 static void cpu_model_name(char *out, size_t cap) {

@@ -1,0 +1,109 @@
+// ll_cpu_train.h - the training members of struct ll_backend_i on the CPU.
+//
+// Two implementations of every member, same signatures as the members:
+// - ll_train_ref_*: plain scalar references (train_ref.c), forward and backward side by side,
+//   one element at a time. They do not use `b` (pass any backend or NULL), so a backend without a
+//   member trains through them: `(b->i->x ? b->i : ll_cpu_train_ref())->x(b, ...)`.
+// - ll_train_cpu_*: the fast versions (train.c) over the CPU backend's thread pool and OpenBLAS;
+//   `b` must be a CPU backend. They are what cpu_iface holds, tested against the references.
+// Results of both are deterministic bit for bit for a fixed thread count; the fast versions'
+// work split depends on the shapes only, so they are also independent of the thread count.
+#ifndef LL_CPU_TRAIN_H
+#define LL_CPU_TRAIN_H
+
+#include <stdint.h>
+
+#include "ll_backend.h"
+
+// A table holding only the training members (references); the others are NULL.
+const struct ll_backend_i *ll_cpu_train_ref(void);
+
+// ---- scalar references (train_ref.c) ----
+int ll_train_ref_matmul_backward(struct ll_backend *b, float *dx, float *dw, const float *dout, const float *x,
+                                 const struct ll_weight *w, int T);
+int ll_train_ref_rmsnorm_backward(struct ll_backend *b, float *dx, float *dg, const float *dout, const float *x, const float *g,
+                                  int T, int C, float eps);
+int ll_train_ref_rope_backward(struct ll_backend *b, float *dx, const int32_t *pos, int T, int n_head, int head_dim,
+                               const struct ll_rope_params *p);
+int ll_train_ref_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate,
+                                 const float *up, int64_t n);
+int ll_train_ref_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v,
+                                 int S, int n_head, int n_head_kv, int head_dim, float scale);
+int ll_train_ref_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                    const float *k, const float *v, const float *att, int S, int n_head, int n_head_kv,
+                                    int head_dim, float scale);
+int ll_train_ref_softmax_xent(struct ll_backend *b, double *loss, float *dlogits, const float *logits, const int32_t *targets,
+                              int T, int V, float grad_scale);
+int ll_train_ref_get_rows_backward(struct ll_backend *b, float *dw, const float *dout, const int32_t *ids, int T, int C);
+int ll_train_ref_dropout(struct ll_backend *b, float *out, const float *x, float p, uint64_t seed, int64_t n);
+int ll_train_ref_sumsq(struct ll_backend *b, double *out, const float *x, int64_t n);
+int ll_train_ref_axpy(struct ll_backend *b, float *out, const float *x, float alpha, int64_t n);
+int ll_train_ref_scale(struct ll_backend *b, float *x, float alpha, int64_t n);
+int ll_train_ref_adamw(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
+                       float beta2, float eps, float wd, int step);
+
+// ---- fast versions (train.c; b is a CPU backend) ----
+int ll_train_cpu_matmul_backward(struct ll_backend *b, float *dx, float *dw, const float *dout, const float *x,
+                                 const struct ll_weight *w, int T);
+int ll_train_cpu_rmsnorm_backward(struct ll_backend *b, float *dx, float *dg, const float *dout, const float *x, const float *g,
+                                  int T, int C, float eps);
+int ll_train_cpu_rope_backward(struct ll_backend *b, float *dx, const int32_t *pos, int T, int n_head, int head_dim,
+                               const struct ll_rope_params *p);
+int ll_train_cpu_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate,
+                                 const float *up, int64_t n);
+int ll_train_cpu_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v,
+                                 int S, int n_head, int n_head_kv, int head_dim, float scale);
+int ll_train_cpu_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                    const float *k, const float *v, const float *att, int S, int n_head, int n_head_kv,
+                                    int head_dim, float scale);
+int ll_train_cpu_softmax_xent(struct ll_backend *b, double *loss, float *dlogits, const float *logits, const int32_t *targets,
+                              int T, int V, float grad_scale);
+int ll_train_cpu_get_rows_backward(struct ll_backend *b, float *dw, const float *dout, const int32_t *ids, int T, int C);
+int ll_train_cpu_dropout(struct ll_backend *b, float *out, const float *x, float p, uint64_t seed, int64_t n);
+int ll_train_cpu_sumsq(struct ll_backend *b, double *out, const float *x, int64_t n);
+int ll_train_cpu_axpy(struct ll_backend *b, float *out, const float *x, float alpha, int64_t n);
+int ll_train_cpu_scale(struct ll_backend *b, float *x, float alpha, int64_t n);
+int ll_train_cpu_adamw(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
+                       float beta2, float eps, float wd, int step);
+void *ll_train_cpu_alloc(struct ll_backend *b, size_t n);
+void ll_train_cpu_free_buf(struct ll_backend *b, void *p);
+
+// The CPU backend's pieces train.c works with (backend_cpu.c).
+struct ll_threadpool;
+struct ll_cpu_train; // train.c's scratch (per-thread panels, attention gradients)
+struct ll_threadpool *ll_cpu_backend_pool(struct ll_backend *b);
+struct ll_cpu_train **ll_cpu_backend_train(struct ll_backend *b); // lazily created by train.c
+void ll_cpu_train_free(struct ll_cpu_train *t);                   // accepts NULL
+
+// ---- shared definitions (both implementations use these, so their results agree) ----
+
+// Dropout's counter-based RNG: element i of a call with `seed` is kept iff
+// ll_dropout_bits(seed, i) >= ll_dropout_threshold(p), whatever thread computes it.
+// splitmix64: the state of element i is mix(seed) + (i + 1) * golden gamma, its output mix(state).
+static inline uint64_t ll_mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+static inline uint32_t ll_dropout_bits(uint64_t seed_mixed, uint64_t i) {
+  return (uint32_t)(ll_mix64(seed_mixed + (i + 1) * 0x9e3779b97f4a7c15ULL) >> 40); // 24 uniform bits
+}
+static inline uint32_t ll_dropout_threshold(float p) { return (uint32_t)((double)p * 16777216.0); }
+
+// RoPE angles of one position as the forward op (backend_cpu.c rope_tables) computes them:
+// theta_i = pos * base^(-2i/n_rot) by repeated float products, then scale and freq factors.
+#include <math.h>
+static inline void ll_rope_angles(int32_t pos, const struct ll_rope_params *p, float *cs, float *sn) {
+  const int n = p->n_rot / 2;
+  const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
+  float theta = (float)pos;
+  for (int i = 0; i < n; i++) {
+    const float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
+    const float th = p->freq_scale * (theta / ff);
+    cs[i] = cosf(th);
+    sn[i] = sinf(th);
+    theta *= theta_scale;
+  }
+}
+
+#endif
