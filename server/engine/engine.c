@@ -17,6 +17,7 @@
 #include "ll_backend.h"
 #include "ll_error.h"
 #include "ll_model.h"
+#include "ll_lora.h"
 #include "ll_modelfile.h"
 #include "ll_quant.h"
 #include "ll_tokenizer.h"
@@ -26,6 +27,7 @@
 struct seq {
   int used, len, n_blocks;
   int32_t *blocks; // block table (max_blocks_per_seq)
+  const struct ll_lora *lora; // adapter of this sequence, or NULL
 };
 
 struct ll_engine {
@@ -51,6 +53,8 @@ struct ll_engine {
   float *logits_buf;
   size_t logits_cap;
   float *sel; // (rows needing logits, C)
+  float *lora_r, *lora_o; // adapter scratch: (max_batch, lora_rank), (max_batch, max(C, F))
+  int lora_rank;
 };
 
 void ll_engine_params_default(struct ll_engine_params *p) {
@@ -249,6 +253,7 @@ void ll_engine_close(struct ll_engine *e) {
   free(e->x), free(e->xn), free(e->q), free(e->k), free(e->v), free(e->att), free(e->tmp), free(e->g), free(e->u), free(e->sel);
   free(e->pos), free(e->ids), free(e->logits_buf);
   free(e->kvv), free(e->it0), free(e->itn);
+  free(e->lora_r), free(e->lora_o);
   ll_modelfile_free(&e->mf);
   free(e);
 }
@@ -307,6 +312,7 @@ int ll_engine_seq_new(struct ll_engine *e) {
       e->seqs[s].used = 1;
       e->seqs[s].len = 0;
       e->seqs[s].n_blocks = 0;
+      e->seqs[s].lora = NULL;
       return s;
     }
   return LL_EBUSY;
@@ -319,14 +325,71 @@ void ll_engine_seq_free(struct ll_engine *e, int s) {
   q->used = 0;
   q->len = 0;
   q->n_blocks = 0;
+  q->lora = NULL;
 }
 
 int ll_engine_seq_len(const struct ll_engine *e, int s) { return s >= 0 && s < e->n_seqs && e->seqs[s].used ? e->seqs[s].len : LL_EINVAL; }
+
+void ll_engine_lora_dims(const struct ll_engine *e, struct ll_lora_dims *d) {
+  memset(d, 0, sizeof *d);
+  snprintf(d->arch, sizeof d->arch, "%s", e->info.arch);
+  d->n_layer = e->m.L, d->n_embd = e->m.C, d->n_embd_kv = e->m.kvd, d->n_ff = e->m.F, d->n_head = e->m.H, d->n_head_kv = e->m.Hkv;
+}
+
+int ll_engine_seq_set_adapter(struct ll_engine *e, int s, const struct ll_lora *a, char *err, size_t errlen) {
+  if (s < 0 || s >= e->n_seqs || !e->seqs[s].used) return ll_errf(err, errlen, LL_EINVAL, "engine: bad sequence %d", s);
+  if (a) {
+    struct ll_lora_dims d;
+    ll_engine_lora_dims(e, &d);
+    int rc = ll_lora_check_shapes(a, &d, err, errlen);
+    if (rc) return rc;
+    if (a->rank > e->lora_rank) { // scratch grows to the largest rank seen
+      const size_t wide = (size_t)(e->m.C > e->m.F ? e->m.C : e->m.F);
+      float *r = malloc((size_t)e->max_batch * (size_t)a->rank * sizeof(float));
+      float *o = e->lora_o ? e->lora_o : malloc((size_t)e->max_batch * wide * sizeof(float));
+      if (!r || !o) {
+        free(r);
+        if (o != e->lora_o) free(o);
+        return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory for adapter scratch");
+      }
+      free(e->lora_r);
+      e->lora_r = r, e->lora_o = o, e->lora_rank = a->rank;
+    }
+  }
+  e->seqs[s].lora = a;
+  return 0;
+}
 
 // ---------------------------------------------------------------- forward
 
 static int fail_bk(int rc, char *err, size_t errlen, const char *op) { return ll_errf(err, errlen, rc, "engine: backend %s failed: %s", op, ll_strerror(rc)); }
 #define BK(call, op) do { int rc_ = (call); if (rc_) return fail_bk(rc_, err, errlen, op); } while (0)
+
+// Adapters, per sequence: y (rows of item i, out) += scale · B·(A·x) for the items whose
+// sequence has an adapter covering (layer l, target t); x (T, in). Backend calls only:
+// two products on that item's rows, then an axpy (ggml's order: B·(A·x), scaled, added).
+static int lora_apply(struct ll_engine *e, const struct ll_batch_item *items, int n_items, int l, int t, const float *x, int64_t in,
+                      float *y, int64_t out, char *err, size_t errlen) {
+  const struct ll_backend_i *B = e->be->i;
+  for (int i = 0, t0 = 0; i < n_items; t0 += items[i].n_tokens, i++) {
+    const struct ll_lora *a = e->seqs[items[i].seq].lora;
+    if (!a) continue;
+    const struct ll_lora_pair *p = ll_lora_at(a, l, t);
+    if (!p->a.data) continue;
+    const int n = items[i].n_tokens;
+    BK(B->matmul(e->be, e->lora_r, x + (size_t)t0 * in, &p->a, n, 0), "matmul lora_a"); // (n, r)
+    BK(B->matmul(e->be, e->lora_o, e->lora_r, &p->b, n, 0), "matmul lora_b");          // (n, out)
+    float *dst = y + (size_t)t0 * out;
+    const float sc = ll_lora_scale(a);
+    if (B->axpy) {
+      BK(B->axpy(e->be, dst, e->lora_o, sc, (int64_t)n * out), "axpy");
+    } else { // backends without the training members (the CPU backend's reference, inline)
+      for (int64_t j = 0; j < (int64_t)n * out; j++) dst[j] += sc * e->lora_o[j];
+    }
+  }
+  return 0;
+}
+#define LORA(t, x, in, y, out) do { int rc_ = lora_apply(e, items, n_items, l, t, x, in, y, out, err, errlen); if (rc_) return rc_; } while (0)
 
 int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_items, char *err, size_t errlen) {
   const struct ll_backend_i *B = e->be->i;
@@ -366,6 +429,8 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     }
   const int C = e->m.C, kvd = e->m.kvd;
   const float scale = 1.0f / sqrtf((float)e->m.hd);
+  int any_lora = 0;
+  for (int i = 0; i < n_items; i++) any_lora |= e->seqs[items[i].seq].lora != NULL;
   BK(B->get_rows(be, e->x, &e->m.tok_embd, e->ids, T), "get_rows"); // x (T, C)
   for (int l = 0; l < e->m.L; l++) {
     const struct ll_layer *y = &e->m.layers[l];
@@ -373,6 +438,11 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     BK(B->matmul(be, e->q, e->xn, &y->wq, T, 0), "matmul q");              // q (T, C)
     BK(B->matmul(be, e->k, e->xn, &y->wk, T, 0), "matmul k");              // k (T, kvd)
     BK(B->matmul(be, e->v, e->xn, &y->wv, T, 0), "matmul v");              // v (T, kvd)
+    if (any_lora) { // adapters before biases, as llama.cpp's build_lora_mm
+      LORA(LL_LORA_Q, e->xn, C, e->q, C);
+      LORA(LL_LORA_K, e->xn, C, e->k, kvd);
+      LORA(LL_LORA_V, e->xn, C, e->v, kvd);
+    }
     for (int t = 0; y->bq && t < T; t++) B->add(be, e->q + (size_t)t * C, e->q + (size_t)t * C, y->bq, C);
     for (int t = 0; y->bk && t < T; t++) B->add(be, e->k + (size_t)t * kvd, e->k + (size_t)t * kvd, y->bk, kvd);
     for (int t = 0; y->bv && t < T; t++) B->add(be, e->v + (size_t)t * kvd, e->v + (size_t)t * kvd, y->bv, kvd);
@@ -391,11 +461,17 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
            "attention"); // att (n, C)
     }
     BK(B->matmul(be, e->x, e->att, &y->wo, T, 1), "matmul o"); // x += att · Woᵀ
+    if (any_lora) LORA(LL_LORA_O, e->att, C, e->x, C); // x += scale · B·(A·att)
     BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->m.eps), "rmsnorm");
     BK(B->matmul(be, e->g, e->xn, &y->gate, T, 0), "matmul gate"); // g (T, F)
     BK(B->matmul(be, e->u, e->xn, &y->up, T, 0), "matmul up");     // u (T, F)
+    if (any_lora) {
+      LORA(LL_LORA_GATE, e->xn, C, e->g, e->m.F);
+      LORA(LL_LORA_UP, e->xn, C, e->u, e->m.F);
+    }
     BK(B->swiglu(be, e->g, e->g, e->u, (int64_t)T * e->m.F), "swiglu");
     BK(B->matmul(be, e->x, e->g, &y->down, T, 1), "matmul down"); // x += g · Wdownᵀ
+    if (any_lora) LORA(LL_LORA_DOWN, e->g, e->m.F, e->x, C);
   }
   for (int i = 0; i < n_items; i++) e->seqs[items[i].seq].len += items[i].n_tokens;
   if (rows == 0) return 0;

@@ -58,6 +58,18 @@ int ll_engine_seq_new(struct ll_engine *e);          // slot id >= 0, or LL_EBUS
 void ll_engine_seq_free(struct ll_engine *e, int seq);
 int ll_engine_seq_len(const struct ll_engine *e, int seq);
 
+// ---- LoRA adapters (ll_lora.h) ----
+struct ll_lora;
+struct ll_lora_dims;
+// The shapes an adapter for this model must have.
+void ll_engine_lora_dims(const struct ll_engine *e, struct ll_lora_dims *d);
+// Sequence `seq` computes with adapter a (NULL: the base model) from its next decode on:
+// every adapted matrix W of a layer gives W·x + (alpha/r)·B·(A·x) for this sequence's rows
+// only, so sequences of one batch may use different adapters. The adapter must outlive its
+// use (until another is set or the sequence is freed); seq_new/seq_free reset it to NULL.
+// Errors: LL_EINVAL (bad sequence, adapter of another shape: message says which), LL_ENOMEM.
+int ll_engine_seq_set_adapter(struct ll_engine *e, int seq, const struct ll_lora *a, char *err, size_t errlen);
+
 // ---- one forward step over a batch of sequences ----
 // Item i appends tokens[0..n_tokens) to sequence seq. Logits (n_vocab floats per row):
 //   logits_mode 0: none; 1: for the last token only (1 row); 2: for every token (n_tokens rows).

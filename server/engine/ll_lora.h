@@ -27,6 +27,7 @@ struct ll_lora_pair {
 
 struct ll_lora {
   char name[64];            // "live", a checkpoint's name, a file's stem
+  char arch[32];            // base model's general.architecture ("" when unknown)
   int n_layer, rank;
   float alpha;              // scale = alpha / rank
   unsigned targets;         // bitmask of 1u << enum ll_lora_target
@@ -40,5 +41,58 @@ static inline float ll_lora_scale(const struct ll_lora *a) { return a->alpha / (
 static inline struct ll_lora_pair *ll_lora_at(const struct ll_lora *a, int layer, int target) {
   return &a->pairs[layer * LL_LORA_N_TARGETS + target];
 }
+
+// The base model's shapes an adapter must fit (ll_engine_lora_dims() fills it from an engine).
+struct ll_lora_dims {
+  char arch[32];          // general.architecture
+  int n_layer, n_embd, n_embd_kv, n_ff, n_head, n_head_kv;
+};
+
+// Target names: "q".."down" (configs, protocol), GGUF tensor stems "attn_q".., PEFT modules "q_proj"..
+const char *ll_lora_target_name(int t);
+const char *ll_lora_target_tensor(int t);
+const char *ll_lora_target_peft(int t);
+int ll_lora_target_from_name(const char *s); // any of the three spellings; -1 if unknown
+// in/out features of target t for a model of these dims.
+void ll_lora_target_dims(const struct ll_lora_dims *d, int t, int64_t *in, int64_t *out);
+// Deterministic uniform value in [-1, 1) for (seed, stream, index) (adapter init, tests).
+float ll_lora_uniform(uint64_t seed, uint64_t stream, uint64_t i);
+
+// A fresh adapter for every layer and each target in `targets`: A Kaiming-uniform as PEFT
+// (U(-1/sqrt(in), 1/sqrt(in)), seeded, counter-based), B zero. Storage from ll_backend_alloc(be).
+int ll_lora_create(struct ll_lora **out, const struct ll_lora_dims *d, int rank, float alpha, unsigned targets,
+                   uint64_t seed, struct ll_backend *be, char *err, size_t errlen);
+// Zeroed adapter with the pairs marked in present[l * LL_LORA_N_TARGETS + t] (importers).
+int ll_lora_alloc(struct ll_lora **out, int n_layer, int rank, float alpha, const unsigned char *present,
+                  const struct ll_lora_dims *d, struct ll_backend *be, char *err, size_t errlen);
+void ll_lora_free(struct ll_lora *a); // accepts NULL
+// Fits the base model? Architecture, layer count, every pair's shapes, finite values. The
+// message names the tensor and says what was wrong.
+int ll_lora_check(const struct ll_lora *a, const struct ll_lora_dims *d, char *err, size_t errlen);
+// The same without scanning the values (cheap: per request).
+int ll_lora_check_shapes(const struct ll_lora *a, const struct ll_lora_dims *d, char *err, size_t errlen);
+
+// ---- files (lora_io.c) ----
+struct ll_modelfile;
+// Adds the adapter's tensors `blk.N.<attn_q|...>.weight.lora_a` (ne {in, r}) and `.lora_b`
+// (ne {r, out}), F32, data borrowed from a, plus general.type=adapter, general.architecture,
+// adapter.type=lora, adapter.lora.alpha (f32): the llama.cpp GGUF LoRA layout. The trainer's
+// .ckpt uses the same names (roles lora_a / lora_b follow from the suffix).
+int ll_lora_to_mf(const struct ll_lora *a, struct ll_modelfile *mf, char *err, size_t errlen);
+// Reads an adapter from a modelfile holding such tensors (GGUF LoRA or .ckpt; F32, F16 or BF16),
+// checked against d (ll_lora_check). Tensors that are not adapter tensors are ignored only when
+// allow_other (a .ckpt carrying optimizer state or weights), else refused.
+int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const struct ll_lora_dims *d, int allow_other,
+                    struct ll_backend *be, char *err, size_t errlen);
+// Writes a GGUF LoRA adapter that llama.cpp loads with --lora (atomic).
+int ll_lora_save_gguf(const struct ll_lora *a, const char *path, char *err, size_t errlen);
+// PEFT directory (adapter_config.json + adapter_model.safetensors): HF module names mapped to
+// GGUF, lora_B rows of q_proj/k_proj permuted as llama.cpp's converter does for llama.
+int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lora_dims *d, struct ll_backend *be,
+                      char *err, size_t errlen);
+// Any of: a GGUF LoRA file, a .ckpt holding adapter tensors, a PEFT directory. The adapter's
+// name is the file stem (directory name for PEFT).
+int ll_lora_load(struct ll_lora **out, const char *path, const struct ll_lora_dims *d, struct ll_backend *be,
+                 char *err, size_t errlen);
 
 #endif

@@ -1,0 +1,171 @@
+// lora.c - LoRA adapters in memory (ll_lora.h): creation with PEFT's initialisation, release,
+// and the checks an adapter passes before the engine applies it to a base model.
+#include "ll_lora.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ll_error.h"
+#include "ll_quant.h"
+
+static const char *const target_names[LL_LORA_N_TARGETS] = {"q", "k", "v", "o", "gate", "up", "down"};
+static const char *const target_tensors[LL_LORA_N_TARGETS] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+static const char *const target_peft[LL_LORA_N_TARGETS] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+const char *ll_lora_target_name(int t) { return t >= 0 && t < LL_LORA_N_TARGETS ? target_names[t] : "?"; }
+const char *ll_lora_target_tensor(int t) { return t >= 0 && t < LL_LORA_N_TARGETS ? target_tensors[t] : "?"; }
+const char *ll_lora_target_peft(int t) { return t >= 0 && t < LL_LORA_N_TARGETS ? target_peft[t] : "?"; }
+
+int ll_lora_target_from_name(const char *s) {
+  for (int t = 0; t < LL_LORA_N_TARGETS; t++)
+    if (strcmp(s, target_names[t]) == 0 || strcmp(s, target_tensors[t]) == 0 || strcmp(s, target_peft[t]) == 0) return t;
+  return -1;
+}
+
+void ll_lora_target_dims(const struct ll_lora_dims *d, int t, int64_t *in, int64_t *out) {
+  switch (t) {
+  case LL_LORA_Q: *in = d->n_embd, *out = d->n_embd; break;
+  case LL_LORA_K:
+  case LL_LORA_V: *in = d->n_embd, *out = d->n_embd_kv; break;
+  case LL_LORA_O: *in = d->n_embd, *out = d->n_embd; break;
+  case LL_LORA_GATE:
+  case LL_LORA_UP: *in = d->n_embd, *out = d->n_ff; break;
+  default: *in = d->n_ff, *out = d->n_embd; break; // down
+  }
+}
+
+// Counter-based generator (splitmix64 of seed and index): value i of a (layer, target) matrix
+// does not depend on which other targets exist, so an adapter's A for q is the same whether or
+// not v is adapted too.
+static uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+float ll_lora_uniform(uint64_t seed, uint64_t stream, uint64_t i) { // [-1, 1)
+  const uint64_t r = mix64(mix64(seed ^ mix64(stream)) + i);
+  return (float)((double)(r >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
+}
+
+int ll_lora_alloc(struct ll_lora **out, int n_layer, int rank, float alpha, const unsigned char *present, const struct ll_lora_dims *d,
+                  struct ll_backend *be, char *err, size_t errlen) {
+  *out = NULL;
+  if (n_layer <= 0 || n_layer > 4096) return ll_errf(err, errlen, LL_EINVAL, "lora: %d layers", n_layer);
+  if (rank <= 0 || rank > 4096) return ll_errf(err, errlen, LL_EINVAL, "lora: rank %d is out of range (1..4096)", rank);
+  if (!isfinite(alpha)) return ll_errf(err, errlen, LL_EINVAL, "lora: alpha is not a finite number");
+  struct ll_lora *a = calloc(1, sizeof *a);
+  if (!a) return ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+  a->n_layer = n_layer, a->rank = rank, a->alpha = alpha, a->be = be;
+  snprintf(a->arch, sizeof a->arch, "%s", d->arch);
+  a->pairs = calloc((size_t)n_layer * LL_LORA_N_TARGETS, sizeof *a->pairs);
+  if (!a->pairs) {
+    free(a);
+    return ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+  }
+  int64_t total = 0;
+  for (int l = 0; l < n_layer; l++)
+    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+      if (!present[l * LL_LORA_N_TARGETS + t]) continue;
+      int64_t in, o;
+      ll_lora_target_dims(d, t, &in, &o);
+      total += (int64_t)rank * (in + o);
+      a->targets |= 1u << t;
+    }
+  if (total <= 0 || total > (INT64_C(1) << 34)) {
+    ll_lora_free(a);
+    return ll_errf(err, errlen, LL_EINVAL, "lora: %lld parameters (no target adapted, or too many)", (long long)total);
+  }
+  a->storage = ll_backend_alloc(be, (size_t)total * sizeof(float));
+  if (!a->storage) {
+    ll_lora_free(a);
+    return ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory for %lld parameters", (long long)total);
+  }
+  a->n_params = total;
+  float *p = a->storage;
+  for (int l = 0; l < n_layer; l++)
+    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+      if (!present[l * LL_LORA_N_TARGETS + t]) continue;
+      int64_t in, o;
+      ll_lora_target_dims(d, t, &in, &o);
+      struct ll_lora_pair *pr = ll_lora_at(a, l, t);
+      pr->a = (struct ll_weight){LL_TYPE_F32, in, rank, p, NULL}; // A (r, in)
+      p += (int64_t)rank * in;
+      pr->b = (struct ll_weight){LL_TYPE_F32, rank, o, p, NULL}; // B (out, r)
+      p += (int64_t)rank * o;
+    }
+  *out = a;
+  return 0;
+}
+
+int ll_lora_create(struct ll_lora **out, const struct ll_lora_dims *d, int rank, float alpha, unsigned targets, uint64_t seed,
+                   struct ll_backend *be, char *err, size_t errlen) {
+  *out = NULL;
+  if (!targets || (targets & ~LL_LORA_ALL_TARGETS)) return ll_errf(err, errlen, LL_EINVAL, "lora: no or unknown targets (mask 0x%x)", targets);
+  if (d->n_layer <= 0 || d->n_embd <= 0 || d->n_embd_kv <= 0 || d->n_ff <= 0) return ll_errf(err, errlen, LL_EINVAL, "lora: bad model dimensions");
+  unsigned char *present = calloc((size_t)d->n_layer * LL_LORA_N_TARGETS, 1);
+  if (!present) return ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+  for (int l = 0; l < d->n_layer; l++)
+    for (int t = 0; t < LL_LORA_N_TARGETS; t++) present[l * LL_LORA_N_TARGETS + t] = (targets >> t) & 1;
+  int rc = ll_lora_alloc(out, d->n_layer, rank, alpha, present, d, be, err, errlen);
+  free(present);
+  if (rc) return rc;
+  struct ll_lora *a = *out;
+  // PEFT: nn.init.kaiming_uniform_(A, a=sqrt(5)) -> U(-1/sqrt(in), 1/sqrt(in)); B = 0 (the
+  // backend allocation is zeroed).
+  for (int l = 0; l < a->n_layer; l++)
+    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+      struct ll_lora_pair *pr = ll_lora_at(a, l, t);
+      if (!pr->a.data) continue;
+      const float bound = 1.0f / sqrtf((float)pr->a.k);
+      float *A = (float *)pr->a.data;
+      const int64_t n = pr->a.k * pr->a.n;
+      for (int64_t i = 0; i < n; i++) A[i] = bound * ll_lora_uniform(seed, (uint64_t)(l * LL_LORA_N_TARGETS + t) * 2, (uint64_t)i);
+    }
+  return 0;
+}
+
+void ll_lora_free(struct ll_lora *a) {
+  if (!a) return;
+  ll_backend_free_buf(a->be, a->storage);
+  free(a->pairs);
+  free(a);
+}
+
+static int check(const struct ll_lora *a, const struct ll_lora_dims *d, int values, char *err, size_t errlen) {
+  const char *nm = a->name[0] ? a->name : "adapter";
+  if (a->arch[0] && d->arch[0] && strcmp(a->arch, d->arch) != 0)
+    return ll_errf(err, errlen, LL_EINVAL, "%s: made for architecture '%s', the model is '%s' (wrong base model?)", nm, a->arch, d->arch);
+  if (a->n_layer != d->n_layer)
+    return ll_errf(err, errlen, LL_EINVAL, "%s: has %d layers, the model %d (wrong base model?)", nm, a->n_layer, d->n_layer);
+  if (a->rank <= 0) return ll_errf(err, errlen, LL_EINVAL, "%s: rank %d", nm, a->rank);
+  if (!isfinite(a->alpha)) return ll_errf(err, errlen, LL_EINVAL, "%s: alpha is not finite", nm);
+  for (int l = 0; l < a->n_layer; l++)
+    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+      const struct ll_lora_pair *pr = ll_lora_at(a, l, t);
+      if (!pr->a.data && !pr->b.data) continue;
+      int64_t in, o;
+      ll_lora_target_dims(d, t, &in, &o);
+      if (!pr->a.data || !pr->b.data || pr->a.type != LL_TYPE_F32 || pr->b.type != LL_TYPE_F32)
+        return ll_errf(err, errlen, LL_EINVAL, "%s: blk.%d.%s: A and B must both be present and F32", nm, l, target_tensors[t]);
+      if (pr->a.k != in || pr->a.n != a->rank || pr->b.k != a->rank || pr->b.n != o)
+        return ll_errf(err, errlen, LL_EINVAL,
+                       "%s: blk.%d.%s: A is (%lld x %lld) and B (%lld x %lld), the model needs A (%d x %lld) and B (%lld x %d) (wrong base model?)",
+                       nm, l, target_tensors[t], (long long)pr->a.n, (long long)pr->a.k, (long long)pr->b.n, (long long)pr->b.k, a->rank,
+                       (long long)in, (long long)o, a->rank);
+      for (int w = 0; values && w < 2; w++) {
+        const struct ll_weight *m = w ? &pr->b : &pr->a;
+        const float *x = m->data;
+        for (int64_t i = 0; i < m->k * m->n; i++)
+          if (!isfinite(x[i]))
+            return ll_errf(err, errlen, LL_EFORMAT, "%s: blk.%d.%s.lora_%c: value %lld is %s", nm, l, target_tensors[t], w ? 'b' : 'a',
+                           (long long)i, isnan(x[i]) ? "NaN" : "infinite");
+      }
+    }
+  return 0;
+}
+
+int ll_lora_check(const struct ll_lora *a, const struct ll_lora_dims *d, char *err, size_t errlen) { return check(a, d, 1, err, errlen); }
+int ll_lora_check_shapes(const struct ll_lora *a, const struct ll_lora_dims *d, char *err, size_t errlen) { return check(a, d, 0, err, errlen); }

@@ -1,0 +1,391 @@
+// lora_io.c - LoRA adapters in files: the GGUF LoRA layout llama.cpp reads (src/llama-adapter.cpp
+// of llama.cpp 0c1e5709, written as convert_lora_to_gguf.py writes it), .ckpt run checkpoints
+// (same tensor names) and PEFT adapter directories.
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ll_ckpt.h"
+#include "ll_error.h"
+#include "ll_fileio.h"
+#include "ll_gguf.h"
+#include "ll_lora.h"
+#include "ll_modelfile.h"
+#include "ll_quant.h"
+#include "ll_readers.h"
+
+int ll_lora_to_mf(const struct ll_lora *a, struct ll_modelfile *mf, char *err, size_t errlen) {
+  if (!a->arch[0]) return ll_errf(err, errlen, LL_EINVAL, "lora: the adapter does not say its base architecture");
+  int rc = 0;
+  if (!ll_mf_find_kv(mf, "general.architecture")) rc |= ll_mf_set_str(mf, "general.architecture", a->arch);
+  rc |= ll_mf_set_str(mf, "general.type", "adapter");
+  rc |= ll_mf_set_str(mf, "adapter.type", "lora");
+  rc |= ll_mf_set_f32(mf, "adapter.lora.alpha", a->alpha);
+  if (rc) return ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+  char name[96];
+  for (int l = 0; l < a->n_layer; l++)
+    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+      const struct ll_lora_pair *p = ll_lora_at(a, l, t);
+      if (!p->a.data) continue;
+      const int64_t nea[2] = {p->a.k, p->a.n}, neb[2] = {p->b.k, p->b.n}; // {in, r}, {r, out}
+      snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", l, ll_lora_target_tensor(t));
+      if ((rc = ll_mf_add_tensor(mf, name, LL_TYPE_F32, 2, nea, p->a.data))) return ll_errf(err, errlen, rc, "lora: %s: %s", name, ll_strerror(rc));
+      snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", l, ll_lora_target_tensor(t));
+      if ((rc = ll_mf_add_tensor(mf, name, LL_TYPE_F32, 2, neb, p->b.data))) return ll_errf(err, errlen, rc, "lora: %s: %s", name, ll_strerror(rc));
+    }
+  return 0;
+}
+
+// "blk.N.<stem>.weight.lora_a" -> layer, target, which (0 a, 1 b). 0 ok; 1 not an adapter
+// tensor; negative: an adapter tensor we cannot use (message in err).
+static int parse_name(const char *name, const struct ll_lora_dims *d, int *layer, int *target, int *which, char *err, size_t errlen) {
+  const size_t n = strlen(name);
+  if (n < 7 || (strcmp(name + n - 7, ".lora_a") != 0 && strcmp(name + n - 7, ".lora_b") != 0)) return 1;
+  *which = name[n - 1] == 'b';
+  char stem[64], rest[16];
+  int l, used = 0;
+  if (n - 7 >= 96 || sscanf(name, "blk.%d.%63[a-z_].%15[a-z_]%n", &l, stem, rest, &used) != 3 || (size_t)used != n - 7 || strcmp(rest, "weight") != 0)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: tensor '%s': only the layers' attention and feed-forward matrices can be adapted", name);
+  const int t = ll_lora_target_from_name(stem);
+  if (t < 0 || strcmp(stem, ll_lora_target_tensor(t)) != 0)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: tensor '%s': '%s' is not an adaptable matrix (attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down)", name, stem);
+  if (l < 0 || l >= d->n_layer)
+    return ll_errf(err, errlen, LL_EINVAL, "lora: tensor '%s': layer %d, the model has %d (wrong base model?)", name, l, d->n_layer);
+  *layer = l, *target = t;
+  return 0;
+}
+
+int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const struct ll_lora_dims *d, int allow_other, struct ll_backend *be,
+                    char *err, size_t errlen) {
+  *out = NULL;
+  const char *s;
+  if (!allow_other) {
+    if (ll_mf_get_str(mf, "general.type", &s) != 0 || strcmp(s, "adapter") != 0)
+      return ll_errf(err, errlen, LL_EFORMAT, "lora: general.type is '%s', expected 'adapter' (is this a model rather than an adapter?)",
+                     ll_mf_get_str(mf, "general.type", &s) == 0 ? s : "(missing)");
+    if (ll_mf_get_str(mf, "adapter.type", &s) != 0 || strcmp(s, "lora") != 0)
+      return ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: adapter.type is '%s', expected 'lora'", ll_mf_get_str(mf, "adapter.type", &s) == 0 ? s : "(missing)");
+  }
+  if (ll_mf_get_str(mf, "general.architecture", &s) != 0) return ll_errf(err, errlen, LL_EFORMAT, "lora: general.architecture is missing");
+  if (d->arch[0] && strcmp(s, d->arch) != 0)
+    return ll_errf(err, errlen, LL_EINVAL, "lora: adapter for architecture '%s', the model is '%s' (wrong base model)", s, d->arch);
+  double alpha = 0;
+  const struct ll_kv *akv = ll_mf_find_kv(mf, "adapter.lora.alpha");
+  if (akv && ll_mf_get_float(mf, "adapter.lora.alpha", &alpha) != 0) return ll_errf(err, errlen, LL_EFORMAT, "lora: adapter.lora.alpha is not a number");
+  if (!isfinite(alpha) || fabs(alpha) > 1e6) return ll_errf(err, errlen, LL_EFORMAT, "lora: adapter.lora.alpha %g is out of range", alpha);
+  const size_t npairs = (size_t)d->n_layer * LL_LORA_N_TARGETS;
+  const struct ll_tensor_info **ta = calloc(npairs * 2, sizeof *ta); // [pair*2 + which]
+  unsigned char *present = calloc(npairs, 1);
+  int rc = 0, rank = 0;
+  if (!ta || !present) {
+    rc = ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+    goto out;
+  }
+  for (uint64_t i = 0; i < mf->n_tensors; i++) {
+    const struct ll_tensor_info *t = &mf->tensors[i];
+    int l = 0, tg = 0, w = 0;
+    rc = parse_name(t->name.ptr, d, &l, &tg, &w, err, errlen);
+    if (rc < 0) goto out;
+    if (rc == 1) {
+      rc = 0;
+      const size_t n = strlen(t->name.ptr);
+      if (allow_other || (n >= 12 && strcmp(t->name.ptr + n - 12, "_norm.weight") == 0)) continue; // llama.cpp skips norms too
+      rc = ll_errf(err, errlen, LL_EFORMAT, "lora: tensor '%s' is neither .lora_a nor .lora_b", t->name.ptr);
+      goto out;
+    }
+    if (t->type != LL_TYPE_F32 && t->type != LL_TYPE_F16 && t->type != LL_TYPE_BF16) {
+      rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: tensor '%s' has type %s (F32, F16, BF16 supported)", t->name.ptr, ll_type_name(t->type));
+      goto out;
+    }
+    if (t->n_dims != 2 || !t->data) {
+      rc = ll_errf(err, errlen, LL_EFORMAT, "lora: tensor '%s' must be a 2-D matrix with data", t->name.ptr);
+      goto out;
+    }
+    const size_t k = ((size_t)l * LL_LORA_N_TARGETS + (size_t)tg) * 2 + (size_t)w;
+    if (ta[k]) {
+      rc = ll_errf(err, errlen, LL_EEXIST, "lora: tensor '%s' appears twice", t->name.ptr);
+      goto out;
+    }
+    ta[k] = t;
+  }
+  for (size_t pi = 0; pi < npairs; pi++) {
+    const struct ll_tensor_info *A = ta[pi * 2], *B = ta[pi * 2 + 1];
+    if (!A && !B) continue;
+    const int l = (int)(pi / LL_LORA_N_TARGETS), tg = (int)(pi % LL_LORA_N_TARGETS);
+    if (!A || !B) {
+      rc = ll_errf(err, errlen, LL_EFORMAT, "lora: blk.%d.%s.weight has lora_%c but not lora_%c", l, ll_lora_target_tensor(tg), A ? 'a' : 'b', A ? 'b' : 'a');
+      goto out;
+    }
+    int64_t in, o;
+    ll_lora_target_dims(d, tg, &in, &o);
+    if (A->ne[0] != in || B->ne[1] != o) {
+      rc = ll_errf(err, errlen, LL_EINVAL, "lora: blk.%d.%s.weight: lora_a ne {%lld, %lld} and lora_b ne {%lld, %lld} do not fit the model's (%lld in, %lld out) (wrong base model?)",
+                   l, ll_lora_target_tensor(tg), (long long)A->ne[0], (long long)A->ne[1], (long long)B->ne[0], (long long)B->ne[1], (long long)in, (long long)o);
+      goto out;
+    }
+    if (A->ne[1] != B->ne[0]) {
+      rc = ll_errf(err, errlen, LL_EINVAL, "lora: blk.%d.%s.weight: lora_a has rank %lld, lora_b %lld (lora_a must be ne {in, r}, lora_b ne {r, out})", l,
+                   ll_lora_target_tensor(tg), (long long)A->ne[1], (long long)B->ne[0]);
+      goto out;
+    }
+    if (rank && A->ne[1] != rank) {
+      rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: blk.%d.%s.weight has rank %lld, other matrices %d (one rank per adapter is supported)", l,
+                   ll_lora_target_tensor(tg), (long long)A->ne[1], rank);
+      goto out;
+    }
+    if (A->ne[1] <= 0 || A->ne[1] > 4096) {
+      rc = ll_errf(err, errlen, LL_EINVAL, "lora: blk.%d.%s.weight: rank %lld is out of range", l, ll_lora_target_tensor(tg), (long long)A->ne[1]);
+      goto out;
+    }
+    rank = (int)A->ne[1];
+    present[pi] = 1;
+  }
+  if (!rank) {
+    rc = ll_errf(err, errlen, LL_EFORMAT, "lora: no adapter tensors (blk.N.<matrix>.weight.lora_a / .lora_b)");
+    goto out;
+  }
+  // llama.cpp: scale = alpha ? alpha / rank : 1.
+  if ((rc = ll_lora_alloc(out, d->n_layer, rank, alpha != 0 ? (float)alpha : (float)rank, present, d, be, err, errlen))) goto out;
+  for (size_t pi = 0; pi < npairs; pi++) {
+    if (!present[pi]) continue;
+    struct ll_lora_pair *p = ll_lora_at(*out, (int)(pi / LL_LORA_N_TARGETS), (int)(pi % LL_LORA_N_TARGETS));
+    for (int w = 0; w < 2; w++) {
+      const struct ll_tensor_info *t = ta[pi * 2 + (size_t)w];
+      struct ll_weight *m = w ? &p->b : &p->a;
+      if (ll_dequantize_row(t->type, t->data, (float *)m->data, m->k * m->n) != 0) {
+        rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: tensor '%s': cannot convert %s", t->name.ptr, ll_type_name(t->type));
+        goto out;
+      }
+    }
+  }
+  rc = ll_lora_check(*out, d, err, errlen);
+out:
+  if (rc && *out) ll_lora_free(*out), *out = NULL;
+  free(ta);
+  free(present);
+  return rc;
+}
+
+int ll_lora_save_gguf(const struct ll_lora *a, const char *path, char *err, size_t errlen) {
+  struct ll_modelfile mf;
+  ll_modelfile_init(&mf);
+  int rc = ll_mf_set_str(&mf, "general.architecture", a->arch[0] ? a->arch : "llama");
+  if (rc == 0 && a->name[0]) rc = ll_mf_set_str(&mf, "general.name", a->name);
+  if (rc) rc = ll_errf(err, errlen, rc, "lora: out of memory");
+  if (rc == 0) rc = ll_lora_to_mf(a, &mf, err, errlen);
+  if (rc == 0) rc = ll_gguf_write(path, &mf, err, errlen);
+  ll_modelfile_free(&mf);
+  return rc;
+}
+
+// ---------------------------------------------------------------- PEFT
+
+#define PEFT_MAX_CONFIG (1u << 20)
+
+// "base_model.model.model.layers.N.self_attn.q_proj.lora_A[.default].weight" -> layer, target, which.
+static int peft_name(const char *name, int *layer, int *target, int *which) {
+  const char *p = name;
+  if (strncmp(p, "base_model.model.", 17) == 0) p += 17;
+  int l, used = 0;
+  char grp[16], mod[16], ab[8], tail[24];
+  if (sscanf(p, "model.layers.%d.%15[a-z_].%15[a-z_].lora_%7[AB].%23[a-z.]%n", &l, grp, mod, ab, tail, &used) != 5 || (size_t)used != strlen(p))
+    return -1;
+  if (strcmp(tail, "weight") != 0 && strcmp(tail, "default.weight") != 0) return -1;
+  const int t = ll_lora_target_from_name(mod);
+  if (t < 0 || strcmp(mod, ll_lora_target_peft(t)) != 0) return -1;
+  if (strcmp(grp, t <= LL_LORA_O ? "self_attn" : "mlp") != 0) return -1;
+  *layer = l, *target = t, *which = ab[0] == 'B';
+  return 0;
+}
+
+int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lora_dims *d, struct ll_backend *be, char *err, size_t errlen) {
+  *out = NULL;
+  char path[4200];
+  snprintf(path, sizeof path, "%.4000s/adapter_config.json", dir);
+  struct stat st;
+  if (stat(path, &st) != 0) return ll_errf(err, errlen, LL_EIO, "%s: %s", path, strerror(errno));
+  if (st.st_size > (off_t)PEFT_MAX_CONFIG) return ll_errf(err, errlen, LL_ELIMIT, "%s: larger than %u bytes", path, PEFT_MAX_CONFIG);
+  json_error_t je;
+  json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+  if (!cfg) return ll_errf(err, errlen, LL_EFORMAT, "%s: %s (line %d)", path, je.text, je.line);
+  int rc = 0;
+  void *map = NULL;
+  size_t maplen = 0;
+  struct ll_modelfile raw, gm;
+  ll_modelfile_init(&raw);
+  ll_modelfile_init(&gm);
+  void **copies = NULL;
+  size_t n_copies = 0;
+  json_t *r = json_object_get(cfg, "r"), *al = json_object_get(cfg, "lora_alpha"), *pt = json_object_get(cfg, "peft_type");
+  if (!json_is_object(cfg) || !json_is_integer(r) || json_integer_value(r) <= 0 || json_integer_value(r) > 4096 || !json_is_number(al)) {
+    rc = ll_errf(err, errlen, LL_EFORMAT, "%s: needs \"r\" (1..4096) and \"lora_alpha\"", path);
+    goto out;
+  }
+  if (pt && (!json_is_string(pt) || strcmp(json_string_value(pt), "LORA") != 0)) {
+    rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: peft_type %s is not supported (LORA)", path, json_is_string(pt) ? json_string_value(pt) : "?");
+    goto out;
+  }
+  if (json_is_true(json_object_get(cfg, "use_dora"))) {
+    rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: DoRA adapters (use_dora) are not supported", path);
+    goto out;
+  }
+  const char *pats[2] = {"rank_pattern", "alpha_pattern"};
+  for (int i = 0; i < 2; i++) {
+    json_t *o = json_object_get(cfg, pats[i]);
+    if (o && !json_is_null(o) && (!json_is_object(o) || json_object_size(o) > 0)) {
+      rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: %s is not supported (one rank and alpha per adapter)", path, pats[i]);
+      goto out;
+    }
+  }
+  json_t *bias = json_object_get(cfg, "bias");
+  if (json_is_string(bias) && strcmp(json_string_value(bias), "none") != 0) {
+    rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: bias \"%s\" is not supported (none)", path, json_string_value(bias));
+    goto out;
+  }
+  const int rank = (int)json_integer_value(r);
+  double alpha = json_number_value(al);
+  if (!isfinite(alpha) || fabs(alpha) > 1e6) {
+    rc = ll_errf(err, errlen, LL_EFORMAT, "%s: lora_alpha is out of range", path);
+    goto out;
+  }
+  if (json_is_true(json_object_get(cfg, "use_rslora"))) alpha *= sqrt((double)rank); // scale alpha/sqrt(r) == alpha'/r
+
+  snprintf(path, sizeof path, "%.4000s/adapter_model.safetensors", dir);
+  if ((rc = ll_map_file(path, &map, &maplen, err, errlen))) {
+    char bin[4200];
+    snprintf(bin, sizeof bin, "%.4000s/adapter_model.bin", dir);
+    if (access(bin, F_OK) == 0) rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: only adapter_model.safetensors is read (not the pickle adapter_model.bin)", dir);
+    goto out;
+  }
+  char e2[384] = "";
+  if ((rc = ll_safetensors_parse_header(map, maplen, maplen, &raw, e2, sizeof e2))) {
+    ll_errf(err, errlen, rc, "%s: %s", path, e2);
+    goto out;
+  }
+  copies = calloc(raw.n_tensors + 1, sizeof *copies);
+  if (!copies) {
+    rc = ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+    goto out;
+  }
+  rc |= ll_mf_set_str(&gm, "general.architecture", d->arch);
+  rc |= ll_mf_set_str(&gm, "general.type", "adapter");
+  rc |= ll_mf_set_str(&gm, "adapter.type", "lora");
+  rc |= ll_mf_set_f32(&gm, "adapter.lora.alpha", (float)alpha);
+  if (rc) {
+    rc = ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+    goto out;
+  }
+  const int permute = strcmp(d->arch, "llama") == 0;
+  for (uint64_t i = 0; i < raw.n_tensors; i++) {
+    const struct ll_tensor_info *t = &raw.tensors[i];
+    int l = 0, tg = 0, w = 0;
+    if (peft_name(t->name.ptr, &l, &tg, &w) != 0) {
+      rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: tensor '%s' is not a LoRA matrix of q/k/v/o/gate/up/down_proj", path, t->name.ptr);
+      goto out;
+    }
+    if (t->n_dims != 2) {
+      rc = ll_errf(err, errlen, LL_EFORMAT, "%s: tensor '%s' is not 2-D", path, t->name.ptr);
+      goto out;
+    }
+    if ((w ? t->ne[0] : t->ne[1]) != rank) {
+      rc = ll_errf(err, errlen, LL_EINVAL, "%s: tensor '%s' has rank %lld, adapter_config.json says r=%d", path, t->name.ptr,
+                   (long long)(w ? t->ne[0] : t->ne[1]), rank);
+      goto out;
+    }
+    const unsigned char *src = (const unsigned char *)map + t->offset;
+    const void *data = src;
+    if (w && permute && (tg == LL_LORA_Q || tg == LL_LORA_K)) {
+      // llama.cpp's converter permutes q/k rows of the base (HF rotate-half -> interleaved
+      // pairs); the adapter's output rows (lora_B) must follow: HF row h*hd + i*hd/2 + j ->
+      // GGUF row h*hd + 2j + i.
+      const int heads = tg == LL_LORA_Q ? d->n_head : d->n_head_kv;
+      const int64_t rows = t->ne[1];
+      if (heads <= 0 || rows % heads || (rows / heads) % 2) {
+        rc = ll_errf(err, errlen, LL_EINVAL, "%s: tensor '%s': %lld rows do not split into %d heads (wrong base model?)", path, t->name.ptr,
+                     (long long)rows, heads);
+        goto out;
+      }
+      const size_t rowb = (size_t)(t->nbytes / (uint64_t)rows);
+      unsigned char *dst = malloc(t->nbytes ? t->nbytes : 1);
+      if (!dst) {
+        rc = ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+        goto out;
+      }
+      copies[n_copies++] = dst;
+      const int64_t hd = rows / heads;
+      for (int64_t h = 0; h < heads; h++)
+        for (int64_t ii = 0; ii < 2; ii++)
+          for (int64_t j = 0; j < hd / 2; j++) memcpy(dst + (size_t)(h * hd + 2 * j + ii) * rowb, src + (size_t)(h * hd + ii * hd / 2 + j) * rowb, rowb);
+      data = dst;
+    }
+    char gname[96];
+    snprintf(gname, sizeof gname, "blk.%d.%s.weight.lora_%c", l, ll_lora_target_tensor(tg), w ? 'b' : 'a');
+    if (ll_mf_find_tensor(&gm, gname)) {
+      rc = ll_errf(err, errlen, LL_EEXIST, "%s: tensor '%s' appears twice", path, t->name.ptr);
+      goto out;
+    }
+    if ((rc = ll_mf_add_tensor(&gm, gname, t->type, 2, t->ne, data))) {
+      ll_errf(err, errlen, rc, "%s: %s: %s", path, t->name.ptr, ll_strerror(rc));
+      goto out;
+    }
+  }
+  char e3[512] = "";
+  if ((rc = ll_lora_from_mf(out, &gm, d, 0, be, e3, sizeof e3))) ll_errf(err, errlen, rc, "%s: %s", dir, e3);
+out:
+  for (size_t i = 0; i < n_copies; i++) free(copies[i]);
+  free(copies);
+  ll_modelfile_free(&raw);
+  ll_modelfile_free(&gm);
+  if (map) munmap(map, maplen);
+  json_decref(cfg);
+  return rc;
+}
+
+// ---------------------------------------------------------------- any file
+
+int ll_lora_load(struct ll_lora **out, const char *path, const struct ll_lora_dims *d, struct ll_backend *be, char *err, size_t errlen) {
+  *out = NULL;
+  struct stat st;
+  if (stat(path, &st) != 0) return ll_errf(err, errlen, LL_EIO, "%s: %s", path, strerror(errno));
+  int rc;
+  char e2[768] = "";
+  if (S_ISDIR(st.st_mode)) {
+    rc = ll_lora_load_peft(out, path, d, be, err, errlen);
+  } else {
+    unsigned char magic[8] = {0};
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ll_errf(err, errlen, LL_EIO, "%s: %s", path, strerror(errno));
+    ssize_t got = read(fd, magic, sizeof magic);
+    close(fd);
+    struct ll_modelfile mf;
+    ll_modelfile_init(&mf);
+    int is_ckpt = got == 8 && ll_ckpt_is_ckpt(magic, 8);
+    if (got >= 4 && memcmp(magic, "GGUF", 4) == 0) rc = ll_gguf_open(path, &mf, e2, sizeof e2);
+    else if (is_ckpt) rc = ll_ckpt_open(path, &mf, 1, e2, sizeof e2);
+    else rc = ll_errf(e2, sizeof e2, LL_EFORMAT, "not a GGUF LoRA adapter, a .ckpt or a PEFT directory");
+    if (rc == 0) rc = ll_lora_from_mf(out, &mf, d, is_ckpt, be, e2, sizeof e2);
+    if (rc) ll_errf(err, errlen, rc, "%s: %s", path, e2);
+    ll_modelfile_free(&mf);
+  }
+  if (rc == 0) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    size_t n = strlen(tmp);
+    while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
+    const char *base = strrchr(tmp, '/');
+    base = base ? base + 1 : tmp;
+    char stem[64];
+    snprintf(stem, sizeof stem, "%s", base);
+    char *dot = strrchr(stem, '.');
+    if (dot && dot != stem) *dot = 0;
+    snprintf((*out)->name, sizeof (*out)->name, "%s", stem);
+  }
+  return rc;
+}
