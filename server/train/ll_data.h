@@ -131,7 +131,8 @@ struct ll_data_record {
   struct ll_data_span *spans; // sorted, disjoint, inside [0, len]
   int n_spans;
   int special;       // tokenize with control-token texts recognised (chat markup)
-  int eos_loss;      // the EOS appended after the record counts in the loss
+  int eos;           // 1: append EOS, counted in the loss (text, completion); 0: none (chat: the
+                     // template's end-of-turn marker ends the record)
 };
 // Parses one line (without its '\n'); chat_template as in ll_data_params (NULL: chat records are
 // refused). Returns 0, 1 for a blank line (no record), or LL_EFORMAT / LL_EUNSUPPORTED / LL_ENOMEM.

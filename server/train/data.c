@@ -1,0 +1,1001 @@
+// data.c - the training data pipeline (ll_data.h): documents read and tokenized one at a time
+// from their files, packed into sequences with loss targets, a validation split by document,
+// and a cursor that puts a resumed run on exactly the sequence it would have read next.
+//
+// Positions. A token of the training stream is named by (epoch, file index in that epoch's
+// order, document index in the file, byte offset of the document, token index in the
+// document). Documents are cut deterministically from their byte offset (a text piece ends at
+// the first blank line after doc_bytes; a JSONL document is one line), so a position can be
+// re-entered by reading one document: that is all a cursor holds, and all a resume re-reads.
+// Sequence k and k + 1 share a token (the last input of one is the first of the next); the
+// shared token is kept as the "carry" and the cursor is its position.
+
+#include "ll_data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "data_files.h"
+#include "ll_chat.h"
+#include "ll_error.h"
+#include "ll_tokenizer.h"
+
+#define LL_DATA_MAX_RECORD (16u << 20) // bytes of one JSONL line
+#define LL_DATA_WINDOW (256u << 10)     // file bytes read at a time
+#define LL_DATA_MAX_MESSAGES 1024       // messages of one chat record
+#define LL_DATA_MAX_SEQ (1 << 20)       // seq_len
+
+const char *ll_data_skip_name(int r) {
+  static const char *const names[LL_DATA_SKIP_N] = {"ignored", "binary", "generated", "too large", "empty", "other"};
+  return r >= 0 && r < LL_DATA_SKIP_N ? names[r] : "?";
+}
+
+void ll_data_params_init(struct ll_data_params *p) {
+  memset(p, 0, sizeof *p);
+  p->val_fraction = 0.05;
+  p->max_file_bytes = 4 << 20;
+  p->doc_bytes = 16 << 10;
+}
+
+// ---------------------------------------------------------------- hashing
+
+static uint64_t mix64(uint64_t x) { // splitmix64's finaliser
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+static uint64_t fnv1a(const char *s) {
+  uint64_t h = 0xCBF29CE484222325ULL;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001B3ULL;
+  return h;
+}
+
+// ---------------------------------------------------------------- JSONL records
+
+static const struct {
+  const char *name, *marker, *end; // marker: text ll_chat_detect recognises; end: end of a turn
+} chat_formats[] = {
+    {"chatml", "<|im_start|>", "<|im_end|>"},
+    {"llama3", "<|start_header_id|><|eot_id|>", "<|eot_id|>"},
+    {"gemma", "<start_of_turn>", "<end_of_turn>"},
+    {"phi3", "<|assistant|><|end|>", "<|end|>"},
+    {"zephyr", "<|user|>", "</s>"},
+    {"llama2", "[INST]", "</s>"},
+};
+
+static int find_format(const char *name) {
+  for (int i = 0; i < (int)(sizeof chat_formats / sizeof chat_formats[0]); i++)
+    if (name && !strcmp(name, chat_formats[i].name)) return i;
+  return -1;
+}
+
+struct sbuf {
+  char *p;
+  size_t n, cap;
+};
+
+static int sb_put(struct sbuf *b, const char *s, size_t n) {
+  if (b->n + n + 1 > b->cap) {
+    size_t nc = (b->n + n + 1) * 2;
+    char *q = realloc(b->p, nc);
+    if (!q) return LL_ENOMEM;
+    b->p = q, b->cap = nc;
+  }
+  memcpy(b->p + b->n, s, n);
+  b->n += n;
+  b->p[b->n] = '\0';
+  return 0;
+}
+
+static int add_span(struct ll_data_record *rec, size_t start, size_t end) {
+  struct ll_data_span *v = realloc(rec->spans, (size_t)(rec->n_spans + 1) * sizeof *v);
+  if (!v) return LL_ENOMEM;
+  rec->spans = v;
+  v[rec->n_spans].start = start;
+  v[rec->n_spans].end = end;
+  rec->n_spans++;
+  return 0;
+}
+
+// Renders a conversation: each content is first a placeholder, so the template's markup and
+// the contents' places in the text are known exactly; the loss spans are the assistant contents
+// with the end-of-turn marker that follows them.
+static int chat_record(json_t *arr, const char *tmpl, struct ll_data_record *rec, char *err, size_t errlen) {
+  if (!json_is_array(arr) || json_array_size(arr) == 0)
+    return ll_errf(err, errlen, LL_EFORMAT, "\"messages\" must be a non-empty array");
+  size_t n = json_array_size(arr);
+  if (n > LL_DATA_MAX_MESSAGES)
+    return ll_errf(err, errlen, LL_ELIMIT, "\"messages\" has %zu entries (at most %d)", n, LL_DATA_MAX_MESSAGES);
+  int fi = find_format(tmpl);
+  const char *ttext = fi >= 0 ? chat_formats[fi].marker : tmpl;
+  const char *fmt = ll_chat_detect(ttext);
+  if (!fmt)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED,
+                   tmpl ? "chat records need a chat template of a known format (chatml, llama2, llama3, zephyr, gemma, phi3)"
+                        : "chat records need a chat template and the model has none (set one: chatml, llama2, llama3, zephyr, gemma, phi3)");
+  fi = find_format(fmt);
+  struct ll_chat_msg *m = calloc(n, sizeof *m);
+  char(*ph)[24] = calloc(n, sizeof *ph);
+  const char **content = calloc(n, sizeof *content);
+  size_t *clen = calloc(n, sizeof *clen);
+  char *r = NULL, *g = NULL;
+  struct sbuf b = {0};
+  int rc = 0, n_asst = 0;
+  if (!m || !ph || !content || !clen) {
+    rc = ll_errf(err, errlen, LL_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (size_t k = 0; k < n; k++) {
+    json_t *o = json_array_get(arr, k);
+    json_t *jr = json_object_get(o, "role"), *jc = json_object_get(o, "content");
+    if (!json_is_object(o) || !json_is_string(jr) || !json_is_string(jc)) {
+      rc = ll_errf(err, errlen, LL_EFORMAT, "message %zu needs string fields \"role\" and \"content\"", k);
+      goto out;
+    }
+    const char *role = json_string_value(jr);
+    if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")) {
+      rc = ll_errf(err, errlen, LL_EFORMAT, "message %zu has role '%.32s' (system, user or assistant)", k, role);
+      goto out;
+    }
+    n_asst += !strcmp(role, "assistant");
+    snprintf(ph[k], sizeof ph[k], "\x01LLDATA%zu\x02", k);
+    m[k].role = role;
+    m[k].content = ph[k];
+    content[k] = json_string_value(jc);
+    clen[k] = json_string_length(jc);
+  }
+  if (!n_asst) {
+    rc = ll_errf(err, errlen, LL_EFORMAT, "the conversation has no assistant message (nothing to learn from)");
+    goto out;
+  }
+  char e2[160];
+  if ((rc = ll_chat_render(ttext, m, (int)n, &r, e2, sizeof e2)) || (rc = ll_chat_render(ttext, NULL, 0, &g, e2, sizeof e2))) {
+    rc = ll_errf(err, errlen, rc, "%s", e2);
+    goto out;
+  }
+  size_t rl = strlen(r), gl = strlen(g);
+  if (gl <= rl && memcmp(r + rl - gl, g, gl) == 0) rl -= gl; // drop the generation prompt
+  size_t i = 0, next = 0;
+  const char *end = chat_formats[fi].end;
+  const size_t el = strlen(end);
+  while (i < rl && !rc) {
+    const char *h = memchr(r + i, '\x01', rl - i);
+    size_t hi = h ? (size_t)(h - r) : rl;
+    rc = sb_put(&b, r + i, hi - i);
+    if (!h || rc) break;
+    char *stop;
+    unsigned long k = strtoul(h + 7, &stop, 10);
+    if (strncmp(h, "\x01LLDATA", 7) != 0 || *stop != '\x02' || k != next || k >= n) {
+      rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "the %s template did not render message %zu", fmt, next);
+      break;
+    }
+    next++;
+    size_t start = b.n;
+    if ((rc = sb_put(&b, content[k], clen[k]))) break;
+    i = (size_t)(stop + 1 - r);
+    if (!strcmp(m[k].role, "assistant")) {
+      size_t tail = i + el <= rl && memcmp(r + i, end, el) == 0 ? el : 0;
+      if ((rc = sb_put(&b, r + i, tail)) || (rc = add_span(rec, start, b.n))) break;
+      i += tail;
+    }
+  }
+  if (!rc && next != n) rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "the %s template did not render message %zu", fmt, next);
+  if (rc == LL_ENOMEM) ll_errf(err, errlen, rc, "out of memory");
+  if (!rc && !b.p) rc = sb_put(&b, "", 0);
+  if (!rc) {
+    rec->text = b.p;
+    rec->len = b.n;
+    b.p = NULL;
+    rec->special = 1;
+    rec->eos = 0;
+  }
+out:
+  free(b.p);
+  free(r);
+  free(g);
+  free(m);
+  free(ph);
+  free(content);
+  free(clen);
+  return rc;
+}
+
+int ll_data_record_parse(const char *line, size_t len, const char *tmpl, struct ll_data_record *rec, char *err,
+                         size_t errlen) {
+  memset(rec, 0, sizeof *rec);
+  size_t i = 0;
+  while (i < len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n')) i++;
+  if (i == len) return 1;
+  if (len > LL_DATA_MAX_RECORD) return ll_errf(err, errlen, LL_ELIMIT, "record longer than %u MiB", LL_DATA_MAX_RECORD >> 20);
+  json_error_t je;
+  json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
+  if (!root) return ll_errf(err, errlen, LL_EFORMAT, "invalid JSON at column %d: %s", je.column, je.text);
+  int rc = 0;
+  json_t *msgs = json_object_get(root, "messages"), *pr = json_object_get(root, "prompt"),
+         *co = json_object_get(root, "completion"), *tx = json_object_get(root, "text");
+  if (!json_is_object(root)) {
+    rc = ll_errf(err, errlen, LL_EFORMAT, "expected a JSON object");
+  } else if (msgs) {
+    rc = chat_record(msgs, tmpl, rec, err, errlen);
+  } else if (pr || co) {
+    if (!json_is_string(pr) || !json_is_string(co)) {
+      rc = ll_errf(err, errlen, LL_EFORMAT, "\"prompt\" and \"completion\" must both be strings");
+    } else {
+      size_t pl = json_string_length(pr), cl = json_string_length(co);
+      struct sbuf b = {0};
+      rc = sb_put(&b, json_string_value(pr), pl);
+      rc = rc ? rc : sb_put(&b, json_string_value(co), cl);
+      rc = rc ? rc : add_span(rec, pl, pl + cl);
+      if (rc) {
+        free(b.p);
+        rc = ll_errf(err, errlen, rc, "out of memory");
+      } else {
+        rec->text = b.p, rec->len = b.n, rec->eos = 1;
+      }
+    }
+  } else if (tx) {
+    if (!json_is_string(tx)) {
+      rc = ll_errf(err, errlen, LL_EFORMAT, "\"text\" must be a string");
+    } else {
+      struct sbuf b = {0};
+      rc = sb_put(&b, json_string_value(tx), json_string_length(tx));
+      rc = rc ? rc : add_span(rec, 0, b.n);
+      if (rc) {
+        free(b.p);
+        rc = ll_errf(err, errlen, rc, "out of memory");
+      } else {
+        rec->text = b.p, rec->len = b.n, rec->eos = 1;
+      }
+    }
+  } else {
+    rc = ll_errf(err, errlen, LL_EFORMAT, "expected \"text\", \"prompt\" and \"completion\", or \"messages\"");
+  }
+  json_decref(root);
+  if (rc) ll_data_record_free(rec);
+  return rc;
+}
+
+void ll_data_record_free(struct ll_data_record *rec) {
+  free(rec->text);
+  free(rec->spans);
+  memset(rec, 0, sizeof *rec);
+}
+
+// ---------------------------------------------------------------- files and documents
+
+struct rfile { // a window of one open file
+  int fd;
+  size_t fi;
+  char *buf;
+  size_t cap, wlen;
+  int64_t wstart;
+  int eof; // the window ends at the end of the file
+};
+
+struct tokbuf {
+  int32_t *ids;
+  uint8_t *loss; // 1: this token counts when it is a target
+  size_t n, cap;
+};
+
+struct pos {
+  uint64_t epoch, fi, doc, tok;
+  int64_t off;
+};
+
+struct reader {
+  int val;
+  struct pos p; // the next token
+  int loaded;   // the document at p is in tb
+  int64_t next_off;
+  struct rfile rf;
+  struct tokbuf tb;
+  uint32_t *order;
+  uint64_t order_epoch;
+  int order_ok;
+  int dry_wraps; // epochs wrapped in a row without a token
+};
+
+struct dfile {
+  uint64_t phash;
+  int64_t tok_train, tok_val;
+};
+
+struct ll_data {
+  const struct ll_tokenizer *tok;
+  char *path, *tmpl;
+  int S;
+  uint64_t seed, thr;
+  int64_t doc_bytes;
+  int32_t bos, eos, pad;
+  int add_bos;
+  struct ll_data_filelist fl;
+  struct dfile *df;
+  struct ll_data_stats st;
+  uint64_t fingerprint;
+  struct reader tr, va;
+  int32_t *win;
+  uint8_t *winl;
+  // training stream
+  int have_carry, need_seek;
+  int32_t carry;
+  uint8_t carry_loss;
+  struct pos carry_pos; // of the carry, or where to seek when need_seek
+  uint64_t seqs;
+  // validation stream
+  int v_have_carry, v_done;
+  int32_t v_carry;
+  uint8_t v_carry_loss;
+};
+
+static void rf_close(struct rfile *rf) {
+  if (rf->fd >= 0) close(rf->fd);
+  rf->fd = -1;
+  rf->wlen = 0;
+  rf->wstart = 0;
+  rf->eof = 0;
+}
+
+static int rf_open(struct ll_data *d, struct rfile *rf, size_t fi, char *err, size_t errlen) {
+  if (rf->fd >= 0 && rf->fi == fi) return 0;
+  rf_close(rf);
+  const char *path = d->fl.v[fi].path;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT)
+      return ll_errf(err, errlen, LL_ENOTFOUND, "data: '%s' has vanished since the data was scanned", path);
+    return ll_errf(err, errlen, LL_EIO, "data: cannot open '%s': %s", path, strerror(errno));
+  }
+  rf->fd = fd;
+  rf->fi = fi;
+  return 0;
+}
+
+// Makes the file's bytes [off, off + need) available at *p (fewer at the end of the file).
+// Returns how many bytes from off are available, or a negative code.
+static int64_t rf_get(struct ll_data *d, struct rfile *rf, int64_t off, size_t need, const char **p, char *err,
+                      size_t errlen) {
+  const int64_t wend = rf->wstart + (int64_t)rf->wlen;
+  if (off >= rf->wstart && (off + (int64_t)need <= wend || (rf->eof && off <= wend))) {
+    *p = rf->buf + (off - rf->wstart);
+    return wend - off;
+  }
+  size_t want = need > LL_DATA_WINDOW ? need : LL_DATA_WINDOW;
+  if (rf->cap < want) {
+    char *b = realloc(rf->buf, want);
+    if (!b) return ll_errf(err, errlen, LL_ENOMEM, "data: out of memory for a %zu-byte read window", want);
+    rf->buf = b, rf->cap = want;
+  }
+  if (off >= rf->wstart && off < wend) { // keep what is there
+    memmove(rf->buf, rf->buf + (off - rf->wstart), (size_t)(wend - off));
+    rf->wlen = (size_t)(wend - off);
+  } else {
+    rf->wlen = 0;
+  }
+  rf->wstart = off;
+  rf->eof = 0;
+  while (rf->wlen < rf->cap) {
+    ssize_t r = pread(rf->fd, rf->buf + rf->wlen, rf->cap - rf->wlen, rf->wstart + (off_t)rf->wlen);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ll_errf(err, errlen, LL_EIO, "data: reading '%s': %s", d->fl.v[rf->fi].path, strerror(errno));
+    if (r == 0) {
+      rf->eof = 1;
+      break;
+    }
+    rf->wlen += (size_t)r;
+  }
+  *p = rf->buf;
+  return (int64_t)rf->wlen;
+}
+
+struct doc {
+  const char *text;
+  size_t len;
+  int64_t next_off;
+  int first, last;
+};
+
+// The document starting at off: 1 with it, 0 at the end of the file, or a negative code.
+static int doc_read(struct ll_data *d, struct rfile *rf, int64_t off, uint64_t index, struct doc *out, char *err,
+                    size_t errlen) {
+  const char *b;
+  const struct ll_data_file *f = &d->fl.v[rf->fi];
+  if (f->jsonl) {
+    size_t need = 64 << 10;
+    for (;;) {
+      int64_t avail = rf_get(d, rf, off, need, &b, err, errlen);
+      if (avail <= 0) return (int)avail;
+      const char *nl = memchr(b, '\n', (size_t)avail);
+      if (nl || (avail < (int64_t)need && rf->eof)) {
+        size_t n = nl ? (size_t)(nl - b) : (size_t)avail;
+        out->text = b;
+        out->len = n && b[n - 1] == '\r' ? n - 1 : n;
+        out->next_off = off + (int64_t)n + (nl ? 1 : 0);
+        out->first = out->last = 1;
+        return 1;
+      }
+      if (need > LL_DATA_MAX_RECORD)
+        return ll_errf(err, errlen, LL_ELIMIT, "data: '%s' line %llu is longer than %u MiB", f->path,
+                       (unsigned long long)index + 1, LL_DATA_MAX_RECORD >> 20);
+      need *= 2;
+    }
+  }
+  const size_t want = (size_t)d->doc_bytes * 2;
+  int64_t avail = rf_get(d, rf, off, want + 1, &b, err, errlen);
+  if (avail <= 0) return (int)avail;
+  out->text = b;
+  out->first = off == 0;
+  if ((size_t)avail <= want) { // the rest of the file
+    out->len = (size_t)avail;
+    out->last = 1;
+  } else {
+    // the first blank line at or after doc_bytes, else the first newline, else a character boundary
+    size_t lo = (size_t)d->doc_bytes - 1, cut = 0;
+    for (size_t i = lo; i + 1 < want && !cut; i++)
+      if (b[i] == '\n' && b[i + 1] == '\n') cut = i + 2;
+    for (size_t i = lo; i < want && !cut; i++)
+      if (b[i] == '\n') cut = i + 1;
+    if (!cut) {
+      cut = want;
+      while (cut > (size_t)d->doc_bytes && ((unsigned char)b[cut] & 0xC0) == 0x80) cut--;
+    }
+    out->len = cut;
+    out->last = 0;
+  }
+  out->next_off = off + (int64_t)out->len;
+  return 1;
+}
+
+static int tb_reserve(struct tokbuf *tb, size_t n, char *err, size_t errlen) {
+  if (n <= tb->cap) return 0;
+  if (n > (size_t)INT_MAX) return ll_errf(err, errlen, LL_ELIMIT, "data: a document of more than %d tokens", INT_MAX);
+  int32_t *ids = realloc(tb->ids, n * sizeof *ids);
+  if (ids) tb->ids = ids;
+  uint8_t *loss = realloc(tb->loss, n);
+  if (loss) tb->loss = loss;
+  if (!ids || !loss) return ll_errf(err, errlen, LL_ENOMEM, "data: out of memory for %zu tokens", n);
+  tb->cap = n;
+  return 0;
+}
+
+// Marks the tokens that overlap a loss span: the tokens' texts are laid along the text (a
+// leading space a tokenizer adds itself, SentencePiece's dummy prefix, is allowed for).
+static int mark_spans(const struct ll_data *d, const char *text, size_t len, const int32_t *ids, uint8_t *loss,
+                      size_t n, const struct ll_data_span *sp, int ns, char *err, size_t errlen) {
+  char small[256];
+  char *piece = small;
+  size_t pcap = sizeof small;
+  size_t c = 0;
+  int j = 0, rc = 0;
+  for (size_t i = 0; i < n; i++) {
+    int pl = ll_token_to_piece(d->tok, ids[i], piece, pcap, 1);
+    if (pl >= 0 && (size_t)pl > pcap) {
+      char *q = piece == small ? malloc((size_t)pl) : realloc(piece, (size_t)pl);
+      if (!q) {
+        rc = ll_errf(err, errlen, LL_ENOMEM, "out of memory");
+        break;
+      }
+      piece = q, pcap = (size_t)pl;
+      pl = ll_token_to_piece(d->tok, ids[i], piece, pcap, 1);
+    }
+    if (pl < 0) {
+      rc = ll_errf(err, errlen, pl, "token %d has no text", ids[i]);
+      break;
+    }
+    size_t st = c, k = (size_t)pl;
+    if (k <= len - c && memcmp(text + c, piece, k) == 0) {
+      c += k;
+    } else if (k >= 1 && piece[0] == ' ' && k - 1 <= len - c && memcmp(text + c, piece + 1, k - 1) == 0) {
+      c += k - 1;
+    } else {
+      rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "cannot line the tokens up with the text at byte %zu (token %d)", c,
+                   ids[i]);
+      break;
+    }
+    size_t en = c > st ? c : st + 1;
+    while (j < ns && sp[j].end <= st) j++;
+    loss[i] = j < ns && sp[j].start < en;
+  }
+  if (piece != small) free(piece);
+  return rc;
+}
+
+// Tokenizes one document into tb: [BOS] text [EOS]. spans NULL: every text token counts.
+static int doc_tokens(struct ll_data *d, struct tokbuf *tb, const char *text, size_t len, int special, int bos,
+                      int eos, const struct ll_data_span *sp, int ns, char *err, size_t errlen) {
+  tb->n = 0;
+  if (len > (size_t)INT_MAX - 16) return ll_errf(err, errlen, LL_ELIMIT, "document too long");
+  int rc = tb_reserve(tb, len + 16, err, errlen);
+  if (rc) return rc;
+  size_t at = 0;
+  if (bos && d->add_bos && d->bos >= 0) tb->ids[at] = d->bos, tb->loss[at++] = 0;
+  int k = ll_tokenize(d->tok, text, len, 0, special, tb->ids + at, (int)(tb->cap - at - 1));
+  if (k >= 0 && (size_t)k > tb->cap - at - 1) {
+    if ((rc = tb_reserve(tb, at + (size_t)k + 1, err, errlen))) return rc;
+    k = ll_tokenize(d->tok, text, len, 0, special, tb->ids + at, (int)(tb->cap - at - 1));
+  }
+  if (k < 0) return ll_errf(err, errlen, k, "tokenizer: %s", ll_strerror(k));
+  if (sp) {
+    if ((rc = mark_spans(d, text, len, tb->ids + at, tb->loss + at, (size_t)k, sp, ns, err, errlen))) return rc;
+  } else {
+    memset(tb->loss + at, 1, (size_t)k);
+  }
+  at += (size_t)k;
+  if (eos && d->eos >= 0) tb->ids[at] = d->eos, tb->loss[at++] = 1;
+  tb->n = at;
+  return 0;
+}
+
+static int in_val(const struct ll_data *d, size_t fi, uint64_t doc) {
+  return mix64(d->seed ^ mix64(d->df[fi].phash ^ mix64(doc))) < d->thr;
+}
+
+// Tokens of the document doc of file fi into tb (tb->n = 0 for a blank JSONL line).
+static int doc_tokenize(struct ll_data *d, struct tokbuf *tb, size_t fi, uint64_t index, const struct doc *dc,
+                        char *err, size_t errlen) {
+  const struct ll_data_file *f = &d->fl.v[fi];
+  char e2[256];
+  int rc;
+  if (!f->jsonl) {
+    rc = doc_tokens(d, tb, dc->text, dc->len, 0, dc->first, dc->last, NULL, 0, e2, sizeof e2);
+    if (rc) return ll_errf(err, errlen, rc, "data: '%s' at byte %lld: %s", f->path, (long long)(dc->next_off - (int64_t)dc->len), e2);
+    return 0;
+  }
+  struct ll_data_record rec;
+  rc = ll_data_record_parse(dc->text, dc->len, d->tmpl, &rec, e2, sizeof e2);
+  if (rc == 1) {
+    tb->n = 0;
+    return 0;
+  }
+  if (rc == 0) {
+    int whole = rec.n_spans == 1 && rec.spans[0].start == 0 && rec.spans[0].end == rec.len;
+    rc = doc_tokens(d, tb, rec.text, rec.len, rec.special, 1, rec.eos, whole ? NULL : rec.spans, rec.n_spans, e2,
+                    sizeof e2);
+    ll_data_record_free(&rec);
+  }
+  if (rc) return ll_errf(err, errlen, rc, "data: '%s' line %llu: %s", f->path, (unsigned long long)index + 1, e2);
+  return 0;
+}
+
+// ---------------------------------------------------------------- streams
+
+static size_t file_at(struct ll_data *d, struct reader *r, uint64_t fi, uint64_t epoch) {
+  if (r->val) return (size_t)fi;
+  if (!r->order_ok || r->order_epoch != epoch) {
+    size_t n = d->fl.n;
+    for (size_t i = 0; i < n; i++) r->order[i] = (uint32_t)i;
+    uint64_t s = mix64(d->seed ^ mix64(epoch ^ 0x5EEDF11E5ULL));
+    for (size_t i = n; i > 1; i--) {
+      s = mix64(s);
+      size_t j = (size_t)(s % i);
+      uint32_t t = r->order[i - 1];
+      r->order[i - 1] = r->order[j];
+      r->order[j] = t;
+    }
+    r->order_epoch = epoch;
+    r->order_ok = 1;
+  }
+  return r->order[fi];
+}
+
+static void reader_seek(struct reader *r, const struct pos *p) {
+  r->p = *p;
+  r->loaded = 0;
+}
+
+// Loads documents until one has a token at r->p: 0, 1 at the end of the validation split, or a
+// negative code.
+static int ensure(struct ll_data *d, struct reader *r, char *err, size_t errlen) {
+  for (;;) {
+    if (r->loaded) {
+      if (r->p.tok < r->tb.n) return 0;
+      r->p.off = r->next_off;
+      r->p.doc++;
+      r->p.tok = 0;
+      r->loaded = 0;
+    }
+    if (r->p.fi >= d->fl.n) {
+      if (r->val) return 1;
+      if (++r->dry_wraps > 2)
+        return ll_errf(err, errlen, LL_EFORMAT, "data: '%s' gives no training tokens any more (its files changed?)", d->path);
+      r->p.epoch++;
+      r->p.fi = 0, r->p.doc = 0, r->p.off = 0, r->p.tok = 0;
+    }
+    size_t fi = file_at(d, r, r->p.fi, r->p.epoch);
+    if ((r->val ? d->df[fi].tok_val : d->df[fi].tok_train) == 0) { // nothing of this split in it
+      r->p.fi++, r->p.doc = 0, r->p.off = 0, r->p.tok = 0;
+      continue;
+    }
+    int rc = rf_open(d, &r->rf, fi, err, errlen);
+    if (rc) return rc;
+    struct doc dc;
+    rc = doc_read(d, &r->rf, r->p.off, r->p.doc, &dc, err, errlen);
+    if (rc < 0) return rc;
+    if (rc == 0) {
+      r->p.fi++, r->p.doc = 0, r->p.off = 0, r->p.tok = 0;
+      continue;
+    }
+    r->next_off = dc.next_off;
+    r->loaded = 1;
+    r->tb.n = 0;
+    if (in_val(d, fi, r->p.doc) != r->val) continue;
+    if ((rc = doc_tokenize(d, &r->tb, fi, r->p.doc, &dc, err, errlen))) {
+      r->loaded = 0;
+      return rc;
+    }
+    if (r->tb.n) r->dry_wraps = 0;
+  }
+}
+
+int ll_data_next(struct ll_data *d, int32_t *ids, int32_t *targets, char *err, size_t errlen) {
+  struct reader *r = &d->tr;
+  const int S = d->S;
+  struct pos start = d->have_carry || d->need_seek ? d->carry_pos : r->p;
+  if (d->need_seek) {
+    reader_seek(r, &d->carry_pos);
+    d->need_seek = 0;
+    d->have_carry = 0;
+  }
+  int rc = 0;
+  struct pos last = {0};
+  if (!d->have_carry) {
+    if ((rc = ensure(d, r, err, errlen))) goto fail;
+    start = r->p;
+    d->win[0] = r->tb.ids[r->p.tok];
+    d->winl[0] = r->tb.loss[r->p.tok];
+    r->p.tok++;
+  } else {
+    d->win[0] = d->carry;
+    d->winl[0] = d->carry_loss;
+  }
+  for (int t = 1; t <= S; t++) {
+    if ((rc = ensure(d, r, err, errlen))) goto fail;
+    if (t == S) last = r->p;
+    d->win[t] = r->tb.ids[r->p.tok];
+    d->winl[t] = r->tb.loss[r->p.tok];
+    r->p.tok++;
+  }
+  d->carry = d->win[S];
+  d->carry_loss = d->winl[S];
+  d->carry_pos = last;
+  d->have_carry = 1;
+  d->seqs++;
+  for (int t = 0; t < S; t++) {
+    ids[t] = d->win[t];
+    targets[t] = d->winl[t + 1] ? d->win[t + 1] : -1;
+  }
+  return start.epoch > INT_MAX ? INT_MAX : (int)start.epoch;
+fail:
+  if (rc == 1) rc = ll_errf(err, errlen, LL_ESTATE, "data: the training stream ended");
+  d->carry_pos = start; // the next call starts this sequence again
+  d->have_carry = 0;
+  d->need_seek = 1;
+  return rc;
+}
+
+void ll_data_val_reset(struct ll_data *d) {
+  struct pos z = {0};
+  reader_seek(&d->va, &z);
+  d->v_have_carry = 0;
+  d->v_done = 0;
+}
+
+int ll_data_val_next(struct ll_data *d, int32_t *ids, int32_t *targets, char *err, size_t errlen) {
+  struct reader *r = &d->va;
+  const int S = d->S;
+  if (d->v_done) return 0;
+  int rc, t = 1;
+  if (!d->v_have_carry) {
+    if ((rc = ensure(d, r, err, errlen))) goto end;
+    d->win[0] = r->tb.ids[r->p.tok];
+    d->winl[0] = r->tb.loss[r->p.tok];
+    r->p.tok++;
+  } else {
+    d->win[0] = d->v_carry;
+    d->winl[0] = d->v_carry_loss;
+  }
+  for (; t <= S; t++) {
+    if ((rc = ensure(d, r, err, errlen))) goto end;
+    d->win[t] = r->tb.ids[r->p.tok];
+    d->winl[t] = r->tb.loss[r->p.tok];
+    r->p.tok++;
+  }
+  d->v_carry = d->win[S];
+  d->v_carry_loss = d->winl[S];
+  d->v_have_carry = 1;
+  goto out;
+end:
+  if (rc < 0) {
+    ll_data_val_reset(d);
+    return rc;
+  }
+  d->v_done = 1; // rc == 1: the split ended inside this sequence
+  if (t == 1) return 0;
+  for (; t <= S; t++) d->win[t] = d->pad, d->winl[t] = 0;
+out:
+  for (int k = 0; k < S; k++) {
+    ids[k] = d->win[k];
+    targets[k] = d->winl[k + 1] ? d->win[k + 1] : -1;
+  }
+  return 1;
+}
+
+// ---------------------------------------------------------------- cursor
+
+void ll_data_cursor_get(const struct ll_data *d, struct ll_data_cursor *c) {
+  const struct pos *p = d->have_carry || d->need_seek ? &d->carry_pos : &d->tr.p;
+  memset(c, 0, sizeof *c);
+  c->version = LL_DATA_CURSOR_VERSION;
+  c->fingerprint = d->fingerprint;
+  c->epoch = p->epoch;
+  c->file = p->fi;
+  c->doc = p->doc;
+  c->offset = (uint64_t)p->off;
+  c->token = p->tok;
+  c->seqs = d->seqs;
+}
+
+int ll_data_cursor_set(struct ll_data *d, const struct ll_data_cursor *c, char *err, size_t errlen) {
+  if (c->version != LL_DATA_CURSOR_VERSION)
+    return ll_errf(err, errlen, LL_EFORMAT, "data cursor: version %llu (this llsrv reads %d)",
+                   (unsigned long long)c->version, LL_DATA_CURSOR_VERSION);
+  if (c->fingerprint != d->fingerprint)
+    return ll_errf(err, errlen, LL_ESTATE,
+                   "data cursor: '%s' is not the data the checkpoint was trained on (its file list, seq_len, seed, "
+                   "val_fraction or tokenizer differ)",
+                   d->path);
+  if (c->offset > (uint64_t)INT64_MAX || c->epoch > (uint64_t)INT_MAX)
+    return ll_errf(err, errlen, LL_EFORMAT, "data cursor: offset or epoch out of range");
+  struct pos p = {c->epoch, c->file, c->doc, c->token, (int64_t)c->offset};
+  d->carry_pos = p;
+  d->have_carry = 0;
+  d->need_seek = 1;
+  d->seqs = c->seqs;
+  d->tr.dry_wraps = 0;
+  return 0;
+}
+
+void ll_data_cursor_to_words(const struct ll_data_cursor *c, uint64_t w[LL_DATA_CURSOR_WORDS]) {
+  w[0] = c->version, w[1] = c->fingerprint, w[2] = c->epoch, w[3] = c->file;
+  w[4] = c->doc, w[5] = c->offset, w[6] = c->token, w[7] = c->seqs;
+}
+
+void ll_data_cursor_from_words(struct ll_data_cursor *c, const uint64_t w[LL_DATA_CURSOR_WORDS]) {
+  c->version = w[0], c->fingerprint = w[1], c->epoch = w[2], c->file = w[3];
+  c->doc = w[4], c->offset = w[5], c->token = w[6], c->seqs = w[7];
+}
+
+// ---------------------------------------------------------------- open: the scan
+
+void ll_data_stats(const struct ll_data *d, struct ll_data_stats *st) {
+  *st = d->st;
+  const struct pos *p = d->have_carry || d->need_seek ? &d->carry_pos : &d->tr.p;
+  st->epoch = (int64_t)p->epoch;
+}
+
+static void reader_free(struct reader *r) {
+  rf_close(&r->rf);
+  free(r->rf.buf);
+  free(r->tb.ids);
+  free(r->tb.loss);
+  free(r->order);
+}
+
+void ll_data_close(struct ll_data *d) {
+  if (!d) return;
+  reader_free(&d->tr);
+  reader_free(&d->va);
+  ll_data_filelist_free(&d->fl);
+  free(d->df);
+  free(d->win);
+  free(d->winl);
+  free(d->path);
+  free(d->tmpl);
+  free(d);
+}
+
+static int skipped_summary(const struct ll_data_filelist *l, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int r = 0; r < LL_DATA_SKIP_N; r++) {
+    if (!l->skipped[r]) continue;
+    int k = snprintf(buf + n, cap - n, "%s%lld %s (e.g. %s)", n ? ", " : "", (long long)l->skipped[r],
+                     ll_data_skip_name(r), l->example[r]);
+    if (k < 0 || (size_t)k >= cap - n) break;
+    n += (size_t)k;
+  }
+  return (int)n;
+}
+
+// Reads every document once: counts per file and split, refusals.
+static int scan(struct ll_data *d, char *err, size_t errlen) {
+  struct reader *r = &d->tr;
+  uint64_t min_h = UINT64_MAX;
+  size_t min_fi = 0;
+  int64_t min_n = 0, min_loss = 0;
+  for (size_t fi = 0; fi < d->fl.n; fi++) {
+    int rc = rf_open(d, &r->rf, fi, err, errlen);
+    if (rc) return rc;
+    int64_t off = 0, docs = 0;
+    for (uint64_t doc = 0;; doc++) {
+      struct doc dc;
+      rc = doc_read(d, &r->rf, off, doc, &dc, err, errlen);
+      if (rc < 0) return rc;
+      if (rc == 0) break;
+      off = dc.next_off;
+      if ((rc = doc_tokenize(d, &r->tb, fi, doc, &dc, err, errlen))) return rc;
+      if (!r->tb.n) continue;
+      docs++;
+      int64_t n = (int64_t)r->tb.n, loss = 0;
+      for (size_t i = 0; i < r->tb.n; i++) loss += r->tb.loss[i]; // a BOS has loss 0
+      uint64_t h = mix64(d->seed ^ mix64(d->df[fi].phash ^ mix64(doc)));
+      if (h < d->thr) {
+        d->df[fi].tok_val += n;
+        d->st.docs_val++;
+        d->st.tokens_val += n;
+      } else {
+        d->df[fi].tok_train += n;
+        d->st.docs_train++;
+        d->st.tokens_train += n;
+        d->st.loss_tokens_train += loss;
+      }
+      if (h < min_h) min_h = h, min_fi = fi, min_n = n, min_loss = loss;
+    }
+    if (docs) {
+      d->st.files++;
+      d->st.bytes += off;
+    } else if (d->fl.is_dir) {
+      d->fl.skipped[LL_DATA_SKIP_EMPTY]++;
+      if (!d->fl.example[LL_DATA_SKIP_EMPTY][0])
+        snprintf(d->fl.example[LL_DATA_SKIP_EMPTY], sizeof d->fl.example[0], "%s", d->fl.v[fi].rel);
+    } else {
+      return ll_errf(err, errlen, LL_EFORMAT, "data: '%s' holds no document (only blank lines)", d->fl.v[fi].path);
+    }
+  }
+  rf_close(&r->rf);
+  const int64_t docs = d->st.docs_train + d->st.docs_val;
+  if (docs == 0) {
+    char sk[512];
+    skipped_summary(&d->fl, sk, sizeof sk);
+    return ll_errf(err, errlen, LL_EFORMAT, "data: no usable text under '%s'%s%s%s", d->path, sk[0] ? " (skipped: " : "",
+                   sk, sk[0] ? ")" : "");
+  }
+  if (d->thr && d->st.docs_val == 0 && docs >= 2) { // hold out at least one document
+    d->thr = min_h + 1;
+    d->df[min_fi].tok_train -= min_n, d->df[min_fi].tok_val += min_n;
+    d->st.docs_train--, d->st.docs_val++;
+    d->st.tokens_train -= min_n, d->st.tokens_val += min_n;
+    d->st.loss_tokens_train -= min_loss;
+  }
+  if (d->st.docs_train == 0) {
+    if (docs == 1) { // a single document: no validation split
+      d->thr = 0;
+      for (size_t fi = 0; fi < d->fl.n; fi++) d->df[fi].tok_train += d->df[fi].tok_val, d->df[fi].tok_val = 0;
+      d->st.docs_train = 1, d->st.docs_val = 0;
+      d->st.tokens_train = d->st.tokens_val, d->st.tokens_val = 0;
+      d->st.loss_tokens_train = min_loss;
+    } else {
+      return ll_errf(err, errlen, LL_EINVAL, "data: val_fraction %.3g leaves no training document in '%s'",
+                     (double)d->thr / 18446744073709551616.0, d->path);
+    }
+  }
+  if (d->st.tokens_train < (int64_t)d->S + 1)
+    return ll_errf(err, errlen, LL_EFORMAT,
+                   "data: '%s' is too short: %lld training tokens, and one sequence of seq_len %d needs %d",
+                   d->path, (long long)d->st.tokens_train, d->S, d->S + 1);
+  if (d->st.loss_tokens_train == 0)
+    return ll_errf(err, errlen, LL_EFORMAT, "data: no token of '%s' counts in the loss (no completion or assistant text)",
+                   d->path);
+  d->st.seqs_per_epoch = d->st.tokens_train / d->S;
+  d->st.seqs_val = d->st.tokens_val >= 2 ? (d->st.tokens_val - 1 + d->S - 1) / d->S : 0;
+  return 0;
+}
+
+int ll_data_open(struct ll_data **out, const struct ll_data_params *p, const struct ll_tokenizer *tok, char *err,
+                 size_t errlen) {
+  *out = NULL;
+  if (!p || !p->path || !p->path[0]) return ll_errf(err, errlen, LL_EINVAL, "data: no data path given");
+  if (!tok) return ll_errf(err, errlen, LL_EINVAL, "data: the model has no tokenizer, and training data needs one");
+  if (p->seq_len < 2 || p->seq_len > LL_DATA_MAX_SEQ)
+    return ll_errf(err, errlen, LL_EINVAL, "data: seq_len %d is out of range (2 to %d)", p->seq_len, LL_DATA_MAX_SEQ);
+  if (!(p->val_fraction >= 0 && p->val_fraction < 1))
+    return ll_errf(err, errlen, LL_EINVAL, "data: val_fraction %g is out of range [0, 1)", p->val_fraction);
+  int64_t max_bytes = p->max_file_bytes > 0 ? p->max_file_bytes : 4 << 20;
+  int64_t doc_bytes = p->doc_bytes > 0 ? p->doc_bytes : 16 << 10;
+  if (doc_bytes < 64 || doc_bytes > (64 << 20))
+    return ll_errf(err, errlen, LL_EINVAL, "data: doc_bytes %lld is out of range (64 B to 64 MiB)", (long long)doc_bytes);
+  struct ll_data *d = calloc(1, sizeof *d);
+  if (!d) return ll_errf(err, errlen, LL_ENOMEM, "data: out of memory");
+  d->tr.rf.fd = d->va.rf.fd = -1;
+  d->va.val = 1;
+  d->tok = tok;
+  d->S = p->seq_len;
+  d->seed = p->seed;
+  d->doc_bytes = doc_bytes;
+  d->thr = p->val_fraction > 0 ? (uint64_t)(p->val_fraction * 18446744073709551616.0) : 0;
+  d->bos = ll_tokenizer_bos(tok);
+  d->eos = ll_tokenizer_eos(tok);
+  d->pad = d->eos >= 0 ? d->eos : 0;
+  d->add_bos = ll_tokenizer_add_bos(tok);
+  const char *tmpl = p->chat_template ? p->chat_template : ll_tokenizer_chat_template(tok);
+  d->path = strdup(p->path);
+  d->tmpl = tmpl ? strdup(tmpl) : NULL;
+  d->win = malloc(((size_t)d->S + 1) * sizeof *d->win);
+  d->winl = malloc((size_t)d->S + 1);
+  int rc = 0;
+  if (!d->path || (tmpl && !d->tmpl) || !d->win || !d->winl) {
+    rc = ll_errf(err, errlen, LL_ENOMEM, "data: out of memory");
+    goto fail;
+  }
+  if ((rc = ll_data_list_files(p->path, max_bytes, &d->fl, err, errlen))) goto fail;
+  if (d->fl.n == 0) {
+    char sk[512];
+    skipped_summary(&d->fl, sk, sizeof sk);
+    rc = ll_errf(err, errlen, LL_ENOTFOUND, "data: no usable files under '%s'%s%s%s", p->path,
+                 sk[0] ? " (skipped: " : "", sk, sk[0] ? ")" : "");
+    goto fail;
+  }
+  d->df = calloc(d->fl.n, sizeof *d->df);
+  d->tr.order = malloc(d->fl.n * sizeof *d->tr.order);
+  if (!d->df || !d->tr.order) {
+    rc = ll_errf(err, errlen, LL_ENOMEM, "data: out of memory for %zu files", d->fl.n);
+    goto fail;
+  }
+  uint64_t fp = mix64(0x11D47AULL ^ (uint64_t)d->fl.n);
+  for (size_t i = 0; i < d->fl.n; i++) {
+    d->df[i].phash = fnv1a(d->fl.v[i].rel);
+    fp = mix64(fp ^ d->df[i].phash);
+  }
+  if ((rc = scan(d, err, errlen))) goto fail;
+  fp = mix64(fp ^ (uint64_t)d->S);
+  fp = mix64(fp ^ d->seed);
+  fp = mix64(fp ^ d->thr);
+  fp = mix64(fp ^ (uint64_t)d->doc_bytes);
+  fp = mix64(fp ^ (uint64_t)(uint32_t)ll_tokenizer_n_vocab(tok) ^ (uint64_t)(uint32_t)d->bos << 32);
+  fp = mix64(fp ^ (uint64_t)(uint32_t)d->eos ^ (uint64_t)d->add_bos << 32);
+  d->fingerprint = fp;
+  memcpy(d->st.skipped, d->fl.skipped, sizeof d->st.skipped);
+  memcpy(d->st.skipped_example, d->fl.example, sizeof d->st.skipped_example);
+  *out = d;
+  return 0;
+fail:
+  ll_data_close(d);
+  return rc;
+}
+
+// ---------------------------------------------------------------- describe
+
+static void human(char *b, size_t cap, int64_t n) {
+  if (n >= (1 << 20)) snprintf(b, cap, "%.1f MiB", (double)n / (1 << 20));
+  else if (n >= 1024) snprintf(b, cap, "%.1f KiB", (double)n / 1024);
+  else snprintf(b, cap, "%lld B", (long long)n);
+}
+
+int ll_data_describe(const struct ll_data *d, char *buf, size_t cap) {
+  const struct ll_data_stats *s = &d->st;
+  char sz[32], sk[600];
+  human(sz, sizeof sz, s->bytes);
+  skipped_summary(&d->fl, sk, sizeof sk);
+  int64_t nsk = 0;
+  for (int r = 0; r < LL_DATA_SKIP_N; r++) nsk += s->skipped[r];
+  return snprintf(buf, cap,
+                  "data: %s (%s%s%s): %lld file%s, %s; %lld skipped%s%s\n"
+                  "data: %lld documents (%lld training, %lld validation), %lld tokens: %lld training (%lld counted in "
+                  "the loss), %lld validation\n"
+                  "data: %lld training sequences of %d tokens per epoch, %lld validation sequences\n",
+                  d->path, !d->fl.is_dir ? "file" : d->fl.git ? "git tracked files" : "directory, .gitignore applied",
+                  d->fl.note[0] ? ": " : "", d->fl.note, (long long)s->files, s->files == 1 ? "" : "s", sz,
+                  (long long)nsk, nsk ? ": " : "", sk, (long long)(s->docs_train + s->docs_val),
+                  (long long)s->docs_train, (long long)s->docs_val, (long long)(s->tokens_train + s->tokens_val),
+                  (long long)s->tokens_train, (long long)s->loss_tokens_train, (long long)s->tokens_val,
+                  (long long)s->seqs_per_epoch, d->S, (long long)s->seqs_val);
+}

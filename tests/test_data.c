@@ -1,0 +1,759 @@
+// test_data.c - the training data pipeline (server/train/ll_data.h): packing and loss targets
+// with exact ids (the demo model's byte vocabulary: byte b is id b + 3, ' ' is 259, BOS 1,
+// EOS 2), the epoch wrap, text files cut into documents, .gitignore in a walked tree and the
+// tracked files of a git repository, skip reasons, the three JSONL forms with their masks,
+// the validation split (deterministic, disjoint, covering), cursor resume, a file vanishing
+// mid-run, and refusals of bad data with messages naming the file.
+// `test_data smollm2` runs the part that needs SmolLM2's BPE vocabulary and chatml template.
+#define _XOPEN_SOURCE 700
+#define _DEFAULT_SOURCE
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "data_files.h"
+#include "ll_data.h"
+#include "ll_demo.h"
+#include "ll_error.h"
+#include "ll_modelfile.h"
+#include "ll_tokenizer.h"
+#include "testutil.h"
+
+static char g_tmp[512];
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f) {
+  (void)st, (void)flag, (void)f;
+  return remove(p);
+}
+static void rm_rf(const char *p) { nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+
+static void mkdirs(const char *path) {
+  char p[1024];
+  snprintf(p, sizeof p, "%s", path);
+  for (char *s = p + 1; *s; s++)
+    if (*s == '/') {
+      *s = 0;
+      mkdir(p, 0755);
+      *s = '/';
+    }
+  mkdir(p, 0755);
+}
+
+static void put(const char *dir, const char *rel, const void *data, size_t n) {
+  char p[1024];
+  snprintf(p, sizeof p, "%s/%s", dir, rel);
+  char *s = strrchr(p, '/');
+  *s = 0;
+  mkdirs(p);
+  *s = '/';
+  FILE *f = fopen(p, "wb");
+  if (!f) {
+    fprintf(stderr, "cannot write %s\n", p);
+    exit(1);
+  }
+  fwrite(data, 1, n, f);
+  fclose(f);
+}
+static void puts_(const char *dir, const char *rel, const char *s) { put(dir, rel, s, strlen(s)); }
+
+static char *sub(const char *a, const char *b) { // a/b in a static ring
+  static char bufs[8][1024];
+  static int k;
+  char *p = bufs[k++ & 7];
+  snprintf(p, 1024, "%s/%s", a, b);
+  return p;
+}
+
+static struct ll_tokenizer *demo_tok(void) {
+  char err[512], path[1024];
+  int rc = ll_demo_model_ensure(g_tmp, path, sizeof path, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  struct ll_modelfile mf;
+  ll_modelfile_init(&mf);
+  rc = ll_model_open(path, &mf, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  struct ll_tokenizer *t = NULL;
+  rc = ll_tokenizer_from_mf(&mf, &t, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  ll_modelfile_free(&mf);
+  return t;
+}
+
+static int32_t B(unsigned char c) { return c == ' ' ? 259 : (int32_t)c + 3; } // demo vocabulary
+
+static struct ll_data *open_data(const char *path, int S, double val, uint64_t seed, const struct ll_tokenizer *t,
+                                 const char *tmpl) {
+  struct ll_data_params p;
+  ll_data_params_init(&p);
+  p.path = path;
+  p.seq_len = S;
+  p.val_fraction = val;
+  p.seed = seed;
+  p.chat_template = tmpl;
+  char err[512];
+  struct ll_data *d = NULL;
+  int rc = ll_data_open(&d, &p, t, err, sizeof err);
+  CHECKF(rc == 0, "open %s: %s", path, err);
+  return d;
+}
+
+static int open_err(const char *path, int S, const struct ll_tokenizer *t, char *err, size_t errlen) {
+  struct ll_data_params p;
+  ll_data_params_init(&p);
+  p.path = path;
+  p.seq_len = S;
+  struct ll_data *d = NULL;
+  err[0] = 0;
+  int rc = ll_data_open(&d, &p, t, err, errlen);
+  ll_data_close(d);
+  return rc;
+}
+
+// ---------------------------------------------------------------- packing
+
+static void test_packing(const struct ll_tokenizer *t) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/pack", g_tmp);
+  puts_(dir, "one.txt", "hello world\n");
+  // stream of one epoch: BOS h e l l o ' ' w o r l d \n EOS (14 tokens)
+  const char *txt = "hello world\n";
+  int32_t s[14];
+  s[0] = 1;
+  for (int i = 0; i < 12; i++) s[i + 1] = B((unsigned char)txt[i]);
+  s[13] = 2;
+  struct ll_data *d = open_data(sub(dir, "one.txt"), 4, 0.05, 1, t, NULL);
+  if (!d) return;
+  struct ll_data_stats st;
+  ll_data_stats(d, &st);
+  CHECK(st.files == 1 && st.docs_train == 1 && st.docs_val == 0); // one document: no split
+  CHECK(st.tokens_train == 14 && st.loss_tokens_train == 13 && st.seqs_per_epoch == 3 && st.seqs_val == 0);
+  char err[256];
+  int32_t ids[4], tg[4];
+  // the stream runs on across epochs: token k of sequence j is stream token 4j + k
+  for (int j = 0; j < 8; j++) {
+    int ep = ll_data_next(d, ids, tg, err, sizeof err);
+    CHECKF(ep == (4 * j) / 14, "seq %d epoch %d", j, ep);
+    for (int k = 0; k < 4; k++) {
+      int a = (4 * j + k) % 14, b = (4 * j + k + 1) % 14;
+      CHECKF(ids[k] == s[a], "seq %d pos %d id %d want %d", j, k, ids[k], s[a]);
+      int32_t want = b == 0 ? -1 : s[b]; // a BOS is never a target
+      CHECKF(tg[k] == want, "seq %d pos %d target %d want %d", j, k, tg[k], want);
+    }
+  }
+  ll_data_close(d);
+
+  // a text file cut into documents: pieces end at blank lines after doc_bytes; BOS on the
+  // first, EOS on the last, and the tokens are the file's bytes in order
+  char big[4000];
+  size_t n = 0;
+  for (int i = 0; n < 3000; i++) n += (size_t)snprintf(big + n, sizeof big - n, "paragraph %d says %s\n\n", i, i % 3 ? "this" : "that and more");
+  put(dir, "cut.txt", big, n);
+  struct ll_data_params p;
+  ll_data_params_init(&p);
+  p.path = sub(dir, "cut.txt");
+  p.seq_len = 16;
+  p.doc_bytes = 256;
+  p.val_fraction = 0;
+  struct ll_data *c = NULL;
+  int rc = ll_data_open(&c, &p, t, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  if (!c) return;
+  ll_data_stats(c, &st);
+  CHECKF(st.docs_train >= 8 && st.docs_train <= 12, "%lld pieces", (long long)st.docs_train);
+  CHECK(st.tokens_train == (int64_t)n + 2);
+  int32_t *all = malloc(sizeof(int32_t) * (n + 2 + 16)), id16[16], tg16[16];
+  size_t m = 0;
+  while (m < n + 2) {
+    int ep = ll_data_next(c, id16, tg16, err, sizeof err);
+    CHECK(ep >= 0);
+    if (ep < 0) break;
+    for (int k = 0; k < 16; k++) all[m++] = id16[k];
+  }
+  CHECK(all[0] == 1 && all[n + 1] == 2);
+  int same = 1;
+  for (size_t i = 0; i < n; i++) same &= all[i + 1] == B((unsigned char)big[i]);
+  CHECK(same);
+  free(all);
+  ll_data_close(c);
+}
+
+// ---------------------------------------------------------------- files
+
+static int listed(const struct ll_data_filelist *l, const char *rel) {
+  for (size_t i = 0; i < l->n; i++)
+    if (!strcmp(l->v[i].rel, rel)) return 1;
+  return 0;
+}
+
+static void test_wildmatch(void) {
+  CHECK(ll_wildmatch("*.c", "x.c") && !ll_wildmatch("*.c", "d/x.c"));
+  CHECK(ll_wildmatch("**/foo", "foo") && ll_wildmatch("**/foo", "a/b/foo") && !ll_wildmatch("**/foo", "a/xfoo"));
+  CHECK(ll_wildmatch("a/**/b", "a/b") && ll_wildmatch("a/**/b", "a/x/y/b") && !ll_wildmatch("a/**/b", "ab"));
+  CHECK(ll_wildmatch("a/**", "a/x/y") && !ll_wildmatch("a/**", "b/x"));
+  CHECK(ll_wildmatch("[a-c]?.txt", "bx.txt") && !ll_wildmatch("[a-c]?.txt", "dx.txt"));
+  CHECK(ll_wildmatch("[!a]*", "b") && !ll_wildmatch("[!a]*", "a"));
+  CHECK(ll_wildmatch("\\*x", "*x") && !ll_wildmatch("\\*x", "ax"));
+  CHECK(!ll_wildmatch("?", "/") && ll_wildmatch("a?c", "abc"));
+
+  struct ll_ignore ig = {0};
+  const char *root = "build/\n*.log\n!keep.log\n# comment\n/top.txt\ndoc/*.tmp\n\\#hash\n";
+  CHECK(ll_ignore_parse(&ig, root, strlen(root), "") == 0);
+  const char *inner = "/local.txt\n";
+  CHECK(ll_ignore_parse(&ig, inner, strlen(inner), "sub") == 0);
+  CHECK(ll_ignore_match(&ig, "build", 1) && !ll_ignore_match(&ig, "build", 0)); // dir only
+  CHECK(ll_ignore_match(&ig, "x/build", 1));                                    // any depth
+  CHECK(ll_ignore_match(&ig, "a.log", 0) && ll_ignore_match(&ig, "d/e.log", 0));
+  CHECK(!ll_ignore_match(&ig, "keep.log", 0) && !ll_ignore_match(&ig, "d/keep.log", 0)); // negation
+  CHECK(ll_ignore_match(&ig, "top.txt", 0) && !ll_ignore_match(&ig, "d/top.txt", 0));   // anchored
+  CHECK(ll_ignore_match(&ig, "doc/a.tmp", 0) && !ll_ignore_match(&ig, "x/doc/a.tmp", 0));
+  CHECK(ll_ignore_match(&ig, "#hash", 0));
+  CHECK(ll_ignore_match(&ig, "sub/local.txt", 0) && !ll_ignore_match(&ig, "local.txt", 0) &&
+        !ll_ignore_match(&ig, "sub/x/local.txt", 0));
+  ll_ignore_free(&ig);
+
+  CHECK(ll_data_generated_name("package-lock.json") && ll_data_generated_name("app.min.js") &&
+        ll_data_generated_name("Cargo.lock") && !ll_data_generated_name("main.c"));
+  const char *gen = "// Code generated by protoc-gen-go. DO NOT EDIT.\npackage x\n";
+  CHECK(ll_data_head_is_generated((const unsigned char *)gen, strlen(gen)));
+  const char *plain = "/* hand written */\nint x;\n";
+  CHECK(!ll_data_head_is_generated((const unsigned char *)plain, strlen(plain)));
+  const unsigned char bad[] = {'a', 0xC3, 'b'}, cut[] = {'a', 0xE2, 0x82};
+  CHECK(ll_data_head_is_binary(bad, 3, 1) && !ll_data_head_is_binary(cut, 3, 0) && ll_data_head_is_binary(cut, 3, 1));
+}
+
+static void make_tree(const char *dir) {
+  puts_(dir, ".gitignore", "build/\n*.log\n!keep.log\n");
+  puts_(dir, "a.txt", "alpha text\n");
+  puts_(dir, "b.md", "# bee\n\nsome words\n");
+  puts_(dir, "build/out.txt", "built\n");
+  puts_(dir, "x.log", "log\n");
+  puts_(dir, "keep.log", "kept log\n");
+  puts_(dir, "local.txt", "root local\n");
+  puts_(dir, "sub/.gitignore", "/local.txt\n");
+  puts_(dir, "sub/local.txt", "sub local\n");
+  puts_(dir, "sub/deep/c.c", "int c;\n");
+  put(dir, "img.bin", "PNG\0\0\1", 6);
+  puts_(dir, "package-lock.json", "{}\n");
+  puts_(dir, "gen.go", "// Code generated by stringer. DO NOT EDIT.\npackage x\n");
+  puts_(dir, "empty.txt", "");
+  char big[5000];
+  memset(big, 'z', sizeof big);
+  put(dir, "big.txt", big, sizeof big);
+  if (symlink("a.txt", sub(dir, "link.txt")) != 0) CHECK(0);
+}
+
+static void test_tree(const struct ll_tokenizer *t) {
+  char dir[1024], err[512];
+  snprintf(dir, sizeof dir, "%s/tree", g_tmp);
+  make_tree(dir);
+  struct ll_data_filelist l;
+  int rc = ll_data_list_files(dir, 4096, &l, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  CHECK(!l.git && l.is_dir);
+  CHECKF(l.n == 7, "%zu files", l.n); // .gitignore, a.txt, b.md, keep.log, local.txt, sub/.gitignore, sub/deep/c.c
+  CHECK(listed(&l, "a.txt") && listed(&l, "b.md") && listed(&l, "keep.log") && listed(&l, "local.txt") &&
+        listed(&l, "sub/deep/c.c") && listed(&l, ".gitignore"));
+  CHECK(!listed(&l, "x.log") && !listed(&l, "build/out.txt") && !listed(&l, "sub/local.txt"));
+  CHECKF(l.skipped[LL_DATA_SKIP_IGNORED] == 3, "%lld ignored", (long long)l.skipped[LL_DATA_SKIP_IGNORED]); // build/, x.log, sub/local.txt
+  CHECK(l.skipped[LL_DATA_SKIP_BINARY] == 1 && !strcmp(l.example[LL_DATA_SKIP_BINARY], "img.bin"));
+  CHECK(l.skipped[LL_DATA_SKIP_GENERATED] == 2);
+  CHECK(l.skipped[LL_DATA_SKIP_TOO_LARGE] == 1 && !strcmp(l.example[LL_DATA_SKIP_TOO_LARGE], "big.txt"));
+  CHECK(l.skipped[LL_DATA_SKIP_EMPTY] == 1 && l.skipped[LL_DATA_SKIP_OTHER] == 1);
+  ll_data_filelist_free(&l);
+
+  // through ll_data_open: the same counts, and a description that names them
+  struct ll_data_params p;
+  ll_data_params_init(&p);
+  p.path = dir;
+  p.seq_len = 8;
+  p.max_file_bytes = 4096;
+  struct ll_data *d = NULL;
+  rc = ll_data_open(&d, &p, t, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  if (d) {
+    struct ll_data_stats st;
+    ll_data_stats(d, &st);
+    CHECK(st.files == 7 && st.skipped[LL_DATA_SKIP_BINARY] == 1 && st.skipped[LL_DATA_SKIP_IGNORED] == 3);
+    char desc[2048];
+    ll_data_describe(d, desc, sizeof desc);
+    CHECKF(strstr(desc, "1 binary (e.g. img.bin)") && strstr(desc, "3 ignored") && strstr(desc, "2 generated") &&
+               strstr(desc, "1 too large (e.g. big.txt)"),
+           "%s", desc);
+    ll_data_close(d);
+  }
+}
+
+static void test_git(const struct ll_tokenizer *t) {
+  char dir[1024], cmd[2048], err[512];
+  snprintf(dir, sizeof dir, "%s/repo", g_tmp);
+  make_tree(dir);
+  puts_(dir, "untracked.txt", "not added\n");
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && git init -q . && git add .gitignore a.txt b.md keep.log sub/deep/c.c img.bin && "
+           "git add -f x.log && rm b.md",
+           dir);
+  CHECKF(system(cmd) == 0, "%s", cmd);
+  struct ll_data_filelist l;
+  int rc = ll_data_list_files(dir, 4096, &l, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  CHECKF(l.git, "not read as a git work tree: %s", l.note);
+  // tracked files only: x.log is tracked although ignored; untracked.txt and local.txt are not
+  CHECK(listed(&l, "a.txt") && listed(&l, "keep.log") && listed(&l, "x.log") && listed(&l, "sub/deep/c.c"));
+  CHECK(!listed(&l, "untracked.txt") && !listed(&l, "local.txt") && !listed(&l, "b.md"));
+  CHECK(l.skipped[LL_DATA_SKIP_BINARY] == 1 && l.skipped[LL_DATA_SKIP_OTHER] == 1); // b.md deleted
+  CHECKF(l.n == 5, "%zu files", l.n);
+  ll_data_filelist_free(&l);
+  // a subdirectory of the work tree: its tracked files, relative to it
+  rc = ll_data_list_files(sub(dir, "sub"), 4096, &l, err, sizeof err);
+  CHECK(rc == 0 && l.git && l.n == 1 && listed(&l, "deep/c.c"));
+  ll_data_filelist_free(&l);
+  (void)t;
+}
+
+// ---------------------------------------------------------------- JSONL
+
+static void test_records(void) {
+  struct ll_data_record r;
+  char err[256];
+  CHECK(ll_data_record_parse("  \r", 3, NULL, &r, err, sizeof err) == 1);
+  const char *l1 = "{\"text\":\"ab\"}";
+  CHECK(ll_data_record_parse(l1, strlen(l1), NULL, &r, err, sizeof err) == 0);
+  CHECK(r.len == 2 && !memcmp(r.text, "ab", 2) && r.n_spans == 1 && r.spans[0].start == 0 && r.spans[0].end == 2 && r.eos);
+  ll_data_record_free(&r);
+  const char *l2 = "{\"prompt\":\"Q: 1+1\\n\",\"completion\":\"2\"}";
+  CHECK(ll_data_record_parse(l2, strlen(l2), NULL, &r, err, sizeof err) == 0);
+  CHECK(r.len == 8 && r.n_spans == 1 && r.spans[0].start == 7 && r.spans[0].end == 8 && r.eos && !r.special);
+  ll_data_record_free(&r);
+  const char *l3 = "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"hi\"},"
+                   "{\"role\":\"assistant\",\"content\":\"yo\"},{\"role\":\"user\",\"content\":\"more\"},"
+                   "{\"role\":\"assistant\",\"content\":\"ok\"}]}";
+  int rc = ll_data_record_parse(l3, strlen(l3), "chatml", &r, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  const char *want = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
+                     "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\nok<|im_end|>\n";
+  CHECKF(rc == 0 && r.len == strlen(want) && !memcmp(r.text, want, r.len), "%s", r.text ? r.text : "");
+  if (rc == 0 && r.n_spans == 2) {
+    const char *y = strstr(want, "yo<|im_end|>"), *o = strstr(want, "ok<|im_end|>");
+    CHECK(r.spans[0].start == (size_t)(y - want) && r.spans[0].end == (size_t)(y - want) + 12);
+    CHECK(r.spans[1].start == (size_t)(o - want) && r.spans[1].end == (size_t)(o - want) + 12);
+    CHECK(r.special && !r.eos);
+  } else {
+    CHECK(0);
+  }
+  ll_data_record_free(&r);
+  // llama2: the assistant turn is " yo</s>"
+  rc = ll_data_record_parse(l3, strlen(l3), "llama2", &r, err, sizeof err);
+  CHECKF(rc == 0 && r.n_spans == 2 && !memcmp(r.text + r.spans[0].start, "yo</s>", 6) &&
+             r.spans[0].end - r.spans[0].start == 6,
+         "%s", rc ? err : r.text);
+  ll_data_record_free(&r);
+  // refusals
+  struct {
+    const char *line, *tmpl, *msg;
+  } bad[] = {
+      {"{\"text\": 3}", NULL, "\"text\" must be a string"},
+      {"{\"prompt\":\"a\"}", NULL, "\"prompt\" and \"completion\""},
+      {"[1,2]", NULL, "expected a JSON object"},
+      {"{\"txt\":\"a\"}", NULL, "expected \"text\""},
+      {"{\"text\":\"a\"", NULL, "invalid JSON"},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "chatml", "no assistant message"},
+      {"{\"messages\":[{\"role\":\"bot\",\"content\":\"a\"}]}", "chatml", "role 'bot'"},
+      {"{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\"}]}", NULL, "need a chat template"},
+      {"{\"messages\":[]}", "chatml", "non-empty array"},
+      {"{\"text\":\"a\",\"text\":\"b\"}", NULL, "duplicate"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    err[0] = 0;
+    rc = ll_data_record_parse(bad[i].line, strlen(bad[i].line), bad[i].tmpl, &r, err, sizeof err);
+    CHECKF(rc < 0 && strstr(err, bad[i].msg), "%s -> %d '%s'", bad[i].line, rc, err);
+  }
+}
+
+static void test_jsonl(const struct ll_tokenizer *t) {
+  char dir[1024], err[512];
+  snprintf(dir, sizeof dir, "%s/jsonl", g_tmp);
+  puts_(dir, "d.jsonl",
+        "{\"text\":\"ab\"}\n"
+        "\n"
+        "{\"prompt\":\"Q\",\"completion\":\"A\"}\n"
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}]}\n");
+  const char *chat = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n";
+  // expected stream: BOS a b EOS | BOS Q A EOS | BOS <chat bytes> (no EOS: the template ends the turn)
+  int32_t s[128];
+  uint8_t loss[128];
+  int n = 0;
+  s[n] = 1, loss[n++] = 0;
+  s[n] = B('a'), loss[n++] = 1;
+  s[n] = B('b'), loss[n++] = 1;
+  s[n] = 2, loss[n++] = 1;
+  s[n] = 1, loss[n++] = 0;
+  s[n] = B('Q'), loss[n++] = 0;
+  s[n] = B('A'), loss[n++] = 1;
+  s[n] = 2, loss[n++] = 1;
+  s[n] = 1, loss[n++] = 0;
+  size_t yo = (size_t)(strstr(chat, "yo") - chat);
+  for (size_t i = 0; i < strlen(chat); i++) s[n] = B((unsigned char)chat[i]), loss[n++] = i >= yo && i < yo + 12;
+  struct ll_data_params p;
+  ll_data_params_init(&p);
+  p.path = sub(dir, "d.jsonl");
+  p.seq_len = 8;
+  p.val_fraction = 0;
+  p.chat_template = "chatml";
+  struct ll_data *d = NULL;
+  int rc = ll_data_open(&d, &p, t, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  if (!d) return;
+  struct ll_data_stats st;
+  ll_data_stats(d, &st);
+  CHECK(st.docs_train == 3 && st.tokens_train == n);
+  int nl = 0;
+  for (int i = 0; i < n; i++) nl += loss[i];
+  CHECK(st.loss_tokens_train == nl);
+  int32_t ids[8], tg[8];
+  int ok = 1;
+  for (int j = 0; j * 8 + 8 < n; j++) {
+    if (ll_data_next(d, ids, tg, err, sizeof err) != 0) ok = 0;
+    for (int k = 0; k < 8; k++) {
+      int a = j * 8 + k;
+      ok &= ids[k] == s[a] && tg[k] == (loss[a + 1] ? s[a + 1] : -1);
+    }
+  }
+  CHECK(ok);
+  ll_data_close(d);
+
+  // chat records without a template: the model's (demo: none) -> refused naming the line
+  p.chat_template = NULL;
+  rc = ll_data_open(&d, &p, t, err, sizeof err);
+  CHECKF(rc < 0 && strstr(err, "d.jsonl' line 4") && strstr(err, "chat template"), "%s", err);
+  // a malformed line: its number
+  puts_(dir, "bad.jsonl", "{\"text\":\"ok\"}\n{\"text\":\"fine\"}\n{\"text\": \"broken}\n");
+  p.path = sub(dir, "bad.jsonl");
+  rc = ll_data_open(&d, &p, t, err, sizeof err);
+  CHECKF(rc == LL_EFORMAT && strstr(err, "bad.jsonl' line 3: invalid JSON"), "%s", err);
+}
+
+// ---------------------------------------------------------------- split, cursor
+
+static void make_docs(const char *dir, int n) {
+  char line[128];
+  FILE *f[3];
+  for (int k = 0; k < 3; k++) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/part%d.jsonl", dir, k);
+    mkdirs(dir);
+    f[k] = fopen(p, "w");
+  }
+  for (int i = 0; i < n; i++) {
+    snprintf(line, sizeof line, "{\"text\":\"<%d>%.*s\"}\n", i, i % 17, "................................");
+    fputs(line, f[i % 3]);
+  }
+  for (int k = 0; k < 3; k++) fclose(f[k]);
+}
+
+// Document numbers found in a byte-vocabulary token run ("<12>...").
+static void collect(const int32_t *ids, int n, unsigned char *seen, int nmax) {
+  for (int i = 0; i < n; i++) {
+    if (ids[i] != B('<')) continue;
+    int v = 0, k = i + 1, dig = 0;
+    while (k < n && ids[k] >= B('0') && ids[k] <= B('9')) v = v * 10 + (ids[k++] - B('0')), dig++;
+    if (dig && k < n && ids[k] == B('>') && v < nmax) seen[v] = 1;
+  }
+}
+
+static void test_split(const struct ll_tokenizer *t) {
+  char dir[1024], err[512];
+  snprintf(dir, sizeof dir, "%s/split", g_tmp);
+  enum { N = 300, S = 32 };
+  make_docs(dir, N);
+  struct ll_data *a = open_data(dir, S, 0.2, 7, t, NULL), *b = open_data(dir, S, 0.2, 7, t, NULL),
+                 *c = open_data(dir, S, 0.2, 8, t, NULL);
+  if (!a || !b || !c) return;
+  struct ll_data_stats sa, sb, sc;
+  ll_data_stats(a, &sa), ll_data_stats(b, &sb), ll_data_stats(c, &sc);
+  CHECK(sa.docs_train + sa.docs_val == N && sa.docs_val == sb.docs_val && sa.tokens_val == sb.tokens_val);
+  CHECKF(sa.docs_val > N / 10 && sa.docs_val < N * 3 / 10, "%lld val docs", (long long)sa.docs_val);
+  unsigned char tr[N] = {0}, va[N] = {0}, vb[N] = {0}, vc[N] = {0};
+  int32_t ids[S], tg[S], prev = -1;
+  // sequences tile the stream (ids of consecutive sequences are consecutive tokens): a document
+  // number cut by a sequence boundary is found in the concatenation
+  size_t cap = (size_t)(sa.seqs_per_epoch + sa.seqs_val + sb.seqs_val + sc.seqs_val + 8) * S, n = 0;
+  int32_t *run = malloc(cap * sizeof *run);
+  int64_t nv = 0;
+  while (ll_data_val_next(a, ids, tg, err, sizeof err) == 1) nv++, memcpy(run + n, ids, sizeof ids), n += S;
+  collect(run, (int)n, va, N);
+  CHECK(nv == sa.seqs_val);
+  CHECK(ll_data_val_next(a, ids, tg, err, sizeof err) == 0);
+  ll_data_val_reset(a);
+  CHECK(ll_data_val_next(a, ids, tg, err, sizeof err) == 1);
+  n = 0;
+  while (ll_data_val_next(b, ids, tg, err, sizeof err) == 1) memcpy(run + n, ids, sizeof ids), n += S;
+  collect(run, (int)n, vb, N);
+  n = 0;
+  while (ll_data_val_next(c, ids, tg, err, sizeof err) == 1) memcpy(run + n, ids, sizeof ids), n += S;
+  collect(run, (int)n, vc, N);
+  // one epoch and a sequence of training: every training document, never a validation one
+  n = 0;
+  for (int64_t j = 0; j <= sa.seqs_per_epoch; j++) {
+    int ep = ll_data_next(a, ids, tg, err, sizeof err);
+    CHECK(ep == 0 || (ep == 1 && j >= sa.seqs_per_epoch - 1));
+    if (prev >= 0) CHECK(ids[0] == prev); // the token shared by consecutive sequences
+    prev = tg[S - 1];
+    memcpy(run + n, ids, sizeof ids), n += S;
+  }
+  collect(run, (int)n, tr, N);
+  free(run);
+  int disjoint = 1, cover = 1, same = 1, differ = 0, nval = 0;
+  for (int i = 0; i < N; i++) {
+    disjoint &= !(tr[i] && va[i]);
+    cover &= tr[i] || va[i];
+    same &= va[i] == vb[i];
+    differ += va[i] != vc[i];
+    nval += va[i];
+  }
+  CHECK(disjoint && cover && same && differ > 0);
+  CHECKF(nval == sa.docs_val, "%d val docs seen, %lld counted", nval, (long long)sa.docs_val);
+  ll_data_close(a), ll_data_close(b), ll_data_close(c);
+}
+
+static void test_cursor(const struct ll_tokenizer *t) {
+  char dir[1024], err[512];
+  snprintf(dir, sizeof dir, "%s/split", g_tmp); // made by test_split
+  enum { S = 32, K = 40 };
+  struct ll_data *a = open_data(dir, S, 0.1, 3, t, NULL);
+  if (!a) return;
+  struct ll_data_stats st;
+  ll_data_stats(a, &st);
+  int64_t skip = st.seqs_per_epoch - 5; // the resumed run crosses an epoch boundary
+  int32_t ids[S], tg[S], ref[K][2 * S];
+  int ep[K];
+  for (int64_t j = 0; j < skip; j++) ll_data_next(a, ids, tg, err, sizeof err);
+  struct ll_data_cursor cur;
+  ll_data_cursor_get(a, &cur);
+  CHECK(cur.seqs == (uint64_t)skip && cur.version == LL_DATA_CURSOR_VERSION);
+  uint64_t w[LL_DATA_CURSOR_WORDS];
+  ll_data_cursor_to_words(&cur, w);
+  for (int j = 0; j < K; j++) {
+    ep[j] = ll_data_next(a, ids, tg, err, sizeof err);
+    memcpy(ref[j], ids, sizeof ids);
+    memcpy(ref[j] + S, tg, sizeof tg);
+  }
+  CHECK(ep[0] == 0 && ep[K - 1] == 1);
+  struct ll_data *b = open_data(dir, S, 0.1, 3, t, NULL);
+  if (!b) return;
+  struct ll_data_cursor c2;
+  ll_data_cursor_from_words(&c2, w);
+  int rc = ll_data_cursor_set(b, &c2, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  int same = 1;
+  for (int j = 0; j < K; j++) {
+    int e = ll_data_next(b, ids, tg, err, sizeof err);
+    same &= e == ep[j] && !memcmp(ids, ref[j], sizeof ids) && !memcmp(tg, ref[j] + S, sizeof tg);
+  }
+  CHECK(same);
+  // the cursor after resuming names the same place as the uninterrupted run's
+  struct ll_data_cursor ca, cb;
+  ll_data_cursor_get(a, &ca), ll_data_cursor_get(b, &cb);
+  CHECK(!memcmp(&ca, &cb, sizeof ca));
+  ll_data_close(b);
+  // another seq_len (or seed, split, files) is another stream: refused
+  b = open_data(dir, S / 2, 0.1, 3, t, NULL);
+  if (b) {
+    rc = ll_data_cursor_set(b, &c2, err, sizeof err);
+    CHECKF(rc == LL_ESTATE && strstr(err, "not the data the checkpoint was trained on"), "%d %s", rc, err);
+    c2.version = 99;
+    CHECK(ll_data_cursor_set(b, &c2, err, sizeof err) == LL_EFORMAT);
+    ll_data_close(b);
+  }
+  ll_data_close(a);
+}
+
+// A file vanishing mid-run: a clear error naming it, and the position kept, so once it is back
+// the stream continues exactly as an uninterrupted one.
+static void test_vanish(const struct ll_tokenizer *t) {
+  char dir[1024], err[512];
+  snprintf(dir, sizeof dir, "%s/vanish", g_tmp);
+  enum { S = 16, K = 100 };
+  make_docs(dir, 90);
+  struct ll_data *ref = open_data(dir, S, 0, 5, t, NULL), *d = open_data(dir, S, 0, 5, t, NULL);
+  if (!ref || !d) return;
+  int32_t ids[S], tg[S], rids[K][S];
+  for (int j = 0; j < K; j++) ll_data_next(ref, rids[j], tg, err, sizeof err);
+  char p[2048], q[2048];
+  snprintf(p, sizeof p, "%s/part1.jsonl", dir);
+  snprintf(q, sizeof q, "%s/moved", g_tmp);
+  CHECK(rename(p, q) == 0);
+  int j = 0, rc = 0, errors = 0;
+  while (j < K) {
+    rc = ll_data_next(d, ids, tg, err, sizeof err);
+    if (rc < 0) {
+      errors++;
+      CHECKF(rc == LL_ENOTFOUND && strstr(err, "part1.jsonl") && strstr(err, "vanished"), "%s", err);
+      if (errors > 1) break;
+      CHECK(ll_data_next(d, ids, tg, err, sizeof err) == rc); // still missing: the same error, no skip
+      CHECK(rename(q, p) == 0);
+      continue;
+    }
+    CHECKF(!memcmp(ids, rids[j], sizeof ids), "sequence %d differs", j);
+    j++;
+  }
+  CHECK(errors == 1 && j == K);
+  ll_data_close(ref), ll_data_close(d);
+}
+
+// ---------------------------------------------------------------- refusals
+
+static void test_refusals(const struct ll_tokenizer *t) {
+  char dir[1024], err[512];
+  snprintf(dir, sizeof dir, "%s/bad", g_tmp);
+  mkdirs(sub(dir, "emptydir"));
+  int rc = open_err(sub(dir, "emptydir"), 8, t, err, sizeof err);
+  CHECKF(rc == LL_ENOTFOUND && strstr(err, "no usable files") && strstr(err, "emptydir"), "%s", err);
+  puts_(dir, "onlybin/x.png", "\x89PNG\r\n\x1a\n");
+  put(dir, "onlybin/y.dat", "ab\0cd", 5);
+  rc = open_err(sub(dir, "onlybin"), 8, t, err, sizeof err);
+  CHECKF(rc < 0 && strstr(err, "onlybin") && strstr(err, "2 binary"), "%s", err);
+  rc = open_err(sub(dir, "missing.txt"), 8, t, err, sizeof err);
+  CHECKF(rc == LL_ENOTFOUND && strstr(err, "missing.txt"), "%s", err);
+  CHECK(symlink("nowhere", sub(dir, "dangling.txt")) == 0);
+  rc = open_err(sub(dir, "dangling.txt"), 8, t, err, sizeof err);
+  CHECKF(rc < 0 && strstr(err, "dangling.txt"), "%s", err);
+  puts_(dir, "short.txt", "tiny");
+  rc = open_err(sub(dir, "short.txt"), 64, t, err, sizeof err);
+  CHECKF(rc == LL_EFORMAT && strstr(err, "short.txt") && strstr(err, "too short") && strstr(err, "6 training tokens"), "%s", err);
+  puts_(dir, "zero.txt", "");
+  rc = open_err(sub(dir, "zero.txt"), 8, t, err, sizeof err);
+  CHECKF(rc < 0 && strstr(err, "zero.txt") && strstr(err, "empty"), "%s", err);
+  put(dir, "nul.txt", "text\0more", 9);
+  rc = open_err(sub(dir, "nul.txt"), 8, t, err, sizeof err);
+  CHECKF(rc == LL_EFORMAT && strstr(err, "nul.txt") && strstr(err, "not UTF-8 text"), "%s", err);
+  puts_(dir, "blank.jsonl", "\n  \n\n");
+  rc = open_err(sub(dir, "blank.jsonl"), 8, t, err, sizeof err);
+  CHECKF(rc < 0 && strstr(err, "blank.jsonl"), "%s", err);
+  puts_(dir, "noloss.jsonl", "{\"prompt\":\"a long prompt with nothing after it\",\"completion\":\"\"}\n");
+  rc = open_err(sub(dir, "noloss.jsonl"), 8, t, err, sizeof err);
+  CHECK(rc == 0); // the EOS after an empty completion still counts: a model can learn to stop
+  if (geteuid() != 0) { // root reads whatever the mode says
+    puts_(dir, "locked/a.txt", "secret words here\n");
+    chmod(sub(dir, "locked/a.txt"), 0);
+    rc = open_err(sub(dir, "locked"), 4, t, err, sizeof err);
+    CHECKF(rc == LL_EIO && strstr(err, "a.txt") && strstr(err, "ermission"), "%s", err);
+  }
+  struct ll_data_params p;
+  ll_data_params_init(&p);
+  p.path = sub(dir, "short.txt");
+  p.seq_len = 1;
+  struct ll_data *d = NULL;
+  CHECK(ll_data_open(&d, &p, t, err, sizeof err) == LL_EINVAL && strstr(err, "seq_len"));
+  p.seq_len = 2;
+  CHECK(ll_data_open(&d, &p, NULL, err, sizeof err) == LL_EINVAL && strstr(err, "tokenizer"));
+  p.val_fraction = 1.5;
+  CHECK(ll_data_open(&d, &p, t, err, sizeof err) == LL_EINVAL && strstr(err, "val_fraction"));
+}
+
+// ---------------------------------------------------------------- SmolLM2
+
+static void test_smollm2(void) {
+  char path[1024], err[512];
+  if (!ll_test_smollm2_path(path, sizeof path)) {
+    CHECKF(0, "SmolLM2 is not in the cache (tests/fetch-smollm2.sh)");
+    return;
+  }
+  struct ll_modelfile mf;
+  ll_modelfile_init(&mf);
+  int rc = ll_model_open(path, &mf, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  struct ll_tokenizer *t = NULL;
+  rc = ll_tokenizer_from_mf(&mf, &t, err, sizeof err);
+  ll_modelfile_free(&mf);
+  CHECKF(rc == 0, "%s", err);
+  if (!t) return;
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/smol", g_tmp);
+  puts_(dir, "chat.jsonl",
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"What is 2+2?\"},"
+        "{\"role\":\"assistant\",\"content\":\"It is 4.\"},{\"role\":\"user\",\"content\":\"And 3+3?\"},"
+        "{\"role\":\"assistant\",\"content\":\"It is 6.\"}]}\n"
+        "{\"prompt\":\"The capital of France is\",\"completion\":\" Paris.\"}\n");
+  // the model's own template (chatml): the tokens are the rendered text's, as CHAT would send them
+  const char *r1 = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+                   "<|im_start|>assistant\nIt is 4.<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n"
+                   "<|im_start|>assistant\nIt is 6.<|im_end|>\n";
+  int32_t w1[256], w2[64];
+  int n1 = ll_tokenize(t, r1, strlen(r1), ll_tokenizer_add_bos(t), 1, w1, 256);
+  int n2 = ll_tokenize(t, "The capital of France is Paris.", 31, ll_tokenizer_add_bos(t), 0, w2, 64);
+  CHECK(n1 > 20 && n2 > 4);
+  int32_t eos = ll_tokenizer_eos(t);
+  w2[n2++] = eos;
+  struct ll_data_params p;
+  ll_data_params_init(&p);
+  p.path = sub(dir, "chat.jsonl");
+  p.seq_len = n1 + n2 - 1; // one sequence: the whole stream
+  p.val_fraction = 0;
+  struct ll_data *d = NULL;
+  rc = ll_data_open(&d, &p, t, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  if (!d) {
+    ll_tokenizer_free(t);
+    return;
+  }
+  int S = p.seq_len;
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)S), *tg = malloc(sizeof(int32_t) * (size_t)S);
+  CHECK(ll_data_next(d, ids, tg, err, sizeof err) == 0);
+  int same = 1;
+  for (int i = 0; i < n1; i++) same &= ids[i] == w1[i];
+  for (int i = 0; i + 1 < n2; i++) same &= ids[n1 + i] == w2[i];
+  CHECK(same);
+  // the counted targets decode to the assistant answers with their <|im_end|>, and the completion + EOS
+  char text[512] = "", piece[128];
+  int32_t prev_t = -1;
+  for (int i = 0; i < S; i++) {
+    if (tg[i] < 0) {
+      if (prev_t >= 0) strcat(text, "|");
+      prev_t = -1;
+      continue;
+    }
+    int k = ll_token_to_piece(t, tg[i], piece, sizeof piece - 1, 1);
+    if (k > 0 && strlen(text) + (size_t)k < sizeof text - 2) strncat(text, piece, (size_t)k);
+    prev_t = tg[i];
+  }
+  char eos_text[64] = "";
+  int k = ll_token_to_piece(t, eos, eos_text, sizeof eos_text - 1, 1);
+  if (k > 0) eos_text[k] = 0;
+  char want[256];
+  snprintf(want, sizeof want, "It is 4.<|im_end|>|It is 6.<|im_end|>| Paris.%s", eos_text);
+  CHECKF(!strcmp(text, want), "counted targets '%s', want '%s'", text, want);
+  free(ids), free(tg);
+  ll_data_close(d);
+  ll_tokenizer_free(t);
+}
+
+int main(int argc, char **argv) {
+  if (!ll_test_tmpdir(g_tmp, sizeof g_tmp)) {
+    fprintf(stderr, "no temp dir\n");
+    return 1;
+  }
+  if (argc > 1 && !strcmp(argv[1], "smollm2")) {
+    test_smollm2();
+  } else {
+    struct ll_tokenizer *t = demo_tok();
+    if (t) {
+      test_packing(t);
+      test_wildmatch();
+      test_tree(t);
+      test_git(t);
+      test_records();
+      test_jsonl(t);
+      test_split(t);
+      test_cursor(t);
+      test_vanish(t);
+      test_refusals(t);
+      ll_tokenizer_free(t);
+    }
+  }
+  rm_rf(g_tmp);
+  return ll_test_summary();
+}
