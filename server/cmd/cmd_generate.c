@@ -8,6 +8,8 @@
 #include "ll_cmd.h"
 #include "ll_engine.h"
 #include "ll_error.h"
+#include "ll_lora.h"
+#include "ll_model.h"
 #include "ll_sample.h"
 #include "ll_tokenizer.h"
 
@@ -21,9 +23,11 @@ static void usage(FILE *f) {
   fprintf(f, "usage: llsrv generate --model M [-p TEXT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
              "                      [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--ids] [--no-bos]\n"
              "                      [-t THREADS] [--ctx N] [--kv-f32] [--device D] [--ignore-eos] [--dump-logits K] [--chat]\n"
+             "                      [--adapter A.gguf|A.ckpt|PEFT_DIR]\n"
              "Greedy when --temp 0. --ids prints token ids instead of text. A model without a tokenizer\n"
              "(llama2.c .bin) generates from BOS (id 1) when no prompt is given; -p then takes ids.\n"
              "--chat sends -p as a user message through the model's chat template (ChatML models).\n"
+             "--adapter applies a LoRA adapter (GGUF LoRA file, .ckpt with adapter tensors, PEFT directory).\n"
              "--dump-logits K prints the prompt ids and the K largest logits after the prompt to stderr.\n");
 }
 
@@ -45,7 +49,8 @@ int ll_cmd_generate(int argc, char **argv) {
   ll_engine_params_default(&ep);
   struct ll_sampler_params sp;
   ll_sampler_params_default(&sp);
-  const char *prompt = NULL;
+  const char *prompt = NULL, *adapter_path = NULL;
+  struct ll_lora *adapter = NULL;
   int n_predict = 128, print_ids = 0, no_bos = 0, ignore_eos = 0, dump_logits = 0, chat = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -65,6 +70,7 @@ int ll_cmd_generate(int argc, char **argv) {
     else if (ARG("--ctx") || ARG("-c")) ep.n_ctx = atoi(v);
     else if (ARG("--device")) ep.device = v;
     else if (ARG("--dump-logits")) dump_logits = atoi(v);
+    else if (ARG("--adapter")) adapter_path = v;
     else if (strcmp(a, "--ids") == 0) print_ids = 1;
     else if (strcmp(a, "--chat") == 0) chat = 1;
     else if (strcmp(a, "--no-bos") == 0) no_bos = 1;
@@ -126,6 +132,17 @@ int ll_cmd_generate(int argc, char **argv) {
   }
   if (n_prompt + n_predict > info.n_ctx) n_predict = info.n_ctx - n_prompt;
   int seq = ll_engine_seq_new(e);
+  if (adapter_path) {
+    struct ll_lora_dims d;
+    ll_engine_lora_dims(e, &d);
+    if (ll_lora_load(&adapter, adapter_path, &d, ll_engine_backend(e), err, sizeof err) != 0 ||
+        ll_engine_seq_set_adapter(e, seq, adapter, err, sizeof err) != 0) {
+      fprintf(stderr, "llsrv generate: adapter %s\n", err);
+      goto out;
+    }
+    fprintf(stderr, "llsrv generate: adapter '%s': rank %d, alpha %g, %lld parameters\n", adapter->name, adapter->rank, (double)adapter->alpha,
+            (long long)adapter->n_params);
+  }
   double t0 = now_ms();
   for (int i = 0; i < n_prompt; i++) ll_sampler_accept(smp, ids[i]);
   for (int off = 0; off < n_prompt; off += 512) {
@@ -193,6 +210,7 @@ out:
   ll_sampler_free(smp);
   free(ids);
   free(logits);
+  ll_lora_free(adapter); // before the engine: its memory belongs to the engine's backend
   ll_engine_close(e);
   return rc;
 }
