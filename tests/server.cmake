@@ -14,3 +14,7 @@ ll_script_test(NAME server_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR
 ll_test(NAME test_config SOURCES test_config.c LIBS ll_server LABELS unit)
 add_executable(gen_man_options gen_man_options.c)
 target_link_libraries(gen_man_options PRIVATE ll_server)
+# LoRA adapters behind the server (stories260K): loaded by name, default, adapter=none|NAME equal
+# to `llsrv generate --adapter`, mixed adapters in one batch, bad adapters refused, monitor field.
+ll_script_test(NAME server_lora COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_lora.py
+  LABELS integration TIMEOUT 300)

@@ -6,7 +6,7 @@
 //
 // Also the test-only generator of the deterministic adapter whose llama.cpp output is the
 // reference in tests/ref (tests/ref/README.md, section "LoRA"):
-//   test_lora --make-adapter MODEL OUT.gguf RANK ALPHA SEED AMP
+//   test_lora --make-adapter MODEL OUT.gguf RANK ALPHA SEED AMP    (AMP "nan": one B value NaN)
 // A = PEFT init from SEED, B = AMP * uniform[-1, 1) from SEED + 1 (counter-based: the same on
 // every machine).
 #include <math.h>
@@ -52,7 +52,9 @@ static int make_adapter(int argc, char **argv) {
   const uint64_t seed = strtoull(argv[6], NULL, 10);
   if (ll_lora_create(&a, &d, atoi(argv[4]), (float)atof(argv[5]), LL_LORA_ALL_TARGETS, seed, NULL, err, sizeof err))
     return fprintf(stderr, "%s\n", err), 1;
-  fill_b(a, seed + 1, (float)atof(argv[7]));
+  const int nan = strcmp(argv[7], "nan") == 0; // a corrupt adapter for the server test
+  fill_b(a, seed + 1, nan ? 0.02f : (float)atof(argv[7]));
+  if (nan) ((float *)ll_lora_at(a, 0, LL_LORA_Q)->b.data)[3] = NAN;
   snprintf(a->name, sizeof a->name, "test-adapter");
   int rc = ll_lora_save_gguf(a, argv[3], err, sizeof err);
   if (rc) fprintf(stderr, "%s\n", err);

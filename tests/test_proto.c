@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ll_chat.h"
+#include "ll_error.h"
 #include "ll_proto.h"
 #include "testutil.h"
 
@@ -29,6 +30,19 @@ int main(void) {
   CHECK(ll_proto_int(ll_proto_find(&q, "max_tokens"), 1, 100, &iv, err, sizeof err) == 0 && iv == 32);
   CHECK(ll_proto_int(ll_proto_find(&q, "max_tokens"), 1, 10, &iv, err, sizeof err) != 0 && strstr(err, "out of range"));
   CHECK(ll_proto_float(ll_proto_find(&q, "temperature"), 0, 2, &dv, err, sizeof err) == 0 && dv == 0.0);
+
+  // adapter=NAME: letters, digits, '.', '_', '-', 1..63 bytes.
+  {
+    char name[64];
+    CHECK(parse("GEN adapter=my-run.step_100 :x", &q, buf, &code, err) == 0);
+    CHECK(ll_proto_name(ll_proto_find(&q, "adapter"), name, sizeof name, err, sizeof err) == 0 && strcmp(name, "my-run.step_100") == 0);
+    CHECK(parse("GEN adapter=a/b :x", &q, buf, &code, err) == 0);
+    CHECK(ll_proto_name(ll_proto_find(&q, "adapter"), name, sizeof name, err, sizeof err) == LL_EINVAL && strstr(err, "byte 1"));
+    CHECK(parse("GEN adapter=\\x00 :x", &q, buf, &code, err) == 0);
+    CHECK(ll_proto_name(ll_proto_find(&q, "adapter"), name, sizeof name, err, sizeof err) == LL_EINVAL);
+    CHECK(parse("GEN adapter=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa :x", &q, buf, &code, err) == 0); // 64 bytes
+    CHECK(ll_proto_name(ll_proto_find(&q, "adapter"), name, sizeof name, err, sizeof err) == LL_EINVAL && strstr(err, "1..63"));
+  }
 
   // Case-insensitive verb, text with escapes and a leading space kept, CRLF.
   CHECK(parse("gen : two\\nlines\\t\\\\ \\xC3\\xA9\r", &q, buf, &code, err) == 0);

@@ -17,6 +17,8 @@
 #include "ll_demo.h"
 #include "ll_error.h"
 #include "ll_log.h"
+#include "ll_lora.h"
+#include "ll_model.h"
 #include "ll_server.h"
 
 static void on_async(uv_async_t *a) {
@@ -43,6 +45,43 @@ static void on_async(uv_async_t *a) {
 static void close_walk(uv_handle_t *h, void *arg) {
   (void)arg;
   if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+// The adapters of the `adapter` option, registered by file stem; the first is the default.
+// One that cannot be used (missing, corrupt, made for another model) is reported and left
+// out: the server serves the others, and requests naming it get ERR bad_adapter.
+static int load_adapters(struct ll_server *srv, const char *list, struct ll_lora **out) {
+  if (!list || !*list) return 0;
+  struct ll_lora_dims d;
+  ll_engine_lora_dims(srv->e, &d);
+  char *copy = strdup(list), *save = NULL;
+  int n = 0, first = 1;
+  for (char *p = copy ? strtok_r(copy, ",", &save) : NULL; p; p = strtok_r(NULL, ",", &save)) {
+    char err[768];
+    struct ll_lora *a = NULL;
+    if (n == LL_SCHED_MAX_ADAPTERS) {
+      ll_log(LL_LOG_ERROR, "adapter %s: more than %d adapters; left out", p, LL_SCHED_MAX_ADAPTERS);
+      continue;
+    }
+    if (ll_lora_load(&a, p, &d, ll_engine_backend(srv->e), err, sizeof err) != 0) {
+      ll_log(LL_LOG_ERROR, "adapter %s; serving without it", err);
+      first = 0;
+      continue;
+    }
+    int rc = strcmp(a->name, "none") == 0 || strcmp(a->name, "live") == 0 ? LL_EINVAL : ll_sched_adapter_register(srv->sched, a->name, a);
+    if (rc) {
+      ll_log(LL_LOG_ERROR, "adapter %s: its name '%s' cannot be used (reserved, or not [A-Za-z0-9._-]); rename the file", p, a->name);
+      ll_lora_free(a);
+      continue;
+    }
+    if (first) ll_sched_adapter_default(srv->sched, a->name);
+    ll_log(LL_LOG_INFO, "adapter '%s' from %s: rank %d, alpha %g, %lld parameters%s", a->name, p, a->rank, (double)a->alpha,
+           (long long)a->n_params, first ? " (default for requests that name none)" : "");
+    first = 0;
+    out[n++] = a;
+  }
+  free(copy);
+  return n;
 }
 
 static void notify(void *user) { uv_async_send(&((struct ll_server *)user)->async); }
@@ -177,11 +216,13 @@ int ll_cmd_serve(int argc, char **argv) {
   uv_async_init(srv.loop, &srv.async, on_async);
   srv.async.data = &srv;
   struct ll_sched_params sp = {.prefill_chunk = (int)cfg.prefill_chunk};
-  int exit_code = 1;
+  int exit_code = 1, n_adapters = 0;
+  struct ll_lora *adapters[LL_SCHED_MAX_ADAPTERS];
   if (ll_sched_create(&srv.sched, srv.e, &sp, notify, &srv, err, sizeof err) != 0) {
     fprintf(stderr, "llsrv: %s\n", err);
     goto out;
   }
+  n_adapters = load_adapters(&srv, cfg.adapter, adapters);
   if (ll_net_start(&srv, err, sizeof err) != 0 || ll_monitor_start(&srv, sock_path, err, sizeof err) != 0) {
     fprintf(stderr, "llsrv: %s\n", err);
     goto out;
@@ -229,6 +270,7 @@ int ll_cmd_serve(int argc, char **argv) {
 out:
   ll_sched_destroy(srv.sched); // joins the compute thread before the engine goes
   srv.sched = NULL;
+  for (int i = 0; i < n_adapters; i++) ll_lora_free(adapters[i]); // before the engine's backend goes
   if (srv.mon_path[0]) unlink(srv.mon_path);
   // Close what is still open (an error path, or the stop timer) and let the close callbacks
   // free their memory before the connection table goes.

@@ -22,6 +22,8 @@ const struct ll_option ll_options[] = {
     // general
     {"model", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(model), "PATH",
      "Model file (GGUF, .ckpt, llama2.c .bin, safetensors directory); unset: the demo model under state_dir."},
+    {"adapter", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(adapter), "PATHS",
+     "LoRA adapters to serve (GGUF LoRA, .ckpt, PEFT directory), comma-separated; each is named by its file stem; the first is used by requests that name none."},
     {"device", LL_OPT_STRING, 0, 0, "auto", NULL, OFF(device), "DEV", "Compute device: auto, cpu, or opencl[:P[:D]]."},
     {"threads", LL_OPT_INT, 0, 256, "0", NULL, OFF(threads), "N", "Compute threads; 0 uses every online CPU."},
     {"ctx", LL_OPT_INT, 16, 131072, "2048", NULL, OFF(ctx), "N", "Context positions per sequence."},

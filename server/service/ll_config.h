@@ -35,6 +35,7 @@ struct ll_option {
 struct ll_config {
   // model and engine
   char *model;          // path; NULL: the demo model under state_dir
+  char *adapter;        // comma-separated LoRA adapter paths; NULL: none
   char *device;         // auto|cpu|opencl[:P[:D]]
   int64_t threads;      // 0 = online CPUs
   int64_t ctx;          // positions per sequence

@@ -54,6 +54,8 @@ const struct ll_proto_param *ll_proto_find(const struct ll_proto_req *req, const
 int ll_proto_int(const struct ll_proto_param *p, int64_t min, int64_t max, int64_t *out, char *err, size_t errlen);
 int ll_proto_float(const struct ll_proto_param *p, double min, double max, double *out, char *err, size_t errlen);
 int ll_proto_bool(const struct ll_proto_param *p, int *out, char *err, size_t errlen);
+// A name (adapter=NAME): 1..63 bytes of [A-Za-z0-9._-], copied NUL-terminated into out (cap >= 64).
+int ll_proto_name(const struct ll_proto_param *p, char *out, size_t cap, char *err, size_t errlen);
 
 // Length of the longest prefix of s[0..n) that does not end inside an incomplete UTF-8
 // sequence (bytes that can never complete are not held back).

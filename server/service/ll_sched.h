@@ -34,6 +34,7 @@ struct ll_sched_req {
   int special;                     // parse special tokens in the prompt (default 1)
   int n_stops;
   char *stops[LL_MAX_STOP];        // owned
+  char adapter[64];                // "" (the server's default), "none", "live" or a registered name
 };
 
 struct ll_sched_params {
@@ -58,6 +59,7 @@ struct ll_sched_req_progress {
   uint64_t conn;
   int prefilling;
   int prompt_tokens, prefilled, tokens, max_tokens;
+  char adapter[64];                // "none", "live" or the adapter's name
 };
 
 struct ll_sched_stats {
@@ -87,5 +89,18 @@ void ll_sched_shutdown(struct ll_sched *s);
 // Lines produced since the last call (in order), or NULL. Free each with free().
 struct ll_sched_out *ll_sched_take_output(struct ll_sched *s);
 void ll_sched_get_stats(struct ll_sched *s, struct ll_sched_stats *st);
+
+// ---- LoRA adapters requests may choose (GEN/CHAT adapter=NAME) ----
+// Registers adapter a under `name` (1..63 bytes of [A-Za-z0-9._-]; "none" is reserved; "live"
+// is the trainer's adapter being trained), replacing an earlier one of that name; a NULL
+// unregisters. Any thread. The scheduler does not own a: requests admitted earlier keep
+// computing with the adapter they started with, so the caller keeps every adapter it
+// registered alive until ll_sched_destroy(). At most LL_SCHED_MAX_ADAPTERS names.
+// Requests naming an unknown adapter end with `ERR id bad_adapter :...`.
+#define LL_SCHED_MAX_ADAPTERS 32
+struct ll_lora;
+int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct ll_lora *a);
+// The adapter of requests that name none ("none" or NULL: the base model; the default).
+int ll_sched_adapter_default(struct ll_sched *s, const char *name);
 
 #endif

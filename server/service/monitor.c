@@ -126,6 +126,7 @@ static json_t *snapshot_json(struct ll_server *s) {
     json_object_set_new(r, "prefilled", json_integer(p->prefilled));
     json_object_set_new(r, "tokens", json_integer(p->tokens));
     json_object_set_new(r, "max_tokens", json_integer(p->max_tokens));
+    json_object_set_new(r, "adapter", json_string(p->adapter[0] ? p->adapter : "none"));
     json_array_append_new(reqs, r);
   }
   json_object_set_new(sv, "requests", reqs);

@@ -253,6 +253,7 @@ static int parse_gen(struct ll_conn *c, const struct ll_proto_req *q, struct ll_
     else if (!strcmp(k, "ignore_eos")) rc = ll_proto_bool(p, &bv, msg, sizeof msg), r->ignore_eos = bv;
     else if (!strcmp(k, "add_bos")) rc = ll_proto_bool(p, &bv, msg, sizeof msg), r->add_bos = bv;
     else if (!strcmp(k, "special")) rc = ll_proto_bool(p, &bv, msg, sizeof msg), r->special = bv;
+    else if (!strcmp(k, "adapter")) rc = ll_proto_name(p, r->adapter, sizeof r->adapter, msg, sizeof msg);
     else if (!strcmp(k, "stop")) {
       if (r->n_stops >= LL_MAX_STOP) rc = ll_errf(msg, sizeof msg, LL_EINVAL, "parameter 'stop': at most %d stop strings", LL_MAX_STOP);
       else if (p->val_len == 0 || p->val_len > 256 || strlen(p->val) != p->val_len)

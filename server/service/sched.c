@@ -7,6 +7,7 @@
 // TOK/END lines into the outbox; wake the loop.
 #include "ll_sched.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -45,6 +46,7 @@ struct slot {
   int n_hold;
   double t_admit, t_first, t_end;
   int cancel;             // reason to end at the next step: 0 none, else an END reason
+  char adapter[64];       // resolved adapter name ("none" for the base model)
 };
 
 enum { END_NONE, END_CANCEL, END_SHUTDOWN };
@@ -73,6 +75,9 @@ struct ll_sched {
   int shutdown, quit;
   struct ll_sched_out *out_head, *out_tail;
   struct ll_sched_stats stats;
+  struct { char name[64]; const struct ll_lora *a; } adapters[LL_SCHED_MAX_ADAPTERS];
+  int n_adapters;
+  char default_adapter[64];
 
   // compute thread only
   struct slot *wait_head, *wait_tail;
@@ -284,6 +289,68 @@ static void do_detokenize(struct ll_sched *s, struct ll_sched_req *r) {
   free(text);
 }
 
+// The request's adapter, set on its sequence. 0, or a message for `ERR bad_adapter`.
+static int resolve_adapter(struct ll_sched *s, struct slot *sl, char *msg, size_t cap) {
+  const struct ll_lora *a = NULL;
+  int found = 0;
+  pthread_mutex_lock(&s->mu);
+  const char *want = sl->r->adapter[0] ? sl->r->adapter : s->default_adapter[0] ? s->default_adapter : "none";
+  snprintf(sl->adapter, sizeof sl->adapter, "%s", want);
+  if (strcmp(want, "none") == 0) found = 1;
+  for (int i = 0; !found && i < s->n_adapters; i++)
+    if (strcmp(s->adapters[i].name, want) == 0) a = s->adapters[i].a, found = 1;
+  if (!found) {
+    size_t k = (size_t)snprintf(msg, cap, strcmp(want, "live") == 0 ? "no live adapter: training is not running (adapters:" : "unknown adapter '%s' (adapters:", want);
+    for (int i = 0; i < s->n_adapters && k < cap; i++) k += (size_t)snprintf(msg + k, cap - k, " %s", s->adapters[i].name);
+    if (k < cap) snprintf(msg + k, cap - k, "%s)", s->n_adapters ? "" : " none loaded");
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (!found) return LL_ENOTFOUND;
+  char e2[400];
+  if (a && ll_engine_seq_set_adapter(s->e, sl->seq, a, e2, sizeof e2) != 0) {
+    snprintf(msg, cap, "adapter '%s': %s", want, e2);
+    return LL_EINVAL;
+  }
+  return 0;
+}
+
+static int adapter_name_ok(const char *n) {
+  size_t len = strlen(n);
+  if (len == 0 || len > 63) return 0;
+  for (size_t i = 0; i < len; i++)
+    if (!isalnum((unsigned char)n[i]) && n[i] != '.' && n[i] != '_' && n[i] != '-') return 0;
+  return 1;
+}
+
+int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct ll_lora *a) {
+  if (!name || !adapter_name_ok(name) || strcmp(name, "none") == 0) return LL_EINVAL;
+  int rc = 0;
+  pthread_mutex_lock(&s->mu);
+  int i = 0;
+  while (i < s->n_adapters && strcmp(s->adapters[i].name, name) != 0) i++;
+  if (!a) {
+    if (i < s->n_adapters) s->adapters[i] = s->adapters[--s->n_adapters];
+  } else if (i < s->n_adapters) {
+    s->adapters[i].a = a;
+  } else if (s->n_adapters == LL_SCHED_MAX_ADAPTERS) {
+    rc = LL_ELIMIT;
+  } else {
+    snprintf(s->adapters[i].name, sizeof s->adapters[i].name, "%s", name);
+    s->adapters[i].a = a;
+    s->n_adapters++;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
+
+int ll_sched_adapter_default(struct ll_sched *s, const char *name) {
+  if (name && strcmp(name, "none") != 0 && !adapter_name_ok(name)) return LL_EINVAL;
+  pthread_mutex_lock(&s->mu);
+  snprintf(s->default_adapter, sizeof s->default_adapter, "%s", name ? name : "");
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
 // Admission of a GEN/CHAT request: tokens, context check, sequence, sampler. NULL on error
 // (the ERR line is already out).
 static struct slot *admit(struct ll_sched *s, struct slot *sl) {
@@ -348,6 +415,10 @@ static struct slot *admit(struct ll_sched *s, struct slot *sl) {
   sl->max_gen = r->max_tokens;
   if (sl->n_prompt + sl->max_gen > s->n_ctx) sl->max_gen = s->n_ctx - sl->n_prompt;
   sl->seq = ll_engine_seq_new(s->e);
+  if (sl->seq >= 0 && resolve_adapter(s, sl, msg, sizeof msg) != 0) {
+    err_final(s, r, "bad_adapter", msg);
+    goto fail;
+  }
   sl->logits = malloc((size_t)s->V * sizeof *sl->logits);
   sl->smp = ll_sampler_new(&r->sp, s->V);
   sl->stop = ll_stop_new((const char *const *)r->stops, r->n_stops);
@@ -480,6 +551,7 @@ static void update_stats(struct ll_sched *s, int publish_now) {
       p->prefilled = a->n_prefilled;
       p->tokens = a->n_gen;
       p->max_tokens = a->max_gen;
+      snprintf(p->adapter, sizeof p->adapter, "%s", a->adapter[0] ? a->adapter : "none");
     }
   }
   st->queued = s->n_wait + s->n_in;

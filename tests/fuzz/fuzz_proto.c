@@ -47,6 +47,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       ll_proto_int(p, INT64_MIN, INT64_MAX, &iv, err, sizeof err);
       ll_proto_float(p, -1e300, 1e300, &dv, err, sizeof err);
       ll_proto_bool(p, &bv, err, sizeof err);
+      char name[64];
+      if (ll_proto_name(p, name, sizeof name, err, sizeof err) == 0 && (strlen(name) != p->val_len || memcmp(name, p->val, p->val_len))) __builtin_trap();
     }
     if (q.has_text) {
       if (q.text < line || q.text + q.text_len > line + size) __builtin_trap();
