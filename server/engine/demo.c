@@ -145,59 +145,44 @@ struct demo_tensor {
   double std; // 0: RMSNorm weight, all 1.0
 };
 
-// Tensor list in file order (GGUF dims: ne[0] is the input / contiguous dimension).
-static int demo_tensors(struct demo_tensor *t) {
+// Tensor list in file order (GGUF dims: ne[0] is the input / contiguous dimension); t holds
+// 2 + 9 * layers entries.
+static int demo_tensors(struct demo_tensor *t, const struct ll_init_dims *d, int n_vocab) {
   int n = 0;
-  const double proj_std = DEMO_INIT_STD / sqrt(2.0 * DEMO_LAYERS); // GPT-2's residual projection scaling
-  t[n++] = (struct demo_tensor){"token_embd.weight", 2, {DEMO_DIM, DEMO_VOCAB}, DEMO_INIT_STD};
-  t[n++] = (struct demo_tensor){"output_norm.weight", 1, {DEMO_DIM, 1}, 0};
-  for (int l = 0; l < DEMO_LAYERS; l++) {
-    static const struct {
+  const double proj_std = DEMO_INIT_STD / sqrt(2.0 * d->layers); // GPT-2's residual projection scaling
+  t[n++] = (struct demo_tensor){"token_embd.weight", 2, {d->dim, n_vocab}, DEMO_INIT_STD};
+  t[n++] = (struct demo_tensor){"output_norm.weight", 1, {d->dim, 1}, 0};
+  const int64_t kvd = (int64_t)d->dim / d->heads * d->heads_kv;
+  for (int l = 0; l < d->layers; l++) {
+    const struct {
       const char *suffix;
       int64_t k, n;
       int proj;
     } blk[] = {
-        {"attn_norm", DEMO_DIM, 0, 0},
-        {"attn_q", DEMO_DIM, DEMO_DIM, 0},
-        {"attn_k", DEMO_DIM, DEMO_DIM / DEMO_HEADS * DEMO_HEADS_KV, 0},
-        {"attn_v", DEMO_DIM, DEMO_DIM / DEMO_HEADS * DEMO_HEADS_KV, 0},
-        {"attn_output", DEMO_DIM, DEMO_DIM, 1},
-        {"ffn_norm", DEMO_DIM, 0, 0},
-        {"ffn_gate", DEMO_DIM, DEMO_FFN, 0},
-        {"ffn_up", DEMO_DIM, DEMO_FFN, 0},
-        {"ffn_down", DEMO_FFN, DEMO_DIM, 1},
+        {"attn_norm", d->dim, 0, 0},
+        {"attn_q", d->dim, d->dim, 0},
+        {"attn_k", d->dim, kvd, 0},
+        {"attn_v", d->dim, kvd, 0},
+        {"attn_output", d->dim, d->dim, 1},
+        {"ffn_norm", d->dim, 0, 0},
+        {"ffn_gate", d->dim, d->ffn, 0},
+        {"ffn_up", d->dim, d->ffn, 0},
+        {"ffn_down", d->ffn, d->dim, 1},
     };
     for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++) {
-      struct demo_tensor *d = &t[n++];
-      snprintf(d->name, sizeof d->name, "blk.%d.%s.weight", l, blk[i].suffix);
-      d->n_dims = blk[i].n ? 2 : 1;
-      d->ne[0] = blk[i].k;
-      d->ne[1] = blk[i].n ? blk[i].n : 1;
-      d->std = blk[i].n == 0 ? 0 : blk[i].proj ? proj_std : DEMO_INIT_STD;
+      struct demo_tensor *e = &t[n++];
+      snprintf(e->name, sizeof e->name, "blk.%d.%s.weight", l, blk[i].suffix);
+      e->n_dims = blk[i].n ? 2 : 1;
+      e->ne[0] = blk[i].k;
+      e->ne[1] = blk[i].n ? blk[i].n : 1;
+      e->std = blk[i].n == 0 ? 0 : blk[i].proj ? proj_std : DEMO_INIT_STD;
     }
   }
   return n;
 }
 
-#define DEMO_MAX_TENSORS (2 + 9 * DEMO_LAYERS)
-
-static int set_metadata(struct ll_modelfile *mf) {
+static int set_vocab_bytes(struct ll_modelfile *mf) {
   int rc = 0;
-  rc = rc ? rc : ll_mf_set_str(mf, "general.architecture", "llama");
-  rc = rc ? rc : ll_mf_set_str(mf, "general.name", "llsrv-demo");
-  rc = rc ? rc : ll_mf_set_u32(mf, "general.file_type", 0); // LLAMA_FTYPE_ALL_F32
-  rc = rc ? rc : ll_mf_set_u32(mf, "llama.vocab_size", DEMO_VOCAB);
-  rc = rc ? rc : ll_mf_set_u32(mf, "llama.context_length", DEMO_CTX);
-  rc = rc ? rc : ll_mf_set_u32(mf, "llama.embedding_length", DEMO_DIM);
-  rc = rc ? rc : ll_mf_set_u32(mf, "llama.block_count", DEMO_LAYERS);
-  rc = rc ? rc : ll_mf_set_u32(mf, "llama.feed_forward_length", DEMO_FFN);
-  rc = rc ? rc : ll_mf_set_u32(mf, "llama.attention.head_count", DEMO_HEADS);
-  rc = rc ? rc : ll_mf_set_u32(mf, "llama.attention.head_count_kv", DEMO_HEADS_KV);
-  rc = rc ? rc : ll_mf_set_u32(mf, "llama.rope.dimension_count", DEMO_DIM / DEMO_HEADS);
-  rc = rc ? rc : ll_mf_set_f32(mf, "llama.rope.freq_base", 10000.0f);
-  rc = rc ? rc : ll_mf_set_f32(mf, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  if (rc) return rc;
-
   char bytes[256][8];
   const char *toks[DEMO_VOCAB];
   float scores[DEMO_VOCAB];
@@ -225,27 +210,122 @@ static int set_metadata(struct ll_modelfile *mf) {
   return rc;
 }
 
+// Every tokenizer.* key of another model (its vocabulary, merges, special ids, template).
+static int copy_vocab(struct ll_modelfile *mf, const struct ll_modelfile *from, int *n_vocab) {
+  const struct ll_kv_array *toks;
+  if (ll_mf_get_arr(from, "tokenizer.ggml.tokens", &toks) != 0 || toks->elem_type != LL_KV_STR || toks->n < 4 || toks->n > (1u << 22))
+    return LL_EFORMAT;
+  *n_vocab = (int)toks->n;
+  for (uint64_t i = 0; i < from->n_kv; i++) {
+    const struct ll_kv *kv = &from->kv[i];
+    if (strncmp(kv->key.ptr, "tokenizer.", 10) != 0) continue;
+    struct ll_kv *nk = realloc(mf->kv, (size_t)(mf->n_kv + 1) * sizeof *nk);
+    if (!nk) return LL_ENOMEM;
+    mf->kv = nk;
+    struct ll_kv *d = &mf->kv[mf->n_kv];
+    memset(d, 0, sizeof *d);
+    if (!(d->key.ptr = malloc(kv->key.len + 1))) return LL_ENOMEM;
+    memcpy(d->key.ptr, kv->key.ptr, kv->key.len + 1);
+    d->key.len = kv->key.len;
+    int rc = ll_kv_value_copy(&d->value, &kv->value);
+    if (rc) {
+      free(d->key.ptr);
+      return rc;
+    }
+    mf->n_kv++;
+  }
+  return 0;
+}
+
+static int set_metadata(struct ll_modelfile *mf, const struct ll_init_dims *d, const char *name, const struct ll_modelfile *vocab_from,
+                        int *n_vocab) {
+  int rc = 0;
+  *n_vocab = DEMO_VOCAB;
+  rc = rc ? rc : ll_mf_set_str(mf, "general.architecture", "llama");
+  rc = rc ? rc : ll_mf_set_str(mf, "general.name", name);
+  rc = rc ? rc : ll_mf_set_u32(mf, "general.file_type", 0); // LLAMA_FTYPE_ALL_F32
+  if (rc) return rc;
+  if (vocab_from && (rc = copy_vocab(mf, vocab_from, n_vocab))) return rc;
+  rc = rc ? rc : ll_mf_set_u32(mf, "llama.vocab_size", (uint32_t)*n_vocab);
+  rc = rc ? rc : ll_mf_set_u32(mf, "llama.context_length", (uint32_t)d->ctx);
+  rc = rc ? rc : ll_mf_set_u32(mf, "llama.embedding_length", (uint32_t)d->dim);
+  rc = rc ? rc : ll_mf_set_u32(mf, "llama.block_count", (uint32_t)d->layers);
+  rc = rc ? rc : ll_mf_set_u32(mf, "llama.feed_forward_length", (uint32_t)d->ffn);
+  rc = rc ? rc : ll_mf_set_u32(mf, "llama.attention.head_count", (uint32_t)d->heads);
+  rc = rc ? rc : ll_mf_set_u32(mf, "llama.attention.head_count_kv", (uint32_t)d->heads_kv);
+  rc = rc ? rc : ll_mf_set_u32(mf, "llama.rope.dimension_count", (uint32_t)(d->dim / d->heads));
+  rc = rc ? rc : ll_mf_set_f32(mf, "llama.rope.freq_base", 10000.0f);
+  rc = rc ? rc : ll_mf_set_f32(mf, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  if (rc || vocab_from) return rc;
+  return set_vocab_bytes(mf);
+}
+
+static const struct ll_init_dims demo_dims = {DEMO_DIM, DEMO_LAYERS, DEMO_HEADS, DEMO_HEADS_KV, DEMO_FFN, DEMO_CTX};
+
+int ll_init_preset(const char *name, struct ll_init_dims *d) {
+  if (!strcmp(name, "tiny")) *d = demo_dims; // the demo model's shape
+  else if (!strcmp(name, "small")) *d = (struct ll_init_dims){384, 6, 6, 2, 1024, 1024};
+  else return LL_EINVAL;
+  return 0;
+}
+
+static int check_dims(const struct ll_init_dims *d, char *err, size_t errlen) {
+  if (d->dim < 2 || d->dim > 16384 || d->layers < 1 || d->layers > 256 || d->heads < 1 || d->heads_kv < 1 || d->dim % d->heads ||
+      d->heads % d->heads_kv || (d->dim / d->heads) % 2 || d->ffn < 1 || d->ffn > 65536 || d->ctx < 1 || d->ctx > (1 << 20))
+    return ll_errf(err, errlen, LL_EINVAL, "init: bad dimensions (dim %d, layers %d, heads %d/%d, ffn %d, ctx %d)", d->dim, d->layers, d->heads,
+                   d->heads_kv, d->ffn, d->ctx);
+  return 0;
+}
+
 // Builds the model into mf; *block receives the tensor memory (caller frees after writing).
-static int build_model(struct ll_modelfile *mf, float **block, char *err, size_t errlen) {
-  struct demo_tensor t[DEMO_MAX_TENSORS];
-  const int n = demo_tensors(t);
+static int build_model(struct ll_modelfile *mf, float **block, const struct ll_init_dims *d, uint64_t seed, const char *name,
+                       const struct ll_modelfile *vocab_from, char *err, size_t errlen) {
+  *block = NULL;
+  int rc = check_dims(d, err, errlen), n_vocab;
+  if (rc) return rc;
+  rc = set_metadata(mf, d, name, vocab_from, &n_vocab);
+  if (rc == LL_EFORMAT) return ll_errf(err, errlen, rc, "init: the vocabulary model has no tokenizer.ggml.tokens");
+  if (rc) return ll_errf(err, errlen, rc, "init: metadata: %s", ll_strerror(rc));
+  struct demo_tensor *t = calloc(2 + 9 * (size_t)d->layers, sizeof *t);
+  if (!t) return ll_errf(err, errlen, LL_ENOMEM, "init: out of memory");
+  const int n = demo_tensors(t, d, n_vocab);
   size_t total = 0;
   for (int i = 0; i < n; i++) total += (size_t)(t[i].ne[0] * t[i].ne[1]);
   float *w = malloc(total * sizeof *w);
   *block = w;
-  if (!w) return ll_errf(err, errlen, LL_ENOMEM, "demo model: out of memory for %zu weights", total);
-  int rc = set_metadata(mf);
-  if (rc) return ll_errf(err, errlen, rc, "demo model: metadata: %s", ll_strerror(rc));
-  uint64_t s = DEMO_SEED;
-  for (int i = 0; i < n; i++) {
+  if (!w) {
+    free(t);
+    return ll_errf(err, errlen, LL_ENOMEM, "init: out of memory for %zu weights", total);
+  }
+  uint64_t s = seed;
+  for (int i = 0; i < n && rc == 0; i++) {
     const size_t cnt = (size_t)(t[i].ne[0] * t[i].ne[1]);
     if (t[i].std > 0) fill_normal(w, cnt, t[i].std, &s);
     else for (size_t j = 0; j < cnt; j++) w[j] = 1.0f;
     if ((rc = ll_mf_add_tensor(mf, t[i].name, LL_TYPE_F32, t[i].n_dims, t[i].ne, w)))
-      return ll_errf(err, errlen, rc, "demo model: tensor '%s': %s", t[i].name, ll_strerror(rc));
+      rc = ll_errf(err, errlen, rc, "init: tensor '%s': %s", t[i].name, ll_strerror(rc));
     w += cnt;
   }
-  return 0;
+  free(t);
+  return rc;
+}
+
+int ll_init_model_write(const char *path, const struct ll_init_dims *d, uint64_t seed, const struct ll_modelfile *vocab_from, char *err,
+                        size_t errlen) {
+  struct ll_modelfile mf;
+  ll_modelfile_init(&mf);
+  float *block = NULL;
+  int rc = build_model(&mf, &block, d, seed, "llsrv-init", vocab_from, err, errlen);
+  if (rc == 0) {
+    struct ll_ckpt_write_opts o;
+    ll_ckpt_write_opts_init(&o);
+    o.source_format = "init";
+    o.note = "llsrv init: random init (N(0, 0.02); attn_output/ffn_down / sqrt(2 * n_layer)), untrained";
+    rc = ll_ckpt_write(path, &mf, &o, err, errlen);
+  }
+  ll_modelfile_free(&mf);
+  free(block);
+  return rc;
 }
 
 static int fsync_dir(const char *dir, char *err, size_t errlen) {
@@ -284,7 +364,7 @@ int ll_demo_model_ensure(const char *state_dir, char *path_out, size_t cap, char
   struct ll_modelfile mf;
   ll_modelfile_init(&mf);
   float *block = NULL;
-  int rc = build_model(&mf, &block, err, errlen);
+  int rc = build_model(&mf, &block, &demo_dims, DEMO_SEED, "llsrv-demo", NULL, err, errlen);
   if (rc == 0) {
     struct ll_ckpt_write_opts o;
     ll_ckpt_write_opts_init(&o);

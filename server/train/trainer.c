@@ -1,0 +1,938 @@
+// trainer.c - training forward/backward of the Llama model, AdamW, run checkpoints (ll_trainer.h).
+//
+// Forward (per micro-batch of B sequences of S tokens, T = B·S rows; shapes as (rows, cols)):
+//   x0 = E[ids]                                                     // (T, C)
+//   per layer l (x = x_l):
+//     n1 = rmsnorm(x)·g1;  q = lin_q(n1) (T, C), k = lin_k(n1), v = lin_v(n1) (T, kvd) [+ biases]
+//     q, k = rope(q), rope(k);  a = attention(q, k, v) per sequence (saves probabilities)
+//     m = x + lin_o(a);  n2 = rmsnorm(m)·g2;  g = lin_gate(n2), u = lin_up(n2) (T, F)
+//     h = silu(g)·u;  x_{l+1} = m + lin_down(h)
+//   logits = rmsnorm(x_L)·g_out · Wout^T (T, V);  loss = Σ_counted xent(logits, targets)
+// where lin(x) = x·W^T + scale · (drop(x)·A^T)·B^T for an adapted target (PEFT: dropout on the
+// adapter's input only; scale = alpha/r). We save axs = scale·drop(x)·A^T (T, r): then
+//   y = W x + axs·B^T  =>  dB += dy^T·axs,  daxs = dy·B,  dax = scale·daxs,
+//                          dA += dax^T·drop(x),  dx += drop(dax·A)   (+ dy·W through the base)
+// and the dropout mask is the same call (same seed) in backward, so drop(x) is recomputed, not kept.
+//
+// Backward mirrors each forward line in reverse (layer_forward / layer_backward side by side).
+// Every op is a backend call; the trainer itself only clears and copies buffers (zero/copy),
+// the two host-side operations a device backend would turn into fills and copies.
+#include "ll_trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ll_ckpt.h"
+#include "ll_cpu_train.h"
+#include "ll_error.h"
+#include "ll_lora.h"
+#include "ll_modelfile.h"
+#include "ll_quant.h"
+
+#define MAX_BUFS 64
+
+// One trainable tensor in the parameter vector (names as in checkpoints).
+struct ptensor {
+  char name[96];
+  int64_t off, n;
+  int n_dims;
+  int64_t ne[2];
+};
+
+// One layer's saved activations (all layers, or one with recomputation).
+struct lacts {
+  float *n1, *q, *k, *v, *att, *a, *m, *n2, *g, *u, *h; // see the forward above
+  float *axs[LL_LORA_N_TARGETS];                         // (T, r) scale·drop(x)·A^T
+};
+
+// Full mode: gradient pointers of one layer's weights.
+struct lgrad {
+  float *attn_norm, *ffn_norm, *wq, *wk, *wv, *wo, *gate, *up, *down;
+};
+
+struct ll_trainer {
+  struct ll_trainer_params p;
+  char arch[32];
+  const struct ll_model *m; // the model computed on (base, or fm in full mode)
+  struct ll_model fm;       // full mode: weights pointing into P
+  struct ll_layer *flayers;
+  struct lgrad *lg;
+  float *g_tok, *g_out, *g_onorm;
+  struct ll_modelfile meta; // full mode: the model file (metadata and frozen tensors for checkpoints)
+  struct ll_backend *be;
+  struct ll_backend_i ops; // the backend's members, training ones filled from the CPU references
+  struct ll_lora *lora;
+  float *P, *G, *M, *V; // parameters, gradients, AdamW moments (n_par each)
+  int64_t n_par, n_decay; // [0, n_decay) gets weight decay
+  struct ptensor *pt;
+  int n_pt;
+  int B, S, T;
+  int32_t *pos;           // (T) position of each row in its sequence
+  int32_t *ids, *tg;      // (grad_accum·T) one step's inputs and targets
+  float **xs;             // (L+1) layer inputs (T, C)
+  struct lacts *acts;
+  int n_acts;
+  float *xf, *logits;     // (T, C), (T, V)
+  float *dx, *dn, *da, *dq, *dk, *dv, *dh, *dg, *du, *dax, *dxd, *xd; // backward scratch
+  int train;              // 1: dropout on (training), 0: evaluation
+  uint64_t seed_now;      // dropout seed base of the current micro-batch
+  int64_t step, opt_step, skipped, micro;
+  double best_val, last_loss, last_val;
+  int inject_nan;
+  void *bufs[MAX_BUFS];
+  int n_bufs;
+  int64_t act_bytes;
+};
+
+void ll_trainer_params_init(struct ll_trainer_params *p) {
+  memset(p, 0, sizeof *p);
+  p->mode = LL_TRAIN_LORA;
+  p->arch = "llama";
+  p->rank = 16;
+  p->alpha = 32.0f;
+  p->targets = LL_LORA_ALL_TARGETS;
+  p->dropout = 0.0f;
+  p->batch = 1;
+  p->seq_len = 256;
+  p->grad_accum = 1;
+  p->steps = 1000;
+  p->lr = 2e-4;
+  p->warmup = 0;
+  p->schedule = LL_SCHED_COSINE;
+  p->min_lr_ratio = 0.0;
+  p->weight_decay = 0.0;
+  p->clip = 1.0;
+  p->beta1 = 0.9, p->beta2 = 0.999, p->adam_eps = 1e-8;
+  p->seed = 42;
+}
+
+const char *ll_train_schedule_name(int s) {
+  return s == LL_SCHED_COSINE ? "cosine" : s == LL_SCHED_LINEAR ? "linear" : s == LL_SCHED_CONSTANT ? "constant" : "?";
+}
+
+// ---------------------------------------------------------------- helpers
+
+static float *balloc(struct ll_trainer *tr, int64_t n_floats) {
+  if (tr->n_bufs >= MAX_BUFS || n_floats <= 0) return NULL;
+  float *p = ll_backend_alloc(tr->be, (size_t)n_floats * sizeof(float));
+  if (p) tr->bufs[tr->n_bufs++] = p;
+  return p;
+}
+
+// The two host-side operations (a device backend turns them into a fill and a copy).
+static void zero(float *p, int64_t n) { memset(p, 0, (size_t)n * sizeof *p); }
+static void copy(float *dst, const float *src, int64_t n) { memcpy(dst, src, (size_t)n * sizeof *dst); }
+
+static uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+#define BK(call, what)                                                                                                       \
+  do {                                                                                                                       \
+    int rc_ = (call);                                                                                                        \
+    if (rc_) return ll_errf(err, errlen, rc_, "trainer: backend %s failed: %s", what, ll_strerror(rc_));                     \
+  } while (0)
+
+static const struct ll_lora_pair *pair_of(const struct ll_trainer *tr, int l, int t) {
+  if (!tr->lora) return NULL;
+  const struct ll_lora_pair *pr = ll_lora_at(tr->lora, l, t);
+  return pr->a.data ? pr : NULL;
+}
+static float *grad_of(const struct ll_trainer *tr, const void *param) { return tr->G + ((const float *)param - tr->P); }
+
+// ---------------------------------------------------------------- adapted linear layer
+
+// y (T, out) = x·W^T [+= when acc] + scale·drop(x)·A^T·B^T;  axs (T, r) saved for backward.
+static int lin_forward(struct ll_trainer *tr, float *y, const float *x, const struct ll_weight *w, int l, int t, float *axs, int acc,
+                       char *err, size_t errlen) {
+  const struct ll_backend_i *B = &tr->ops;
+  struct ll_backend *be = tr->be;
+  const int T = tr->T;
+  BK(B->matmul(be, y, x, w, T, acc), "matmul");
+  const struct ll_lora_pair *pr = pair_of(tr, l, t);
+  if (!pr) return 0;
+  const float *xd = x;
+  if (tr->train && tr->p.dropout > 0) {
+    BK(B->dropout(be, tr->xd, x, tr->p.dropout, tr->seed_now ^ mix64((uint64_t)(l * LL_LORA_N_TARGETS + t)), (int64_t)T * w->k), "dropout");
+    xd = tr->xd;
+  }
+  BK(B->matmul(be, axs, xd, &pr->a, T, 0), "matmul lora_a");                 // (T, r)
+  BK(B->scale(be, axs, ll_lora_scale(tr->lora), (int64_t)T * tr->lora->rank), "scale");
+  BK(B->matmul(be, y, axs, &pr->b, T, 1), "matmul lora_b");                  // y += axs·B^T
+  return 0;
+}
+
+// Given dy (T, out): dx (T, in) += dy·W + drop(scale·(dy·B)·A); dA, dB (and dW in full mode) +=.
+static int lin_backward(struct ll_trainer *tr, float *dx, const float *dy, const float *x, const struct ll_weight *w, float *dw, int l, int t,
+                        const float *axs, char *err, size_t errlen) {
+  const struct ll_backend_i *B = &tr->ops;
+  struct ll_backend *be = tr->be;
+  const int T = tr->T;
+  BK(B->matmul_backward(be, dx, dw, dy, x, w, T), "matmul_backward");
+  const struct ll_lora_pair *pr = pair_of(tr, l, t);
+  if (!pr) return 0;
+  const int r = tr->lora->rank;
+  zero(tr->dax, (int64_t)T * r);
+  BK(B->matmul_backward(be, tr->dax, grad_of(tr, pr->b.data), dy, axs, &pr->b, T), "matmul_backward lora_b"); // daxs, dB
+  BK(B->scale(be, tr->dax, ll_lora_scale(tr->lora), (int64_t)T * r), "scale");                                 // dax
+  const int64_t nin = (int64_t)T * w->k;
+  if (tr->train && tr->p.dropout > 0) {
+    const uint64_t seed = tr->seed_now ^ mix64((uint64_t)(l * LL_LORA_N_TARGETS + t));
+    BK(B->dropout(be, tr->xd, x, tr->p.dropout, seed, nin), "dropout"); // drop(x) again: the same mask
+    zero(tr->dxd, nin);
+    BK(B->matmul_backward(be, tr->dxd, grad_of(tr, pr->a.data), tr->dax, tr->xd, &pr->a, T), "matmul_backward lora_a");
+    BK(B->dropout(be, tr->dxd, tr->dxd, tr->p.dropout, seed, nin), "dropout backward");
+    BK(B->axpy(be, dx, tr->dxd, 1.0f, nin), "axpy");
+  } else {
+    BK(B->matmul_backward(be, dx, grad_of(tr, pr->a.data), tr->dax, x, &pr->a, T), "matmul_backward lora_a");
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- one layer, forward and backward
+
+static int add_bias(struct ll_trainer *tr, float *y, const float *bias, int n, char *err, size_t errlen) {
+  for (int t = 0; bias && t < tr->T; t++) BK(tr->ops.add(tr->be, y + (size_t)t * n, y + (size_t)t * n, bias, n), "add");
+  return 0;
+}
+
+static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xout, struct lacts *a, char *err, size_t errlen) {
+  const struct ll_backend_i *B = &tr->ops;
+  struct ll_backend *be = tr->be;
+  const struct ll_model *m = tr->m;
+  const struct ll_layer *y = &m->layers[l];
+  const int T = tr->T, S = tr->S, C = m->C, kvd = m->kvd;
+  const float scale = 1.0f / sqrtf((float)m->hd);
+  int rc;
+  BK(B->rmsnorm(be, a->n1, x, y->attn_norm, T, C, m->eps), "rmsnorm");                       // n1 (T, C)
+  if ((rc = lin_forward(tr, a->q, a->n1, &y->wq, l, LL_LORA_Q, a->axs[LL_LORA_Q], 0, err, errlen))) return rc; // (T, C)
+  if ((rc = lin_forward(tr, a->k, a->n1, &y->wk, l, LL_LORA_K, a->axs[LL_LORA_K], 0, err, errlen))) return rc; // (T, kvd)
+  if ((rc = lin_forward(tr, a->v, a->n1, &y->wv, l, LL_LORA_V, a->axs[LL_LORA_V], 0, err, errlen))) return rc; // (T, kvd)
+  if ((rc = add_bias(tr, a->q, y->bq, C, err, errlen)) || (rc = add_bias(tr, a->k, y->bk, kvd, err, errlen)) ||
+      (rc = add_bias(tr, a->v, y->bv, kvd, err, errlen)))
+    return rc;
+  BK(B->rope(be, a->q, tr->pos, T, m->H, m->hd, &m->rope), "rope q");
+  BK(B->rope(be, a->k, tr->pos, T, m->Hkv, m->hd, &m->rope), "rope k");
+  for (int b = 0; b < tr->B; b++) // per sequence: a (S, C), probabilities (H, S, S)
+    BK(B->attention_train(be, a->a + (size_t)b * S * C, a->att + (size_t)b * m->H * S * S, a->q + (size_t)b * S * C, a->k + (size_t)b * S * kvd,
+                          a->v + (size_t)b * S * kvd, S, m->H, m->Hkv, m->hd, scale),
+       "attention_train");
+  copy(a->m, x, (int64_t)T * C);
+  if ((rc = lin_forward(tr, a->m, a->a, &y->wo, l, LL_LORA_O, a->axs[LL_LORA_O], 1, err, errlen))) return rc; // m = x + o(a)
+  BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");                     // n2 (T, C)
+  if ((rc = lin_forward(tr, a->g, a->n2, &y->gate, l, LL_LORA_GATE, a->axs[LL_LORA_GATE], 0, err, errlen))) return rc; // (T, F)
+  if ((rc = lin_forward(tr, a->u, a->n2, &y->up, l, LL_LORA_UP, a->axs[LL_LORA_UP], 0, err, errlen))) return rc;       // (T, F)
+  BK(B->swiglu(be, a->h, a->g, a->u, (int64_t)T * m->F), "swiglu");                            // h (T, F)
+  copy(xout, a->m, (int64_t)T * C);
+  return lin_forward(tr, xout, a->h, &y->down, l, LL_LORA_DOWN, a->axs[LL_LORA_DOWN], 1, err, errlen); // x' = m + down(h)
+}
+
+// dx (T, C): in, the gradient of the layer's output; out, of its input x.
+static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct lacts *a, float *dx, char *err, size_t errlen) {
+  const struct ll_backend_i *B = &tr->ops;
+  struct ll_backend *be = tr->be;
+  const struct ll_model *m = tr->m;
+  const struct ll_layer *y = &m->layers[l];
+  const struct lgrad *gw = tr->lg ? &tr->lg[l] : &(struct lgrad){0};
+  const int T = tr->T, S = tr->S, C = m->C, kvd = m->kvd, F = m->F;
+  const float scale = 1.0f / sqrtf((float)m->hd);
+  int rc;
+  // x' = m + down(h)
+  zero(tr->dh, (int64_t)T * F);
+  if ((rc = lin_backward(tr, tr->dh, dx, a->h, &y->down, gw->down, l, LL_LORA_DOWN, a->axs[LL_LORA_DOWN], err, errlen))) return rc;
+  // h = silu(g)·u
+  BK(B->swiglu_backward(be, tr->dg, tr->du, tr->dh, a->g, a->u, (int64_t)T * F), "swiglu_backward");
+  // g, u = gate(n2), up(n2)
+  zero(tr->dn, (int64_t)T * C);
+  if ((rc = lin_backward(tr, tr->dn, tr->dg, a->n2, &y->gate, gw->gate, l, LL_LORA_GATE, a->axs[LL_LORA_GATE], err, errlen)) ||
+      (rc = lin_backward(tr, tr->dn, tr->du, a->n2, &y->up, gw->up, l, LL_LORA_UP, a->axs[LL_LORA_UP], err, errlen)))
+    return rc;
+  // n2 = rmsnorm(m): dx becomes dm (the residual path plus the norm's)
+  BK(B->rmsnorm_backward(be, dx, gw->ffn_norm, tr->dn, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm_backward");
+  // m = x + o(a)
+  zero(tr->da, (int64_t)T * C);
+  if ((rc = lin_backward(tr, tr->da, dx, a->a, &y->wo, gw->wo, l, LL_LORA_O, a->axs[LL_LORA_O], err, errlen))) return rc;
+  // a = attention(q, k, v) per sequence
+  for (int b = 0; b < tr->B; b++)
+    BK(B->attention_backward(be, tr->dq + (size_t)b * S * C, tr->dk + (size_t)b * S * kvd, tr->dv + (size_t)b * S * kvd, tr->da + (size_t)b * S * C,
+                             a->q + (size_t)b * S * C, a->k + (size_t)b * S * kvd, a->v + (size_t)b * S * kvd, a->att + (size_t)b * m->H * S * S, S,
+                             m->H, m->Hkv, m->hd, scale),
+       "attention_backward");
+  // q, k = rope(q), rope(k)
+  BK(B->rope_backward(be, tr->dq, tr->pos, T, m->H, m->hd, &m->rope), "rope_backward q");
+  BK(B->rope_backward(be, tr->dk, tr->pos, T, m->Hkv, m->hd, &m->rope), "rope_backward k");
+  // q, k, v = lin(n1)   (biases are frozen: no gradient)
+  zero(tr->dn, (int64_t)T * C);
+  if ((rc = lin_backward(tr, tr->dn, tr->dq, a->n1, &y->wq, gw->wq, l, LL_LORA_Q, a->axs[LL_LORA_Q], err, errlen)) ||
+      (rc = lin_backward(tr, tr->dn, tr->dk, a->n1, &y->wk, gw->wk, l, LL_LORA_K, a->axs[LL_LORA_K], err, errlen)) ||
+      (rc = lin_backward(tr, tr->dn, tr->dv, a->n1, &y->wv, gw->wv, l, LL_LORA_V, a->axs[LL_LORA_V], err, errlen)))
+    return rc;
+  // n1 = rmsnorm(x): dx becomes the gradient of the layer's input
+  BK(B->rmsnorm_backward(be, dx, gw->attn_norm, tr->dn, x, y->attn_norm, T, C, m->eps), "rmsnorm_backward");
+  return 0;
+}
+
+// ---------------------------------------------------------------- whole model
+
+int ll_trainer_forward_backward(struct ll_trainer *tr, const int32_t *ids, const int32_t *targets, int n_seq, int grad, float grad_scale,
+                                double *loss_sum, int64_t *n_counted, char *err, size_t errlen) {
+  const struct ll_backend_i *B = &tr->ops;
+  struct ll_backend *be = tr->be;
+  const struct ll_model *m = tr->m;
+  const int S = tr->S, C = m->C, L = m->L;
+  if (n_seq < 1 || n_seq > tr->B) return ll_errf(err, errlen, LL_EINVAL, "trainer: %d sequences, the batch holds 1..%d", n_seq, tr->B);
+  // Rows past n_seq (a short last validation batch) repeat the first sequence with no targets.
+  int32_t *id = tr->ids, *tg = tr->tg; // first T entries: this micro-batch's copy
+  if (ids != id) memcpy(id, ids, (size_t)n_seq * S * sizeof *id);
+  if (targets != tg) memcpy(tg, targets, (size_t)n_seq * S * sizeof *tg);
+  for (int b = n_seq; b < tr->B; b++) {
+    memcpy(id + (size_t)b * S, ids, (size_t)S * sizeof *id);
+    for (int t = 0; t < S; t++) tg[(size_t)b * S + t] = -1;
+  }
+  int64_t cnt = 0;
+  for (int i = 0; i < tr->T; i++) {
+    if (id[i] < 0 || id[i] >= m->n_vocab) return ll_errf(err, errlen, LL_EINVAL, "trainer: token id %d out of range (vocabulary %d)", id[i], m->n_vocab);
+    if (tg[i] >= m->n_vocab) return ll_errf(err, errlen, LL_EINVAL, "trainer: target id %d out of range (vocabulary %d)", tg[i], m->n_vocab);
+    cnt += tg[i] >= 0;
+  }
+  const int saved_train = tr->train;
+  if (!grad) tr->train = 0;
+  int rc = 0;
+  // forward
+  BK(B->get_rows(be, tr->xs[0], &m->tok_embd, id, tr->T), "get_rows"); // x0 (T, C)
+  for (int l = 0; l < L && !rc; l++) rc = layer_forward(tr, l, tr->xs[l], tr->xs[l + 1], &tr->acts[tr->n_acts > 1 ? l : 0], err, errlen);
+  tr->train = saved_train;
+  if (rc) return rc;
+  BK(B->rmsnorm(be, tr->xf, tr->xs[L], m->output_norm, tr->T, C, m->eps), "rmsnorm");     // xf (T, C)
+  BK(B->matmul(be, tr->logits, tr->xf, &m->output, tr->T, 0), "matmul output");          // logits (T, V)
+  double loss = 0;
+  BK(B->softmax_xent(be, &loss, grad ? tr->logits : NULL, tr->logits, tg, tr->T, m->n_vocab, grad_scale), "softmax_xent"); // dlogits in place
+  *loss_sum = loss;
+  if (n_counted) *n_counted = cnt;
+  if (!grad) return 0;
+  // backward: logits = xf·Wout^T;  xf = rmsnorm(x_L)
+  zero(tr->dn, (int64_t)tr->T * C);
+  BK(B->matmul_backward(be, tr->dn, tr->g_out, tr->logits, tr->xf, &m->output, tr->T), "matmul_backward output");
+  zero(tr->dx, (int64_t)tr->T * C);
+  BK(B->rmsnorm_backward(be, tr->dx, tr->g_onorm, tr->dn, tr->xs[L], m->output_norm, tr->T, C, m->eps), "rmsnorm_backward");
+  for (int l = L - 1; l >= 0; l--) {
+    struct lacts *a = &tr->acts[tr->n_acts > 1 ? l : 0];
+    // Recomputation: the layer's activations again from its saved input (same dropout masks);
+    // its output goes to xf, which the backward no longer needs.
+    if (tr->n_acts == 1 && (rc = layer_forward(tr, l, tr->xs[l], tr->xf, a, err, errlen))) return rc;
+    if ((rc = layer_backward(tr, l, tr->xs[l], a, tr->dx, err, errlen))) return rc;
+  }
+  if (tr->g_tok) BK(B->get_rows_backward(be, tr->g_tok, tr->dx, id, tr->T, C), "get_rows_backward"); // x0 = E[ids]
+  return 0;
+}
+
+// ---------------------------------------------------------------- creation
+
+static int64_t act_floats(const struct ll_model *m, const struct ll_trainer_params *p, int64_t *per_layer, int64_t *fixed) {
+  const int64_t T = (int64_t)p->batch * p->seq_len, C = m->C, kvd = m->kvd, F = m->F, S = p->seq_len;
+  int64_t r = p->mode == LL_TRAIN_LORA ? p->rank : 0, nt = 0;
+  for (int t = 0; t < LL_LORA_N_TARGETS; t++) nt += p->mode == LL_TRAIN_LORA && ((p->targets >> t) & 1);
+  *per_layer = T * (5 * C + 2 * kvd + 3 * F) + (int64_t)p->batch * m->H * S * S + nt * T * r;
+  const int64_t maxin = C > F ? C : F;
+  *fixed = T * C * (int64_t)(m->L + 1) /* xs */ + T * C /* xf */ + T * m->n_vocab /* logits */ +
+           T * (4 * C + 2 * kvd + 3 * F) /* dx dn da dq dk dv dh dg du */ + T * (r > 0 ? r : 1) + 2 * T * maxin;
+  return *fixed + *per_layer * (p->recompute ? 1 : m->L);
+}
+
+static int64_t weight_bytes(const struct ll_weight *w) { return (int64_t)ll_row_size(w->type, w->k) * w->n; }
+
+static int64_t model_bytes(const struct ll_model *m) {
+  int64_t b = weight_bytes(&m->tok_embd) + (m->tied ? 0 : weight_bytes(&m->output)) + (int64_t)m->C * 4;
+  for (int l = 0; l < m->L; l++) {
+    const struct ll_layer *y = &m->layers[l];
+    b += weight_bytes(&y->wq) + weight_bytes(&y->wk) + weight_bytes(&y->wv) + weight_bytes(&y->wo) + weight_bytes(&y->gate) +
+         weight_bytes(&y->up) + weight_bytes(&y->down) + 2 * (int64_t)m->C * 4;
+  }
+  return b;
+}
+
+static int64_t n_trainable(const struct ll_model *m, const struct ll_trainer_params *p) {
+  int64_t n = 0;
+  if (p->mode == LL_TRAIN_LORA) {
+    const int64_t in[LL_LORA_N_TARGETS] = {m->C, m->C, m->C, m->C, m->C, m->C, m->F};
+    const int64_t out[LL_LORA_N_TARGETS] = {m->C, m->kvd, m->kvd, m->C, m->F, m->F, m->C};
+    for (int t = 0; t < LL_LORA_N_TARGETS; t++)
+      if ((p->targets >> t) & 1) n += (int64_t)p->rank * (in[t] + out[t]);
+    return n * m->L;
+  }
+  n = (int64_t)m->n_vocab * m->C * (m->tied ? 1 : 2) + m->C;
+  return n + (int64_t)m->L * (2 * m->C + 2 * (int64_t)m->C * m->C + 2 * (int64_t)m->kvd * m->C + 3 * (int64_t)m->F * m->C);
+}
+
+void ll_trainer_estimate(const struct ll_model *m, const struct ll_trainer_params *p, struct ll_train_memory *mem) {
+  int64_t pl, fx;
+  const int64_t np = n_trainable(m, p);
+  mem->weights = model_bytes(m);
+  mem->adapters = np * 4;
+  mem->grads = np * 4;
+  mem->optimizer = np * 8;
+  mem->activations = act_floats(m, p, &pl, &fx) * 4;
+}
+
+void ll_trainer_memory(const struct ll_trainer *tr, struct ll_train_memory *mem) {
+  ll_trainer_estimate(tr->m, &tr->p, mem);
+  mem->activations = tr->act_bytes;
+}
+
+static int check_params(const struct ll_model *m, const struct ll_trainer_params *p, char *err, size_t errlen) {
+  if (p->mode != LL_TRAIN_LORA && p->mode != LL_TRAIN_FULL) return ll_errf(err, errlen, LL_EINVAL, "trainer: unknown mode %d", p->mode);
+  if (p->mode == LL_TRAIN_LORA) {
+    if (p->rank < 1 || p->rank > 4096) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_rank %d must be 1..4096", p->rank);
+    if (!(p->alpha > 0) || !isfinite(p->alpha)) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_alpha must be positive");
+    if (!p->targets || (p->targets & ~LL_LORA_ALL_TARGETS)) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_targets names no known target");
+  }
+  if (!(p->dropout >= 0 && p->dropout < 1)) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_dropout %g must be in [0, 1)", p->dropout);
+  if (p->batch < 1 || p->batch > 4096) return ll_errf(err, errlen, LL_EINVAL, "trainer: batch %d must be 1..4096", p->batch);
+  if (p->seq_len < 2 || p->seq_len > 65536) return ll_errf(err, errlen, LL_EINVAL, "trainer: seq_len %d must be 2..65536", p->seq_len);
+  if ((int64_t)p->batch * p->seq_len > (1 << 20)) return ll_errf(err, errlen, LL_ELIMIT, "trainer: batch x seq_len exceeds 1M tokens");
+  if (p->grad_accum < 1 || p->grad_accum > 65536) return ll_errf(err, errlen, LL_EINVAL, "trainer: grad_accum %d must be 1..65536", p->grad_accum);
+  if (p->steps < 1) return ll_errf(err, errlen, LL_EINVAL, "trainer: steps must be >= 1");
+  if (!(p->lr > 0) || !isfinite(p->lr)) return ll_errf(err, errlen, LL_EINVAL, "trainer: lr must be positive");
+  if (p->warmup < 0) return ll_errf(err, errlen, LL_EINVAL, "trainer: warmup must be >= 0");
+  if (p->schedule < 0 || p->schedule > LL_SCHED_CONSTANT) return ll_errf(err, errlen, LL_EINVAL, "trainer: unknown schedule %d", p->schedule);
+  if (!(p->clip >= 0) || !(p->weight_decay >= 0) || !(p->beta1 >= 0 && p->beta1 < 1) || !(p->beta2 >= 0 && p->beta2 < 1) || !(p->adam_eps > 0) ||
+      !(p->min_lr_ratio >= 0 && p->min_lr_ratio <= 1))
+    return ll_errf(err, errlen, LL_EINVAL, "trainer: clip, weight_decay, betas, eps or min_lr_ratio out of range");
+  if (m->L < 1 || m->C < 1 || m->n_vocab < 1) return ll_errf(err, errlen, LL_EINVAL, "trainer: empty model");
+  return 0;
+}
+
+static void fill_ops(struct ll_trainer *tr) {
+  tr->ops = *tr->be->i;
+  const struct ll_backend_i *r = ll_cpu_train_ref();
+#define FILL(x) if (!tr->ops.x) tr->ops.x = r->x
+  FILL(matmul_backward); FILL(rmsnorm_backward); FILL(rope_backward); FILL(swiglu_backward); FILL(attention_train);
+  FILL(attention_backward); FILL(softmax_xent); FILL(get_rows_backward); FILL(dropout); FILL(sumsq); FILL(axpy); FILL(scale);
+  FILL(adamw);
+#undef FILL
+}
+
+static int add_pt(struct ll_trainer *tr, const char *name, int64_t off, int n_dims, int64_t ne0, int64_t ne1) {
+  struct ptensor *np = realloc(tr->pt, (size_t)(tr->n_pt + 1) * sizeof *np);
+  if (!np) return LL_ENOMEM;
+  tr->pt = np;
+  struct ptensor *t = &tr->pt[tr->n_pt++];
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->off = off, t->n = ne0 * ne1, t->n_dims = n_dims, t->ne[0] = ne0, t->ne[1] = ne1;
+  return 0;
+}
+
+static int setup_lora(struct ll_trainer *tr, char *err, size_t errlen) {
+  const struct ll_model *m = tr->m;
+  struct ll_lora_dims d;
+  memset(&d, 0, sizeof d);
+  snprintf(d.arch, sizeof d.arch, "%s", tr->arch);
+  d.n_layer = m->L, d.n_embd = m->C, d.n_embd_kv = m->kvd, d.n_ff = m->F, d.n_head = m->H, d.n_head_kv = m->Hkv;
+  int rc = ll_lora_create(&tr->lora, &d, tr->p.rank, tr->p.alpha, tr->p.targets, tr->p.seed, tr->be, err, errlen);
+  if (rc) return rc;
+  tr->P = tr->lora->storage;
+  tr->n_par = tr->n_decay = tr->lora->n_params;
+  // Tensor names exactly as the adapter's files name them (one list for save and resume).
+  struct ll_modelfile mf;
+  ll_modelfile_init(&mf);
+  rc = ll_lora_to_mf(tr->lora, &mf, err, errlen);
+  for (uint64_t i = 0; rc == 0 && i < mf.n_tensors; i++) {
+    const struct ll_tensor_info *t = &mf.tensors[i];
+    const float *d0 = t->data;
+    if (d0 < tr->P || d0 >= tr->P + tr->n_par) continue;
+    rc = add_pt(tr, t->name.ptr, d0 - tr->P, 2, t->ne[0], t->ne[1]);
+  }
+  ll_modelfile_free(&mf);
+  return rc;
+}
+
+// Full mode: every weight as an f32 copy in P (matrices first: they get weight decay; norms last).
+static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *err, size_t errlen) {
+  const int L = base->L;
+  const int64_t C = base->C;
+  tr->n_par = n_trainable(base, &tr->p);
+  if (!(tr->P = balloc(tr, tr->n_par))) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for %lld parameters", (long long)tr->n_par);
+  tr->flayers = calloc((size_t)L, sizeof *tr->flayers);
+  tr->lg = calloc((size_t)L, sizeof *tr->lg);
+  if (!tr->flayers || !tr->lg) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+  tr->fm = *base;
+  tr->fm.layers = tr->flayers;
+  int64_t off = 0;
+  // A matrix: dequantized f32 copy, its name and its place.
+  struct mat {
+    const struct ll_weight *src;
+    struct ll_weight *dst;
+    char name[64];
+  } *mats = calloc(2 + 7 * (size_t)L, sizeof *mats);
+  int nm = 0, rc = 0;
+  if (!mats) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+#define MAT(s, d, ...) (mats[nm].src = (s), mats[nm].dst = (d), snprintf(mats[nm].name, sizeof mats[nm].name, __VA_ARGS__), nm++)
+  MAT(&base->tok_embd, &tr->fm.tok_embd, "token_embd.weight");
+  if (!base->tied) MAT(&base->output, &tr->fm.output, "output.weight");
+  for (int l = 0; l < L; l++) {
+    const struct ll_layer *y = &base->layers[l];
+    struct ll_layer *z = &tr->flayers[l];
+    *z = *y;
+    MAT(&y->wq, &z->wq, "blk.%d.attn_q.weight", l);
+    MAT(&y->wk, &z->wk, "blk.%d.attn_k.weight", l);
+    MAT(&y->wv, &z->wv, "blk.%d.attn_v.weight", l);
+    MAT(&y->wo, &z->wo, "blk.%d.attn_output.weight", l);
+    MAT(&y->gate, &z->gate, "blk.%d.ffn_gate.weight", l);
+    MAT(&y->up, &z->up, "blk.%d.ffn_up.weight", l);
+    MAT(&y->down, &z->down, "blk.%d.ffn_down.weight", l);
+  }
+#undef MAT
+  for (int i = 0; i < nm && rc == 0; i++) {
+    const struct ll_weight *s = mats[i].src;
+    if (s->type != LL_TYPE_F32 && s->type != LL_TYPE_F16 && s->type != LL_TYPE_BF16) {
+      rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: full-parameter training needs float weights; '%s' is %s (train LoRA adapters instead)",
+                   mats[i].name, ll_type_name(s->type));
+      break;
+    }
+    float *dst = tr->P + off;
+    const size_t rs = ll_row_size(s->type, s->k);
+    for (int64_t r = 0; r < s->n && rc == 0; r++)
+      if (ll_dequantize_row(s->type, (const char *)s->data + (size_t)r * rs, dst + r * s->k, s->k) != 0)
+        rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: cannot convert '%s'", mats[i].name);
+    *mats[i].dst = (struct ll_weight){LL_TYPE_F32, s->k, s->n, dst, NULL};
+    if (rc == 0 && add_pt(tr, mats[i].name, off, 2, s->k, s->n)) rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+    off += s->k * s->n;
+  }
+  free(mats);
+  if (rc) return rc;
+  if (base->tied) tr->fm.output = tr->fm.tok_embd;
+  tr->n_decay = off;
+  // Norm weights (no weight decay).
+  char nm1[64];
+  for (int l = 0; l <= L; l++) {
+    const float *src[2] = {l < L ? base->layers[l].attn_norm : base->output_norm, l < L ? base->layers[l].ffn_norm : NULL};
+    for (int j = 0; j < 2 && src[j]; j++) {
+      if (l < L) snprintf(nm1, sizeof nm1, "blk.%d.%s.weight", l, j ? "ffn_norm" : "attn_norm");
+      else snprintf(nm1, sizeof nm1, "output_norm.weight");
+      copy(tr->P + off, src[j], C);
+      if (l < L && j == 0) tr->flayers[l].attn_norm = tr->P + off;
+      else if (l < L) tr->flayers[l].ffn_norm = tr->P + off;
+      else tr->fm.output_norm = tr->P + off;
+      if (add_pt(tr, nm1, off, 1, C, 1)) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+      off += C;
+    }
+  }
+  if (off != tr->n_par) return ll_errf(err, errlen, LL_EINVAL, "trainer: internal: %lld of %lld parameters placed", (long long)off, (long long)tr->n_par);
+  tr->m = &tr->fm;
+  return 0;
+}
+
+// Gradient pointers of full mode (same offsets in G as the weights in P).
+static void full_grads(struct ll_trainer *tr) {
+  tr->g_tok = grad_of(tr, tr->fm.tok_embd.data);
+  tr->g_out = grad_of(tr, tr->fm.output.data); // == g_tok when tied: both products add into it
+  tr->g_onorm = grad_of(tr, tr->fm.output_norm);
+  for (int l = 0; l < tr->fm.L; l++) {
+    const struct ll_layer *y = &tr->flayers[l];
+    tr->lg[l] = (struct lgrad){grad_of(tr, y->attn_norm), grad_of(tr, y->ffn_norm), grad_of(tr, y->wq.data), grad_of(tr, y->wk.data),
+                               grad_of(tr, y->wv.data), grad_of(tr, y->wo.data), grad_of(tr, y->gate.data), grad_of(tr, y->up.data),
+                               grad_of(tr, y->down.data)};
+  }
+}
+
+int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct ll_backend *be, const struct ll_trainer_params *p, char *err,
+                      size_t errlen) {
+  *out = NULL;
+  int rc = check_params(m, p, err, errlen);
+  if (rc) return rc;
+  struct ll_trainer *tr = calloc(1, sizeof *tr);
+  if (!tr) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+  tr->p = *p;
+  tr->p.arch = NULL, tr->p.model_path = NULL; // not kept (the caller's strings)
+  snprintf(tr->arch, sizeof tr->arch, "%s", p->arch ? p->arch : "llama");
+  tr->be = be;
+  tr->m = m;
+  tr->best_val = INFINITY, tr->last_loss = NAN, tr->last_val = NAN;
+  ll_modelfile_init(&tr->meta);
+  fill_ops(tr);
+  tr->B = p->batch, tr->S = p->seq_len, tr->T = p->batch * p->seq_len;
+  if (p->mode == LL_TRAIN_LORA) {
+    rc = setup_lora(tr, err, errlen);
+  } else {
+    rc = setup_full(tr, m, err, errlen);
+    if (rc == 0 && p->model_path) rc = ll_model_open(p->model_path, &tr->meta, err, errlen);
+  }
+  if (rc) goto fail;
+  const int64_t n = tr->n_par;
+  if (!(tr->G = balloc(tr, n)) || !(tr->M = balloc(tr, n)) || !(tr->V = balloc(tr, n))) {
+    rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for gradients and optimizer state (%lld parameters)", (long long)n);
+    goto fail;
+  }
+  if (p->mode == LL_TRAIN_FULL) full_grads(tr);
+  // Activations.
+  const struct ll_model *mm = tr->m;
+  const int64_t T = tr->T, C = mm->C, kvd = mm->kvd, F = mm->F, r = tr->lora ? tr->lora->rank : 1;
+  const int64_t maxin = C > F ? C : F;
+  tr->n_acts = p->recompute ? 1 : mm->L;
+  tr->xs = calloc((size_t)mm->L + 1, sizeof *tr->xs);
+  tr->acts = calloc((size_t)tr->n_acts, sizeof *tr->acts);
+  tr->pos = malloc((size_t)T * sizeof *tr->pos);
+  tr->ids = malloc((size_t)T * p->grad_accum * sizeof *tr->ids);
+  tr->tg = malloc((size_t)T * p->grad_accum * sizeof *tr->tg);
+  if (!tr->xs || !tr->acts || !tr->pos || !tr->ids || !tr->tg) {
+    rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+    goto fail;
+  }
+  for (int64_t t = 0; t < T; t++) tr->pos[t] = (int32_t)(t % tr->S);
+  // One allocation for the layer inputs and one per layer of saved activations (MAX_BUFS).
+  int64_t pl, fx;
+  act_floats(mm, p, &pl, &fx);
+  float *xs = balloc(tr, T * C * (mm->L + 1));
+  if (!xs) goto oom;
+  for (int l = 0; l <= mm->L; l++) tr->xs[l] = xs + (size_t)l * T * C;
+  float *scr = balloc(tr, T * C + T * mm->n_vocab + T * (4 * C + 2 * kvd + 3 * F) + T * r + 2 * T * maxin);
+  if (!scr) goto oom;
+  float *s = scr;
+#define TAKE(ptr, cnt) (ptr = s, s += (cnt))
+  TAKE(tr->xf, T * C); TAKE(tr->logits, T * mm->n_vocab);
+  TAKE(tr->dx, T * C); TAKE(tr->dn, T * C); TAKE(tr->da, T * C); TAKE(tr->dq, T * C); TAKE(tr->dk, T * kvd); TAKE(tr->dv, T * kvd);
+  TAKE(tr->dh, T * F); TAKE(tr->dg, T * F); TAKE(tr->du, T * F); TAKE(tr->dax, T * r); TAKE(tr->dxd, T * maxin); TAKE(tr->xd, T * maxin);
+  for (int l = 0; l < tr->n_acts; l++) {
+    float *blk = l < MAX_BUFS - 8 ? balloc(tr, pl) : NULL;
+    if (!blk) goto oom;
+    s = blk;
+    struct lacts *a = &tr->acts[l];
+    TAKE(a->n1, T * C); TAKE(a->q, T * C); TAKE(a->k, T * kvd); TAKE(a->v, T * kvd); TAKE(a->att, (int64_t)p->batch * mm->H * tr->S * tr->S);
+    TAKE(a->a, T * C); TAKE(a->m, T * C); TAKE(a->n2, T * C); TAKE(a->g, T * F); TAKE(a->u, T * F); TAKE(a->h, T * F);
+    for (int t = 0; t < LL_LORA_N_TARGETS; t++)
+      if (tr->lora && ((p->targets >> t) & 1)) TAKE(a->axs[t], T * r);
+  }
+#undef TAKE
+  tr->act_bytes = 4 * (T * C * (mm->L + 1) + (T * C + T * mm->n_vocab + T * (4 * C + 2 * kvd + 3 * F) + T * r + 2 * T * maxin) + pl * tr->n_acts);
+  tr->train = 1;
+  *out = tr;
+  return 0;
+oom:
+  rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for activations (batch %d x seq_len %d)", p->batch, p->seq_len);
+fail:
+  ll_trainer_free(tr);
+  return rc;
+}
+
+void ll_trainer_free(struct ll_trainer *tr) {
+  if (!tr) return;
+  for (int i = 0; i < tr->n_bufs; i++) ll_backend_free_buf(tr->be, tr->bufs[i]);
+  ll_lora_free(tr->lora);
+  ll_modelfile_free(&tr->meta);
+  free(tr->pt), free(tr->flayers), free(tr->lg), free(tr->xs), free(tr->acts), free(tr->pos), free(tr->ids), free(tr->tg);
+  free(tr);
+}
+
+const struct ll_lora *ll_trainer_lora(const struct ll_trainer *tr) { return tr->lora; }
+const struct ll_model *ll_trainer_model(const struct ll_trainer *tr) { return tr->p.mode == LL_TRAIN_FULL ? &tr->fm : NULL; }
+void ll_trainer_vectors(struct ll_trainer *tr, float **params, float **grads, int64_t *n) {
+  if (params) *params = tr->P;
+  if (grads) *grads = tr->G;
+  if (n) *n = tr->n_par;
+}
+void ll_trainer_zero_grad(struct ll_trainer *tr) { zero(tr->G, tr->n_par); }
+void ll_trainer_inject_nan(struct ll_trainer *tr) { tr->inject_nan = 1; }
+void ll_trainer_set_best_val(struct ll_trainer *tr, double v) { tr->best_val = v; }
+void ll_trainer_state(const struct ll_trainer *tr, struct ll_trainer_state *st) {
+  st->step = tr->step, st->opt_step = tr->opt_step, st->skipped = tr->skipped, st->micro = tr->micro;
+  st->best_val = tr->best_val, st->last_loss = tr->last_loss, st->last_val = tr->last_val;
+}
+
+// ---------------------------------------------------------------- optimizer step
+
+static double lr_at(const struct ll_trainer_params *p, int64_t step) {
+  if (step < p->warmup) return p->lr * (double)(step + 1) / (double)p->warmup;
+  const double lo = p->lr * p->min_lr_ratio;
+  const int64_t span = p->steps - p->warmup;
+  double x = span > 0 ? (double)(step - p->warmup) / (double)span : 1.0;
+  if (x > 1) x = 1;
+  if (p->schedule == LL_SCHED_COSINE) return lo + (p->lr - lo) * 0.5 * (1.0 + cos(M_PI * x));
+  if (p->schedule == LL_SCHED_LINEAR) return lo + (p->lr - lo) * (1.0 - x);
+  return p->lr;
+}
+
+int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct ll_train_step_info *info, char *err, size_t errlen) {
+  const struct ll_backend_i *B = &tr->ops;
+  struct ll_backend *be = tr->be;
+  const int A = tr->p.grad_accum, T = tr->T, S = tr->S;
+  memset(info, 0, sizeof *info);
+  // Read the whole step's data first: the loss is a mean over every counted token of the step,
+  // so each micro-batch's gradient is scaled by 1 / (the step's count) before it is summed.
+  int32_t *ids = malloc((size_t)A * T * sizeof *ids), *tg = malloc((size_t)A * T * sizeof *tg);
+  if (!ids || !tg) {
+    free(ids), free(tg);
+    return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+  }
+  int rc = 0, epoch = 0;
+  int64_t count = 0;
+  for (int i = 0; i < A * tr->B && rc == 0; i++) {
+    int e = src->next(src->user, ids + (size_t)i * S, tg + (size_t)i * S, err, errlen);
+    if (e < 0) rc = e;
+    else epoch = e;
+  }
+  for (int64_t i = 0; rc == 0 && i < (int64_t)A * T; i++) count += tg[i] >= 0;
+  double loss_sum = 0;
+  const float gscale = count > 0 ? 1.0f / (float)count : 0.0f;
+  for (int a = 0; a < A && rc == 0; a++) {
+    double ls = 0;
+    tr->seed_now = mix64(tr->p.seed ^ mix64((uint64_t)tr->micro + 1));
+    rc = ll_trainer_forward_backward(tr, ids + (size_t)a * T, tg + (size_t)a * T, tr->B, 1, gscale, &ls, NULL, err, errlen);
+    tr->micro++;
+    loss_sum += ls;
+  }
+  free(ids), free(tg);
+  if (rc) {
+    zero(tr->G, tr->n_par);
+    return rc;
+  }
+  const double loss = count > 0 ? loss_sum / (double)count : NAN;
+  if (tr->inject_nan) {
+    tr->G[0] = NAN; // test hook: a poisoned gradient must be caught below
+    tr->inject_nan = 0;
+  }
+  double ss = 0;
+  BK(B->sumsq(be, &ss, tr->G, tr->n_par), "sumsq");
+  info->grad_norm = sqrt(ss);
+  info->tokens = (int64_t)A * T;
+  info->epoch = epoch;
+  info->lr = lr_at(&tr->p, tr->step);
+  info->loss = loss;
+  if (!isfinite(loss) || !isfinite(ss)) {
+    // Skip: the weights and the moments stay exactly as they were.
+    tr->skipped++;
+    info->skipped = 1;
+  } else {
+    if (tr->p.clip > 0 && info->grad_norm > tr->p.clip) BK(B->scale(be, tr->G, (float)(tr->p.clip / info->grad_norm), tr->n_par), "scale");
+    tr->opt_step++;
+    const float lr = (float)info->lr, b1 = (float)tr->p.beta1, b2 = (float)tr->p.beta2, eps = (float)tr->p.adam_eps;
+    const int st = (int)(tr->opt_step > 0x7fffffff ? 0x7fffffff : tr->opt_step);
+    BK(B->adamw(be, tr->P, tr->G, tr->M, tr->V, tr->n_decay, lr, b1, b2, eps, (float)tr->p.weight_decay, st), "adamw");
+    if (tr->n_par > tr->n_decay)
+      BK(B->adamw(be, tr->P + tr->n_decay, tr->G + tr->n_decay, tr->M + tr->n_decay, tr->V + tr->n_decay, tr->n_par - tr->n_decay, lr, b1, b2, eps,
+                  0.0f, st),
+         "adamw");
+    tr->last_loss = loss;
+  }
+  zero(tr->G, tr->n_par);
+  tr->step++;
+  info->step = tr->step;
+  return 0;
+}
+
+int ll_trainer_eval(struct ll_trainer *tr, struct ll_train_source *src, int64_t max_seqs, double *loss, char *err, size_t errlen) {
+  *loss = NAN;
+  if (!src->val_next) return ll_errf(err, errlen, LL_ENOTFOUND, "trainer: no validation data");
+  if (src->val_reset) src->val_reset(src->user);
+  const int S = tr->S;
+  int32_t *ids = malloc((size_t)tr->T * sizeof *ids), *tg = malloc((size_t)tr->T * sizeof *tg);
+  if (!ids || !tg) {
+    free(ids), free(tg);
+    return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+  }
+  double sum = 0;
+  int64_t cnt = 0, seen = 0;
+  int rc = 0, done = 0;
+  while (!done && rc == 0 && (max_seqs <= 0 || seen < max_seqs)) {
+    int n = 0;
+    while (n < tr->B && (max_seqs <= 0 || seen < max_seqs)) {
+      int r = src->val_next(src->user, ids + (size_t)n * S, tg + (size_t)n * S, err, errlen);
+      if (r < 0) { rc = r; break; }
+      if (r == 0) { done = 1; break; }
+      n++, seen++;
+    }
+    if (rc || n == 0) break;
+    double ls = 0;
+    int64_t c = 0;
+    rc = ll_trainer_forward_backward(tr, ids, tg, n, 0, 1.0f, &ls, &c, err, errlen);
+    sum += ls, cnt += c;
+  }
+  free(ids), free(tg);
+  if (rc) return rc;
+  if (cnt == 0) return ll_errf(err, errlen, LL_ENOTFOUND, "trainer: the validation split has no counted tokens");
+  *loss = sum / (double)cnt;
+  tr->last_val = *loss;
+  return 0;
+}
+
+// ---------------------------------------------------------------- run checkpoints
+
+static int copy_meta_kv(struct ll_modelfile *dst, const struct ll_modelfile *src) {
+  if (!src->n_kv) return 0;
+  dst->kv = calloc(src->n_kv, sizeof *dst->kv);
+  if (!dst->kv) return LL_ENOMEM;
+  for (uint64_t i = 0; i < src->n_kv; i++) {
+    struct ll_kv *d = &dst->kv[i];
+    const struct ll_kv *s = &src->kv[i];
+    if (!(d->key.ptr = malloc(s->key.len + 1))) return LL_ENOMEM;
+    memcpy(d->key.ptr, s->key.ptr, s->key.len + 1);
+    d->key.len = s->key.len;
+    dst->n_kv = i + 1;
+    int rc = ll_kv_value_copy(&d->value, &s->value);
+    if (rc) {
+      d->value.type = LL_KV_U8; // freed as a scalar
+      return rc;
+    }
+  }
+  dst->gguf_version = src->gguf_version;
+  dst->alignment = src->alignment;
+  return 0;
+}
+
+static void params_text(const struct ll_trainer *tr, char *buf, size_t cap) {
+  const struct ll_trainer_params *p = &tr->p;
+  snprintf(buf, cap,
+           "mode=%s rank=%d alpha=%g targets=0x%x dropout=%g batch=%d seq_len=%d grad_accum=%d steps=%lld lr=%g warmup=%lld schedule=%s "
+           "min_lr_ratio=%g weight_decay=%g clip=%g beta1=%g beta2=%g eps=%g seed=%llu recompute=%d",
+           p->mode == LL_TRAIN_LORA ? "lora" : "full", p->rank, p->alpha, p->targets, p->dropout, p->batch, p->seq_len, p->grad_accum,
+           (long long)p->steps, p->lr, (long long)p->warmup, ll_train_schedule_name(p->schedule), p->min_lr_ratio, p->weight_decay, p->clip,
+           p->beta1, p->beta2, p->adam_eps, (unsigned long long)p->seed, p->recompute);
+}
+
+int ll_trainer_save(struct ll_trainer *tr, const char *path, struct ll_train_source *src, char *err, size_t errlen) {
+  struct ll_modelfile mf;
+  ll_modelfile_init(&mf);
+  int rc = 0;
+  char name[128];
+  if (tr->lora) {
+    rc = ll_lora_to_mf(tr->lora, &mf, err, errlen);
+  } else {
+    // The model as a model: its metadata and every tensor (trained ones from P, frozen ones as loaded).
+    if ((rc = copy_meta_kv(&mf, &tr->meta))) rc = ll_errf(err, errlen, rc, "trainer: out of memory");
+    for (uint64_t i = 0; rc == 0 && i < tr->meta.n_tensors; i++) {
+      const struct ll_tensor_info *t = &tr->meta.tensors[i];
+      const void *data = t->data;
+      int type = t->type;
+      for (int j = 0; j < tr->n_pt; j++)
+        if (!strcmp(tr->pt[j].name, t->name.ptr)) data = tr->P + tr->pt[j].off, type = LL_TYPE_F32;
+      if ((rc = ll_mf_add_tensor(&mf, t->name.ptr, type, t->n_dims, t->ne, data))) rc = ll_errf(err, errlen, rc, "trainer: %s", t->name.ptr);
+    }
+    if (rc == 0 && !tr->meta.n_tensors) rc = ll_errf(err, errlen, LL_EINVAL, "trainer: full-mode checkpoints need the model file (model_path)");
+    if (rc == 0) rc = ll_mf_set_u32(&mf, "general.file_type", 0) ? LL_ENOMEM : 0; // every trained tensor is f32 now
+  }
+  // AdamW moments beside each trainable tensor.
+  for (int j = 0; rc == 0 && j < tr->n_pt; j++) {
+    const struct ptensor *t = &tr->pt[j];
+    snprintf(name, sizeof name, "%s.adam_m", t->name);
+    rc = ll_mf_add_tensor(&mf, name, LL_TYPE_F32, t->n_dims, t->ne, tr->M + t->off);
+    snprintf(name, sizeof name, "%s.adam_v", t->name);
+    if (rc == 0) rc = ll_mf_add_tensor(&mf, name, LL_TYPE_F32, t->n_dims, t->ne, tr->V + t->off);
+    if (rc) rc = ll_errf(err, errlen, rc, "trainer: %s", name);
+  }
+  uint64_t cur[LL_TRAIN_CURSOR_WORDS] = {0};
+  if (src && src->cursor_get) src->cursor_get(src->user, cur);
+  char cfg[1024];
+  params_text(tr, cfg, sizeof cfg);
+  if (rc == 0) {
+    int e = 0;
+    e |= ll_mf_set_str(&mf, "training.mode", tr->lora ? "lora" : "full");
+    e |= ll_mf_set_u64(&mf, "training.step", (uint64_t)tr->step);
+    e |= ll_mf_set_u64(&mf, "training.opt_step", (uint64_t)tr->opt_step);
+    e |= ll_mf_set_u64(&mf, "training.skipped", (uint64_t)tr->skipped);
+    e |= ll_mf_set_u64(&mf, "training.rng_micro", (uint64_t)tr->micro);
+    e |= ll_mf_set_u64(&mf, "training.seed", tr->p.seed);
+    e |= ll_mf_set_u64(&mf, "training.total_steps", (uint64_t)tr->p.steps);
+    e |= ll_mf_set_u32(&mf, "training.has_cursor", src && src->cursor_get ? 1u : 0u);
+    e |= ll_mf_set_arr(&mf, "training.data_cursor", LL_KV_U64, cur, LL_TRAIN_CURSOR_WORDS);
+    e |= ll_mf_set_f32(&mf, "training.best_val_loss", (float)tr->best_val);
+    e |= ll_mf_set_f32(&mf, "training.last_loss", (float)tr->last_loss);
+    e |= ll_mf_set_str(&mf, "training.params", cfg);
+    if (tr->lora) e |= ll_mf_set_u32(&mf, "adapter.lora.rank", (uint32_t)tr->lora->rank);
+    if (e) rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+  }
+  if (rc == 0) {
+    struct ll_ckpt_write_opts o;
+    ll_ckpt_write_opts_init(&o);
+    struct ll_ckpt_training t = {1, (uint64_t)tr->step, lr_at(&tr->p, tr->step), tr->p.seed, cur[7]};
+    o.training = &t;
+    o.source_format = "llsrv-train";
+    o.note = cfg;
+    rc = ll_ckpt_write(path, &mf, &o, err, errlen);
+  }
+  ll_modelfile_free(&mf);
+  return rc;
+}
+
+int ll_trainer_resume(struct ll_trainer *tr, const char *path, struct ll_train_source *src, char *err, size_t errlen) {
+  struct ll_modelfile mf;
+  ll_modelfile_init(&mf);
+  int rc = ll_ckpt_open(path, &mf, 1, err, errlen);
+  if (rc) return rc;
+  const char *mode;
+  uint64_t step = 0, opt_step = 0, skipped = 0, micro = 0, has_cur = 0;
+  const struct ll_kv_array *cur = NULL;
+  if (ll_mf_get_str(&mf, "training.mode", &mode) != 0 || ll_mf_get_uint(&mf, "training.step", &step) != 0 ||
+      ll_mf_get_uint(&mf, "training.opt_step", &opt_step) != 0 || ll_mf_get_uint(&mf, "training.skipped", &skipped) != 0 ||
+      ll_mf_get_uint(&mf, "training.rng_micro", &micro) != 0 || ll_mf_get_uint(&mf, "training.has_cursor", &has_cur) != 0 ||
+      ll_mf_get_arr(&mf, "training.data_cursor", &cur) != 0 || cur->elem_type != LL_KV_U64 || cur->n != LL_TRAIN_CURSOR_WORDS) {
+    rc = ll_errf(err, errlen, LL_EFORMAT, "%s: not a run checkpoint (training.* state is missing or malformed)", path);
+    goto out;
+  }
+  if (strcmp(mode, tr->lora ? "lora" : "full") != 0) {
+    rc = ll_errf(err, errlen, LL_EINVAL, "%s: a %s run checkpoint, this run trains %s", path, mode, tr->lora ? "lora" : "full");
+    goto out;
+  }
+  if (step > (uint64_t)INT64_MAX / 2 || opt_step > step || skipped > step || micro > (uint64_t)INT64_MAX / 2) {
+    rc = ll_errf(err, errlen, LL_EFORMAT, "%s: training counters out of range", path);
+    goto out;
+  }
+  int64_t rank = 0;
+  if (tr->lora && (ll_mf_get_int(&mf, "adapter.lora.rank", &rank) != 0 || rank != tr->lora->rank)) {
+    rc = ll_errf(err, errlen, LL_EINVAL, "%s: adapter rank %lld, this run uses rank %d", path, (long long)rank, tr->lora->rank);
+    goto out;
+  }
+  // Every trainable tensor and its two moments, by name, with the same shape; nothing extra
+  // trainable (a checkpoint with other targets would silently train a different adapter).
+  char name[128];
+  const char *suffix[3] = {"", ".adam_m", ".adam_v"};
+  float *dst[3] = {tr->P, tr->M, tr->V};
+  for (int j = 0; j < tr->n_pt && rc == 0; j++)
+    for (int s = 0; s < 3 && rc == 0; s++) {
+      snprintf(name, sizeof name, "%s%s", tr->pt[j].name, suffix[s]);
+      const struct ll_tensor_info *t = ll_mf_find_tensor(&mf, name);
+      if (!t) rc = ll_errf(err, errlen, LL_EINVAL, "%s: tensor '%s' is missing (other targets or model?)", path, name);
+      else if (t->type != LL_TYPE_F32 || t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3] != tr->pt[j].n || t->ne[0] != tr->pt[j].ne[0])
+        rc = ll_errf(err, errlen, LL_EINVAL, "%s: tensor '%s' has type %s and shape (%lld, %lld), expected f32 (%lld, %lld)", path, name,
+                     ll_type_name(t->type), (long long)t->ne[0], (long long)t->ne[1], (long long)tr->pt[j].ne[0], (long long)tr->pt[j].ne[1]);
+    }
+  if (rc == 0 && tr->lora) {
+    int n_lora = 0;
+    for (uint64_t i = 0; i < mf.n_tensors; i++) {
+      const char *nm = mf.tensors[i].name.ptr;
+      size_t l = strlen(nm);
+      n_lora += l > 7 && (!strcmp(nm + l - 7, ".lora_a") || !strcmp(nm + l - 7, ".lora_b"));
+    }
+    if (n_lora != tr->n_pt) rc = ll_errf(err, errlen, LL_EINVAL, "%s: %d adapter tensors, this run trains %d (other lora_targets?)", path, n_lora, tr->n_pt);
+  }
+  if (rc == 0) { // values are checked before anything is changed
+    for (int j = 0; j < tr->n_pt && rc == 0; j++) {
+      const float *d = ll_mf_find_tensor(&mf, tr->pt[j].name)->data;
+      for (int64_t i = 0; i < tr->pt[j].n; i++)
+        if (!isfinite(d[i])) {
+          rc = ll_errf(err, errlen, LL_EFORMAT, "%s: tensor '%s' holds a non-finite value at %lld", path, tr->pt[j].name, (long long)i);
+          break;
+        }
+    }
+  }
+  if (rc == 0 && has_cur && src && src->cursor_set) rc = src->cursor_set(src->user, cur->data, err, errlen);
+  if (rc) goto out;
+  for (int j = 0; j < tr->n_pt; j++)
+    for (int s = 0; s < 3; s++) {
+      snprintf(name, sizeof name, "%s%s", tr->pt[j].name, suffix[s]);
+      copy(dst[s] + tr->pt[j].off, ll_mf_find_tensor(&mf, name)->data, tr->pt[j].n);
+    }
+  tr->step = (int64_t)step, tr->opt_step = (int64_t)opt_step, tr->skipped = (int64_t)skipped, tr->micro = (int64_t)micro;
+  double d;
+  if (ll_mf_get_float(&mf, "training.best_val_loss", &d) == 0) tr->best_val = d;
+  if (ll_mf_get_float(&mf, "training.last_loss", &d) == 0) tr->last_loss = d;
+  zero(tr->G, tr->n_par);
+out:
+  ll_modelfile_free(&mf);
+  return rc;
+}
