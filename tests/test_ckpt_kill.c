@@ -131,12 +131,15 @@ int main(int argc, char **argv) {
     CHECKF(n_new == before_new, "%s: the new file was published before the writer finished", how);
   }
   // (b) random: SIGKILL from outside at a random moment (including fsync / rename / dir fsync).
-  // If the machine is so loaded that no child got as far as publishing, a few late kills
-  // (up to 4x the measured write time) follow, so both outcomes are exercised.
+  // If the machine is so loaded that no child got as far as publishing, late kills follow,
+  // each window twice the last (4x the measured write time, then 8x, ...: the write measured
+  // on an idle core may take many times longer beside other work; at most 64x), until one sees the new
+  // file, so both outcomes are exercised whatever the machine's speed.
   int n_extra = 0;
+  double span = 1.5;
   for (int i = 0; i < n_random + n_extra; i++) {
-    if (i == n_random - 1 && n_new == 0 && n_extra < 20) n_extra = 20;
-    double span = i < n_random ? 1.5 : 4.0;
+    if (i >= n_random - 1 && n_new == 0 && n_extra < 24) n_extra++;
+    if (i >= n_random) span = span < 4.0 ? 4.0 : span < 64.0 ? span * 2.0 : 64.0;
     int next = 1 - cur;
     pid_t pid = spawn_writer(path, &cand[next], -1);
     useconds_t delay = (useconds_t)((double)(ll_test_rand(&rng) % 10000) / 10000.0 * span * t_write * 1e6);

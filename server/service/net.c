@@ -280,9 +280,9 @@ static void fmt_stats(struct ll_server *s, char *buf, size_t cap) {
   struct ll_sched_stats st;
   ll_sched_get_stats(s->sched, &st);
   snprintf(buf, cap,
-           "clients=%d active=%d queued=%d requests_total=%llu requests_done=%llu tokens_generated=%llu tokens_prefilled=%llu "
+           "clients=%d active=%d queued=%d inflight=%d requests_total=%llu requests_done=%llu tokens_generated=%llu tokens_prefilled=%llu "
            "decode_tps=%.1f prefill_tps=%.1f kv_blocks_used=%d kv_blocks_total=%d host_rss=%lld uptime_s=%.1f",
-           s->n_conns, st.active, st.queued, (unsigned long long)st.requests_total, (unsigned long long)st.requests_done,
+           s->n_conns, st.active, st.queued, s->outstanding, (unsigned long long)st.requests_total, (unsigned long long)st.requests_done,
            (unsigned long long)st.tokens_generated, (unsigned long long)st.tokens_prefilled, st.decode_tps, st.prefill_tps,
            st.kv_blocks_used, s->info.kv_blocks_total, (long long)ll_host_rss_bytes(), (now_ms(s) - s->t_start) / 1000.0);
 }

@@ -1,5 +1,7 @@
 # llsrv_client.py - a small client for llsrv's line protocol (man 7 llsrv-protocol), used by
 # the server tests and the serving benchmark. Standard library only.
+import atexit
+import ctypes
 import os
 import re
 import signal
@@ -139,6 +141,47 @@ class Conn:
             pass
 
 
+_servers = []
+
+
+def _stop_all():
+    """Every server a test started is stopped on every exit path: a failed check, an uncaught
+    exception (atexit), or the test process being killed (PR_SET_PDEATHSIG in the child)."""
+    for p in _servers:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+atexit.register(_stop_all)
+for _sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # ctest's timeout sends SIGTERM first
+    signal.signal(_sig, lambda signo, frame: sys.exit(128 + signo))
+
+
+def _die_with_parent():
+    # Runs in the child between fork and exec: SIGKILL it when the test process dies, even by
+    # SIGKILL (no atexit then), so no llsrv outlives its test.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def wait_until(cond, what, timeout=60.0, step=0.05):
+    """Polls cond() until it returns a true value or `timeout` seconds pass; returns the last
+    value. Tests wait for events this way, with bounds far above the work's duration."""
+    deadline = time.time() + timeout
+    while True:
+        v = cond()
+        if v or time.time() >= deadline:
+            if not v:
+                print("wait_until: %s not reached in %.0f s" % (what, timeout), file=sys.stderr, flush=True)
+            return v
+        time.sleep(step)
+
+
 class Server:
     """llsrv on an ephemeral port with a private monitor socket and state dir."""
 
@@ -152,7 +195,8 @@ class Server:
         # growth in the memory checks; a small one keeps them meaningful (no effect otherwise).
         e["ASAN_OPTIONS"] = e.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=8"
         e.update(env or {})
-        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e)
+        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e, preexec_fn=_die_with_parent)
+        _servers.append(self.p)
         self.port = None
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -182,6 +226,18 @@ class Server:
             self.p.kill()
             self.p.wait()
             return None
+
+    def stats(self):
+        """STATS as a dict of strings (a fresh connection each time)."""
+        c = self.conn(timeout=30)
+        try:
+            return parse_line(c.request("STATS"))[2]
+        finally:
+            c.close()
+
+    def wait_idle(self, timeout=120.0):
+        """Waits until no request is in flight (active, queued or with its END on the way)."""
+        return wait_until(lambda: self.stats().get("inflight") == "0", "server idle", timeout)
 
     def nfds(self):
         return len(os.listdir("/proc/%d/fd" % self.p.pid))
