@@ -244,6 +244,9 @@ static void make_tree(const char *dir) {
   memset(big, 'z', sizeof big);
   put(dir, "big.txt", big, sizeof big);
   if (symlink("a.txt", sub(dir, "link.txt")) != 0) CHECK(0);
+  puts_(dir, ".gitattributes", "gen/*.txt linguist-generated\ngen/keep.txt -linguist-generated\n*.c text\n");
+  puts_(dir, "gen/made.txt", "made by a tool\n");
+  puts_(dir, "gen/keep.txt", "kept after all\n");
 }
 
 static void test_tree(const struct ll_tokenizer *t) {
@@ -254,13 +257,15 @@ static void test_tree(const struct ll_tokenizer *t) {
   int rc = ll_data_list_files(dir, 4096, &l, err, sizeof err);
   CHECKF(rc == 0, "%s", err);
   CHECK(!l.git && l.is_dir);
-  CHECKF(l.n == 7, "%zu files", l.n); // .gitignore, a.txt, b.md, keep.log, local.txt, sub/.gitignore, sub/deep/c.c
+  // .gitattributes, .gitignore, a.txt, b.md, gen/keep.txt, keep.log, local.txt, sub/.gitignore, sub/deep/c.c
+  CHECKF(l.n == 9, "%zu files", l.n);
   CHECK(listed(&l, "a.txt") && listed(&l, "b.md") && listed(&l, "keep.log") && listed(&l, "local.txt") &&
-        listed(&l, "sub/deep/c.c") && listed(&l, ".gitignore"));
+        listed(&l, "sub/deep/c.c") && listed(&l, ".gitignore") && listed(&l, "gen/keep.txt"));
+  CHECK(!listed(&l, "gen/made.txt")); // linguist-generated in .gitattributes
   CHECK(!listed(&l, "x.log") && !listed(&l, "build/out.txt") && !listed(&l, "sub/local.txt"));
   CHECKF(l.skipped[LL_DATA_SKIP_IGNORED] == 3, "%lld ignored", (long long)l.skipped[LL_DATA_SKIP_IGNORED]); // build/, x.log, sub/local.txt
   CHECK(l.skipped[LL_DATA_SKIP_BINARY] == 1 && !strcmp(l.example[LL_DATA_SKIP_BINARY], "img.bin"));
-  CHECK(l.skipped[LL_DATA_SKIP_GENERATED] == 2);
+  CHECK(l.skipped[LL_DATA_SKIP_GENERATED] == 3);
   CHECK(l.skipped[LL_DATA_SKIP_TOO_LARGE] == 1 && !strcmp(l.example[LL_DATA_SKIP_TOO_LARGE], "big.txt"));
   CHECK(l.skipped[LL_DATA_SKIP_EMPTY] == 1 && l.skipped[LL_DATA_SKIP_OTHER] == 1);
   ll_data_filelist_free(&l);
@@ -277,10 +282,10 @@ static void test_tree(const struct ll_tokenizer *t) {
   if (d) {
     struct ll_data_stats st;
     ll_data_stats(d, &st);
-    CHECK(st.files == 7 && st.skipped[LL_DATA_SKIP_BINARY] == 1 && st.skipped[LL_DATA_SKIP_IGNORED] == 3);
+    CHECK(st.files == 9 && st.skipped[LL_DATA_SKIP_BINARY] == 1 && st.skipped[LL_DATA_SKIP_IGNORED] == 3);
     char desc[2048];
     ll_data_describe(d, desc, sizeof desc);
-    CHECKF(strstr(desc, "1 binary (e.g. img.bin)") && strstr(desc, "3 ignored") && strstr(desc, "2 generated") &&
+    CHECKF(strstr(desc, "1 binary (e.g. img.bin)") && strstr(desc, "3 ignored") && strstr(desc, "3 generated") &&
                strstr(desc, "1 too large (e.g. big.txt)"),
            "%s", desc);
     ll_data_close(d);

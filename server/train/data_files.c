@@ -188,6 +188,46 @@ void ll_ignore_free(struct ll_ignore *ig) {
   ig->cap = 0;
 }
 
+// .gitattributes lines that mark files generated ("*.pb.go linguist-generated"), as GitHub's
+// linguist reads them; "-linguist-generated" or "=false" unmarks (the last matching line wins).
+int ll_attr_generated_parse(struct ll_ignore *ig, const char *buf, size_t len) {
+  size_t i = 0;
+  while (i < len) {
+    size_t e = i;
+    while (e < len && buf[e] != '\n') e++;
+    const char *l = buf + i;
+    size_t n = e - i;
+    i = e + 1;
+    if (n == 0 || l[0] == '#' || n > 4096) continue;
+    size_t k = 0;
+    while (k < n && l[k] != ' ' && l[k] != '\t') k++;
+    size_t plen = k;
+    int mark = -1;
+    while (k < n) {
+      while (k < n && (l[k] == ' ' || l[k] == '\t' || l[k] == '\r')) k++;
+      size_t a = k;
+      while (k < n && l[k] != ' ' && l[k] != '\t' && l[k] != '\r') k++;
+      size_t al = k - a;
+      if ((al == 18 && !memcmp(l + a, "linguist-generated", 18)) || (al == 23 && !memcmp(l + a, "linguist-generated=true", 23)))
+        mark = 1;
+      else if ((al == 19 && !memcmp(l + a, "-linguist-generated", 19)) ||
+               (al == 24 && !memcmp(l + a, "linguist-generated=false", 24)))
+        mark = 0;
+    }
+    if (mark < 0 || plen == 0) continue;
+    // the same pattern rules as .gitignore, without "!" and "dir/" (they mean nothing here)
+    char line[4100];
+    size_t o = 0;
+    if (!mark) line[o++] = '!';
+    if (l[0] == '!' || l[0] == '#') line[o++] = '\\';
+    memcpy(line + o, l, plen);
+    o += plen;
+    int rc = ll_ignore_parse(ig, line, o, "");
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 // ---------------------------------------------------------------- classification
 
 int ll_data_generated_name(const char *base) {
@@ -340,7 +380,7 @@ static int consider(struct ll_data_filelist *l, const char *path, const char *re
     return 0;
   }
   const char *slash = strrchr(rel, '/');
-  if (ll_data_generated_name(slash ? slash + 1 : rel)) {
+  if (ll_data_generated_name(slash ? slash + 1 : rel) || (l->gen && ll_ignore_match(l->gen, rel, 0))) {
     note_skip(l, LL_DATA_SKIP_GENERATED, rel);
     return 0;
   }
@@ -581,6 +621,20 @@ int ll_data_list_files(const char *path, int64_t max_bytes, struct ll_data_filel
   memcpy(root, path, pl);
   root[pl] = '\0';
   int rc = 0;
+  struct ll_ignore gen = {0};
+  char ga[PATH_MAX + 16];
+  snprintf(ga, sizeof ga, "%s/.gitattributes", root);
+  char *gbuf;
+  size_t glen;
+  if (read_small_file(ga, &gbuf, &glen) == 0) {
+    rc = ll_attr_generated_parse(&gen, gbuf, glen);
+    free(gbuf);
+    if (rc) {
+      ll_ignore_free(&gen);
+      return ll_errf(err, errlen, rc, "data: out of memory reading '%s'", ga);
+    }
+  }
+  l->gen = &gen;
   if (in_git_tree(root)) {
     char *out;
     size_t n;
@@ -603,6 +657,7 @@ int ll_data_list_files(const char *path, int64_t max_bytes, struct ll_data_filel
       }
       free(out);
       if (rc) {
+        ll_ignore_free(&gen);
         ll_data_filelist_free(l);
         return rc;
       }
@@ -617,10 +672,12 @@ int ll_data_list_files(const char *path, int64_t max_bytes, struct ll_data_filel
     struct ll_ignore ig = {0};
     rc = walk(l, &ig, root, "", 0, max_bytes, err, errlen);
     ll_ignore_free(&ig);
-    if (rc) {
-      ll_data_filelist_free(l);
-      return rc;
-    }
+  }
+  ll_ignore_free(&gen);
+  l->gen = NULL;
+  if (rc) {
+    ll_data_filelist_free(l);
+    return rc;
   }
   qsort(l->v, l->n, sizeof *l->v, cmp_file);
   return 0;

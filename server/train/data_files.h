@@ -18,6 +18,7 @@ struct ll_data_file {
   int jsonl;    // *.jsonl
 };
 
+struct ll_ignore;
 struct ll_data_filelist {
   struct ll_data_file *v;
   size_t n, cap;
@@ -26,6 +27,7 @@ struct ll_data_filelist {
   int is_dir;
   int git;          // the tracked files of a git work tree
   char note[256];   // why a work tree was walked instead (git failed), or ""
+  const struct ll_ignore *gen; // while listing: the root .gitattributes' linguist-generated rules
 };
 
 // Lists path (a file or a directory) sorted by rel. Refuses a missing path, a named file that
@@ -55,6 +57,8 @@ int ll_ignore_parse(struct ll_ignore *ig, const char *buf, size_t len, const cha
 int ll_ignore_match(const struct ll_ignore *ig, const char *rel, int is_dir);
 void ll_ignore_truncate(struct ll_ignore *ig, size_t n); // drop rules after the first n
 void ll_ignore_free(struct ll_ignore *ig);
+// Appends rules for the lines of a .gitattributes text that set or unset linguist-generated.
+int ll_attr_generated_parse(struct ll_ignore *ig, const char *buf, size_t len);
 
 // Classification of a directory member: by its base name (lock files, *.min.js, ...) and by its
 // first bytes.
