@@ -247,6 +247,8 @@ static void make_tree(const char *dir) {
   puts_(dir, ".gitattributes", "gen/*.txt linguist-generated\ngen/keep.txt -linguist-generated\n*.c text\n");
   puts_(dir, "gen/made.txt", "made by a tool\n");
   puts_(dir, "gen/keep.txt", "kept after all\n");
+  puts_(dir, "data/good.jsonl", "{\"text\":\"fine\"}\n");
+  puts_(dir, "data/bad.jsonl", "{\"text\":\"fine\"}\n{\"text\":\"cut\n");
 }
 
 static void test_tree(const struct ll_tokenizer *t) {
@@ -258,7 +260,8 @@ static void test_tree(const struct ll_tokenizer *t) {
   CHECKF(rc == 0, "%s", err);
   CHECK(!l.git && l.is_dir);
   // .gitattributes, .gitignore, a.txt, b.md, gen/keep.txt, keep.log, local.txt, sub/.gitignore, sub/deep/c.c
-  CHECKF(l.n == 9, "%zu files", l.n);
+  // + data/good.jsonl, data/bad.jsonl (JSONL is parsed later, by ll_data_open)
+  CHECKF(l.n == 11, "%zu files", l.n);
   CHECK(listed(&l, "a.txt") && listed(&l, "b.md") && listed(&l, "keep.log") && listed(&l, "local.txt") &&
         listed(&l, "sub/deep/c.c") && listed(&l, ".gitignore") && listed(&l, "gen/keep.txt"));
   CHECK(!listed(&l, "gen/made.txt")); // linguist-generated in .gitattributes
@@ -282,11 +285,12 @@ static void test_tree(const struct ll_tokenizer *t) {
   if (d) {
     struct ll_data_stats st;
     ll_data_stats(d, &st);
-    CHECK(st.files == 9 && st.skipped[LL_DATA_SKIP_BINARY] == 1 && st.skipped[LL_DATA_SKIP_IGNORED] == 3);
+    CHECK(st.files == 10 && st.skipped[LL_DATA_SKIP_MALFORMED] == 1 && st.skipped[LL_DATA_SKIP_BINARY] == 1 && st.skipped[LL_DATA_SKIP_IGNORED] == 3);
     char desc[2048];
     ll_data_describe(d, desc, sizeof desc);
     CHECKF(strstr(desc, "1 binary (e.g. img.bin)") && strstr(desc, "3 ignored") && strstr(desc, "3 generated") &&
-               strstr(desc, "1 too large (e.g. big.txt)"),
+               strstr(desc, "1 too large (e.g. big.txt)") &&
+               strstr(desc, "1 malformed (e.g. data/bad.jsonl line 2: invalid JSON"),
            "%s", desc);
     ll_data_close(d);
   }

@@ -33,7 +33,8 @@
 #define LL_DATA_MAX_SEQ (1 << 20)       // seq_len
 
 const char *ll_data_skip_name(int r) {
-  static const char *const names[LL_DATA_SKIP_N] = {"ignored", "binary", "generated", "too large", "empty", "other"};
+  static const char *const names[LL_DATA_SKIP_N] = {"ignored", "binary", "generated", "too large",
+                                                    "empty", "other", "malformed"};
   return r >= 0 && r < LL_DATA_SKIP_N ? names[r] : "?";
 }
 
@@ -825,41 +826,58 @@ static int scan(struct ll_data *d, char *err, size_t errlen) {
   for (size_t fi = 0; fi < d->fl.n; fi++) {
     int rc = rf_open(d, &r->rf, fi, err, errlen);
     if (rc) return rc;
-    int64_t off = 0, docs = 0;
+    // this file's counts, committed when the whole file has been read
+    int64_t off = 0, docs = 0, n_tr = 0, n_va = 0, d_tr = 0, d_va = 0, l_tr = 0;
+    uint64_t f_min_h = UINT64_MAX;
+    int64_t f_min_n = 0, f_min_loss = 0;
     for (uint64_t doc = 0;; doc++) {
       struct doc dc;
       rc = doc_read(d, &r->rf, off, doc, &dc, err, errlen);
-      if (rc < 0) return rc;
       if (rc == 0) break;
-      off = dc.next_off;
-      if ((rc = doc_tokenize(d, &r->tb, fi, doc, &dc, err, errlen))) return rc;
+      if (rc > 0) {
+        off = dc.next_off;
+        rc = doc_tokenize(d, &r->tb, fi, doc, &dc, err, errlen);
+      }
+      if (rc < 0) break;
       if (!r->tb.n) continue;
       docs++;
       int64_t n = (int64_t)r->tb.n, loss = 0;
       for (size_t i = 0; i < r->tb.n; i++) loss += r->tb.loss[i]; // a BOS has loss 0
       uint64_t h = mix64(d->seed ^ mix64(d->df[fi].phash ^ mix64(doc)));
-      if (h < d->thr) {
-        d->df[fi].tok_val += n;
-        d->st.docs_val++;
-        d->st.tokens_val += n;
-      } else {
-        d->df[fi].tok_train += n;
-        d->st.docs_train++;
-        d->st.tokens_train += n;
-        d->st.loss_tokens_train += loss;
-      }
-      if (h < min_h) min_h = h, min_fi = fi, min_n = n, min_loss = loss;
+      if (h < d->thr) n_va += n, d_va++;
+      else n_tr += n, d_tr++, l_tr += loss;
+      if (h < f_min_h) f_min_h = h, f_min_n = n, f_min_loss = loss;
     }
-    if (docs) {
-      d->st.files++;
-      d->st.bytes += off;
-    } else if (d->fl.is_dir) {
+    if (rc < 0) {
+      // A JSONL member of a directory that does not parse (a source tree's test fixtures, a
+      // chat file for a model without a template) is skipped and counted with its first error;
+      // a file named directly, and any I/O error, stops here.
+      if (!d->fl.is_dir || !d->fl.v[fi].jsonl || rc == LL_EIO || rc == LL_ENOMEM || rc == LL_ENOTFOUND) return rc;
+      d->fl.skipped[LL_DATA_SKIP_MALFORMED]++;
+      if (!d->fl.example[LL_DATA_SKIP_MALFORMED][0]) {
+        const char *m = strstr(err, d->fl.v[fi].rel); // "data: 'DIR/REL' line N: why" -> "REL' line N: why"
+        snprintf(d->fl.example[LL_DATA_SKIP_MALFORMED], sizeof d->fl.example[0], "%s", m ? m : d->fl.v[fi].rel);
+        char *q = strchr(d->fl.example[LL_DATA_SKIP_MALFORMED], '\'');
+        if (q && m) memmove(q, q + 1, strlen(q)); // drop the closing quote
+      }
+      if (err && errlen) err[0] = '\0';
+      continue;
+    }
+    if (!docs) {
+      if (!d->fl.is_dir)
+        return ll_errf(err, errlen, LL_EFORMAT, "data: '%s' holds no document (only blank lines)", d->fl.v[fi].path);
       d->fl.skipped[LL_DATA_SKIP_EMPTY]++;
       if (!d->fl.example[LL_DATA_SKIP_EMPTY][0])
         snprintf(d->fl.example[LL_DATA_SKIP_EMPTY], sizeof d->fl.example[0], "%s", d->fl.v[fi].rel);
-    } else {
-      return ll_errf(err, errlen, LL_EFORMAT, "data: '%s' holds no document (only blank lines)", d->fl.v[fi].path);
+      continue;
     }
+    d->df[fi].tok_train = n_tr, d->df[fi].tok_val = n_va;
+    d->st.docs_train += d_tr, d->st.docs_val += d_va;
+    d->st.tokens_train += n_tr, d->st.tokens_val += n_va;
+    d->st.loss_tokens_train += l_tr;
+    d->st.files++;
+    d->st.bytes += off;
+    if (f_min_h < min_h) min_h = f_min_h, min_fi = fi, min_n = f_min_n, min_loss = f_min_loss;
   }
   rf_close(&r->rf);
   const int64_t docs = d->st.docs_train + d->st.docs_val;

@@ -8,7 +8,7 @@
 //   - a directory: in a git work tree its tracked files (`git ls-files`), elsewhere every file
 //     not excluded by the .gitignore files met on the way down; binary, generated, empty and
 //     huge (> max_file_bytes) files are skipped and counted per reason. *.jsonl members are
-//     read as JSONL, every other member as text.
+//     read as JSONL (one with a malformed line is skipped as "malformed"), others as text.
 //
 // Documents are tokenized with the model's tokenizer ([BOS] tokens [EOS]; a text file cut in
 // several documents gets BOS on its first and EOS on its last) and packed back to back into one
@@ -45,6 +45,8 @@ enum ll_data_skip {
   LL_DATA_SKIP_TOO_LARGE, // larger than max_file_bytes
   LL_DATA_SKIP_EMPTY,     // no bytes, or no document in it
   LL_DATA_SKIP_OTHER,     // not a regular file (symlink, socket, submodule), tracked but missing
+  LL_DATA_SKIP_MALFORMED, // a *.jsonl member with a line that does not parse (a JSONL file named
+                          // directly is refused instead)
   LL_DATA_SKIP_N
 };
 const char *ll_data_skip_name(int reason); // "ignored", "binary", ...
