@@ -534,8 +534,283 @@ static void test_adamw(const struct impl *im) {
   CHECK(im->i->adamw(im->b, p, g2, m, v, 3, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 0) == LL_EINVAL); // step counts from 1
 }
 
-static const struct impl *cur_impls;
-static int n_impls;
+
+// ---------------------------------------------------------------- fast versions vs references
+// Each fast op runs on backends of 1, 2 and 3 threads: the three results must be the same bits
+// (the work split depends on the shapes only), and within FAST_TOL of the reference (or equal to
+// it where both compute each element with the same expression).
+static struct ll_backend *bk[3];
+static double worst_fast;
+
+static void same3(const char *what, float *const r[3], size_t n) {
+  CHECKF(!memcmp(r[0], r[1], n * sizeof(float)) && !memcmp(r[0], r[2], n * sizeof(float)), "%s: 1, 2, 3 threads differ", what);
+}
+static void close_ref(const char *what, const float *fast, const float *ref, size_t n) {
+  const double e = nerr(fast, ref, n);
+  if (e > worst_fast) worst_fast = e;
+  CHECKF(e < FAST_TOL, "%s: fast vs reference normalized error %.3e", what, e);
+}
+static void bits_ref(const char *what, const float *fast, const float *ref, size_t n) {
+  CHECKF(!memcmp(fast, ref, n * sizeof(float)), "%s: fast differs from the reference (normalized %.3e)", what, nerr(fast, ref, n));
+}
+static float *dup_f(const float *x, size_t n) {
+  float *d = malloc((n ? n : 1) * sizeof *d);
+  memcpy(d, x, n * sizeof *d);
+  return d;
+}
+
+static void test_fast_matmul(void) {
+  const int types[] = {LL_TYPE_F32, LL_TYPE_F16, LL_TYPE_BF16, LL_TYPE_Q4_0, LL_TYPE_Q4_1, LL_TYPE_Q5_0,
+                       LL_TYPE_Q5_1, LL_TYPE_Q8_0, LL_TYPE_Q4_K, LL_TYPE_Q5_K, LL_TYPE_Q6_K};
+  const int Ts[] = {1, 7, 33, 70};
+  double worst_type[sizeof types / sizeof *types] = {0};
+  for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+    const int type = types[ti], bs = ll_type_traits_get(type)->blck_size;
+    for (int trial = 0; trial < 2; trial++) {
+      // ragged: K not a multiple of the column slices, N over one panel of 256 rows, T odd
+      const int K = bs == 256 ? 256 * (1 + trial * 2) : bs == 32 ? 32 * (3 + trial * 8) : 40 + 293 * trial;
+      const int N = trial ? 300 : 45, T = Ts[(trial * 2 + ll_test_rand(&rs) % 2) % 4];
+      const size_t rsz = ll_row_size(type, K);
+      void *wq = malloc(rsz * N);
+      random_weight(type, wq, N, K);
+      struct ll_weight w = {type, K, N, wq, NULL};
+      float *x = malloc(sizeof(float) * T * K), *dout = malloc(sizeof(float) * T * N), *dx0 = malloc(sizeof(float) * T * K);
+      float *dw0 = malloc(sizeof(float) * N * K);
+      fill(x, (size_t)T * K, 1), fill(dout, (size_t)T * N, 1), fill(dx0, (size_t)T * K, 1), fill(dw0, (size_t)N * K, 1);
+      const int f32 = type == LL_TYPE_F32;
+      float *rdx = dup_f(dx0, (size_t)T * K), *rdw = dup_f(dw0, (size_t)N * K), *fdx[3], *fdw[3];
+      CHECK(ll_train_ref_matmul_backward(NULL, rdx, f32 ? rdw : NULL, dout, x, &w, T) == 0);
+      for (int b = 0; b < 3; b++) {
+        fdx[b] = dup_f(dx0, (size_t)T * K), fdw[b] = dup_f(dw0, (size_t)N * K);
+        CHECK(bk[b]->i->matmul_backward(bk[b], fdx[b], f32 ? fdw[b] : NULL, dout, x, &w, T) == 0);
+      }
+      char what[96];
+      snprintf(what, sizeof what, "matmul_backward dx %s T%d N%d K%d", ll_type_name(type), T, N, K);
+      same3(what, fdx, (size_t)T * K);
+      close_ref(what, fdx[1], rdx, (size_t)T * K);
+      const double e = nerr(fdx[1], rdx, (size_t)T * K);
+      if (e > worst_type[ti]) worst_type[ti] = e;
+      if (f32) {
+        snprintf(what, sizeof what, "matmul_backward dw f32 T%d N%d K%d", T, N, K);
+        same3(what, fdw, (size_t)N * K);
+        close_ref(what, fdw[1], rdw, (size_t)N * K);
+      }
+      // dx NULL: only dw (or nothing) is written
+      if (f32) CHECK(bk[1]->i->matmul_backward(bk[1], NULL, fdw[0], dout, x, &w, T) == 0);
+      for (int b = 0; b < 3; b++) free(fdx[b]), free(fdw[b]);
+      free(wq), free(x), free(dout), free(dx0), free(dw0), free(rdx), free(rdw);
+    }
+  }
+  printf("  matmul_backward fast vs reference, normalized error per type:");
+  for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) printf(" %s %.1e", ll_type_name(types[ti]), worst_type[ti]);
+  printf("\n");
+  // a type without a dequantizer is refused, not guessed
+  struct ll_weight q2 = {LL_TYPE_Q2_K, 256, 1, NULL, NULL};
+  float d1[256] = {0}, o1[1] = {1};
+  CHECK(bk[0]->i->matmul_backward(bk[0], d1, NULL, o1, NULL, &q2, 1) == LL_EUNSUPPORTED);
+}
+
+static void test_fast_rows(void) {
+  // rmsnorm_backward: dx the reference's bits, dg within tolerance (block partial sums)
+  {
+    const int T = 37, C = 200;
+    float *x = malloc(sizeof(float) * T * C), *g = malloc(sizeof(float) * C), *d = malloc(sizeof(float) * T * C);
+    float *dx0 = malloc(sizeof(float) * T * C), *dg0 = malloc(sizeof(float) * C);
+    fill(x, (size_t)T * C, 2), fill(g, C, 1), fill(d, (size_t)T * C, 1), fill(dx0, (size_t)T * C, 1), fill(dg0, C, 1);
+    float *rdx = dup_f(dx0, (size_t)T * C), *rdg = dup_f(dg0, C), *fdx[3], *fdg[3];
+    CHECK(ll_train_ref_rmsnorm_backward(NULL, rdx, rdg, d, x, g, T, C, 1e-5f) == 0);
+    for (int b = 0; b < 3; b++) {
+      fdx[b] = dup_f(dx0, (size_t)T * C), fdg[b] = dup_f(dg0, C);
+      CHECK(bk[b]->i->rmsnorm_backward(bk[b], fdx[b], fdg[b], d, x, g, T, C, 1e-5f) == 0);
+    }
+    same3("rmsnorm_backward dx", fdx, (size_t)T * C);
+    same3("rmsnorm_backward dg", fdg, C);
+    bits_ref("rmsnorm_backward dx", fdx[1], rdx, (size_t)T * C);
+    close_ref("rmsnorm_backward dg", fdg[1], rdg, C);
+    for (int b = 0; b < 3; b++) free(fdx[b]), free(fdg[b]);
+    free(x), free(g), free(d), free(dx0), free(dg0), free(rdx), free(rdg);
+  }
+  // rope_backward: the reference's bits
+  {
+    const int T = 29, H = 5, hd = 64;
+    int32_t pos[29];
+    for (int t = 0; t < T; t++) pos[t] = 3 * t + 1;
+    struct ll_rope_params p = {LL_ROPE_NEOX, 48, 10000.0f, 1.0f, NULL};
+    const size_t n = (size_t)T * H * hd;
+    float *d = malloc(sizeof(float) * n), *r, *f[3];
+    fill(d, n, 1);
+    r = dup_f(d, n);
+    CHECK(ll_train_ref_rope_backward(NULL, r, pos, T, H, hd, &p) == 0);
+    for (int b = 0; b < 3; b++) {
+      f[b] = dup_f(d, n);
+      CHECK(bk[b]->i->rope_backward(bk[b], f[b], pos, T, H, hd, &p) == 0);
+    }
+    same3("rope_backward", f, n);
+    bits_ref("rope_backward", f[1], r, n);
+    for (int b = 0; b < 3; b++) free(f[b]);
+    free(d), free(r);
+  }
+  // get_rows_backward: the reference's bits (repeated ids, ragged columns)
+  {
+    const int rows = 11, C = 200, T = 50;
+    int32_t ids[50];
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)(ll_test_rand(&rs) % rows);
+    float *d = malloc(sizeof(float) * T * C), *dw0 = malloc(sizeof(float) * rows * C), *r, *f[3];
+    fill(d, (size_t)T * C, 1), fill(dw0, (size_t)rows * C, 1);
+    r = dup_f(dw0, (size_t)rows * C);
+    CHECK(ll_train_ref_get_rows_backward(NULL, r, d, ids, T, C) == 0);
+    for (int b = 0; b < 3; b++) {
+      f[b] = dup_f(dw0, (size_t)rows * C);
+      CHECK(bk[b]->i->get_rows_backward(bk[b], f[b], d, ids, T, C) == 0);
+    }
+    same3("get_rows_backward", f, (size_t)rows * C);
+    bits_ref("get_rows_backward", f[1], r, (size_t)rows * C);
+    for (int b = 0; b < 3; b++) free(f[b]);
+    free(d), free(dw0), free(r);
+  }
+}
+
+static void test_fast_elementwise(void) {
+  const int64_t n = 50001; // four chunks and a tail
+  float *a = malloc(sizeof(float) * n), *c = malloc(sizeof(float) * n), *d = malloc(sizeof(float) * n);
+  fill(a, (size_t)n, 4), fill(c, (size_t)n, 1), fill(d, (size_t)n, 1);
+  float *r1 = malloc(sizeof(float) * n), *r2 = malloc(sizeof(float) * n), *f1[3], *f2[3];
+  // swiglu_backward
+  CHECK(ll_train_ref_swiglu_backward(NULL, r1, r2, d, a, c, n) == 0);
+  for (int b = 0; b < 3; b++) {
+    f1[b] = malloc(sizeof(float) * n), f2[b] = malloc(sizeof(float) * n);
+    CHECK(bk[b]->i->swiglu_backward(bk[b], f1[b], f2[b], d, a, c, n) == 0);
+  }
+  same3("swiglu_backward dgate", f1, (size_t)n);
+  same3("swiglu_backward dup", f2, (size_t)n);
+  bits_ref("swiglu_backward dgate", f1[1], r1, (size_t)n);
+  bits_ref("swiglu_backward dup", f2[1], r2, (size_t)n);
+  // dropout: the mask is the seed's, whatever the threads; another seed, another mask
+  CHECK(ll_train_ref_dropout(NULL, r1, a, 0.1f, 7, n) == 0);
+  for (int b = 0; b < 3; b++) CHECK(bk[b]->i->dropout(bk[b], f1[b], a, 0.1f, 7, n) == 0);
+  same3("dropout", f1, (size_t)n);
+  bits_ref("dropout", f1[1], r1, (size_t)n);
+  CHECK(bk[1]->i->dropout(bk[1], f2[0], a, 0.1f, 8, n) == 0);
+  int64_t differ = 0, zeros = 0;
+  for (int64_t i = 0; i < n; i++) differ += (f2[0][i] == 0) != (f1[1][i] == 0), zeros += f1[1][i] == 0;
+  CHECKF(differ > n / 10 && zeros > n / 20 && zeros < n * 3 / 20, "dropout: %lld masks differ between seeds, %lld dropped of %lld",
+         (long long)differ, (long long)zeros, (long long)n);
+  // axpy, scale
+  for (int b = 0; b < 3; b++) {
+    memcpy(f1[b], c, sizeof(float) * n);
+    CHECK(bk[b]->i->axpy(bk[b], f1[b], a, 0.3f, n) == 0);
+    CHECK(bk[b]->i->scale(bk[b], f1[b], -1.7f, n) == 0);
+  }
+  memcpy(r1, c, sizeof(float) * n);
+  CHECK(ll_train_ref_axpy(NULL, r1, a, 0.3f, n) == 0);
+  CHECK(ll_train_ref_scale(NULL, r1, -1.7f, n) == 0);
+  same3("axpy+scale", f1, (size_t)n);
+  bits_ref("axpy+scale", f1[1], r1, (size_t)n);
+  // sumsq: chunks' partial sums in double, added in chunk order
+  double rs_ = 0, fs[3];
+  CHECK(ll_train_ref_sumsq(NULL, &rs_, a, n) == 0);
+  for (int b = 0; b < 3; b++) CHECK(bk[b]->i->sumsq(bk[b], &fs[b], a, n) == 0);
+  CHECK(fs[0] == fs[1] && fs[1] == fs[2]);
+  CHECKF(fabs(fs[1] - rs_) <= 1e-12 * rs_, "sumsq fast %.17g ref %.17g", fs[1], rs_);
+  // adamw: three steps, the reference's bits
+  float *m[4], *v[4], *p[4];
+  for (int b = 0; b < 4; b++) {
+    m[b] = calloc((size_t)n, sizeof(float)), v[b] = calloc((size_t)n, sizeof(float)), p[b] = dup_f(c, (size_t)n);
+    for (int step = 1; step <= 3; step++) {
+      const float *g = step == 2 ? d : a;
+      if (b == 3) CHECK(ll_train_ref_adamw(NULL, p[b], g, m[b], v[b], n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step) == 0);
+      else CHECK(bk[b]->i->adamw(bk[b], p[b], g, m[b], v[b], n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step) == 0);
+    }
+  }
+  same3("adamw p", p, (size_t)n);
+  same3("adamw m", m, (size_t)n);
+  same3("adamw v", v, (size_t)n);
+  bits_ref("adamw p", p[1], p[3], (size_t)n);
+  bits_ref("adamw v", v[1], v[3], (size_t)n);
+  for (int b = 0; b < 4; b++) free(m[b]), free(v[b]), free(p[b]);
+  for (int b = 0; b < 3; b++) free(f1[b]), free(f2[b]);
+  free(a), free(c), free(d), free(r1), free(r2);
+}
+
+static void test_fast_xent(void) {
+  const int T = 9, V = 5003;
+  int32_t y[9];
+  for (int t = 0; t < T; t++) y[t] = t % 4 == 1 ? -1 : (int32_t)(ll_test_rand(&rs) % V);
+  const size_t n = (size_t)T * V;
+  float *l = malloc(sizeof(float) * n), *r = malloc(sizeof(float) * n), *f[3];
+  fill(l, n, 8);
+  double rl = 0, fl[3], fl2 = 0;
+  CHECK(ll_train_ref_softmax_xent(NULL, &rl, r, l, y, T, V, 0.5f) == 0);
+  for (int b = 0; b < 3; b++) {
+    f[b] = malloc(sizeof(float) * n);
+    CHECK(bk[b]->i->softmax_xent(bk[b], &fl[b], f[b], l, y, T, V, 0.5f) == 0);
+  }
+  same3("softmax_xent dlogits", f, n);
+  CHECK(fl[0] == fl[1] && fl[1] == fl[2]);
+  CHECKF(fabs(fl[1] - rl) < 1e-6 * fabs(rl), "softmax_xent loss fast %.10g ref %.10g", fl[1], rl);
+  close_ref("softmax_xent dlogits", f[1], r, n);
+  CHECK(bk[1]->i->softmax_xent(bk[1], &fl2, NULL, l, y, T, V, 0.5f) == 0); // the loss alone (thread rows)
+  CHECK(fl2 == fl[1]);
+  memcpy(f[0], l, sizeof(float) * n); // in place
+  CHECK(bk[1]->i->softmax_xent(bk[1], &fl2, f[0], f[0], y, T, V, 0.5f) == 0);
+  CHECK(fl2 == fl[1] && !memcmp(f[0], f[1], sizeof(float) * n));
+  for (int b = 0; b < 3; b++) free(f[b]);
+  free(l), free(r);
+}
+
+static void test_fast_attention(void) {
+  const int cfg[][4] = {{1, 4, 4, 20}, {63, 4, 2, 20}, {65, 4, 1, 20}, {130, 9, 3, 64}, {257, 9, 3, 64}}; // S, H, Hkv, hd
+  for (size_t ci = 0; ci < sizeof cfg / sizeof *cfg; ci++) {
+    const int S = cfg[ci][0], H = cfg[ci][1], Hkv = cfg[ci][2], hd = cfg[ci][3];
+    const size_t nq = (size_t)S * H * hd, nk = (size_t)S * Hkv * hd, na = (size_t)H * S * S;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nk), *d = malloc(sizeof(float) * nq);
+    fill(q, nq, 2), fill(k, nk, 2), fill(v, nk, 1), fill(d, nq, 1);
+    float *ro = malloc(sizeof(float) * nq), *ra = malloc(sizeof(float) * na), *rq = malloc(sizeof(float) * nq);
+    float *rk = malloc(sizeof(float) * nk), *rv = malloc(sizeof(float) * nk);
+    CHECK(ll_train_ref_attention_train(NULL, ro, ra, q, k, v, S, H, Hkv, hd, scale) == 0);
+    CHECK(ll_train_ref_attention_backward(NULL, rq, rk, rv, d, q, k, v, ra, S, H, Hkv, hd, scale) == 0);
+    float *fo[3], *fa[3], *fq[3], *fk[3], *fv[3];
+    for (int b = 0; b < 3; b++) {
+      fo[b] = malloc(sizeof(float) * nq), fa[b] = malloc(sizeof(float) * na), fq[b] = malloc(sizeof(float) * nq);
+      fk[b] = malloc(sizeof(float) * nk), fv[b] = malloc(sizeof(float) * nk);
+      fill(fa[b], na, 5);
+      CHECK(bk[b]->i->attention_train(bk[b], fo[b], fa[b], q, k, v, S, H, Hkv, hd, scale) == 0);
+      // the backward from the reference's probabilities: its own error alone
+      CHECK(bk[b]->i->attention_backward(bk[b], fq[b], fk[b], fv[b], d, q, k, v, ra, S, H, Hkv, hd, scale) == 0);
+    }
+    char what[96];
+#define ATT_CMP(name, f, r, n)                                                  \
+  snprintf(what, sizeof what, "attention %s S%d H%d/%d hd%d", name, S, H, Hkv, hd); \
+  same3(what, f, n);                                                            \
+  close_ref(what, f[1], r, n)
+    ATT_CMP("out", fo, ro, nq);
+    ATT_CMP("att", fa, ra, na);
+    ATT_CMP("dq", fq, rq, nq);
+    ATT_CMP("dk", fk, rk, nk);
+    ATT_CMP("dv", fv, rv, nk);
+#undef ATT_CMP
+    for (int b = 0; b < 3; b++) free(fo[b]), free(fa[b]), free(fq[b]), free(fk[b]), free(fv[b]);
+    free(q), free(k), free(v), free(d), free(ro), free(ra), free(rq), free(rk), free(rv);
+  }
+}
+
+// alloc/free_buf: zeroed, aligned, counted in get_info's mem_used
+static void test_alloc(void) {
+  struct ll_backend_info info;
+  bk[0]->i->get_info(bk[0], &info);
+  const int64_t before = info.mem_used;
+  float *p = ll_backend_alloc(bk[0], 1000 * sizeof(float));
+  CHECK(p && ((uintptr_t)p & 63) == 0);
+  int zero = 1;
+  for (int i = 0; p && i < 1000; i++) zero &= p[i] == 0;
+  CHECK(zero);
+  bk[0]->i->get_info(bk[0], &info);
+  CHECKF(info.mem_used >= before + 4000, "mem_used %lld after 4000 bytes (before %lld)", (long long)info.mem_used, (long long)before);
+  ll_backend_free_buf(bk[0], p);
+  bk[0]->i->get_info(bk[0], &info);
+  CHECK(info.mem_used == before);
+}
 
 int main(void) {
   rs = ll_test_seed();
@@ -546,8 +821,7 @@ int main(void) {
   CHECK(ll_backend_cpu_create(&b3, 3, err, sizeof err) == 0);
   if (!b1 || !b2 || !b3) return ll_test_summary();
   const struct impl impls[2] = {{"ref", NULL, ll_cpu_train_ref()}, {"cpu", b2, b2->i}};
-  cur_impls = impls, n_impls = 2;
-  for (int i = 0; i < n_impls; i++) {
+  for (int i = 0; i < 2; i++) {
     const struct impl *im = &impls[i];
     test_fd_matmul(im);
     test_fd_rmsnorm(im);
@@ -560,7 +834,15 @@ int main(void) {
     test_vec(im);
     test_adamw(im);
   }
+  bk[0] = b1, bk[1] = b2, bk[2] = b3;
+  test_fast_matmul();
+  test_fast_rows();
+  test_fast_elementwise();
+  test_fast_xent();
+  test_fast_attention();
+  test_alloc();
   printf("largest finite-difference error: %.2e (tolerance %.0e)\n", worst_fd, FD_TOL);
+  printf("largest fast vs reference error: %.2e (tolerance %.0e)\n", worst_fast, FAST_TOL);
   ll_backend_free(b1);
   ll_backend_free(b2);
   ll_backend_free(b3);

@@ -36,10 +36,13 @@ struct cpu_ctx {
   int rope_T, rope_n;   // tokens, pairs per token (0: no tables)
   struct ll_rope_params rope_p;
   size_t scratch_per_thread;
+  struct ll_cpu_train *train; // train.c's scratch and memory count (created on first use)
   char device[128];
 };
 
 static struct cpu_ctx *C(struct ll_backend *b) { return b->ctx; }
+struct ll_threadpool *ll_cpu_backend_pool(struct ll_backend *b) { return C(b)->pool; }
+struct ll_cpu_train **ll_cpu_backend_train(struct ll_backend *b) { return &C(b)->train; }
 
 static int grow(void **p, size_t *cap, size_t need) {
   if (need <= *cap) return 0;
@@ -509,7 +512,7 @@ static void cpu_get_info(struct ll_backend *b, struct ll_backend_info *info) {
   info->compute_units = c->n_threads;
   long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
   info->mem_total = pages > 0 && psz > 0 ? (int64_t)pages * psz : -1;
-  info->mem_used = -1;
+  info->mem_used = ll_cpu_train_mem_used(c->train); // what the trainer holds through alloc
 }
 
 static void cpu_free(struct ll_backend *b) {
@@ -523,6 +526,7 @@ static void cpu_free(struct ll_backend *b) {
     free(c->rope_cs);
     free(c->rope_pos);
     free(c->scratch);
+    ll_cpu_train_free(c->train);
     free(c);
   }
   free(b);
@@ -540,20 +544,22 @@ static const struct ll_backend_i cpu_iface = {
     .attention_multi = cpu_attention_multi,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
-    // training (kernels/cpu/train_ref.c; ll_cpu_train.h)
-    .matmul_backward = ll_train_ref_matmul_backward,
-    .rmsnorm_backward = ll_train_ref_rmsnorm_backward,
-    .rope_backward = ll_train_ref_rope_backward,
-    .swiglu_backward = ll_train_ref_swiglu_backward,
-    .attention_train = ll_train_ref_attention_train,
-    .attention_backward = ll_train_ref_attention_backward,
-    .softmax_xent = ll_train_ref_softmax_xent,
-    .get_rows_backward = ll_train_ref_get_rows_backward,
-    .dropout = ll_train_ref_dropout,
-    .sumsq = ll_train_ref_sumsq,
-    .axpy = ll_train_ref_axpy,
-    .scale = ll_train_ref_scale,
-    .adamw = ll_train_ref_adamw,
+    // training (kernels/cpu/train.c; their references in train_ref.c, ll_cpu_train.h)
+    .alloc = ll_train_cpu_alloc,
+    .free_buf = ll_train_cpu_free_buf,
+    .matmul_backward = ll_train_cpu_matmul_backward,
+    .rmsnorm_backward = ll_train_cpu_rmsnorm_backward,
+    .rope_backward = ll_train_cpu_rope_backward,
+    .swiglu_backward = ll_train_cpu_swiglu_backward,
+    .attention_train = ll_train_cpu_attention_train,
+    .attention_backward = ll_train_cpu_attention_backward,
+    .softmax_xent = ll_train_cpu_softmax_xent,
+    .get_rows_backward = ll_train_cpu_get_rows_backward,
+    .dropout = ll_train_cpu_dropout,
+    .sumsq = ll_train_cpu_sumsq,
+    .axpy = ll_train_cpu_axpy,
+    .scale = ll_train_cpu_scale,
+    .adamw = ll_train_cpu_adamw,
 };
 
 static void cpu_model_name(char *out, size_t cap) {

@@ -74,6 +74,7 @@ struct ll_cpu_train; // train.c's scratch (per-thread panels, attention gradient
 struct ll_threadpool *ll_cpu_backend_pool(struct ll_backend *b);
 struct ll_cpu_train **ll_cpu_backend_train(struct ll_backend *b); // lazily created by train.c
 void ll_cpu_train_free(struct ll_cpu_train *t);                   // accepts NULL
+int64_t ll_cpu_train_mem_used(struct ll_cpu_train *t);            // bytes held through alloc (NULL: 0)
 
 // ---- shared definitions (both implementations use these, so their results agree) ----
 
