@@ -18,3 +18,6 @@ target_link_libraries(gen_man_options PRIVATE ll_server)
 # to `llsrv generate --adapter`, mixed adapters in one batch, bad adapters refused, monitor field.
 ll_script_test(NAME server_lora COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_lora.py
   LABELS integration TIMEOUT 300)
+# llsrv export: GGUF LoRA re-export, --merge (logits equal the adapter at run time), bad inputs.
+ll_script_test(NAME lora_export COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_lora_cli.py
+  LABELS integration TIMEOUT 300)

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ll_ckpt.h"
 #include "ll_engine.h"
 #include "ll_error.h"
 #include "ll_gguf.h"
@@ -278,6 +279,30 @@ int main(int argc, char **argv) {
     CHECK(ta && tb && ta->ne[0] == 172 && ta->ne[1] == 4 && tb->ne[0] == 4 && tb->ne[1] == 64 && ta->type == 0);
     CHECK(mf.n_tensors == 5 * 7 * 2);
     ll_modelfile_free(&mf);
+  }
+
+  // ---- a run checkpoint (.ckpt) holding the adapter (ll_lora_to_mf, as the trainer writes it)
+  // plus AdamW moments and training keys: read back as the same adapter, with or without dims
+  {
+    struct ll_modelfile mf;
+    ll_modelfile_init(&mf);
+    CHECK(ll_lora_to_mf(a, &mf, err, sizeof err) == 0);
+    const struct ll_lora_pair *p = ll_lora_at(a, 0, LL_LORA_Q);
+    const int64_t ne[2] = {p->a.k, p->a.n};
+    CHECK(ll_mf_add_tensor(&mf, "blk.0.attn_q.weight.lora_a.adam_m", 0, 2, ne, p->a.data) == 0);
+    CHECK(ll_mf_set_u64(&mf, "training.step", 100) == 0);
+    struct ll_ckpt_write_opts o;
+    ll_ckpt_write_opts_init(&o);
+    o.no_fsync = 1;
+    snprintf(f2, sizeof f2, "%s/step-100.ckpt", tmp);
+    CHECKF(ll_ckpt_write(f2, &mf, &o, err, sizeof err) == 0, "%s", err);
+    ll_modelfile_free(&mf);
+    for (int k = 0; k < 2; k++) {
+      struct ll_lora *c = NULL;
+      CHECKF(ll_lora_load(&c, f2, k ? NULL : &d, NULL, err, sizeof err) == 0, "%s", err);
+      CHECK(c && lora_equal(a, c) && strcmp(c->name, "step-100") == 0);
+      ll_lora_free(c);
+    }
   }
 
   // ---- PEFT directory = the same adapter

@@ -10,5 +10,6 @@ int ll_cmd_detokenize(int argc, char **argv); // cmd_tokenize.c
 int ll_cmd_generate(int argc, char **argv);   // cmd_generate.c
 int ll_cmd_bench(int argc, char **argv);      // cmd_bench.c
 int ll_cmd_perplexity(int argc, char **argv); // cmd_perplexity.c
+int ll_cmd_export(int argc, char **argv);     // cmd_export.c
 
 #endif

@@ -17,6 +17,7 @@ static const struct ll_subcommand ll_subcommands[] = {
     {"bench", ll_cmd_bench, "prompt-processing and generation speed (like llama-bench pp/tg)"},
     {"perplexity", ll_cmd_perplexity, "perplexity of a text file (like llama-perplexity)"},
     {"convert", ll_cmd_convert, "convert GGUF / llama2.c / safetensors to .ckpt (or .ckpt to GGUF)"},
+    {"export", ll_cmd_export, "LoRA adapter -> GGUF LoRA for llama.cpp --lora, or --merge into the base"},
     {"tokenize", ll_cmd_tokenize, "text on stdin -> token ids"},
     {"detokenize", ll_cmd_detokenize, "token ids on stdin -> text"},
 };

@@ -84,6 +84,9 @@ int ll_lora_to_mf(const struct ll_lora *a, struct ll_modelfile *mf, char *err, s
 // allow_other (a .ckpt carrying optimizer state or weights), else refused.
 int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const struct ll_lora_dims *d, int allow_other,
                     struct ll_backend *be, char *err, size_t errlen);
+// The dims an adapter file implies (architecture, layers, the widths its matrices show; the
+// others 0), for tools that read an adapter without its base model (llsrv export).
+int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, char *err, size_t errlen);
 // Writes a GGUF LoRA adapter that llama.cpp loads with --lora (atomic).
 int ll_lora_save_gguf(const struct ll_lora *a, const char *path, char *err, size_t errlen);
 // PEFT directory (adapter_config.json + adapter_model.safetensors): HF module names mapped to
@@ -91,7 +94,8 @@ int ll_lora_save_gguf(const struct ll_lora *a, const char *path, char *err, size
 int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lora_dims *d, struct ll_backend *be,
                       char *err, size_t errlen);
 // Any of: a GGUF LoRA file, a .ckpt holding adapter tensors, a PEFT directory. The adapter's
-// name is the file stem (directory name for PEFT).
+// name is the file stem (directory name for PEFT). d NULL: shapes taken from the file itself
+// (ll_lora_dims_from_mf; not for PEFT directories, whose q/k permutation needs the heads).
 int ll_lora_load(struct ll_lora **out, const char *path, const struct ll_lora_dims *d, struct ll_backend *be,
                  char *err, size_t errlen);
 

@@ -185,6 +185,32 @@ int ll_lora_save_gguf(const struct ll_lora *a, const char *path, char *err, size
   return rc;
 }
 
+int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, char *err, size_t errlen) {
+  memset(d, 0, sizeof *d);
+  const char *arch;
+  if (ll_mf_get_str(mf, "general.architecture", &arch) != 0) return ll_errf(err, errlen, LL_EFORMAT, "lora: general.architecture is missing");
+  snprintf(d->arch, sizeof d->arch, "%s", arch);
+  for (uint64_t i = 0; i < mf->n_tensors; i++) {
+    const struct ll_tensor_info *t = &mf->tensors[i];
+    const char *name = t->name.ptr;
+    const size_t n = strlen(name);
+    if (n < 7 || (strcmp(name + n - 7, ".lora_a") != 0 && strcmp(name + n - 7, ".lora_b") != 0)) continue;
+    char stem[64];
+    int l;
+    if (sscanf(name, "blk.%d.%63[a-z_]", &l, stem) != 2 || l < 0 || l >= 4096) continue;
+    const int tg = ll_lora_target_from_name(stem), b = name[n - 1] == 'b';
+    if (tg < 0 || t->ne[0] <= 0 || t->ne[1] <= 0 || t->ne[0] > (1 << 20) || t->ne[1] > (1 << 20)) continue;
+    if (l + 1 > d->n_layer) d->n_layer = l + 1;
+    const int v = (int)(b ? t->ne[1] : t->ne[0]); // B: out features; A: in features
+    int *in_dim = tg == LL_LORA_DOWN ? &d->n_ff : &d->n_embd;
+    int *out_dim = tg == LL_LORA_K || tg == LL_LORA_V ? &d->n_embd_kv : tg == LL_LORA_GATE || tg == LL_LORA_UP ? &d->n_ff : &d->n_embd;
+    int *dst = b ? out_dim : in_dim;
+    if (!*dst) *dst = v;
+  }
+  if (!d->n_layer) return ll_errf(err, errlen, LL_EFORMAT, "lora: no adapter tensors (blk.N.<matrix>.weight.lora_a / .lora_b)");
+  return 0;
+}
+
 // ---------------------------------------------------------------- PEFT
 
 #define PEFT_MAX_CONFIG (1u << 20)
@@ -352,11 +378,13 @@ out:
 
 int ll_lora_load(struct ll_lora **out, const char *path, const struct ll_lora_dims *d, struct ll_backend *be, char *err, size_t errlen) {
   *out = NULL;
+  struct ll_lora_dims inferred;
   struct stat st;
   if (stat(path, &st) != 0) return ll_errf(err, errlen, LL_EIO, "%s: %s", path, strerror(errno));
   int rc;
   char e2[768] = "";
   if (S_ISDIR(st.st_mode)) {
+    if (!d) return ll_errf(err, errlen, LL_EINVAL, "%s: a PEFT directory needs the base model (its heads, for the q/k permutation)", path);
     rc = ll_lora_load_peft(out, path, d, be, err, errlen);
   } else {
     unsigned char magic[8] = {0};
@@ -370,6 +398,7 @@ int ll_lora_load(struct ll_lora **out, const char *path, const struct ll_lora_di
     if (got >= 4 && memcmp(magic, "GGUF", 4) == 0) rc = ll_gguf_open(path, &mf, e2, sizeof e2);
     else if (is_ckpt) rc = ll_ckpt_open(path, &mf, 1, e2, sizeof e2);
     else rc = ll_errf(e2, sizeof e2, LL_EFORMAT, "not a GGUF LoRA adapter, a .ckpt or a PEFT directory");
+    if (rc == 0 && !d) rc = ll_lora_dims_from_mf(&mf, &inferred, e2, sizeof e2), d = &inferred;
     if (rc == 0) rc = ll_lora_from_mf(out, &mf, d, is_ckpt, be, e2, sizeof e2);
     if (rc) ll_errf(err, errlen, rc, "%s: %s", path, e2);
     ll_modelfile_free(&mf);
