@@ -21,6 +21,7 @@
 #include "ll_error.h"
 #include "ll_modelfile.h"
 #include "ll_tokenizer.h"
+#include "ll_trainer.h"
 #include "testutil.h"
 
 static char g_tmp[512];
@@ -580,6 +581,43 @@ static void test_cursor(const struct ll_tokenizer *t) {
   ll_data_close(a);
 }
 
+// The trainer's view (struct ll_train_source): the same stream, val split and cursor words.
+static void test_source(const struct ll_tokenizer *t) {
+  char dir[1024], err[512];
+  snprintf(dir, sizeof dir, "%s/split", g_tmp);
+  enum { S = 24 };
+  struct ll_data *a = open_data(dir, S, 0.1, 11, t, NULL), *b = open_data(dir, S, 0.1, 11, t, NULL);
+  if (!a || !b) return;
+  struct ll_train_source src;
+  ll_data_train_source(b, &src);
+  CHECK(src.user == b && src.next && src.val_next && src.val_reset && src.cursor_get && src.cursor_set);
+  int32_t i1[S], t1[S], i2[S], t2[S];
+  int same = 1;
+  for (int j = 0; j < 10; j++) {
+    same &= ll_data_next(a, i1, t1, err, sizeof err) == src.next(src.user, i2, t2, err, sizeof err);
+    same &= !memcmp(i1, i2, sizeof i1) && !memcmp(t1, t2, sizeof t1);
+  }
+  CHECK(same);
+  CHECK(src.val_next(src.user, i2, t2, err, sizeof err) == 1 && ll_data_val_next(a, i1, t1, err, sizeof err) == 1 &&
+        !memcmp(i1, i2, sizeof i1));
+  src.val_reset(src.user);
+  ll_data_val_reset(a);
+  uint64_t w[LL_TRAIN_CURSOR_WORDS];
+  src.cursor_get(src.user, w);
+  for (int j = 0; j < 3; j++) src.next(src.user, i2, t2, err, sizeof err);
+  CHECK(src.cursor_set(src.user, w, err, sizeof err) == 0);
+  same = 1;
+  for (int j = 0; j < 5; j++) {
+    ll_data_next(a, i1, t1, err, sizeof err);
+    src.next(src.user, i2, t2, err, sizeof err);
+    same &= !memcmp(i1, i2, sizeof i1) && !memcmp(t1, t2, sizeof t1);
+  }
+  CHECK(same);
+  w[1] ^= 1; // another corpus's fingerprint
+  CHECK(src.cursor_set(src.user, w, err, sizeof err) == LL_ESTATE);
+  ll_data_close(a), ll_data_close(b);
+}
+
 // A file vanishing mid-run: a clear error naming it, and the position kept, so once it is back
 // the stream continues exactly as an uninterrupted one.
 static void test_vanish(const struct ll_tokenizer *t) {
@@ -758,6 +796,7 @@ int main(int argc, char **argv) {
       test_jsonl(t);
       test_split(t);
       test_cursor(t);
+      test_source(t);
       test_vanish(t);
       test_refusals(t);
       ll_tokenizer_free(t);

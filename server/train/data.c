@@ -26,6 +26,9 @@
 #include "ll_chat.h"
 #include "ll_error.h"
 #include "ll_tokenizer.h"
+#include "ll_trainer.h"
+
+_Static_assert(LL_TRAIN_CURSOR_WORDS == LL_DATA_CURSOR_WORDS, "a run checkpoint stores the data cursor as is");
 
 #define LL_DATA_MAX_RECORD (16u << 20) // bytes of one JSONL line
 #define LL_DATA_WINDOW (256u << 10)     // file bytes read at a time
@@ -773,6 +776,34 @@ void ll_data_cursor_to_words(const struct ll_data_cursor *c, uint64_t w[LL_DATA_
 void ll_data_cursor_from_words(struct ll_data_cursor *c, const uint64_t w[LL_DATA_CURSOR_WORDS]) {
   c->version = w[0], c->fingerprint = w[1], c->epoch = w[2], c->file = w[3];
   c->doc = w[4], c->offset = w[5], c->token = w[6], c->seqs = w[7];
+}
+
+static int src_next(void *u, int32_t *ids, int32_t *targets, char *err, size_t errlen) {
+  return ll_data_next(u, ids, targets, err, errlen);
+}
+static int src_val_next(void *u, int32_t *ids, int32_t *targets, char *err, size_t errlen) {
+  return ll_data_val_next(u, ids, targets, err, errlen);
+}
+static void src_val_reset(void *u) { ll_data_val_reset(u); }
+static void src_cursor_get(void *u, uint64_t w[LL_TRAIN_CURSOR_WORDS]) {
+  struct ll_data_cursor c;
+  ll_data_cursor_get(u, &c);
+  ll_data_cursor_to_words(&c, w);
+}
+static int src_cursor_set(void *u, const uint64_t w[LL_TRAIN_CURSOR_WORDS], char *err, size_t errlen) {
+  struct ll_data_cursor c;
+  ll_data_cursor_from_words(&c, w);
+  return ll_data_cursor_set(u, &c, err, errlen);
+}
+
+void ll_data_train_source(struct ll_data *d, struct ll_train_source *src) {
+  memset(src, 0, sizeof *src);
+  src->user = d;
+  src->next = src_next;
+  src->val_next = src_val_next;
+  src->val_reset = src_val_reset;
+  src->cursor_get = src_cursor_get;
+  src->cursor_set = src_cursor_set;
 }
 
 // ---------------------------------------------------------------- open: the scan

@@ -124,6 +124,10 @@ int ll_data_cursor_set(struct ll_data *d, const struct ll_data_cursor *c, char *
 void ll_data_cursor_to_words(const struct ll_data_cursor *c, uint64_t w[LL_DATA_CURSOR_WORDS]);
 void ll_data_cursor_from_words(struct ll_data_cursor *c, const uint64_t w[LL_DATA_CURSOR_WORDS]);
 
+// The trainer's view of d (ll_trainer.h): next, val_next, val_reset and the cursor as words.
+struct ll_train_source;
+void ll_data_train_source(struct ll_data *d, struct ll_train_source *src);
+
 // ---- one JSONL record (exposed for tests and the fuzz target) ----
 // The record's text as the model sees it, with the byte spans that count in the loss.
 struct ll_data_span { size_t start, end; };
