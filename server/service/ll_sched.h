@@ -35,6 +35,7 @@ struct ll_sched_req {
   int n_stops;
   char *stops[LL_MAX_STOP];        // owned
   char adapter[64];                // "" (the server's default), "none", "live" or a registered name
+  double t_submit;                 // CLOCK_MONOTONIC ms, set by ll_sched_submit (monitor's age_s)
 };
 
 struct ll_sched_params {
@@ -60,6 +61,8 @@ struct ll_sched_req_progress {
   int prefilling;
   int prompt_tokens, prefilled, tokens, max_tokens;
   char adapter[64];                // "none", "live" or the adapter's name
+  double age_s;                    // since submitted
+  double tok_s;                    // decode tokens/s of this request; < 0 before its first token
 };
 
 struct ll_sched_stats {

@@ -56,6 +56,7 @@ void ll_net_close_all(struct ll_server *s);                         // after the
 void ll_net_force_close_all(struct ll_server *s);                   // error/exit path: close now
 int ll_net_parse_listen(const char *spec, char *host, size_t hostcap, int *port, char *err, size_t errlen);
 int ll_net_host_is_loopback(const char *host);
+const char *ll_net_peer(struct ll_server *s, uint64_t uid); // "ip:port" of a live connection, else NULL
 
 // monitor.c
 int ll_monitor_default_path(char *out, size_t cap, char *err, size_t errlen);

@@ -91,6 +91,7 @@ static json_t *snapshot_json(struct ll_server *s) {
   json_object_set_new(mem, "kv_bytes", json_integer(in->kv_bytes));
   json_object_set_new(mem, "kv_blocks_used", json_integer(st.kv_blocks_used));
   json_object_set_new(mem, "kv_blocks_total", json_integer(in->kv_blocks_total));
+  json_object_set_new(mem, "train_bytes", json_null()); // no trainer buffers yet
   json_object_set_new(root, "memory", mem);
 
   json_t *model = json_object();
@@ -127,6 +128,10 @@ static json_t *snapshot_json(struct ll_server *s) {
     json_object_set_new(r, "tokens", json_integer(p->tokens));
     json_object_set_new(r, "max_tokens", json_integer(p->max_tokens));
     json_object_set_new(r, "adapter", json_string(p->adapter[0] ? p->adapter : "none"));
+    const char *peer = ll_net_peer(s, p->conn);
+    json_object_set_new(r, "client", peer ? json_string(peer) : json_null());
+    json_object_set_new(r, "tok_s", p->tok_s >= 0 ? json_real(p->tok_s) : json_null());
+    json_object_set_new(r, "age_s", json_real(p->age_s));
     json_array_append_new(reqs, r);
   }
   json_object_set_new(sv, "requests", reqs);
@@ -135,8 +140,11 @@ static json_t *snapshot_json(struct ll_server *s) {
   // Training: the trainer arrives with the training issue; until then its fields are null.
   json_t *tr = json_object();
   json_object_set_new(tr, "state", json_string(s->cfg->train_enabled ? "unavailable" : "off"));
-  const char *nulls[] = {"step", "total_steps", "epoch", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "eta_s", "last_checkpoint"};
+  const char *nulls[] = {"step", "total_steps", "epoch", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "eta_s", "last_checkpoint",
+                         "skipped_steps", "run_dir"};
   for (size_t i = 0; i < sizeof nulls / sizeof nulls[0]; i++) json_object_set_new(tr, nulls[i], json_null());
+  json_object_set_new(tr, "history", json_array()); // [[step, loss, val_loss|null], ...]
+  json_object_set_new(tr, "history_tail", json_false());
   json_object_set_new(root, "training", tr);
   return root;
 }

@@ -662,6 +662,12 @@ void ll_net_on_output(struct ll_server *s, struct ll_sched_out *o) {
   free(o);
 }
 
+const char *ll_net_peer(struct ll_server *s, uint64_t uid) {
+  uint32_t slot = (uint32_t)(uid & 0xffffffffu);
+  struct ll_conn *c = slot < (uint32_t)s->cfg->max_clients ? s->conns[slot] : NULL;
+  return c && c->uid == uid ? c->peer : NULL;
+}
+
 void ll_net_tick(struct ll_server *s) {
   double t = now_ms(s);
   const double idle = s->cfg->idle_timeout * 1000.0, line = s->cfg->line_timeout * 1000.0;

@@ -552,6 +552,9 @@ static void update_stats(struct ll_sched *s, int publish_now) {
       p->tokens = a->n_gen;
       p->max_tokens = a->max_gen;
       snprintf(p->adapter, sizeof p->adapter, "%s", a->adapter[0] ? a->adapter : "none");
+      double tn = now_ms();
+      p->age_s = (tn - a->r->t_submit) / 1e3;
+      p->tok_s = a->t_first > 0 && tn > a->t_first && a->n_gen > 0 ? a->n_gen / ((tn - a->t_first) / 1e3) : -1;
     }
   }
   st->queued = s->n_wait + s->n_in;
@@ -771,6 +774,7 @@ int ll_sched_submit(struct ll_sched *s, struct ll_sched_req *r) {
     }
     s->in = q, s->cap_in = nc;
   }
+  r->t_submit = now_ms();
   s->in[s->n_in++] = r;
   s->stats.queued++;
   pthread_cond_signal(&s->cv);
