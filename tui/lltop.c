@@ -454,13 +454,15 @@ static void draw_memory(int y, int h, int W) {
   // device memory used / total
   lt_fmt_bytes(a, sizeof a, s->mem_dev_used);
   lt_fmt_bytes(b, sizeof b, s->mem_dev_total);
-  int lab = putf(r, x, iw, " Device mem ");
+  int narrow = iw < 64;
+  int lab = putf(r, x, iw, narrow ? " Mem " : " Device mem ");
   char tail[96];
   if (s->mem_dev_used.known && s->mem_dev_total.known && s->mem_dev_total.v > 0)
-    lt_fmt(tail, sizeof tail, " %s / %s (%.0f%%)", a, b, 100.0 * s->mem_dev_used.v / s->mem_dev_total.v);
+    lt_fmt(tail, sizeof tail, narrow ? " %s/%s" : " %s / %s (%.0f%%)", a, b, 100.0 * s->mem_dev_used.v / s->mem_dev_total.v);
   else lt_fmt(tail, sizeof tail, " %s / %s", a, b);
   int bw = iw - lab - (int)strlen(tail);
   if (bw > 40) bw = 40 + (bw - 40) / 2;
+  if (bw < 8) bw = 8;
   if (s->mem_dev_used.known && s->mem_dev_total.known) {
     struct seg sg = {s->mem_dev_used.v, CP_OK, "\xe2\x96\x88", "#"};
     bar(r, x + lab, bw, &sg, 1, s->mem_dev_total.v);
@@ -475,7 +477,7 @@ static void draw_memory(int y, int h, int W) {
   lt_fmt_bytes(c, sizeof c, s->mem_weights);
   lt_fmt_bytes(d, sizeof d, s->mem_kv);
   lt_fmt_bytes(e, sizeof e, s->mem_train);
-  lab = putf(r, x, iw, " Host RSS   ");
+  lab = putf(r, x, iw, narrow ? " RSS " : " Host RSS   ");
   lt_fmt(tail, sizeof tail, " %s: weights %s, KV %s, training %s", a, c, d, e);
   bw = iw - lab - (int)strlen(tail);
   if (bw < 12) bw = 12 < iw - lab ? 12 : iw - lab;
@@ -507,17 +509,16 @@ static void draw_serving(int y, int h, int W, int spark, int table) {
   lt_fmt_int(d, sizeof d, s->queued);
   lt_fmt_int(e, sizeof e, s->kv_used);
   lt_fmt_int(f, sizeof f, s->kv_total);
-  int k = putf(r, x, iw, " clients %s  active %s/%s  queued %s  KV blocks %s/%s ", a, b, c, d, e, f);
-  if (s->kv_used.known && s->kv_total.known && iw - k > 14) {
+  char dn[32], gn[32];
+  lt_fmt_int(dn, sizeof dn, s->req_done);
+  lt_fmt_count(gn, sizeof gn, s->tok_gen);
+  int k = putf(r, x, iw, " clients %s  active %s/%s  queued %s  done %s  generated %s tok  KV %s/%s ", a, b, c, d, dn, gn, e, f);
+  if (s->kv_used.known && s->kv_total.known && iw - k >= 7) { // the KV bar takes what is left
     struct seg sg = {s->kv_used.v, CP_KV, "\xe2\x96\x88", "#"};
     int bw = iw - k - 1;
     if (bw > 20) bw = 20;
     bar(r, x + k, bw, &sg, 1, s->kv_total.v);
-    k += bw;
   }
-  lt_fmt_int(a, sizeof a, s->req_done);
-  lt_fmt_count(b, sizeof b, s->tok_gen);
-  putf(r, x + k, iw - k, "  done %s  generated %s tok", a, b);
   r++;
   if (spark) {
     char v[32];
@@ -613,7 +614,10 @@ static void draw_training(int y, int h, int W) {
   struct lt_num ppl = {0, 0};
   if (s->tr_loss.known && s->tr_loss.v < 700) ppl.v = exp(s->tr_loss.v), ppl.known = 1;
   lt_fmt_num(f, sizeof f, ppl, 2);
-  putf(r, x + k, iw - k, "  step %s/%s%s  epoch %s  loss %s  val loss %s  perplexity %s", a, b, pct, c, d, e, f);
+  char line[256];
+  lt_fmt(line, sizeof line, "  step %s/%s%s  epoch %s  loss %s  val loss %s  perplexity %s", a, b, pct, c, d, e, f);
+  if ((int)strlen(line) > iw - k) lt_fmt(line, sizeof line, "  step %s/%s%s  ep %s  loss %s  val %s  ppl %s", a, b, pct, c, d, e, f);
+  put(r, x + k, iw - k, line);
   r++;
   if (h < 3) return;
   lt_fmt_num(a, sizeof a, s->tr_lr, 6);
@@ -622,8 +626,21 @@ static void draw_training(int y, int h, int W) {
   lt_fmt_int(c, sizeof c, s->tr_skipped);
   lt_fmt_num(d, sizeof d, s->tr_tps, 1);
   lt_fmt_dur(e, sizeof e, s->tr_eta);
-  putf(r, x, iw, " lr %s  grad norm %s  skipped %s  %s tok/s  ETA %s  checkpoint %s", a, b, c, d, e,
-       s->tr_checkpoint.known ? s->tr_checkpoint.s : "N/A");
+  char line2[256];
+  lt_fmt(line2, sizeof line2, " lr %s  grad norm %s  skipped %s  %s tok/s  ETA %s  checkpoint ", a, b, c, d, e);
+  if (iw - (int)strlen(line2) < 24) lt_fmt(line2, sizeof line2, " lr %s  gnorm %s  skip %s  %s tok/s  ETA %s  ckpt ", a, b, c, d, e);
+  k = put(r, x, iw, line2);
+  // A long checkpoint path keeps its end (the step is in the file name).
+  const char *cp = s->tr_checkpoint.known ? s->tr_checkpoint.s : "N/A";
+  int room = iw - k, len = (int)strlen(cp);
+  if (len > room && room > 4) {
+    const char *tail = cp + len - (room - 3);
+    while (tail > cp && ((unsigned char)*tail & 0xC0) == 0x80) tail++; // a character boundary
+    k += put(r, x + k, 3, "...");
+    put(r, x + k, iw - k, tail);
+  } else {
+    put(r, x + k, iw - k, cp);
+  }
 }
 
 // Train (and validation) loss against step. Braille cells (2x4 dots each) in UTF-8 locales;

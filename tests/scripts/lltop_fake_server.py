@@ -96,6 +96,12 @@ def handle(c):
     f = c.makefile("rb")
 
     def reader():
+        try:
+            serve_commands()
+        except OSError:
+            pass
+
+    def serve_commands():
         for raw in f:
             cmd = raw.decode(errors="replace").strip()
             with open(record, "a") as r:

@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+# test_lltop.py - lltop as a user sees it: run in tmux (a private tmux server) and judged by
+# `tmux capture-pane` text.
+#   real llsrv (configs/demo.yaml, temp state dir and XDG_RUNTIME_DIR, free port):
+#     --once/--json (and their non-zero exit without a server), the default socket path,
+#     device name and memory bars, serving figures that change while GEN requests run,
+#     server killed -> "disconnected, retrying" with dimmed data -> restarted -> live again,
+#     resize to 60x20, 200x60 and 40x12 -> the same screen a fresh lltop draws at that size
+#     (digits and bar glyphs masked), panels dropped in the documented order
+#   fake servers (tests/scripts/lltop_fake_server.py):
+#     hostile lines (bad JSON, 10 MB line, escapes in strings, huge numbers) -> still running,
+#     status messages, strings drawn sanitized, no escape sequence reaches the pane
+#     a training run -> chart with labelled axes, step increasing, `l` log scale, `p`/`s`
+#     send pause/save after confirmation and the server's answers (ok / refusal) are shown
+#   every exit path restores the terminal (q, SIGTERM, SIGINT, SIGHUP: alternate screen off).
+# All waits poll with generous deadlines; everything started is stopped on every exit path.
+import atexit
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from llsrv_client import Checker, Conn, Server  # noqa: E402
+
+BIN_DIR = os.environ.get("LL_BINARY_DIR", "build")
+SRC_DIR = os.environ.get("LL_SOURCE_DIR", ".")
+LLTOP = os.path.join(BIN_DIR, "tui", "lltop")
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lltop_fake_server.py")
+DEADLINE = float(os.environ.get("LL_TEST_DEADLINE", "45"))  # seconds per wait; generous for ASan
+
+check = Checker()
+tmp = tempfile.mkdtemp(prefix="lltop-test-")
+os.chmod(tmp, 0o700)
+TMUX = ["tmux", "-S", os.path.join(tmp, "tmux.sock"), "-f", "/dev/null"]
+procs = []
+servers = []
+
+
+def cleanup():
+    subprocess.run(TMUX + ["kill-server"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for s in servers:
+        try:
+            s.stop(signal.SIGKILL, timeout=10)
+        except Exception:
+            pass
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+atexit.register(cleanup)
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(sig, lambda s, f: sys.exit(128 + s))
+
+if not shutil.which("tmux"):
+    print("tmux is missing (setup.sh installs it)", file=sys.stderr)
+    sys.exit(1)
+
+ENV = dict(os.environ, LANG="C.UTF-8", LC_ALL="C.UTF-8", TERM="screen-256color")
+ENV.pop("NO_COLOR", None)
+
+
+def tmux(*args, check_rc=True):
+    r = subprocess.run(TMUX + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check_rc and r.returncode != 0:
+        raise RuntimeError("tmux %s: %s" % (" ".join(args), r.stderr))
+    return r.stdout
+
+
+def start_lltop(name, sock, w=80, h=24, extra_env=None, args=()):
+    env = " ".join("%s=%s" % kv for kv in (extra_env or {}).items())
+    cmd = "exec env LANG=C.UTF-8 LC_ALL=C.UTF-8 %s %s --socket %s %s" % (env, LLTOP, sock, " ".join(args))
+    tmux("new-session", "-d", "-s", name, "-x", str(w), "-y", str(h), cmd)
+    tmux("set-option", "-t", name, "remain-on-exit", "on")
+    return name
+
+
+def capture(name, escapes=False):
+    return tmux("capture-pane", "-p", "-t", name, *(["-e"] if escapes else []), check_rc=False)
+
+
+def pane(name, fmt):
+    return tmux("display-message", "-p", "-t", name, fmt, check_rc=False).strip()
+
+
+def wait_for(name, pred, what, deadline=DEADLINE):
+    t = time.time() + deadline
+    last = ""
+    while time.time() < t:
+        last = capture(name)
+        try:
+            if pred(last):
+                check(True, what)
+                return last
+        except Exception:
+            pass
+        time.sleep(0.2)
+    check(False, "%s (waited %.0f s); last screen:\n%s" % (what, deadline, last))
+    return last
+
+
+def run(args, env=None, timeout=60):
+    return subprocess.run([LLTOP] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env or ENV, timeout=timeout)
+
+
+# ---- no server ----
+print("-- no server", flush=True)
+for mode in ("--once", "--json"):
+    r = run([mode, "--socket", os.path.join(tmp, "nothing.sock")])
+    check(r.returncode != 0 and b"no llsrv listening" in r.stderr and not r.stdout,
+          "%s without a server: exit %d, %r" % (mode, r.returncode, r.stderr[:200]))
+r = run(["--interval", "5"])
+check(r.returncode == 2 and b"--interval" in r.stderr, "--interval 5 refused: %r" % r.stderr[:200])
+
+# ---- a real server ----
+print("-- real llsrv (configs/demo.yaml)", flush=True)
+SRV_ARGS = ["--config", os.path.join(SRC_DIR, "configs", "demo.yaml"), "--parallel", "4", "--threads", "1"]
+srv = Server(tmp, SRV_ARGS)
+servers.append(srv)
+
+r = run(["--once", "--socket", srv.sock])
+txt = r.stdout.decode()
+check(r.returncode == 0 and "model     llsrv-demo" in txt and "backend cpu" in txt and "serving" in txt,
+      "--once: exit %d:\n%s%s" % (r.returncode, txt, r.stderr.decode()))
+check("N/A" in txt, "--once shows N/A for what the server does not know (training without a trainer)")
+r = run(["--json", "--socket", srv.sock])
+snap = None
+try:
+    snap = json.loads(r.stdout)
+except ValueError:
+    pass
+check(r.returncode == 0 and snap and snap.get("type") == "snapshot", "--json prints one snapshot: %r" % r.stdout[:200])
+snap = snap or {}
+dev_name = snap.get("device", {}).get("name", "?")
+check("train_bytes" in snap.get("memory", {}), "snapshot has memory.train_bytes")
+tr = snap.get("training", {})
+check(isinstance(tr.get("history"), list) and "skipped_steps" in tr and "run_dir" in tr, "snapshot has training history/skipped_steps/run_dir: %r" % tr)
+
+# The default socket path: $XDG_RUNTIME_DIR/llsrv/llsrv.sock (a link to the server's socket).
+xdg = os.path.join(tmp, "xdg")
+os.makedirs(os.path.join(xdg, "llsrv"), mode=0o700)
+os.symlink(srv.sock, os.path.join(xdg, "llsrv", "llsrv.sock"))
+r = subprocess.run([LLTOP, "--once"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(ENV, XDG_RUNTIME_DIR=xdg), timeout=60)
+check(r.returncode == 0 and b"llsrv-demo" in r.stdout, "--once finds $XDG_RUNTIME_DIR/llsrv/llsrv.sock: %r" % r.stderr[:200])
+
+start_lltop("real", srv.sock, 80, 24)
+scr = wait_for("real", lambda s: " live" in s.splitlines()[0] and dev_name[:20] in s, "80x24: live, device name %r" % dev_name[:20])
+check(re.search(r"Device mem \[[█·]+\] [\d.]+ [KMG]iB / [\d.]+ [KMG]iB", scr) is not None, "device memory bar with used/total")
+check(re.search(r"Host RSS   \[[█▓▒░·]+\] [\d.]+ [KMG]iB: weights [\d.]+ [KMG]iB, KV", scr) is not None, "host RSS bar split into weights/KV/training")
+for title in ("── Device", "── Serving", "── Training", "── Loss", "── Events"):
+    check(title in scr, "80x24 shows panel %r" % title)
+check("training N/A" in scr, "train_bytes null shows as N/A")
+
+# Serving figures while GEN requests run (two clients, one after another request).
+stop_load = threading.Event()
+
+
+def load():
+    while not stop_load.is_set():
+        try:
+            c = srv.conn(timeout=60)
+            while not stop_load.is_set():
+                c.generate("GEN max_tokens=400 ignore_eos=1 temperature=0 :Once upon a time")
+            c.close()
+        except Exception:
+            time.sleep(0.2)
+
+
+loaders = [threading.Thread(target=load, daemon=True) for _ in range(2)]
+for t in loaders:
+    t.start()
+scr = wait_for("real", lambda s: re.search(r"active [1-4]/4", s) and re.search(r"127\.0\.0\.1:\d+ +(decode|prefill)", s),
+               "active requests and a table row with client and state")
+
+
+def generated(s):
+    m = re.search(r"generated ([\d.]+k?) tok", s)
+    return m.group(1) if m else None
+
+
+g1 = generated(scr)
+wait_for("real", lambda s: generated(s) not in (None, g1), "tokens generated changes while requests run (was %s)" % g1)
+wait_for("real", lambda s: re.search(r"decode +\d+\.\d tok/s", s) and not re.search(r"decode +0\.0 tok/s", s), "decode tok/s non-zero while decoding")
+stop_load.set()
+for t in loaders:
+    t.join(120)
+wait_for("real", lambda s: "active 0/4" in s, "active back to 0 after the load")
+
+# Kill and restart the server: disconnected (data dimmed), then live again.
+print("-- server killed and restarted", flush=True)
+srv.stop(signal.SIGTERM)
+scr = wait_for("real", lambda s: "disconnected, retrying" in s, "server gone: disconnected, retrying")
+check(dev_name[:20] in scr, "last data still shown while disconnected")
+check(re.search(r"\x1b\[(?:[0-9;]*;)?2m", capture("real", escapes=True)) is not None, "last data dimmed while disconnected")
+srv = Server(tmp, SRV_ARGS)
+servers.append(srv)
+wait_for("real", lambda s: " live" in s.splitlines()[0] and "disconnected" not in s.splitlines()[0], "server back: live again")
+check(pane("real", "#{pane_dead}") == "0", "lltop kept running across the restart")
+
+
+# Resize: the screen equals what a fresh lltop draws at that size (values masked).
+def skeleton(s, h):
+    rows = (s.split("\n") + [""] * h)[: h - 1]  # the status line (last row) carries messages
+    out = []
+    for r in rows:
+        if r.startswith("── Events"):
+            break  # the event tails of the two instances differ by design
+        r = re.sub(r"[0-9]", "0", r)
+        r = re.sub(r"[█▓▒░·▁▂▃▄▅▆▇]", "", r)
+        r = re.sub(r"0[0-9.]*( ?[KMG]iB| B)?", "0", r)
+        r = re.sub(r"(up |ETA )[0-9dhms]+", r"\1T", r)
+        r = re.sub(r"\s+", " ", r).strip()
+        out.append(r)
+    return out
+
+
+for w, h in ((60, 20), (200, 60), (40, 12), (80, 24)):
+    print("-- resize to %dx%d" % (w, h), flush=True)
+    tmux("resize-window", "-t", "real", "-x", str(w), "-y", str(h))
+    fresh = "fresh%dx%d" % (w, h)
+    start_lltop(fresh, srv.sock, w, h)
+    wait_for(fresh, lambda s: " live" in s.splitlines()[0], "fresh lltop at %dx%d live" % (w, h))
+    ok = False
+    t_end = time.time() + DEADLINE
+    while time.time() < t_end and not ok:
+        a, b = capture("real"), capture(fresh)
+        la = a.split("\n")
+        ok = (pane("real", "#{pane_width}x#{pane_height}") == "%dx%d" % (w, h) and all(len(x) <= w for x in la)
+              and skeleton(a, h) == skeleton(b, h))
+        if not ok:
+            time.sleep(0.3)
+    check(ok, "resized %dx%d draws as a fresh lltop at that size:\n--- resized\n%s\n--- fresh\n%s" % (w, h, capture("real"), capture(fresh)))
+    tmux("kill-session", "-t", fresh)
+    scr = capture("real")
+    if (w, h) == (40, 12):
+        check(" Mem [" in scr and "── Serving" in scr and "── Training" in scr, "40x12 keeps memory, serving, training")
+        check("── Loss" not in scr and "── Events" not in scr and "GENERATED" not in scr, "40x12 dropped events, chart, table")
+    if (w, h) == (60, 20):
+        check("── Events" not in scr and "── Loss" not in scr and "GENERATED" in scr, "60x20 dropped events and the chart, kept the table")
+    if (w, h) == (200, 60):
+        check("── Events" in scr and "── Loss" in scr and "ADAPTER" in scr, "200x60 shows everything")
+
+# q quits and restores the terminal.
+check(pane("real", "#{alternate_on}") == "1", "lltop runs on the alternate screen")
+tmux("send-keys", "-t", "real", "q")
+t_end = time.time() + DEADLINE
+while time.time() < t_end and pane("real", "#{pane_dead}") != "1":
+    time.sleep(0.1)
+check(pane("real", "#{pane_dead} #{pane_dead_status} #{alternate_on}") == "1 0 0", "q: exit 0, terminal restored (%s)" % pane("real", "#{pane_dead} #{pane_dead_status} #{alternate_on}"))
+srv.stop(signal.SIGTERM)
+
+# ---- signals restore the terminal ----
+print("-- signals", flush=True)
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    name = "sig%d" % sig
+    start_lltop(name, os.path.join(tmp, "nothing.sock"), 80, 24)
+    wait_for(name, lambda s: "disconnected, retrying" in s, "%s: lltop up without a server" % sig.name)
+    pid = int(pane(name, "#{pane_pid}"))
+    os.kill(pid, sig)
+    t_end = time.time() + DEADLINE
+    while time.time() < t_end and pane(name, "#{pane_dead}") != "1":
+        time.sleep(0.1)
+    st = pane(name, "#{pane_dead} #{pane_dead_status} #{alternate_on}")
+    check(st == "1 %d 0" % (128 + sig), "%s: exits %d with the terminal restored (dead status alt: %s)" % (sig.name, 128 + sig, st))
+    tmux("kill-session", "-t", name)
+
+# ---- a hostile server ----
+print("-- hostile server", flush=True)
+hs = os.path.join(tmp, "hostile.sock")
+hrec = os.path.join(tmp, "hostile.rec")
+procs.append(subprocess.Popen([sys.executable, FAKE, hs, hrec, "hostile"]))
+t_end = time.time() + DEADLINE
+while time.time() < t_end and not os.path.exists(hs):
+    time.sleep(0.1)
+start_lltop("hostile", hs, 100, 60)
+scr = wait_for("hostile", lambda s: "Evil?[2J?]0;pwned??31m?GPU" in s, "escape sequences in a device name drawn as '?' text")
+scr = wait_for("hostile", lambda s: "over the 1048576 byte limit" in s and "bad JSON" in s, "bad JSON and the 10 MB line ignored with a message")
+
+
+def step_of(s):
+    m = re.search(r"step (\d+)/1000", s)
+    return int(m.group(1)) if m else -1
+
+
+s1 = step_of(scr)
+wait_for("hostile", lambda s: step_of(s) > s1 >= 0, "still live after the hostile lines (step moves past %d)" % s1)
+check(pane("hostile", "#{pane_dead}") == "0", "lltop survived the hostile lines")
+title = pane("hostile", "#{pane_title}")
+check("pwned" not in title, "no OSC from the server reached the terminal (pane title %r)" % title)
+esc = capture("hostile", escapes=True)
+bad = re.findall(r"\x1b(?!\[[0-9;:]*m)..?.?", esc)
+check(not bad, "the pane holds only colour/attribute sequences, nothing else: %r" % bad[:5])
+check("1e+308" in scr and "?[31mred" in scr, "huge numbers bounded, escapes in request ids as text")
+r = run(["--once", "--socket", hs])
+check(r.returncode == 0 and not re.search(rb"[\x00-\x09\x0b-\x1f\x7f]", r.stdout), "--once output has no control bytes")
+tmux("kill-session", "-t", "hostile")
+
+# ---- a training run ----
+print("-- training (fake server)", flush=True)
+ts = os.path.join(tmp, "train.sock")
+trec = os.path.join(tmp, "train.rec")
+procs.append(subprocess.Popen([sys.executable, FAKE, ts, trec, "train"]))
+t_end = time.time() + DEADLINE
+while time.time() < t_end and not os.path.exists(ts):
+    time.sleep(0.1)
+start_lltop("train", ts, 100, 34)
+scr = wait_for("train", lambda s: "── Loss (linear" in s and re.search(r"^ +\d+\.\d+ │", s, re.M) and re.search(r"^ +step +1 +\d+ +\d+$", s, re.M),
+               "loss chart with y labels, the step axis and its labels")
+check(re.search(r"[\u2801-\u28ff]", scr) is not None, "chart drawn in braille cells (UTF-8)")
+s1 = step_of(scr)
+wait_for("train", lambda s: step_of(s) > s1 >= 300, "step increases between captures (from %d)" % s1)
+m = re.search(r"^ +step +1 +\d+ +(\d+)$", capture("train"), re.M)
+check(m and int(m.group(1)) > 300, "x axis ends at the newest step (whole run from the history)")
+tmux("send-keys", "-t", "train", "l")
+wait_for("train", lambda s: "── Loss (log scale" in s, "l: log scale")
+tmux("send-keys", "-t", "train", "p")
+wait_for("train", lambda s: "Pause training? [y/N]" in s, "p asks for confirmation")
+tmux("send-keys", "-t", "train", "y")
+wait_for("train", lambda s: "server: pause: ok" in s and "state paused" in s, "pause sent, the server's ok shown, state paused")
+tmux("send-keys", "-t", "train", "s")
+wait_for("train", lambda s: "Save a checkpoint now? [y/N]" in s, "s asks for confirmation")
+tmux("send-keys", "-t", "train", "y")
+wait_for("train", lambda s: "server refused save: fake server: no checkpoint" in s, "the server's refusal reason shown")
+tmux("send-keys", "-t", "train", "t")
+wait_for("train", lambda s: "Stop training? [y/N]" in s, "t asks to stop a paused run")
+tmux("send-keys", "-t", "train", "n")
+wait_for("train", lambda s: "cancelled" in s, "n cancels")
+tmux("send-keys", "-t", "train", "p")
+wait_for("train", lambda s: "Resume training? [y/N]" in s, "p on a paused run offers resume")
+tmux("send-keys", "-t", "train", "y")
+wait_for("train", lambda s: "server: resume: ok" in s and "state running" in s, "resume sent")
+cmds = open(trec).read().split("\n") if os.path.exists(trec) else []
+check([c for c in cmds if c] == ["pause", "save", "resume"], "the fake server received exactly pause, save, resume: %r" % cmds)
+tmux("send-keys", "-t", "train", "?")
+wait_for("train", lambda s: "p          pause / resume training" in s, "? shows the help")
+tmux("send-keys", "-t", "train", "x")
+wait_for("train", lambda s: "p          pause / resume training" not in s, "any key closes the help")
+
+# NO_COLOR and a non-UTF-8 locale: no colour sequences, ASCII only.
+start_lltop("mono", ts, 100, 34, extra_env={"NO_COLOR": "1", "LANG": "C", "LC_ALL": "C"})
+scr = wait_for("mono", lambda s: re.search(r"^ +step +1 +\d+ +\d+$", s, re.M), "C locale: chart drawn")
+esc = capture("mono", escapes=True)
+check(not re.search(r"\x1b\[[0-9;]*3[0-7]m|\x1b\[[0-9;]*38;", esc), "NO_COLOR: no colour sequences")
+body = "\n".join(scr.split("\n")[1:])
+check(not re.search(r"[\u2800-\u28ff\u2580-\u259f·]", body), "C locale: no braille or block glyphs")
+check(re.search(r"Device mem \[#+\.+\]", scr) is not None, "C locale: ASCII bars")
+tmux("kill-session", "-t", "mono")
+
+sys.exit(check.summary())
