@@ -6,7 +6,7 @@ trap 'rm -rf "$prefix"' EXIT
 fail=0 pass=0
 cmake --install "$LL_BINARY_DIR" --prefix "$prefix" >/dev/null || { echo "cmake --install failed"; exit 1; }
 # The documented pages and example configs must install; every page in man/ must land in its section.
-for f in bin/llsrv share/man/man1/llsrv.1 share/man/man5/llsrv-ckpt.5 share/man/man5/llsrv.yaml.5 \
+for f in bin/llsrv bin/lltop share/man/man1/llsrv.1 share/man/man1/lltop.1 share/man/man5/llsrv-ckpt.5 share/man/man5/llsrv.yaml.5 \
          share/man/man7/llsrv-protocol.7 share/llsrv/configs/server.yaml share/llsrv/configs/lora.yaml \
          share/llsrv/configs/demo.yaml \
          $(cd "$LL_SOURCE_DIR/man" && for m in *.[157]; do echo "share/man/man${m##*.}/$m"; done); do
@@ -23,5 +23,12 @@ for y in "$prefix"/share/llsrv/configs/*.yaml; do
   "$prefix/bin/llsrv" --config "$y" --check-config >/dev/null 2>&1 && pass=$((pass+1)) || { echo "--check-config $y failed"; fail=$((fail+1)); }
 done
 "$prefix/bin/llsrv" --version | grep -q '^llsrv ' && pass=$((pass+1)) || { echo "llsrv --version"; fail=$((fail+1)); }
+"$prefix/bin/lltop" --version | grep -q '^lltop ' && pass=$((pass+1)) || { echo "lltop --version"; fail=$((fail+1)); }
+# The installed lltop says plainly that no server listens (non-zero exit).
+if "$prefix/bin/lltop" --once --socket "$prefix/none.sock" >/dev/null 2>"$prefix/lltop.err"; then
+  echo "lltop --once without a server exited 0"; fail=$((fail+1))
+else
+  grep -q 'no llsrv listening' "$prefix/lltop.err" && pass=$((pass+1)) || { echo "lltop --once message: $(cat "$prefix/lltop.err")"; fail=$((fail+1)); }
+fi
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
