@@ -2,3 +2,6 @@
 ll_test(NAME test_kernels SOURCES test_kernels.c LIBS ll_kernels LABELS unit TIMEOUT 120)
 # training members: backward ops vs finite differences, fast versions vs scalar references
 ll_test(NAME test_train_kernels SOURCES test_train_kernels.c LIBS ll_kernels LABELS unit TIMEOUT 120)
+# not a test: GFLOP/s of the training members at SmolLM2's shapes next to sgemm's peak
+add_executable(train_kernels_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/train_kernels_bench.c)
+target_link_libraries(train_kernels_bench PRIVATE ll_kernels)
