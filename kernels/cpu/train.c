@@ -102,7 +102,8 @@ int64_t ll_cpu_train_mem_used(struct ll_cpu_train *t) { return t ? (int64_t)atom
 //   other types: each task a slice of MM_KS columns of W (whole blocks), for all tokens: W's
 //   rows dequantized MM_NR at a time into the thread's panel, dx[:, slice] += dout[:, rows] ·
 //   panel. Every weight is dequantized once per call, and tasks write disjoint columns of dx.
-// dw (N, K) += dout (T, N)ᵀ · x (T, K): each task MM_NB rows of dw, one sgemm.
+// dw (N, K) += dout (T, N)ᵀ · x (T, K): each task MM_NB rows of dw (and MM_KS columns when N is
+//   small), one sgemm.
 struct mmb_job {
   float *dx, *dw;
   const float *dout, *x;
@@ -145,9 +146,11 @@ static void mmb_dx_q_task(void *vctx, int task, int thread) {
 static void mmb_dw_task(void *vctx, int task, int thread) {
   (void)thread;
   struct mmb_job *j = vctx;
-  const int n0 = task * MM_NB, nn = j->N - n0 < MM_NB ? j->N - n0 : MM_NB;
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nn, j->K, j->T, 1.0f, j->dout + n0, j->N, j->x, j->K, 1.0f, j->dw + (size_t)n0 * j->K,
-              j->K);
+  const int nkb = (j->K + j->ks - 1) / j->ks, nbi = task / nkb, kbi = task % nkb;
+  const int n0 = nbi * MM_NB, nn = j->N - n0 < MM_NB ? j->N - n0 : MM_NB;
+  const int k0 = kbi * j->ks, nk = j->K - k0 < j->ks ? j->K - k0 : j->ks;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nn, nk, j->T, 1.0f, j->dout + n0, j->N, j->x + k0, j->K, 1.0f,
+              j->dw + (size_t)n0 * j->K + k0, j->K);
 }
 
 int ll_train_cpu_matmul_backward(struct ll_backend *b, float *dx, float *dw, const float *dout, const float *x, const struct ll_weight *w,
@@ -178,7 +181,13 @@ int ll_train_cpu_matmul_backward(struct ll_backend *b, float *dx, float *dw, con
     const int rc = atomic_load(&j.rc);
     if (rc) return rc;
   }
-  if (dw) run(b, mmb_dw_task, &j, (j.N + MM_NB - 1) / MM_NB);
+  if (dw) {
+    // MM_NB rows of dw per task; a matrix of few rows (LoRA A: r x in) also split in columns of
+    // MM_KS, or it would be one task.
+    const int nnb = (j.N + MM_NB - 1) / MM_NB;
+    j.ks = nnb >= 4 ? j.K : MM_KS;
+    run(b, mmb_dw_task, &j, nnb * ((j.K + j.ks - 1) / j.ks));
+  }
   return 0;
 }
 
