@@ -683,8 +683,8 @@ static void test_fast_elementwise(void) {
   }
   same3("swiglu_backward dgate", f1, (size_t)n);
   same3("swiglu_backward dup", f2, (size_t)n);
-  bits_ref("swiglu_backward dgate", f1[1], r1, (size_t)n);
-  bits_ref("swiglu_backward dup", f2[1], r2, (size_t)n);
+  close_ref("swiglu_backward dgate", f1[1], r1, (size_t)n); // ggml's exp vs libm's: an ulp or two
+  close_ref("swiglu_backward dup", f2[1], r2, (size_t)n);
   // dropout: the mask is the seed's, whatever the threads; another seed, another mask
   CHECK(ll_train_ref_dropout(NULL, r1, a, 0.1f, 7, n) == 0);
   for (int b = 0; b < 3; b++) CHECK(bk[b]->i->dropout(bk[b], f1[b], a, 0.1f, 7, n) == 0);

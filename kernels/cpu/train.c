@@ -272,7 +272,7 @@ int ll_train_cpu_rope_backward(struct ll_backend *b, float *dx, const int32_t *p
 }
 
 // ---------------------------------------------------------------- element-wise ops
-// Chunks of EW_CHUNK elements, the references' expressions (same bits).
+// Chunks of EW_CHUNK elements, the references' expressions (same bits; swiglu's exp excepted).
 struct ew_job {
   float *out, *y, *m, *v;
   const float *x, *g, *u;
@@ -281,26 +281,36 @@ struct ew_job {
   float a, b1, b2, eps, lr, wd, bc1, bc2;
   uint64_t seed;
   uint32_t th;
+  const struct ll_vec_ops *vo;
 };
 #define EW_RANGE(j, task) \
   const int64_t i0 = (int64_t)(task) * EW_CHUNK, i1 = i0 + EW_CHUNK < (j)->n ? i0 + EW_CHUNK : (j)->n
 static int ew_tasks(int64_t n) { return (int)((n + EW_CHUNK - 1) / EW_CHUNK); }
 
+// e^-gate 256 at a time through ggml's vectorised exp (ll_vec_ops softmax with max 0: element by
+// element, so the same bits however the range is cut), then the reference's expressions.
 static void swb_task(void *vctx, int task, int thread) { // out = dgate, y = dup, x = dout, g = gate, u = up
   (void)thread;
   const struct ew_job *j = vctx;
   EW_RANGE(j, task);
-  for (int64_t i = i0; i < i1; i++) {
-    const float gt = j->g[i], u = j->u[i], d = j->x[i];
-    const float sg = 1.0f / (1.0f + expf(-gt));
-    j->y[i] = d * gt * sg;
-    j->out[i] = d * u * sg * (1.0f + gt * (1.0f - sg));
+  float e[256];
+  for (int64_t c0 = i0; c0 < i1; c0 += 256) {
+    const int nc = i1 - c0 < 256 ? (int)(i1 - c0) : 256;
+    for (int k = 0; k < nc; k++) e[k] = -j->g[c0 + k];
+    j->vo->softmax(e, e, 0.0f, nc);
+    for (int k = 0; k < nc; k++) {
+      const int64_t i = c0 + k;
+      const float gt = j->g[i], u = j->u[i], d = j->x[i];
+      const float sg = 1.0f / (1.0f + e[k]);
+      j->y[i] = d * gt * sg;
+      j->out[i] = d * u * sg * (1.0f + gt * (1.0f - sg));
+    }
   }
 }
 int ll_train_cpu_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                                  int64_t n) {
   if (!dgate || !dup || !dout || !gate || !up || n < 0 || n / EW_CHUNK >= INT32_MAX) return LL_EINVAL;
-  struct ew_job j = {.out = dgate, .y = dup, .x = dout, .g = gate, .u = up, .n = n};
+  struct ew_job j = {.out = dgate, .y = dup, .x = dout, .g = gate, .u = up, .n = n, .vo = ll_cpu_vec_ops()};
   run(b, swb_task, &j, ew_tasks(n));
   return 0;
 }
