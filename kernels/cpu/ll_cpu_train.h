@@ -76,6 +76,10 @@ struct ll_cpu_train **ll_cpu_backend_train(struct ll_backend *b); // lazily crea
 void ll_cpu_train_free(struct ll_cpu_train *t);                   // accepts NULL
 int64_t ll_cpu_train_mem_used(struct ll_cpu_train *t);            // bytes held through alloc (NULL: 0)
 
+// AdamW's loop 8 at a time (train_avx2.c; only where the CPU has AVX2), the scalar loop's bits.
+void ll_train_adamw_avx2(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                         float bc1, float bc2);
+
 // ---- shared definitions (both implementations use these, so their results agree) ----
 
 // Dropout's counter-based RNG: element i of a call with `seed` is kept iff
