@@ -185,7 +185,7 @@ int main(void) {
       if (!strcmp(o->name, "auth_token")) continue;
       const char *x = (const char *)&c + o->offset, *y = (const char *)&d + o->offset;
       int same;
-      if (o->type == LL_OPT_STRING || o->type == LL_OPT_ENUM) {
+      if (o->type == LL_OPT_STRING || o->type == LL_OPT_ENUM || o->type == LL_OPT_LIST) {
         const char *sx = *(char *const *)x, *sy = *(char *const *)y;
         same = (!sx && !sy) || (sx && sy && !strcmp(sx, sy));
       } else if (o->type == LL_OPT_BOOL) {
@@ -281,5 +281,41 @@ int main(void) {
   }
   unlink(cfg_file);
   rmdir(dir);
+  // Training keys: lora_targets is a list (flow or block), checked word by word.
+  {
+    ll_config_init(&c);
+    CHECK(strcmp(c.train_lora_targets, "q,k,v,o,gate,up,down") == 0 && c.train_lora_rank == 16 && c.train_lora_alpha == 32);
+    CHECKF(load(&c, "train:\n  lora_targets: [q, v]\n  lora_dropout: 0.05\n  schedule: linear\n", err) == 0, "%s", err);
+    CHECK(strcmp(c.train_lora_targets, "q,v") == 0 && c.train_lora_dropout == 0.05 && strcmp(c.train_schedule, "linear") == 0);
+    ll_config_free(&c);
+    ll_config_init(&c);
+    CHECKF(load(&c, "train:\n  lora_targets:\n    - gate\n    - down\n", err) == 0, "%s", err);
+    CHECK(strcmp(c.train_lora_targets, "gate,down") == 0);
+    ll_config_free(&c);
+    const struct {
+      const char *yaml, *want;
+    } badt[] = {
+        {"train:\n  lora_targets: [q, qq]\n", "x.yaml:2:3: option 'train.lora_targets': 'qq' is not one of"},
+        {"train:\n  lora_targets: []\n", "x.yaml:2:3: option 'train.lora_targets': the list is empty"},
+        {"train:\n  lora_targets: [q, q]\n", "listed twice"},
+        {"train:\n  lora_targets: [q, [k]]\n", "x.yaml:2:21: option 'train.lora_targets': list items must be plain words"},
+        {"train:\n  lora_rank: 0\n", "x.yaml:2:14: option 'train.lora_rank': value 0 out of range"},
+        {"train:\n  lora_dropout: 1\n", "out of range"},
+        {"train:\n  schedule: step\n", "'step' is not one of cosine|linear|constant"},
+        {"train:\n  lora_target: [q]\n", "unknown key 'train.lora_target' (did you mean 'train.lora_targets'?)"},
+        {"parallel: [1, 2]\n", "lists are not allowed here"},
+    };
+    for (size_t i = 0; i < sizeof badt / sizeof badt[0]; i++) {
+      ll_config_init(&c);
+      int rc = load(&c, badt[i].yaml, err);
+      CHECKF(rc != 0 && strstr(err, badt[i].want), "%s -> %s", badt[i].yaml, err);
+      ll_config_free(&c);
+    }
+    ll_config_init(&c);
+    CHECK(ll_config_set(&c, "train.lora_targets", "q, k ,down", err, sizeof err) == 0 && strcmp(c.train_lora_targets, "q,k,down") == 0);
+    CHECK(ll_config_set(&c, "train.lora_targets", "q,", err, sizeof err) != 0);
+    CHECK(ll_config_set(&c, "train.lora_targets", "x", err, sizeof err) != 0 && strcmp(c.train_lora_targets, "q,k,down") == 0);
+    ll_config_free(&c);
+  }
   return ll_test_summary();
 }

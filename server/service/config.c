@@ -58,14 +58,36 @@ const struct ll_option ll_options[] = {
     {"train.enabled", LL_OPT_BOOL, 0, 1, "false", NULL, OFF(train_enabled), NULL, "Fine-tune LoRA adapters in the background while serving."},
     {"train.data", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(train_data), "PATH",
      "Training text (file or directory); unset: the demo corpus (the project's sources and docs)."},
-    {"train.lora_rank", LL_OPT_INT, 1, 256, "8", NULL, OFF(train_lora_rank), "N", "LoRA rank."},
-    {"train.lora_alpha", LL_OPT_FLOAT, 0.01, 1e4, "16", NULL, OFF(train_lora_alpha), "X", "LoRA alpha (scale alpha/rank)."},
+    {"train.lora_rank", LL_OPT_INT, 1, 256, "16", NULL, OFF(train_lora_rank), "N", "LoRA rank."},
+    {"train.lora_alpha", LL_OPT_FLOAT, 0.01, 1e4, "32", NULL, OFF(train_lora_alpha), "X", "LoRA alpha (scale alpha/rank)."},
+    {"train.lora_targets", LL_OPT_LIST, 0, 0, "q,k,v,o,gate,up,down", "q|k|v|o|gate|up|down", OFF(train_lora_targets), "LIST",
+     "Matrices that get adapters: a list of q, k, v, o, gate, up, down."},
+    {"train.lora_dropout", LL_OPT_FLOAT, 0, 0.95, "0", NULL, OFF(train_lora_dropout), "P", "Dropout on the adapters' input (PEFT's lora_dropout)."},
+    {"train.mode", LL_OPT_ENUM, 0, 0, "lora", "lora|full", OFF(train_mode), "MODE",
+     "lora: adapters on the frozen weights; full: every weight (float models only)."},
     {"train.lr", LL_OPT_FLOAT, 1e-7, 1, "1e-3", NULL, OFF(train_lr), "X", "AdamW learning rate."},
     {"train.steps", LL_OPT_INT, 1, 1e9, "1000", NULL, OFF(train_steps), "N", "Optimizer steps."},
     {"train.batch", LL_OPT_INT, 1, 1024, "8", NULL, OFF(train_batch), "N", "Sequences per optimizer step."},
     {"train.seq_len", LL_OPT_INT, 8, 8192, "128", NULL, OFF(train_seq_len), "N", "Tokens per training sequence."},
     {"train.checkpoint_every", LL_OPT_INT, 1, 1e9, "100", NULL, OFF(train_checkpoint_every), "N", "Steps between checkpoints."},
     {"train.checkpoint_dir", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(train_checkpoint_dir), "DIR", "Checkpoints; unset: <state_dir>/runs."},
+    {"train.warmup", LL_OPT_INT, 0, 1e9, "0", NULL, OFF(train_warmup), "N", "Steps of linear learning-rate warmup."},
+    {"train.schedule", LL_OPT_ENUM, 0, 0, "cosine", "cosine|linear|constant", OFF(train_schedule), "NAME",
+     "Learning-rate decay after the warmup, down to min_lr_ratio * lr at the last step."},
+    {"train.min_lr_ratio", LL_OPT_FLOAT, 0, 1, "0", NULL, OFF(train_min_lr_ratio), "X", "Final learning rate as a fraction of lr."},
+    {"train.grad_accum", LL_OPT_INT, 1, 65536, "1", NULL, OFF(train_grad_accum), "N", "Micro-batches of `batch` sequences per optimizer step."},
+    {"train.clip", LL_OPT_FLOAT, 0, 1e6, "1", NULL, OFF(train_clip), "X", "Global gradient-norm limit (0: no clipping)."},
+    {"train.weight_decay", LL_OPT_FLOAT, 0, 10, "0", NULL, OFF(train_weight_decay), "X", "AdamW's decoupled weight decay."},
+    {"train.seed", LL_OPT_INT, 0, 9007199254740992.0, "42", NULL, OFF(train_seed), "N",
+     "Adapter init, dropout masks and data order; with the thread count it fixes the run bit for bit."},
+    {"train.eval_every", LL_OPT_INT, 0, 1e9, "50", NULL, OFF(train_eval_every), "N", "Steps between validation losses (0: never)."},
+    {"train.eval_seqs", LL_OPT_INT, 0, 1e9, "32", NULL, OFF(train_eval_seqs), "N", "Validation sequences per evaluation (0: all)."},
+    {"train.val_fraction", LL_OPT_FLOAT, 0, 0.5, "0.05", NULL, OFF(train_val_fraction), "X", "Share of documents held out for validation."},
+    {"train.keep", LL_OPT_INT, 0, 1e6, "3", NULL, OFF(train_keep), "N", "Step checkpoints kept besides last.ckpt and best.ckpt."},
+    {"train.recompute", LL_OPT_BOOL, 0, 1, "false", NULL, OFF(train_recompute), NULL,
+     "Recompute each layer's activations in the backward pass (less memory, more compute)."},
+    {"train.share", LL_OPT_FLOAT, 0.01, 1, "0.5", NULL, OFF(train_share), "X",
+     "Server: the largest share of compute time training takes while requests are served."},
     {NULL, 0, 0, 0, NULL, NULL, 0, NULL, NULL},
 };
 
@@ -107,6 +129,47 @@ static int set_value(struct ll_config *c, const struct ll_option *o, const char 
   char *base = (char *)c + o->offset;
   const char *name = o->name;
   switch (o->type) {
+  case LL_OPT_LIST: {
+    // Comma-separated words of `choices` (spaces around them allowed), each at most once;
+    // stored joined by commas in the order given.
+    char out[256];
+    size_t k = 0, vl = strlen(value);
+    if (vl > 200) return ll_errf(err, errlen, LL_ELIMIT, "option '%s': list longer than 200 bytes", name);
+    for (const char *p = value; *p;) {
+      while (*p == ' ') p++;
+      const char *e = p;
+      while (*e && *e != ',') e++;
+      const char *w = e;
+      while (w > p && w[-1] == ' ') w--;
+      const size_t l = (size_t)(w - p);
+      int ok = 0;
+      for (const char *ch = o->choices; *ch;) {
+        const char *bar = strchr(ch, '|');
+        size_t cl = bar ? (size_t)(bar - ch) : strlen(ch);
+        if (cl == l && l && strncmp(ch, p, l) == 0) ok = 1;
+        ch += cl + (bar ? 1 : 0);
+      }
+      if (!ok) return ll_errf(err, errlen, LL_EINVAL, "option '%s': '%.*s' is not one of %s", name, (int)l, p, o->choices);
+      for (const char *q = out; k && q < out + k;) { // a repeated word
+        const char *qe = memchr(q, ',', (size_t)(out + k - q));
+        if (!qe) qe = out + k;
+        if ((size_t)(qe - q) == l && !strncmp(q, p, l)) return ll_errf(err, errlen, LL_EINVAL, "option '%s': '%.*s' is listed twice", name, (int)l, p);
+        q = qe + 1;
+      }
+      if (k) out[k++] = ',';
+      memcpy(out + k, p, l);
+      k += l;
+      out[k] = 0;
+      p = *e ? e + 1 : e;
+      if (*e == ',' && !*p) return ll_errf(err, errlen, LL_EINVAL, "option '%s': empty item at the end of '%s'", name, value);
+    }
+    if (!k) return ll_errf(err, errlen, LL_EINVAL, "option '%s': the list is empty (choose from %s)", name, o->choices);
+    char *dup = strdup(out);
+    if (!dup) return ll_errf(err, errlen, LL_ENOMEM, "out of memory");
+    free(*(char **)((char *)c + o->offset));
+    *(char **)((char *)c + o->offset) = dup;
+    return 0;
+  }
   case LL_OPT_STRING:
   case LL_OPT_ENUM: {
     if (o->type == LL_OPT_ENUM) {
@@ -196,7 +259,7 @@ void ll_config_init(struct ll_config *c) {
 
 void ll_config_free(struct ll_config *c) {
   for (const struct ll_option *o = ll_options; o->name; o++)
-    if (o->type == LL_OPT_STRING || o->type == LL_OPT_ENUM) {
+    if (o->type == LL_OPT_STRING || o->type == LL_OPT_ENUM || o->type == LL_OPT_LIST) {
       char **p = (char **)((char *)c + o->offset);
       free(*p);
       *p = NULL;
@@ -278,6 +341,9 @@ int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const 
   unsigned char seen[N_OPTIONS] = {0}; // duplicate keys, by option index
   char seen_sec[8][72];                // duplicate sections ("train:" twice)
   int n_seen_sec = 0, n_docs = 0;
+  int in_list = 0;          // inside the sequence of a list option
+  char list_buf[256];
+  size_t list_len = 0;
   while (!done) {
     if (!yaml_parser_parse(&p, &ev)) {
       size_t line = p.problem_mark.line + 1, col = p.problem_mark.column + 1;
@@ -292,6 +358,29 @@ int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const 
       break;
     }
     size_t line = ev.start_mark.line + 1, col = ev.start_mark.column + 1;
+    if (in_list) { // items of a list option: plain words until the sequence ends
+      if (ev.type == YAML_SCALAR_EVENT) {
+        const char *val = (const char *)ev.data.scalar.value;
+        const size_t vl = ev.data.scalar.length;
+        if (strlen(val) != vl || strchr(val, ',') || vl == 0 || list_len + vl + 2 > sizeof list_buf)
+          rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: option '%s': bad list item '%.64s'", fname, line, col, key, val);
+        else {
+          if (list_len) list_buf[list_len++] = ',';
+          memcpy(list_buf + list_len, val, vl + 1);
+          list_len += vl;
+        }
+      } else if (ev.type == YAML_SEQUENCE_END_EVENT) {
+        in_list = 0;
+        expect_key = 1;
+        char msg[512];
+        if (set_value(c, find_opt(key), list_buf, msg, sizeof msg) != 0) rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: %s", fname, key_line, key_col, msg);
+      } else {
+        rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: option '%s': list items must be plain words", fname, line, col, key);
+      }
+      yaml_event_delete(&ev);
+      if (rc) break;
+      continue;
+    }
     switch (ev.type) {
     case YAML_STREAM_END_EVENT:
       done = 1;
@@ -332,8 +421,20 @@ int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const 
       }
       break;
     case YAML_SEQUENCE_START_EVENT:
-      if (depth == 0 || expect_key)
+      if (depth > 0 && !expect_key && find_opt(key) && find_opt(key)->type == LL_OPT_LIST) {
+        const size_t idx = (size_t)(find_opt(key) - ll_options);
+        if (seen[idx]) {
+          rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: duplicate key '%s'", fname, key_line, key_col, key);
+          break;
+        }
+        seen[idx] = 1;
+        in_list = 1;
+        list_len = 0;
+        list_buf[0] = 0;
+      } else if (depth == 0 || expect_key)
         rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: lists are not allowed here (expected key: value)", fname, line, col);
+      else if (!find_opt(key))
+        rc = unknown_key(err, errlen, fname, key_line, key_col, key);
       else
         rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: option '%s': lists are not allowed here", fname, line, col, key);
       break;
@@ -530,13 +631,14 @@ static const char *type_name(const struct ll_option *o) {
   case LL_OPT_SIZE: return "size";
   case LL_OPT_DURATION: return "duration";
   case LL_OPT_ENUM: return "choice";
+  case LL_OPT_LIST: return "list";
   }
   return "?";
 }
 
 static void range_text(const struct ll_option *o, char *out, size_t cap) {
   out[0] = 0;
-  if (o->type == LL_OPT_ENUM) snprintf(out, cap, "%s", o->choices);
+  if (o->type == LL_OPT_ENUM || o->type == LL_OPT_LIST) snprintf(out, cap, "%s", o->choices);
   else if (o->type == LL_OPT_INT) snprintf(out, cap, "%.0f..%.0f", o->min, o->max);
   else if (o->type == LL_OPT_FLOAT) snprintf(out, cap, "%g..%g", o->min, o->max);
   else if (o->type == LL_OPT_SIZE) snprintf(out, cap, "%.0f..%.0f bytes", o->min, o->max);
@@ -687,6 +789,13 @@ void ll_config_print_yaml(FILE *f, const struct ll_config *c) {
       const char *s = *(char *const *)base;
       if (s) yaml_scalar(f, s);
       else fputs("~", f);
+      break;
+    }
+    case LL_OPT_LIST: { // [a, b]
+      const char *s = *(char *const *)base;
+      fputc('[', f);
+      for (; s && *s; s++) fputs(*s == ',' ? ", " : (char[2]){*s, 0}, f);
+      fputc(']', f);
       break;
     }
     case LL_OPT_BOOL: fputs(*(const int *)base ? "true" : "false", f); break;

@@ -19,6 +19,8 @@ enum ll_opt_type {
   LL_OPT_SIZE,     // int64_t bytes  (accepts 4096, 64K, 1M, 2G, 1MiB; range min..max in bytes)
   LL_OPT_DURATION, // double seconds (accepts 30, 1.5, 500ms, 30s, 5m, 1h; range min..max in seconds)
   LL_OPT_ENUM,     // char * one of the '|'-separated words in `choices`
+  LL_OPT_LIST,     // char * comma-joined words of `choices`, each at most once, at least one
+                   // (YAML: a flow or block sequence `[q, k, v]`; command line: q,k,v)
 };
 
 struct ll_option {
@@ -68,6 +70,22 @@ struct ll_config {
   int64_t train_seq_len;
   int64_t train_checkpoint_every;
   char *train_checkpoint_dir;// NULL: <state_dir>/runs
+  char *train_lora_targets;  // "q,k,v,o,gate,up,down" (LL_OPT_LIST)
+  double train_lora_dropout;
+  char *train_mode;          // lora|full
+  int64_t train_warmup;
+  char *train_schedule;      // cosine|linear|constant
+  double train_min_lr_ratio;
+  int64_t train_grad_accum;
+  double train_clip;
+  double train_weight_decay;
+  int64_t train_seed;
+  int64_t train_eval_every;
+  int64_t train_eval_seqs;
+  double train_val_fraction;
+  int64_t train_keep;
+  int train_recompute;
+  double train_share;        // server: largest share of compute time training may take
 };
 
 // The table (terminated by an entry with name == NULL).
