@@ -1,3 +1,5 @@
 # The trainer: whole-model gradients against finite differences (LoRA and full), recomputation,
 # loss falling on a tiny corpus, resume equal to the uninterrupted run, NaN skip, bad parameters.
 ll_test(NAME test_trainer SOURCES test_trainer.c LIBS ll_server LABELS unit TIMEOUT 120)
+# llsrv init / llsrv train from the command line (progress, checkpoints, SIGTERM + resume, LoRA, dry run, bad options).
+ll_script_test(NAME train_cli COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_train_cli.sh LABELS integration TIMEOUT 180)

@@ -11,5 +11,7 @@ int ll_cmd_generate(int argc, char **argv);   // cmd_generate.c
 int ll_cmd_bench(int argc, char **argv);      // cmd_bench.c
 int ll_cmd_perplexity(int argc, char **argv); // cmd_perplexity.c
 int ll_cmd_export(int argc, char **argv);     // cmd_export.c
+int ll_cmd_train(int argc, char **argv);      // cmd_train.c
+int ll_cmd_init(int argc, char **argv);       // cmd_train.c
 
 #endif

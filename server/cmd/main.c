@@ -16,6 +16,8 @@ static const struct ll_subcommand ll_subcommands[] = {
     {"generate", ll_cmd_generate, "one-shot generation to stdout"},
     {"bench", ll_cmd_bench, "prompt-processing and generation speed (like llama-bench pp/tg)"},
     {"perplexity", ll_cmd_perplexity, "perplexity of a text file (like llama-perplexity)"},
+    {"train", ll_cmd_train, "fine-tune LoRA adapters (or a small model) in the foreground"},
+    {"init", ll_cmd_init, "write a randomly initialised Llama .ckpt to train from scratch"},
     {"convert", ll_cmd_convert, "convert GGUF / llama2.c / safetensors to .ckpt (or .ckpt to GGUF)"},
     {"export", ll_cmd_export, "LoRA adapter -> GGUF LoRA for llama.cpp --lora, or --merge into the base"},
     {"tokenize", ll_cmd_tokenize, "text on stdin -> token ids"},

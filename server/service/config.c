@@ -69,7 +69,7 @@ const struct ll_option ll_options[] = {
     {"train.steps", LL_OPT_INT, 1, 1e9, "1000", NULL, OFF(train_steps), "N", "Optimizer steps."},
     {"train.batch", LL_OPT_INT, 1, 1024, "8", NULL, OFF(train_batch), "N", "Sequences per optimizer step."},
     {"train.seq_len", LL_OPT_INT, 8, 8192, "128", NULL, OFF(train_seq_len), "N", "Tokens per training sequence."},
-    {"train.checkpoint_every", LL_OPT_INT, 1, 1e9, "100", NULL, OFF(train_checkpoint_every), "N", "Steps between checkpoints."},
+    {"train.checkpoint_every", LL_OPT_INT, 0, 1e9, "100", NULL, OFF(train_checkpoint_every), "N", "Steps between checkpoints (0: only at the end, on demand and on shutdown)."},
     {"train.checkpoint_dir", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(train_checkpoint_dir), "DIR", "Checkpoints; unset: <state_dir>/runs."},
     {"train.warmup", LL_OPT_INT, 0, 1e9, "0", NULL, OFF(train_warmup), "N", "Steps of linear learning-rate warmup."},
     {"train.schedule", LL_OPT_ENUM, 0, 0, "cosine", "cosine|linear|constant", OFF(train_schedule), "NAME",

@@ -1,0 +1,293 @@
+// cmd_train.c - `llsrv train` (foreground training with a progress line) and `llsrv init`
+// (a randomly initialised Llama .ckpt to train from scratch).
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ll_cmd.h"
+#include "ll_config.h"
+#include "ll_demo.h"
+#include "ll_engine.h"
+#include "ll_error.h"
+#include "ll_model.h"
+#include "ll_modelfile.h"
+#include "ll_train_run.h"
+#include "ll_trainer.h"
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { g_stop = sig; }
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void train_usage(FILE *f) {
+  fprintf(f, "usage: llsrv train --model M --data PATH [--config lora.yaml] [-t N] [options] -o RUN_DIR\n"
+             "Trains LoRA adapters (or every weight of a float model: --mode full) in the foreground.\n"
+             "Options: every key of the config's train: section as --KEY VALUE (--lora-rank 8, --steps 200,\n"
+             "--lr 1e-4, --lora-targets q,v, --seq-len 256, --batch 1, --grad-accum 4, --recompute, ...),\n"
+             "  --dry-run       print the pre-flight check (data, steps per epoch, memory, time per step) and exit\n"
+             "  --restart       start over even if RUN_DIR holds a run (default: resume from RUN_DIR/last.ckpt)\n"
+             "  --log-every N   progress lines every N steps when stdout is not a terminal (default 10)\n"
+             "  --device D, --ctx N (engine options)\n"
+             "RUN_DIR gets last.ckpt, best.ckpt and the last `keep` step checkpoints; SIGINT/SIGTERM save one\n"
+             "and stop. See llsrv(1) TRAINING.\n");
+}
+
+static void fmt_eta(char *b, size_t cap, double s) {
+  if (!isfinite(s) || s < 0) snprintf(b, cap, "?");
+  else if (s >= 3600) snprintf(b, cap, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+  else if (s >= 60) snprintf(b, cap, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+  else snprintf(b, cap, "%.0fs", s);
+}
+
+int ll_cmd_train(int argc, char **argv) {
+  struct ll_config c;
+  ll_config_init(&c);
+  char err[1024];
+  const char *run_dir = NULL;
+  int dry = 0, restart = 0, rc = 0, status = 1;
+  int64_t log_every = 10;
+  // --config first, so flags override it whatever the order.
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+      if ((rc = ll_config_load_file(&c, argv[i + 1], err, sizeof err))) {
+        fprintf(stderr, "llsrv train: %s\n", err);
+        ll_config_free(&c);
+        return 2;
+      }
+    }
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      train_usage(stdout);
+      ll_config_free(&c);
+      return 0;
+    }
+    if (!strcmp(a, "--config")) { i++; continue; }
+    if (!strcmp(a, "--dry-run")) { dry = 1; continue; }
+    if (!strcmp(a, "--restart")) { restart = 1; continue; }
+    const char *name = NULL;
+    if ((!strcmp(a, "-o") || !strcmp(a, "--out")) && v) { run_dir = v, i++; continue; }
+    if (!strcmp(a, "--log-every") && v) { log_every = atoll(v) > 0 ? atoll(v) : 10, i++; continue; }
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) name = "model";
+    else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) name = "threads";
+    else if (!strcmp(a, "--data")) name = "train.data";
+    else if (!strcmp(a, "--device")) name = "device";
+    if (!name && !strncmp(a, "--", 2)) {
+      // --lora-rank -> train.lora_rank (also --train-lora-rank); a boolean may stand alone (--recompute, --no-recompute)
+      char key[96];
+      const char *f = a + 2;
+      int neg = 0;
+      if (!strncmp(f, "train-", 6)) f += 6;
+      if (!strncmp(f, "no-", 3)) f += 3, neg = 1;
+      snprintf(key, sizeof key, "train.%s", f);
+      for (char *p = key; *p; p++) if (*p == '-') *p = '_';
+      const struct ll_option *o = NULL;
+      for (const struct ll_option *q = ll_options; q->name; q++) if (!strcmp(q->name, key)) o = q;
+      if (o && o->type == LL_OPT_BOOL && (neg || !v || !strncmp(v, "--", 2))) {
+        rc = ll_config_set(&c, key, neg ? "false" : "true", err, sizeof err);
+        if (rc) goto usage_err;
+        continue;
+      }
+      if (o && !neg) {
+        if (!v) { snprintf(err, sizeof err, "option '%s' needs a value", a); goto usage_err; }
+        if ((rc = ll_config_set(&c, key, v, err, sizeof err))) goto usage_err;
+        i++;
+        continue;
+      }
+      snprintf(err, sizeof err, "unknown option '%s' (llsrv train --help)", a);
+      goto usage_err;
+    }
+    if (!name) { snprintf(err, sizeof err, "unexpected argument '%s'", a); goto usage_err; }
+    if (!v) { snprintf(err, sizeof err, "option '%s' needs a value", a); goto usage_err; }
+    if ((rc = ll_config_set(&c, name, v, err, sizeof err))) goto usage_err;
+    i++;
+  }
+  if (!c.model) { snprintf(err, sizeof err, "no model (--model M)"); goto usage_err; }
+  if (!c.train_data) { snprintf(err, sizeof err, "no data (--data PATH or train.data)"); goto usage_err; }
+  if (!run_dir) run_dir = c.train_checkpoint_dir;
+  if (!run_dir && !dry) { snprintf(err, sizeof err, "no run directory (-o RUN_DIR or train.checkpoint_dir)"); goto usage_err; }
+
+  struct ll_trainer_params tp;
+  if ((rc = ll_train_params_from_config(&c, &tp, err, sizeof err))) goto usage_err;
+
+  struct ll_engine_params ep;
+  ll_engine_params_default(&ep);
+  ep.model_path = c.model;
+  ep.n_threads = (int)c.threads;
+  ep.device = c.device;
+  ep.n_ctx = (int)c.train_seq_len; // the engine's KV cache is not used by training: keep it small
+  struct ll_engine *e = NULL;
+  struct ll_train_run *run = NULL;
+  if ((rc = ll_engine_open(&e, &ep, err, sizeof err))) {
+    fprintf(stderr, "llsrv train: %s\n", err);
+    ll_config_free(&c);
+    return 1;
+  }
+  struct ll_engine_info info;
+  ll_engine_get_info(e, &info);
+  fprintf(stderr, "model: %s (%s, %s, %lld parameters), %s: %s, %d threads\n", info.name, info.arch, info.quant, (long long)info.n_params,
+          info.backend, info.device_name, info.n_threads);
+  struct ll_train_run_opts ro = {run_dir ? run_dir : "(dry run)", c.train_data, c.model, info.arch, c.train_checkpoint_every, c.train_eval_every,
+                                 c.train_eval_seqs, c.train_keep, c.train_val_fraction, restart || dry};
+  rc = ll_train_run_open(&run, ll_engine_model(e), ll_engine_backend(e), ll_engine_tokenizer(e), &tp, &ro, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "llsrv train: %s\n", err);
+    goto out;
+  }
+  char desc[4096];
+  ll_train_run_describe(run, desc, sizeof desc);
+  fputs(desc, stdout);
+  struct ll_trainer *tr = ll_train_run_trainer(run);
+  if (dry) {
+    // Time per step: one real micro-batch forward + backward (no update), times grad_accum.
+    struct ll_train_source *src = ll_train_run_source(run);
+    const int T = tp.batch * tp.seq_len;
+    int32_t *ids = malloc((size_t)T * sizeof *ids), *tg = malloc((size_t)T * sizeof *tg);
+    double loss = 0, t0 = 0, t1 = 0;
+    rc = ids && tg ? 0 : LL_ENOMEM;
+    for (int b = 0; b < tp.batch && rc == 0; b++) {
+      int r = src->next(src->user, ids + (size_t)b * tp.seq_len, tg + (size_t)b * tp.seq_len, err, sizeof err);
+      if (r < 0) rc = r;
+    }
+    if (rc == 0) {
+      t0 = now_s();
+      rc = ll_trainer_forward_backward(tr, ids, tg, tp.batch, 1, 1.0f, &loss, NULL, err, sizeof err);
+      t1 = now_s();
+    }
+    free(ids), free(tg);
+    if (rc) {
+      fprintf(stderr, "llsrv train: %s\n", err);
+      goto out;
+    }
+    const double step_s = (t1 - t0) * tp.grad_accum;
+    char eta[32];
+    fmt_eta(eta, sizeof eta, step_s * (double)tp.steps);
+    printf("time: %.2f s per step (one micro-batch measured: %.0f tokens/s), %s for %lld steps\n", step_s, T / (t1 - t0), eta,
+           (long long)tp.steps);
+    status = 0;
+    goto out;
+  }
+  if (ll_train_run_resumed_from(run) >= 0) printf("resuming %s/last.ckpt at step %lld\n", run_dir, (long long)ll_train_run_resumed_from(run));
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  const int tty = isatty(STDOUT_FILENO);
+  struct ll_train_run_event ev;
+  double t_start = now_s(), val = NAN;
+  int64_t tokens = 0, steps_done = 0;
+  struct ll_trainer_state st;
+  while (!ll_train_run_done(run) && !g_stop) {
+    if ((rc = ll_train_run_step(run, &ev, err, sizeof err))) {
+      fprintf(stderr, "%sllsrv train: %s\n", tty ? "\n" : "", err);
+      goto out;
+    }
+    tokens += ev.info.tokens, steps_done++;
+    if (ev.evaluated) val = ev.val_loss;
+    const double el = now_s() - t_start, tps = tokens / el;
+    char eta[32], vs[32];
+    fmt_eta(eta, sizeof eta, el / steps_done * (double)(tp.steps - ev.info.step));
+    if (isfinite(val)) snprintf(vs, sizeof vs, "%.4f", val);
+    else snprintf(vs, sizeof vs, "-");
+    const int show = tty || ev.evaluated || ev.saved || ev.info.skipped || ev.info.step % log_every == 0 || ev.finished;
+    if (show)
+      printf("%sstep %lld/%lld  loss %.4f  val %s  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s%s%s%s", tty ? "\r\033[K" : "", (long long)ev.info.step,
+             (long long)tp.steps, ev.info.loss, vs, ev.info.lr, ev.info.grad_norm, tps, eta, ev.info.skipped ? "  (skipped: non-finite)" : "",
+             ev.saved ? "  saved " : "", ev.saved ? ev.path : "");
+    if (show && (!tty || ev.saved || ev.evaluated)) putchar('\n');
+    fflush(stdout);
+  }
+  ll_trainer_state(tr, &st);
+  if (g_stop) {
+    rc = ll_train_run_save(run, &ev, err, sizeof err);
+    if (rc) {
+      fprintf(stderr, "\nllsrv train: stopped at step %lld but the checkpoint failed: %s\n", (long long)st.step, err);
+      goto out;
+    }
+    printf("\nstopped by signal %d at step %lld; saved %s (run the same command to resume)\n", (int)g_stop, (long long)st.step, ev.path);
+  } else {
+    const double el = now_s() - t_start;
+    printf("done: %lld steps in %.1f s, %.1f tokens/s, %lld skipped, last loss %.4f, val %.4f, best val %.4f; %s/last.ckpt, %s/best.ckpt\n",
+           (long long)steps_done, el, tokens / (el > 0 ? el : 1), (long long)st.skipped, st.last_loss, val, st.best_val, run_dir, run_dir);
+  }
+  status = 0;
+out:
+  ll_train_run_close(run);
+  ll_engine_close(e);
+  ll_config_free(&c);
+  return status;
+usage_err:
+  fprintf(stderr, "llsrv train: %s\n", err);
+  train_usage(stderr);
+  ll_config_free(&c);
+  return 2;
+}
+
+// ---------------------------------------------------------------- llsrv init
+
+int ll_cmd_init(int argc, char **argv) {
+  const char *preset = "tiny", *out = NULL, *vocab = NULL;
+  uint64_t seed = 0x6c6c7372765f6431ull;
+  struct ll_init_dims d;
+  int have_dims = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      printf("usage: llsrv init [--preset tiny|small] [--vocab MODEL] [--seed N] [--dims DIM,LAYERS,HEADS,KV_HEADS,FFN,CTX] -o PATH\n"
+             "Writes a randomly initialised Llama .ckpt (f32, tied output head) to train from scratch\n"
+             "(llsrv train --mode full). tiny: 128 dims, 4 layers (the demo model); small: 384 dims, 6 layers.\n"
+             "Vocabulary: byte-level (260 tokens), or every tokenizer.* key of MODEL.\n");
+      return 0;
+    }
+    if (!v) {
+      fprintf(stderr, "llsrv init: '%s' needs a value\n", a);
+      return 2;
+    }
+    if (!strcmp(a, "--preset")) preset = v;
+    else if (!strcmp(a, "-o") || !strcmp(a, "--out")) out = v;
+    else if (!strcmp(a, "--vocab")) vocab = v;
+    else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 0);
+    else if (!strcmp(a, "--dims")) {
+      if (sscanf(v, "%d,%d,%d,%d,%d,%d", &d.dim, &d.layers, &d.heads, &d.heads_kv, &d.ffn, &d.ctx) != 6) {
+        fprintf(stderr, "llsrv init: --dims wants DIM,LAYERS,HEADS,KV_HEADS,FFN,CTX\n");
+        return 2;
+      }
+      have_dims = 1;
+    } else {
+      fprintf(stderr, "llsrv init: unknown option '%s'\n", a);
+      return 2;
+    }
+    i++;
+  }
+  if (!out) {
+    fprintf(stderr, "llsrv init: no output (-o PATH)\n");
+    return 2;
+  }
+  if (!have_dims && ll_init_preset(preset, &d) != 0) {
+    fprintf(stderr, "llsrv init: unknown preset '%s' (tiny, small)\n", preset);
+    return 2;
+  }
+  char err[512];
+  struct ll_modelfile mf;
+  ll_modelfile_init(&mf);
+  int rc = vocab ? ll_model_open(vocab, &mf, err, sizeof err) : 0;
+  if (rc == 0) rc = ll_init_model_write(out, &d, seed, vocab ? &mf : NULL, err, sizeof err);
+  ll_modelfile_free(&mf);
+  if (rc) {
+    fprintf(stderr, "llsrv init: %s\n", err);
+    return 1;
+  }
+  printf("wrote %s: llama, %d dims, %d layers, %d/%d heads, FFN %d, context %d, %s vocabulary\n", out, d.dim, d.layers, d.heads, d.heads_kv, d.ffn,
+         d.ctx, vocab ? vocab : "byte-level");
+  return 0;
+}

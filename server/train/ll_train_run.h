@@ -1,0 +1,64 @@
+// ll_train_run.h - one training run: the trainer, its data and its run directory, driven a
+// step at a time by `llsrv train` (foreground) and by the server's compute thread (background).
+//
+// RUN_DIR holds step-NNNNNNNN.ckpt (the last `keep`), last.ckpt (the newest checkpoint) and
+// best.ckpt (the lowest validation loss so far); last/best are hard links made under a
+// temporary name and renamed into place, so each name always points at a complete checkpoint.
+// Opening a run whose RUN_DIR has a last.ckpt resumes it (same parameters required).
+#ifndef LL_TRAIN_RUN_H
+#define LL_TRAIN_RUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ll_trainer.h"
+
+struct ll_config;
+struct ll_tokenizer;
+struct ll_train_run;
+
+struct ll_train_run_opts {
+  const char *run_dir;          // required
+  const char *data_path;        // required
+  const char *model_path;       // recorded; full mode reads the model's metadata from it
+  const char *arch;             // base architecture ("llama")
+  int64_t checkpoint_every;     // steps; 0: only on demand / at the end
+  int64_t eval_every;           // steps; 0: never
+  int64_t eval_seqs;            // validation sequences per evaluation (0: all)
+  int64_t keep;                 // step checkpoints kept
+  double val_fraction;
+  int restart;                  // 1: ignore an existing last.ckpt (start over)
+};
+
+// What one ll_train_run_step did (for progress lines, monitor fields and events).
+struct ll_train_run_event {
+  struct ll_train_step_info info;
+  int evaluated;                // val_loss below is new
+  double val_loss;              // NaN until the first evaluation
+  int saved;                    // a checkpoint was written: path
+  char path[4160];
+  int best;                     // ... and it is the new best.ckpt
+  int finished;                 // the run reached its last step
+};
+
+// Trainer parameters from the config's train: section (targets parsed, names checked).
+int ll_train_params_from_config(const struct ll_config *c, struct ll_trainer_params *p, char *err, size_t errlen);
+
+int ll_train_run_open(struct ll_train_run **out, const struct ll_model *m, struct ll_backend *be, const struct ll_tokenizer *tok,
+                      const struct ll_trainer_params *p, const struct ll_train_run_opts *o, char *err, size_t errlen);
+void ll_train_run_close(struct ll_train_run *r); // accepts NULL
+
+// The pre-flight report (data, steps per epoch, memory estimate); lines ending in '\n'.
+int ll_train_run_describe(const struct ll_train_run *r, char *buf, size_t cap);
+// One optimizer step, then an evaluation and/or a checkpoint when due (and both at the last step).
+int ll_train_run_step(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen);
+// A checkpoint now (on demand, on shutdown).
+int ll_train_run_save(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen);
+int ll_train_run_done(const struct ll_train_run *r); // 1 when every step has run
+struct ll_trainer *ll_train_run_trainer(struct ll_train_run *r);
+struct ll_train_source *ll_train_run_source(struct ll_train_run *r);
+// Steps per epoch (sequences per epoch / sequences per step), 0 if unknown.
+int64_t ll_train_run_steps_per_epoch(const struct ll_train_run *r);
+int64_t ll_train_run_resumed_from(const struct ll_train_run *r); // step of the resumed checkpoint, -1 for a fresh run
+
+#endif

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# llsrv init + llsrv train as a user runs them: a tiny random model trained in full on this
+# repository's man pages (progress lines, last/best checkpoints, kept step checkpoints), SIGTERM
+# saves a checkpoint and the same command resumes from it at that step, the full checkpoint loads
+# as a model (llsrv generate), a LoRA run on it, --dry-run's pre-flight, and bad options refused
+# with the option named (exit 2).
+set -u
+LLSRV=$LL_BINARY_DIR/server/llsrv
+D=$(mktemp -d)
+TRAIN_PID=
+cleanup() { [ -n "$TRAIN_PID" ] && kill -9 "$TRAIN_PID" 2>/dev/null; rm -rf "$D"; }
+trap cleanup EXIT
+passed=0 failed=0
+check() { if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi; }
+
+DATA=$LL_SOURCE_DIR/man
+# 32 dims, 2 layers, GQA 4/2: seconds per run even under ASan.
+"$LLSRV" init --dims 32,2,4,2,64,128 -o "$D/tiny.ckpt" >"$D/init.out" 2>&1
+check '[ $? -eq 0 ] && [ -f "$D/tiny.ckpt" ]' "init writes the model: $(cat "$D/init.out")"
+
+COMMON=(--model "$D/tiny.ckpt" --data "$DATA" --mode full --seq-len 32 --batch 2 --lr 5e-3 --warmup 2 -t 2 --eval-seqs 4)
+"$LLSRV" train "${COMMON[@]}" --steps 12 --eval-every 4 --checkpoint-every 4 --keep 2 -o "$D/run" >"$D/t1.out" 2>"$D/t1.err"
+check '[ $? -eq 0 ]' "train exits 0: $(tail -3 "$D/t1.err")"
+check 'grep -q "^step 12/12  loss" "$D/t1.out"' "progress line for the last step"
+check 'grep -q "^done: 12 steps" "$D/t1.out"' "summary line"
+check '[ -f "$D/run/last.ckpt" ] && [ -f "$D/run/best.ckpt" ]' "last.ckpt and best.ckpt"
+check '[ -f "$D/run/step-00000012.ckpt" ] && [ -f "$D/run/step-00000008.ckpt" ] && [ ! -f "$D/run/step-00000004.ckpt" ]' "keep 2 step checkpoints: $(ls "$D/run")"
+first=$(grep -m1 -o "loss [0-9.]*" "$D/t1.out" | cut -d' ' -f2)
+last=$(grep "^step 12/12" "$D/t1.out" | grep -o "loss [0-9.]*" | cut -d' ' -f2)
+check 'python3 -c "import sys; sys.exit(0 if float(\"$last\") < float(\"$first\") else 1)"' "loss falls ($first -> $last)"
+
+# The full checkpoint is a model.
+"$LLSRV" generate --model "$D/run/last.ckpt" -p "llsrv" -n 8 --temp 0 >"$D/gen.out" 2>&1
+check '[ $? -eq 0 ]' "generate loads the trained checkpoint: $(tail -2 "$D/gen.out")"
+
+# SIGTERM mid-run: a checkpoint, then the same command resumes at that step.
+"$LLSRV" train "${COMMON[@]}" --steps 100000 --checkpoint-every 0 --eval-every 0 --log-every 1 -o "$D/run2" >"$D/t2.out" 2>"$D/t2.err" &
+TRAIN_PID=$!
+for _ in $(seq 1 600); do grep -q "^step 3/" "$D/t2.out" 2>/dev/null && break; sleep 0.1; done
+kill -TERM "$TRAIN_PID"
+wait "$TRAIN_PID"
+rc=$?
+TRAIN_PID=
+check '[ $rc -eq 0 ] && grep -q "stopped by signal 15 at step" "$D/t2.out" && [ -f "$D/run2/last.ckpt" ]' "SIGTERM saves and exits 0 (rc $rc): $(tail -2 "$D/t2.out")"
+at=$(grep -o "stopped by signal 15 at step [0-9]*" "$D/t2.out" | grep -o "[0-9]*$")
+"$LLSRV" train "${COMMON[@]}" --steps $((at + 2)) --checkpoint-every 0 --eval-every 0 -o "$D/run2" >"$D/t3.out" 2>"$D/t3.err"
+check '[ $? -eq 0 ] && grep -q "resuming .*last.ckpt at step $at" "$D/t3.out" && grep -q "^done: 2 steps" "$D/t3.out"' "resume at step $at: $(cat "$D/t3.out" | tail -3)"
+
+# LoRA on the trained model, with dropout and accumulation.
+"$LLSRV" train --model "$D/run/last.ckpt" --data "$DATA" --seq-len 32 --batch 1 --grad-accum 2 --lora-rank 4 --lora-alpha 8 \
+  --lora-targets q,v,down --lora-dropout 0.1 --steps 4 --eval-every 2 --eval-seqs 2 -t 2 -o "$D/lora" >"$D/t4.out" 2>"$D/t4.err"
+check '[ $? -eq 0 ] && [ -f "$D/lora/last.ckpt" ]' "LoRA run: $(tail -2 "$D/t4.err")"
+
+# Pre-flight.
+"$LLSRV" train "${COMMON[@]}" --steps 10 --dry-run >"$D/dry.out" 2>&1
+check '[ $? -eq 0 ] && grep -q "^data: " "$D/dry.out" && grep -q "^memory: weights" "$D/dry.out" && grep -q "s per step" "$D/dry.out"' "dry run: $(cat "$D/dry.out")"
+
+# Bad options: named, exit 2; empty data refused naming the path.
+bad() {
+  local want=$1
+  shift
+  "$LLSRV" train --model "$D/tiny.ckpt" --data "$DATA" -o "$D/bad" "$@" >"$D/bad.out" 2>&1
+  local rc=$?
+  check "[ $rc -eq 2 ] && grep -qF -- \"$want\" \"$D/bad.out\"" "$* refused with exit 2 naming $want (rc $rc): $(head -1 "$D/bad.out")"
+}
+bad "'x' is not one of q|k|v|o|gate|up|down" --lora-targets q,x
+bad "train.lora_rank': value 0 out of range" --lora-rank 0
+bad "train.lora_dropout': value 1.5 out of range" --lora-dropout 1.5
+bad "'sometimes' is not one of cosine|linear|constant" --schedule sometimes
+bad "unknown option '--no-such-option'" --no-such-option 1
+mkdir -p "$D/empty"
+"$LLSRV" train --model "$D/tiny.ckpt" --data "$D/empty" -o "$D/bad" >"$D/empty.out" 2>&1
+rc=$?
+check '[ $rc -eq 1 ] && grep -qF "$D/empty" "$D/empty.out"' "empty data refused naming it (rc $rc): $(cat "$D/empty.out")"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
