@@ -487,7 +487,7 @@ static int walk(struct ll_data_filelist *l, struct ll_ignore *ig, const char *ro
   }
   closedir(dh);
   if (rc) ll_errf(err, errlen, rc, "data: out of memory listing '%s'", dir);
-  if (!rc) qsort(names, n, sizeof *names, cmp_str);
+  if (!rc && n > 1) qsort(names, n, sizeof *names, cmp_str);
   for (size_t i = 0; i < n && !rc; i++) {
     if (join(sub, sizeof sub, rel, names[i]) || join(path, sizeof path, dir, names[i])) {
       rc = ll_errf(err, errlen, LL_ELIMIT, "data: path '%s/%s' is too long", dir, names[i]);
@@ -679,7 +679,7 @@ int ll_data_list_files(const char *path, int64_t max_bytes, struct ll_data_filel
     ll_data_filelist_free(l);
     return rc;
   }
-  qsort(l->v, l->n, sizeof *l->v, cmp_file);
+  if (l->n > 1) qsort(l->v, l->n, sizeof *l->v, cmp_file);
   return 0;
 }
 
