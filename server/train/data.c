@@ -45,7 +45,7 @@ void ll_data_params_init(struct ll_data_params *p) {
   memset(p, 0, sizeof *p);
   p->val_fraction = 0.05;
   p->max_file_bytes = 4 << 20;
-  p->doc_bytes = 16 << 10;
+  p->doc_bytes = 4 << 10;
 }
 
 // ---------------------------------------------------------------- hashing
@@ -959,7 +959,7 @@ int ll_data_open(struct ll_data **out, const struct ll_data_params *p, const str
   if (!(p->val_fraction >= 0 && p->val_fraction < 1))
     return ll_errf(err, errlen, LL_EINVAL, "data: val_fraction %g is out of range [0, 1)", p->val_fraction);
   int64_t max_bytes = p->max_file_bytes > 0 ? p->max_file_bytes : 4 << 20;
-  int64_t doc_bytes = p->doc_bytes > 0 ? p->doc_bytes : 16 << 10;
+  int64_t doc_bytes = p->doc_bytes > 0 ? p->doc_bytes : 4 << 10;
   if (doc_bytes < 64 || doc_bytes > (64 << 20))
     return ll_errf(err, errlen, LL_EINVAL, "data: doc_bytes %lld is out of range (64 B to 64 MiB)", (long long)doc_bytes);
   struct ll_data *d = calloc(1, sizeof *d);

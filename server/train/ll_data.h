@@ -58,7 +58,8 @@ struct ll_data_params {
   uint64_t seed;              // split and epoch order (default 0)
   int64_t max_file_bytes;     // directory members larger than this are skipped (default 4 MiB);
                               // a file named directly by path is streamed whatever its size
-  int64_t doc_bytes;          // text files are cut into documents of about this many bytes (default 16 KiB)
+  int64_t doc_bytes;          // text files are cut into documents of about this many bytes (default 4 KiB:
+                              // fine enough that a few files still give a validation split)
   const char *chat_template;  // chat records: a format name (chatml, llama2, llama3, zephyr, gemma,
                               // phi3) or Jinja text; NULL: the tokenizer's own template
 };
