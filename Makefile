@@ -13,8 +13,12 @@ bench: all
 # Serving throughput through real sockets: 8 concurrent greedy streams vs 1 (aggregate tok/s).
 bench-serve: all
 	@m=$$(bash tests/fetch-smollm2.sh) && LL_BINARY_DIR=$(BUILD) python3 tests/bench/bench_server.py "$$m" --streams 8 --tokens 64
+
+# What watching costs: lltop's CPU, the server's monitor cost with 8 lltop attached (2.5 min).
+bench-lltop: all
+	@LL_BINARY_DIR=$(BUILD) python3 tests/bench/bench_lltop.py --seconds 30 --clients 8
 install: all
 	cmake --install $(BUILD)
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz
-.PHONY: all test bench bench-serve install clean
+.PHONY: all test bench bench-serve bench-lltop install clean
