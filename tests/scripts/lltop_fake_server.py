@@ -3,6 +3,7 @@
 # lltop by hand): speaks the schema of man/llsrv-protocol.7, MONITOR SOCKET.
 #   lltop_fake_server.py SOCKET RECORD train     a training run: full history on attach, then
 #                                                one step every 0.2 s in snapshot tails
+#   lltop_fake_server.py SOCKET RECORD silent    one snapshot on attach, then nothing (stale)
 #   lltop_fake_server.py SOCKET RECORD hostile   valid snapshots between hostile lines (bad
 #                                                JSON, a 10 MB line, escape sequences and control
 #                                                characters in strings, huge numbers, deep nesting)
@@ -124,6 +125,9 @@ def handle(c):
     threading.Thread(target=reader, daemon=True).start()
     try:
         c.sendall(line(snapshot(False)))
+        if mode == "silent":
+            while True:
+                time.sleep(1)
         if mode == "hostile":
             for l in hostile_lines():
                 c.sendall(l)

@@ -131,7 +131,6 @@ r = run(["--once", "--socket", srv.sock])
 txt = r.stdout.decode()
 check(r.returncode == 0 and "model     llsrv-demo" in txt and "backend cpu" in txt and "serving" in txt,
       "--once: exit %d:\n%s%s" % (r.returncode, txt, r.stderr.decode()))
-check("N/A" in txt, "--once shows N/A for what the server does not know (training without a trainer)")
 r = run(["--json", "--socket", srv.sock])
 snap = None
 try:
@@ -143,6 +142,8 @@ snap = snap or {}
 dev_name = snap.get("device", {}).get("name", "?")
 check("train_bytes" in snap.get("memory", {}), "snapshot has memory.train_bytes")
 tr = snap.get("training", {})
+if tr.get("step") is None:
+    check("step N/A/" in txt, "--once shows N/A for a null training step, not 0")
 check(isinstance(tr.get("history"), list) and "skipped_steps" in tr and "run_dir" in tr, "snapshot has training history/skipped_steps/run_dir: %r" % tr)
 
 # The default socket path: $XDG_RUNTIME_DIR/llsrv/llsrv.sock (a link to the server's socket).
@@ -158,7 +159,8 @@ check(re.search(r"Device mem \[[█·]+\] [\d.]+ [KMG]iB / [\d.]+ [KMG]iB", scr)
 check(re.search(r"Host RSS   \[[█▓▒░·]+\] [\d.]+ [KMG]iB: weights [\d.]+ [KMG]iB, KV", scr) is not None, "host RSS bar split into weights/KV/training")
 for title in ("── Device", "── Serving", "── Training", "── Loss", "── Events"):
     check(title in scr, "80x24 shows panel %r" % title)
-check("training N/A" in scr, "train_bytes null shows as N/A")
+if snap.get("memory", {}).get("train_bytes", 0) is None:
+    check("training N/A" in scr, "train_bytes null shows as N/A")
 
 # Serving figures while GEN requests run (two clients, one after another request).
 stop_load = threading.Event()
@@ -190,10 +192,55 @@ def generated(s):
 g1 = generated(scr)
 wait_for("real", lambda s: generated(s) not in (None, g1), "tokens generated changes while requests run (was %s)" % g1)
 wait_for("real", lambda s: re.search(r"decode +\d+\.\d tok/s", s) and not re.search(r"decode +0\.0 tok/s", s), "decode tok/s non-zero while decoding")
+wait_for("real", lambda s: re.search(r"decode +[\d.]+ tok/s +[▁▂▃▄▅▆▇█ ]*[▂▃▄▅▆▇█]", s), "decode sparkline shows the rate")
+wait_for("real", lambda s: re.search(r"KV [1-9]\d*/\d+ \[█", s), "KV blocks in use with a bar")
+wait_for("real", lambda s: re.search(r"request \S+ finished \(length\): \d+\+400 tokens", s), "event tail: request finished")
 stop_load.set()
 for t in loaders:
     t.join(120)
 wait_for("real", lambda s: "active 0/4" in s, "active back to 0 after the load")
+
+# A real training run (configs/demo.yaml enables training): the step moves, the chart has its
+# axes, p pauses, s writes a checkpoint. Runs when this build's server trains; the same screen
+# logic is checked against the fake training server below in every build.
+r = run(["--json", "--socket", srv.sock])
+try:
+    tr_state = json.loads(r.stdout)["training"]["state"]
+except (ValueError, KeyError, TypeError):
+    tr_state = None
+if tr_state in ("running", "paused"):
+    print("-- real training run (state %s)" % tr_state, flush=True)
+    tmux("resize-window", "-t", "real", "-x", "100", "-y", "40")
+    if tr_state == "paused":
+        tmux("send-keys", "-t", "real", "p")
+        wait_for("real", lambda s: "Resume training? [y/N]" in s, "real: p offers resume")
+        tmux("send-keys", "-t", "real", "y")
+    scr = wait_for("real", lambda s: re.search(r"step (\d+)/", s), "real: a training step shown")
+    st0 = int(re.search(r"step (\d+)/", scr).group(1))
+    wait_for("real", lambda s: int(re.search(r"step (\d+)/", s).group(1)) > st0, "real: the step increases (from %d)" % st0,
+             deadline=3 * DEADLINE)
+    wait_for("real", lambda s: re.search(r"^ +[-\d.e+]+ │", s, re.M) and re.search(r"^ +step +\d+", s, re.M),
+             "real: loss chart with labelled axes", deadline=3 * DEADLINE)
+    tmux("send-keys", "-t", "real", "p")
+    wait_for("real", lambda s: "Pause training? [y/N]" in s, "real: p asks")
+    tmux("send-keys", "-t", "real", "y")
+    wait_for("real", lambda s: "state paused" in s, "real: training paused")
+    tmux("send-keys", "-t", "real", "s")
+    wait_for("real", lambda s: "Save a checkpoint now? [y/N]" in s, "real: s asks")
+    tmux("send-keys", "-t", "real", "y")
+    wait_for("real", lambda s: "checkpoint saved" in s, "real: s wrote a checkpoint (event shown)", deadline=3 * DEADLINE)
+    tmux("send-keys", "-t", "real", "p")
+    wait_for("real", lambda s: "Resume training? [y/N]" in s, "real: p offers resume")
+    tmux("send-keys", "-t", "real", "y")
+    tmux("resize-window", "-t", "real", "-x", "80", "-y", "24")
+else:
+    print("-- real training run: this server's training state is %r; the real-trainer checks run once llsrv "
+          "trains (the fake training server below covers the screen)" % tr_state, flush=True)
+    r = run(["--json", "--socket", srv.sock])
+    tmux("send-keys", "-t", "real", "p")
+    wait_for("real", lambda s: "Pause training? [y/N]" in s, "real: p asks")
+    tmux("send-keys", "-t", "real", "y")
+    wait_for("real", lambda s: "server refused pause: " in s, "real: the server's refusal of pause is shown with its reason")
 
 # Kill and restart the server: disconnected (data dimmed), then live again.
 print("-- server killed and restarted", flush=True)
@@ -272,6 +319,18 @@ for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     st = pane(name, "#{pane_dead} #{pane_dead_status} #{alternate_on}")
     check(st == "1 %d 0" % (128 + sig), "%s: exits %d with the terminal restored (dead status alt: %s)" % (sig.name, 128 + sig, st))
     tmux("kill-session", "-t", name)
+
+# ---- a server that goes quiet: stale ----
+print("-- silent server", flush=True)
+qs = os.path.join(tmp, "silent.sock")
+procs.append(subprocess.Popen([sys.executable, FAKE, qs, os.path.join(tmp, "silent.rec"), "silent"]))
+t_end = time.time() + DEADLINE
+while time.time() < t_end and not os.path.exists(qs):
+    time.sleep(0.1)
+start_lltop("silent", qs, 80, 24)
+wait_for("silent", lambda s: "FakeGPU" in s, "silent server: its one snapshot shown")
+wait_for("silent", lambda s: re.search(r"stale: no data for \d+s", s.splitlines()[0]), "nothing for a while: stale marker in the header")
+tmux("kill-session", "-t", "silent")
 
 # ---- a hostile server ----
 print("-- hostile server", flush=True)
