@@ -581,6 +581,45 @@ static void test_cursor(const struct ll_tokenizer *t) {
   ll_data_close(a);
 }
 
+// Epochs reorder records, not only files: a single JSONL file is read in a new order each epoch,
+// every record once per epoch.
+static void test_shuffle(const struct ll_tokenizer *t) {
+  char dir[1024], err[512];
+  snprintf(dir, sizeof dir, "%s/shuffle", g_tmp);
+  mkdirs(dir);
+  enum { N = 64, S = 16 };
+  FILE *f = fopen(sub(dir, "one.jsonl"), "w");
+  for (int i = 0; i < N; i++) fprintf(f, "{\"text\":\"<%d>\"}\n", i);
+  fclose(f);
+  struct ll_data *d = open_data(sub(dir, "one.jsonl"), S, 0, 1, t, NULL);
+  if (!d) return;
+  struct ll_data_stats st;
+  ll_data_stats(d, &st);
+  size_t nseq = (size_t)(2 * st.seqs_per_epoch + 4), n = 0;
+  int32_t *run = malloc(nseq * S * sizeof *run), tg[S];
+  for (size_t j = 0; j < nseq; j++, n += S) ll_data_next(d, run + n, tg, err, sizeof err);
+  int order[2 * N + 8], k = 0;
+  for (size_t i = 0; i < n && k < 2 * N + 8; i++) {
+    if (run[i] != B('<')) continue;
+    int v = 0;
+    size_t q = i + 1;
+    while (q < n && run[q] >= B('0') && run[q] <= B('9')) v = v * 10 + (run[q++] - B('0'));
+    if (q < n && run[q] == B('>')) order[k++] = v;
+  }
+  CHECK(k >= 2 * N);
+  int perm0 = 1, perm1 = 1, moved0 = 0, differ = 0;
+  unsigned char s0[N] = {0}, s1[N] = {0};
+  for (int i = 0; i < N && k >= 2 * N; i++) {
+    s0[order[i] % N]++, s1[order[N + i] % N]++;
+    moved0 += order[i] != i;
+    differ += order[i] != order[N + i];
+  }
+  for (int i = 0; i < N; i++) perm0 &= s0[i] == 1, perm1 &= s1[i] == 1;
+  CHECK(perm0 && perm1 && moved0 > N / 2 && differ > N / 2);
+  free(run);
+  ll_data_close(d);
+}
+
 // The trainer's view (struct ll_train_source): the same stream, val split and cursor words.
 static void test_source(const struct ll_tokenizer *t) {
   char dir[1024], err[512];
@@ -797,6 +836,7 @@ int main(int argc, char **argv) {
       test_split(t);
       test_cursor(t);
       test_source(t);
+      test_shuffle(t);
       test_vanish(t);
       test_refusals(t);
       ll_tokenizer_free(t);

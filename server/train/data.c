@@ -2,9 +2,9 @@
 // from their files, packed into sequences with loss targets, a validation split by document,
 // and a cursor that puts a resumed run on exactly the sequence it would have read next.
 //
-// Positions. A token of the training stream is named by (epoch, file index in that epoch's
-// order, document index in the file, byte offset of the document, token index in the
-// document). Documents are cut deterministically from their byte offset (a text piece ends at
+// Positions. A token of the training stream is named by (epoch, unit index in that epoch's
+// order, document index in the unit's file, byte offset of the document, token index in the
+// document); a unit is what an epoch shuffles (a text file, a run of JSONL records). Documents are cut deterministically from their byte offset (a text piece ends at
 // the first blank line after doc_bytes; a JSONL document is one line), so a position can be
 // re-entered by reading one document: that is all a cursor holds, and all a resume re-reads.
 // Sequence k and k + 1 share a token (the last input of one is the first of the next); the
@@ -311,6 +311,17 @@ struct reader {
 
 struct dfile {
   uint64_t phash;
+};
+
+// What an epoch shuffles: a whole text file (its pieces stay in order, so a file is read as one
+// text), or a run of LL_DATA_UNIT_DOCS records of a JSONL file (records are independent; a
+// file of instructions is reordered too, at a cost of a few bytes per record for the table).
+#define LL_DATA_UNIT_DOCS 8
+struct unit {
+  uint32_t fi;
+  uint32_t ndocs;   // document indices in it; 0: to the end of the file
+  uint64_t doc0;    // first document's index
+  int64_t off0;     // and byte offset
   int64_t tok_train, tok_val;
 };
 
@@ -324,6 +335,8 @@ struct ll_data {
   int add_bos;
   struct ll_data_filelist fl;
   struct dfile *df;
+  struct unit *u;
+  size_t n_units, cap_units;
   struct ll_data_stats st;
   uint64_t fingerprint;
   struct reader tr, va;
@@ -572,10 +585,12 @@ static int doc_tokenize(struct ll_data *d, struct tokbuf *tb, size_t fi, uint64_
 
 // ---------------------------------------------------------------- streams
 
-static size_t file_at(struct ll_data *d, struct reader *r, uint64_t fi, uint64_t epoch) {
-  if (r->val) return (size_t)fi;
+// The unit at index ui of this reader's order: validation reads units in corpus order, training
+// in an order drawn from the seed and the epoch.
+static const struct unit *unit_at(struct ll_data *d, struct reader *r, uint64_t ui, uint64_t epoch) {
+  if (r->val) return &d->u[ui];
   if (!r->order_ok || r->order_epoch != epoch) {
-    size_t n = d->fl.n;
+    size_t n = d->n_units;
     for (size_t i = 0; i < n; i++) r->order[i] = (uint32_t)i;
     uint64_t s = mix64(d->seed ^ mix64(epoch ^ 0x5EEDF11E5ULL));
     for (size_t i = n; i > 1; i--) {
@@ -588,7 +603,22 @@ static size_t file_at(struct ll_data *d, struct reader *r, uint64_t fi, uint64_t
     r->order_epoch = epoch;
     r->order_ok = 1;
   }
-  return r->order[fi];
+  return &d->u[r->order[ui]];
+}
+
+// Positions r at the first token of unit ui (ui == n_units: past the last one).
+static void enter_unit(struct ll_data *d, struct reader *r, uint64_t ui) {
+  r->p.fi = ui;
+  r->p.tok = 0;
+  r->loaded = 0;
+  if (ui < d->n_units) {
+    const struct unit *u = unit_at(d, r, ui, r->p.epoch);
+    r->p.doc = u->doc0;
+    r->p.off = u->off0;
+  } else {
+    r->p.doc = 0;
+    r->p.off = 0;
+  }
 }
 
 static void reader_seek(struct reader *r, const struct pos *p) {
@@ -607,25 +637,26 @@ static int ensure(struct ll_data *d, struct reader *r, char *err, size_t errlen)
       r->p.tok = 0;
       r->loaded = 0;
     }
-    if (r->p.fi >= d->fl.n) {
+    if (r->p.fi >= d->n_units) {
       if (r->val) return 1;
       if (++r->dry_wraps > 2)
         return ll_errf(err, errlen, LL_EFORMAT, "data: '%s' gives no training tokens any more (its files changed?)", d->path);
       r->p.epoch++;
-      r->p.fi = 0, r->p.doc = 0, r->p.off = 0, r->p.tok = 0;
+      enter_unit(d, r, 0);
     }
-    size_t fi = file_at(d, r, r->p.fi, r->p.epoch);
-    if ((r->val ? d->df[fi].tok_val : d->df[fi].tok_train) == 0) { // nothing of this split in it
-      r->p.fi++, r->p.doc = 0, r->p.off = 0, r->p.tok = 0;
+    const struct unit *u = unit_at(d, r, r->p.fi, r->p.epoch);
+    if ((r->val ? u->tok_val : u->tok_train) == 0 || (u->ndocs && r->p.doc >= u->doc0 + u->ndocs)) {
+      enter_unit(d, r, r->p.fi + 1); // nothing of this split in it, or its documents are done
       continue;
     }
+    size_t fi = u->fi;
     int rc = rf_open(d, &r->rf, fi, err, errlen);
     if (rc) return rc;
     struct doc dc;
     rc = doc_read(d, &r->rf, r->p.off, r->p.doc, &dc, err, errlen);
     if (rc < 0) return rc;
     if (rc == 0) {
-      r->p.fi++, r->p.doc = 0, r->p.off = 0, r->p.tok = 0;
+      enter_unit(d, r, r->p.fi + 1);
       continue;
     }
     r->next_off = dc.next_off;
@@ -687,8 +718,8 @@ fail:
 }
 
 void ll_data_val_reset(struct ll_data *d) {
-  struct pos z = {0};
-  reader_seek(&d->va, &z);
+  d->va.p.epoch = 0;
+  enter_unit(d, &d->va, 0);
   d->v_have_carry = 0;
   d->v_done = 0;
 }
@@ -828,6 +859,7 @@ void ll_data_close(struct ll_data *d) {
   reader_free(&d->va);
   ll_data_filelist_free(&d->fl);
   free(d->df);
+  free(d->u);
   free(d->win);
   free(d->winl);
   free(d->path);
@@ -849,19 +881,44 @@ static int skipped_summary(const struct ll_data_filelist *l, char *buf, size_t c
 }
 
 // Reads every document once: counts per file and split, refusals.
+static int push_unit(struct ll_data *d, size_t fi, uint32_t ndocs, uint64_t doc0, int64_t off0) {
+  if (d->n_units == d->cap_units) {
+    if (d->n_units >= UINT32_MAX / 2) return LL_ELIMIT;
+    size_t nc = d->cap_units ? d->cap_units * 2 : 64;
+    struct unit *v = realloc(d->u, nc * sizeof *v);
+    if (!v) return LL_ENOMEM;
+    d->u = v, d->cap_units = nc;
+  }
+  struct unit *u = &d->u[d->n_units++];
+  memset(u, 0, sizeof *u);
+  u->fi = (uint32_t)fi;
+  u->ndocs = ndocs;
+  u->doc0 = doc0;
+  u->off0 = off0;
+  return 0;
+}
+
+// Reads every document once: counts per unit and split, the units' table, refusals.
 static int scan(struct ll_data *d, char *err, size_t errlen) {
   struct reader *r = &d->tr;
   uint64_t min_h = UINT64_MAX;
-  size_t min_fi = 0;
+  size_t min_u = 0;
   int64_t min_n = 0, min_loss = 0;
   for (size_t fi = 0; fi < d->fl.n; fi++) {
+    const struct ll_data_file *f = &d->fl.v[fi];
     int rc = rf_open(d, &r->rf, fi, err, errlen);
     if (rc) return rc;
     // this file's counts, committed when the whole file has been read
+    const size_t u_first = d->n_units;
+    // records per unit: 8, more for files over 128 MiB (the table stays under ~64K units a file)
+    const uint32_t k = f->jsonl ? (uint32_t)(f->size >> 24 > LL_DATA_UNIT_DOCS ? (f->size >> 24 > (1 << 20) ? 1 << 20 : f->size >> 24) : LL_DATA_UNIT_DOCS) : 0;
     int64_t off = 0, docs = 0, n_tr = 0, n_va = 0, d_tr = 0, d_va = 0, l_tr = 0;
     uint64_t f_min_h = UINT64_MAX;
+    size_t f_min_u = 0;
     int64_t f_min_n = 0, f_min_loss = 0;
-    for (uint64_t doc = 0;; doc++) {
+    if (!k) rc = push_unit(d, fi, 0, 0, 0);
+    for (uint64_t doc = 0; !rc; doc++) {
+      if (k && doc % k == 0 && (rc = push_unit(d, fi, k, doc, off))) break;
       struct doc dc;
       rc = doc_read(d, &r->rf, off, doc, &dc, err, errlen);
       if (rc == 0) break;
@@ -872,22 +929,27 @@ static int scan(struct ll_data *d, char *err, size_t errlen) {
       if (rc < 0) break;
       if (!r->tb.n) continue;
       docs++;
+      struct unit *u = &d->u[d->n_units - 1];
       int64_t n = (int64_t)r->tb.n, loss = 0;
       for (size_t i = 0; i < r->tb.n; i++) loss += r->tb.loss[i]; // a BOS has loss 0
       uint64_t h = mix64(d->seed ^ mix64(d->df[fi].phash ^ mix64(doc)));
-      if (h < d->thr) n_va += n, d_va++;
-      else n_tr += n, d_tr++, l_tr += loss;
-      if (h < f_min_h) f_min_h = h, f_min_n = n, f_min_loss = loss;
+      if (h < d->thr) n_va += n, d_va++, u->tok_val += n;
+      else n_tr += n, d_tr++, l_tr += loss, u->tok_train += n;
+      if (h < f_min_h) f_min_h = h, f_min_u = d->n_units - 1, f_min_n = n, f_min_loss = loss;
     }
+    if (rc == LL_ELIMIT && d->n_units >= UINT32_MAX / 2)
+      return ll_errf(err, errlen, rc, "data: '%s' has too many records", f->path);
+    if (rc == LL_ENOMEM && !(err && err[0])) return ll_errf(err, errlen, rc, "data: out of memory");
     if (rc < 0) {
+      d->n_units = u_first;
       // A JSONL member of a directory that does not parse (a source tree's test fixtures, a
       // chat file for a model without a template) is skipped and counted with its first error;
       // a file named directly, and any I/O error, stops here.
-      if (!d->fl.is_dir || !d->fl.v[fi].jsonl || rc == LL_EIO || rc == LL_ENOMEM || rc == LL_ENOTFOUND) return rc;
+      if (!d->fl.is_dir || !f->jsonl || rc == LL_EIO || rc == LL_ENOMEM || rc == LL_ENOTFOUND) return rc;
       d->fl.skipped[LL_DATA_SKIP_MALFORMED]++;
       if (!d->fl.example[LL_DATA_SKIP_MALFORMED][0]) {
-        const char *m = strstr(err, d->fl.v[fi].rel); // "data: 'DIR/REL' line N: why" -> "REL' line N: why"
-        snprintf(d->fl.example[LL_DATA_SKIP_MALFORMED], sizeof d->fl.example[0], "%s", m ? m : d->fl.v[fi].rel);
+        const char *m = strstr(err, f->rel); // "data: 'DIR/REL' line N: why" -> "REL' line N: why"
+        snprintf(d->fl.example[LL_DATA_SKIP_MALFORMED], sizeof d->fl.example[0], "%s", m ? m : f->rel);
         char *q = strchr(d->fl.example[LL_DATA_SKIP_MALFORMED], '\'');
         if (q && m) memmove(q, q + 1, strlen(q)); // drop the closing quote
       }
@@ -895,20 +957,20 @@ static int scan(struct ll_data *d, char *err, size_t errlen) {
       continue;
     }
     if (!docs) {
+      d->n_units = u_first;
       if (!d->fl.is_dir)
-        return ll_errf(err, errlen, LL_EFORMAT, "data: '%s' holds no document (only blank lines)", d->fl.v[fi].path);
+        return ll_errf(err, errlen, LL_EFORMAT, "data: '%s' holds no document (only blank lines)", f->path);
       d->fl.skipped[LL_DATA_SKIP_EMPTY]++;
       if (!d->fl.example[LL_DATA_SKIP_EMPTY][0])
-        snprintf(d->fl.example[LL_DATA_SKIP_EMPTY], sizeof d->fl.example[0], "%s", d->fl.v[fi].rel);
+        snprintf(d->fl.example[LL_DATA_SKIP_EMPTY], sizeof d->fl.example[0], "%s", f->rel);
       continue;
     }
-    d->df[fi].tok_train = n_tr, d->df[fi].tok_val = n_va;
     d->st.docs_train += d_tr, d->st.docs_val += d_va;
     d->st.tokens_train += n_tr, d->st.tokens_val += n_va;
     d->st.loss_tokens_train += l_tr;
     d->st.files++;
     d->st.bytes += off;
-    if (f_min_h < min_h) min_h = f_min_h, min_fi = fi, min_n = f_min_n, min_loss = f_min_loss;
+    if (f_min_h < min_h) min_h = f_min_h, min_u = f_min_u, min_n = f_min_n, min_loss = f_min_loss;
   }
   rf_close(&r->rf);
   const int64_t docs = d->st.docs_train + d->st.docs_val;
@@ -920,7 +982,7 @@ static int scan(struct ll_data *d, char *err, size_t errlen) {
   }
   if (d->thr && d->st.docs_val == 0 && docs >= 2) { // hold out at least one document
     d->thr = min_h + 1;
-    d->df[min_fi].tok_train -= min_n, d->df[min_fi].tok_val += min_n;
+    d->u[min_u].tok_train -= min_n, d->u[min_u].tok_val += min_n;
     d->st.docs_train--, d->st.docs_val++;
     d->st.tokens_train -= min_n, d->st.tokens_val += min_n;
     d->st.loss_tokens_train -= min_loss;
@@ -928,7 +990,7 @@ static int scan(struct ll_data *d, char *err, size_t errlen) {
   if (d->st.docs_train == 0) {
     if (docs == 1) { // a single document: no validation split
       d->thr = 0;
-      for (size_t fi = 0; fi < d->fl.n; fi++) d->df[fi].tok_train += d->df[fi].tok_val, d->df[fi].tok_val = 0;
+      for (size_t i = 0; i < d->n_units; i++) d->u[i].tok_train += d->u[i].tok_val, d->u[i].tok_val = 0;
       d->st.docs_train = 1, d->st.docs_val = 0;
       d->st.tokens_train = d->st.tokens_val, d->st.tokens_val = 0;
       d->st.loss_tokens_train = min_loss;
@@ -994,8 +1056,7 @@ int ll_data_open(struct ll_data **out, const struct ll_data_params *p, const str
     goto fail;
   }
   d->df = calloc(d->fl.n, sizeof *d->df);
-  d->tr.order = malloc(d->fl.n * sizeof *d->tr.order);
-  if (!d->df || !d->tr.order) {
+  if (!d->df) {
     rc = ll_errf(err, errlen, LL_ENOMEM, "data: out of memory for %zu files", d->fl.n);
     goto fail;
   }
@@ -1005,6 +1066,14 @@ int ll_data_open(struct ll_data **out, const struct ll_data_params *p, const str
     fp = mix64(fp ^ d->df[i].phash);
   }
   if ((rc = scan(d, err, errlen))) goto fail;
+  d->tr.order = malloc(d->n_units * sizeof *d->tr.order);
+  if (!d->tr.order) {
+    rc = ll_errf(err, errlen, LL_ENOMEM, "data: out of memory for %zu units", d->n_units);
+    goto fail;
+  }
+  enter_unit(d, &d->tr, 0); // the first token of epoch 0
+  ll_data_val_reset(d);
+  fp = mix64(fp ^ (uint64_t)d->n_units);
   fp = mix64(fp ^ (uint64_t)d->S);
   fp = mix64(fp ^ d->seed);
   fp = mix64(fp ^ d->thr);

@@ -14,9 +14,10 @@
 // several documents gets BOS on its first and EOS on its last) and packed back to back into one
 // stream; sequence k of that stream is the S + 1 tokens starting at token k * S, so every token
 // is predicted once: ids = tokens[0..S), targets[t] = tokens[t + 1] or -1 where that token does
-// not count (BOS, prompt, padding). The training stream runs on across epochs without padding
-// (each epoch visits the files in a new order drawn from seed and epoch); a sequence's epoch is
-// the epoch of its first token.
+// not count (BOS, prompt, padding). The training stream runs on across epochs without padding;
+// each epoch reads the corpus in a new order drawn from seed and epoch, shuffling whole text
+// files and runs of 8 JSONL records (more in files over 128 MiB); a sequence's epoch is the
+// epoch of its first token.
 //
 // Validation: each document goes to the held-out split when a hash of (seed, file path,
 // document index) falls below val_fraction (at least one document when there are two or more),
@@ -24,7 +25,8 @@
 //
 // Streaming: ll_data_open scans the corpus once (counts for the pre-flight check, refusals);
 // afterwards documents are read and tokenized one at a time from their files. Memory is the file
-// list plus one document's tokens. A file that vanishes or becomes unreadable later gives an error
+// list, a table of the shuffled units (under 10 bytes a JSONL record) and one document's tokens.
+// A file that vanishes or becomes unreadable later gives an error
 // naming it, and the position is left where it was (the trainer keeps its last checkpoint).
 //
 // Thread safety: one struct ll_data is used by one thread at a time.
@@ -86,7 +88,7 @@ struct ll_data_cursor {
   uint64_t version;     // LL_DATA_CURSOR_VERSION
   uint64_t fingerprint; // of the file list and the parameters that shape the stream
   uint64_t epoch;
-  uint64_t file;        // index in this epoch's file order
+  uint64_t file;        // index in this epoch's order of units (a text file, a run of JSONL records)
   uint64_t doc;         // document index in that file
   uint64_t offset;      // byte offset of that document in the file
   uint64_t token;       // token index in that document
