@@ -47,8 +47,10 @@ struct ll_tokenizer {
   struct strmap merges; // "left right" -> rank
   char *merge_store;    // backing for merge keys
   int32_t bos, eos, eot, unk, pad;
-  int add_bos, add_eos, add_space_prefix, ignore_merges;
+  int add_bos, add_eos, add_space_prefix;
+  int pre_flags; // PRE_* of its pre-tokenizer (BPE)
   pcre2_code *re[MAX_REGEX];
+  uint8_t re_digits3[MAX_REGEX]; // regex i finds digit runs that bpe_split_digits3 cuts
   int n_re;
   int32_t *special; // CONTROL / USER_DEFINED / UNKNOWN tokens, longest text first
   int n_special;
@@ -179,30 +181,121 @@ static void idbuf_push(struct idbuf *b, int32_t id) {
 }
 
 // ---------------------------------------------------------------- pre-tokenizer regexes
+//
+// One entry per pre-tokenizer type of llama.cpp 0c1e5709 (src/llama-vocab.cpp), with the
+// tokenizer.ggml.pre names that select it and the regexes as llama.cpp writes them. llama.cpp
+// runs a regex with a \p{..} class on a "collapsed" text (each non-ASCII code point replaced by
+// its category), otherwise with std::wregex (non-ASCII whitespace replaced by \v); PCRE2 in
+// UTF+UCP mode gives the same splits with three adjustments made when compiling (pre_compile):
+//  - \p{Lu} \p{Ll} \p{Lt} \p{Lm} \p{Lo} all become \p{L}: collapsing keeps only "letter", so
+//    llama.cpp cannot tell upper from lower case there (youtu, tiny_aya);
+//  - \d becomes [0-9] (ECMAScript's \d is ASCII, PCRE2's UCP \d is not);
+//  - $ matches only at the very end (PCRE2_DOLLAR_ENDONLY, as ECMAScript's $).
+// Classes of non-ASCII literals that include a whitespace code point (which llama.cpp's \v
+// substitution keeps from matching) are written here with a (?!NAWS) guard; and the custom C
+// splitters llama.cpp uses for some patterns (kimi-k2, afmoe digit groups) are written as the
+// regexes they compute.
+
+enum {
+  PRE_IGNORE_MERGES = 1, // a word that is a whole token is taken as is
+  PRE_ADD_BOS = 2,       // add_bos defaults to true
+  PRE_NO_BOS = 4,        // no default BOS id
+  PRE_RAW = 8,           // no GPT-2 byte-to-unicode mapping: raw UTF-8, <0xXX> byte fallback
+  PRE_ESCAPE_WS = 16,    // spaces become U+2581 before splitting (SPM-style BPE)
+  PRE_NL_WORD = 32,      // a word of newlines that is a token is kept whole (Gemma 4)
+  PRE_FORCE_BOS = 64,    // add_bos is true even where the file says false (Gemma 4)
+  PRE_NO_MERGES_OK = 128 // tokenizer.ggml.merges may be absent (kimi-k2)
+};
 
 struct pre_def {
   const char *names; // '|' separated tokenizer.ggml.pre values
-  int ignore_merges;
+  int flags;
   const char *re[MAX_REGEX];
 };
 
+#define RE_CONTRACT "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
 #define RE_LLAMA3                                                                                              \
-  "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "     \
-  "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+  RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define RE_QWEN2                                                                                               \
-  "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "          \
-  "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+  RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define RE_DS3_MAIN                                                                                            \
+  "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+#define RE_GPT4O_WORDS(LM)                                                                                     \
+  "[^\\r\\n\\p{L}\\p{N}]?((?=[" LM "])([^a-z]))*((?=[" LM "])([^A-Z]))+" RE_CONTRACT "?|[^\\r\\n\\p{L}\\p{N}]?((?=[" LM \
+  "])([^a-z]))+((?=[" LM "])([^A-Z]))*" RE_CONTRACT "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define RE_CASED_WORDS(DIGITS)                                                                                 \
+  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" RE_CONTRACT                \
+  "?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" RE_CONTRACT "?|" DIGITS \
+  "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+// llama.cpp's non-ASCII whitespace (unicode_set_whitespace above U+007F).
+#define NAWS "(?![\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}])"
+// unicode_cpt_is_han().
+#define HAN                                                                                                    \
+  "\\x{4e00}-\\x{9fff}\\x{3400}-\\x{4dbf}\\x{20000}-\\x{2a6df}\\x{2a700}-\\x{2b73f}\\x{2b740}-\\x{2b81f}\\x{2b820}-" \
+  "\\x{2ceaf}\\x{2ceb0}-\\x{2ebef}\\x{f900}-\\x{faff}\\x{2f800}-\\x{2fa1f}"
+// unicode_regex_split_custom_afmoe(): a run of digits splits into groups of three from the
+// right; the text before the run stays glued to its first group (as llama.cpp's splitter does).
+// Done in C (bpe_split_digits3), linear in the text, on the runs this regex finds.
+#define RE_SPLIT_DIGITS3 "\x01"
+#define RE_AFMOE_DIGITS RE_SPLIT_DIGITS3 "\\p{N}+"
 
 static const struct pre_def pre_defs[] = {
-    {"llama3|llama-v3|llama-bpe|falcon3|pixtral", 1, {RE_LLAMA3}},
-    {"dbrx|smaug-bpe", 0, {RE_LLAMA3}},
-    {"deepseek-coder", 0, {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-퟿]+", "\\p{N}"}},
-    {"falcon", 0, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}},
-    {"starcoder|refact|command-r|smollm|codeshell|exaone|minerva", 0, {"\\p{N}", RE_GPT2}},
-    {"gpt-2|phi-2|jina-es|jina-de|mpt|olmo|jais|roberta-bpe|jina-v1-en|jina-v2-code", 0, {RE_GPT2}},
-    {"qwen2|stablelm2|deepseek-r1-qwen", 0, {RE_QWEN2}},
     {"default", 0, {"[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"}},
+    {"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2|jina-v5-nano", PRE_IGNORE_MERGES | PRE_ADD_BOS, {RE_LLAMA3}},
+    {"dbrx|smaug-bpe", 0, {RE_LLAMA3}},
+    {"chatglm-bpe", PRE_NO_BOS, {RE_LLAMA3}},
+    {"glm4|glm5", PRE_NO_BOS | PRE_IGNORE_MERGES, {RE_LLAMA3}},
+    {"minicpm5", PRE_IGNORE_MERGES, {"\\p{N}{1,3}", RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"jais-2", 0, {RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s{512}(?!\\S)|\\s{256}(?!\\S)|"
+                    "\\s{128}(?!\\S)|\\s{64}(?!\\S)|\\s{32}(?!\\S)|\\s{16}(?!\\S)|\\s{8}(?!\\S)|\\s{4}(?!\\S)|\\s{1,2}(?!\\S)|\\s{1}"}},
+    {"deepseek-llm", 0,
+     {"[\r\n]",
+      "\\s?[A-Za-z\\x{b5}\\x{c0}-\\x{d6}\\x{d8}-\\x{f6}\\x{f8}-\\x{1ba}\\x{1bc}-\\x{1bf}\\x{1c4}-\\x{293}\\x{295}-\\x{2af}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37b}-\\x{37d}\\x{37f}\\x{386}\\x{388}-\\x{38a}\\x{38c}\\x{38e}-\\x{3a1}\\x{3a3}-\\x{3f5}\\x{3f7}-\\x{481}\\x{48a}-\\x{52f}\\x{531}-\\x{556}\\x{10a0}-\\x{10c5}\\x{13a0}-\\x{13f5}\\x{13f8}-\\x{13fd}\\x{1c90}-\\x{1cba}\\x{1cbd}-\\x{1cbf}\\x{1d00}-\\x{1d2b}\\x{1d6b}-\\x{1d77}\\x{1d79}-\\x{1d9a}\\x{1e00}-\\x{1f15}\\x{1f18}-\\x{1f1d}\\x{1f20}-\\x{1f45}\\x{1f48}-\\x{1f4d}\\x{1f50}-\\x{1f57}\\x{1f59}\\x{1f5b}\\x{1f5d}\\x{1f5f}-\\x{1f7d}\\x{1f80}-\\x{1fb4}\\x{1fb6}-\\x{1fbc}\\x{1fbe}\\x{1fc2}-\\x{1fc4}\\x{1fc6}-\\x{1fcc}\\x{1fd0}-\\x{1fd3}\\x{1fd6}-\\x{1fdb}\\x{1fe0}-\\x{1fec}\\x{1ff2}-\\x{1ff4}\\x{1ff6}-\\x{1ffc}\\x{2102}\\x{2107}\\x{210a}-\\x{2113}\\x{2115}\\x{2119}-\\x{211d}\\x{2124}\\x{2126}\\x{2128}\\x{212a}-\\x{212d}\\x{212f}-\\x{2134}\\x{2139}\\x{213c}-\\x{213f}\\x{2145}-\\x{2149}\\x{214e}\\x{2183}\\x{2184}\\x{2c00}-\\x{2c7b}\\x{2c7e}-\\x{2ce4}\\x{2ceb}-\\x{2cee}\\x{2cf2}\\x{2cf3}\\x{a640}-\\x{a66d}\\x{a680}-\\x{a69b}\\x{a722}-\\x{a76f}\\x{a771}-\\x{a787}\\x{a78b}-\\x{a78e}\\x{ab70}-\\x{abbf}\\x{fb00}-\\x{fb06}\\x{fb13}-\\x{fb17}\\x{ff21}-\\x{ff3a}\\x{ff41}-\\x{ff5a}\\x{10400}-\\x{1044f}\\x{104b0}-\\x{104d3}\\x{104d8}-\\x{104fb}\\x{10c80}-\\x{10cb2}\\x{10cc0}-\\x{10cf2}\\x{118a0}-\\x{118df}\\x{1e900}-\\x{1e943}]+",
+      "\\s?(?:" NAWS "[!-/:-~\\x{ff01}-\\x{ff0f}\\x{ff1a}-\\x{ff5e}\\x{2018}-\\x{201f}\\x{3000}-\\x{3002}])+", "\\s+$", "(?:" NAWS "[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}])+", "\\p{N}+"}},
+    {"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4", 0, {"\\p{N}{1,3}", "[\\x{4e00}-\\x{9fa5}\\x{3040}-\\x{309f}\\x{30a0}-\\x{30ff}]+", RE_DS3_MAIN}},
+    {"spark2_5", 0,
+     {"\\p{N}{1,3}", "[\\x{4e00}-\\x{9fa5}\\x{3040}-\\x{309f}\\x{30a0}-\\x{30ff}]+",
+      "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+", "\\p{N}"}},
+    {"youtu", PRE_IGNORE_MERGES,
+     {"[\\x{ac00}-\\x{d7a3}\\x{3131}-\\x{318e}]+|[\\x{ff01}\\x{2026}\\x{201c}\\x{201d}\\x{2018}\\x{2019}\\x{2014}\\x{ff1a}\\x{ff1b}\\x{ff0c}\\x{3001}-\\x{303f}\\x{fe30}-\\x{fe4f}]+|[\\x{3105}-\\x{312f}]+|[\\x{4e00}-\\x{9fa5}\\x{3040}-\\x{309f}\\x{30a0}-\\x{30ff}]+",
+      "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" RE_CONTRACT
+      "?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" RE_CONTRACT
+      "?|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"deepseek-coder", 0, {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "(?:" NAWS "[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}])+", "\\p{N}"}},
+    {"falcon", 0, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}},
+    {"starcoder|refact|command-r|smollm|codeshell|exaone|minerva-7b|mellum2", 0, {"\\p{N}", RE_GPT2}},
+    {"gpt-2|phi-2|jina-es|jina-de|gigachat|jina-v2-es|jina-v2-de|a.x-4.0|mellum|modern-bert|jina-v1-en|jina-v2-code|"
+     "roberta-bpe|exaone4|mpt|olmo|jais|trillion|granite-docling",
+     0, {RE_GPT2}},
+    {"qwen2|deepseek-r1-qwen|kormo|f2llmv2|megrez|stablelm2|hunyuan|solar-open", 0, {RE_QWEN2}},
+    {"qwen35", 0,
+     {RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"poro-chat|bloom|gpt3-finnish", 0, {" ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{ff0c}\\x{3001}\\x{964}\\x{6d4}\\x{60c})]+"}},
+    {"viking", 0, {" ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{ff0c}\\x{3001}\\x{964}\\x{6d4}\\x{60c})]+", "\\p{N}"}},
+    {"tekken", PRE_IGNORE_MERGES | PRE_ADD_BOS,
+     {"[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*|"
+      "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"chameleon", PRE_ADD_BOS,
+     {"<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )", "\\p{N}", "[\\p{P}!-/:-@\\[-`{-~]", RE_GPT2}},
+    {"gpt-4o|llama4|kanana2|talkie|minimax-m2", 0, {RE_GPT4O_WORDS("\\p{L}")}},
+    {"granite-embed-multi-97m", PRE_IGNORE_MERGES, {RE_GPT4O_WORDS("\\p{L}\\p{M}")}},
+    {"tiny_aya|cohere2moe", 0, {RE_AFMOE_DIGITS, RE_CASED_WORDS("\\p{N}{1,3}")}},
+    {"kimi-k2", PRE_NO_MERGES_OK,
+     {"[" HAN "]+|[^\\r\\n\\p{L}\\p{N}]?(?:(?![" HAN "])\\p{L})+" RE_CONTRACT "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"superbpe", 0, {"\\p{N}+", "(?=(\\d{3})+(?!\\d))"}},
+    {"bailingmoe|bailingmoe2|llada-moe", 0,
+     {"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"}},
+    {"seed-coder", 0, {RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"ufakzeka", 0, {"[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"grok-2", 0, {RE_QWEN2}},
+    {"afmoe", 0, {RE_AFMOE_DIGITS, "[\\x{4e00}-\\x{9fff}\\x{3400}-\\x{4dbf}\\x{8c48}-\\x{faff}\\x{3040}-\\x{309f}\\x{30a0}-\\x{30ff}\\x{ff65}-\\x{ff9f}\\x{2f00}-\\x{2fdf}\\x{e40}-\\x{e7f}\\x{e80}-\\x{eff}\\x{1780}-\\x{17ff}\\x{1000}-\\x{109f}\\x{aa60}-\\x{aa7f}\\x{a9e0}-\\x{a9ff}\\x{ac00}-\\x{d7af}\\x{1100}-\\x{11ff}]+", RE_DS3_MAIN}},
+    {"laguna", 0, {"[^\\n]+|[\\n]+", RE_QWEN2}},
+    {"exaone-moe", 0,
+     {RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"}},
+    {"gemma4|granite-embed-multi-311m", PRE_RAW | PRE_ESCAPE_WS | PRE_NL_WORD | PRE_FORCE_BOS, {"[^\\n]+|[\\n]+"}},
+    {"sarvam-moe", PRE_RAW | PRE_ESCAPE_WS, {"[^\\n]+|[\\n]+"}},
+    {"whitespace", PRE_RAW, {"\\S+"}},
 };
 
 static const struct pre_def *pre_find(const char *name) {
@@ -217,6 +310,37 @@ static const struct pre_def *pre_find(const char *name) {
     }
   }
   return NULL;
+}
+
+// The regex as PCRE2 must see it to split as llama.cpp does (see the table's comment):
+// \p{Lu|Ll|Lt|Lm|Lo} -> \p{L}, \d -> [0-9]. Returns a malloc'd string.
+static char *pre_adapt(const char *re) {
+  size_t n = strlen(re);
+  char *out = malloc(n * 3 + 1);
+  if (!out) return NULL;
+  size_t o = 0;
+  int in_class = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (re[i] == '\\' && i + 1 < n) {
+      if (re[i + 1] == 'p' && i + 5 < n && re[i + 2] == '{' && re[i + 3] == 'L' && re[i + 5] == '}' && strchr("ultmo", re[i + 4])) {
+        memcpy(out + o, "\\p{L}", 5), o += 5, i += 5;
+        continue;
+      }
+      if (re[i + 1] == 'd') {
+        const char *d = in_class ? "0-9" : "[0-9]";
+        memcpy(out + o, d, strlen(d)), o += strlen(d), i += 1;
+        continue;
+      }
+      out[o++] = re[i++];
+      out[o++] = re[i];
+      continue;
+    }
+    if (re[i] == '[' && !in_class) in_class = 1;
+    else if (re[i] == ']' && in_class) in_class = 0;
+    out[o++] = re[i];
+  }
+  out[o] = 0;
+  return out;
 }
 
 // ---------------------------------------------------------------- construction
@@ -270,10 +394,14 @@ int ll_tokenizer_from_mf(const struct ll_modelfile *mf, struct ll_tokenizer **ou
   int type;
   if (strcmp(model, "llama") == 0)
     type = TOK_SPM;
-  else if (strcmp(model, "gpt2") == 0)
-    type = TOK_BPE;
+  else if (strcmp(model, "gpt2") == 0 || strcmp(model, "gemma4") == 0)
+    type = TOK_BPE; // gemma4: BPE over raw UTF-8 with U+2581 for spaces (pre-tokenizer "gemma4")
+  else if (strcmp(model, "bert") == 0)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED,
+                   "tokenizer: tokenizer.ggml.model 'bert' (WordPiece, used by BERT-style embedding models) is not supported: "
+                   "llsrv serves generative models (tokenizer models llama, gpt2, gemma4)");
   else
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, "tokenizer: tokenizer.ggml.model '%s' is not supported (llama, gpt2)", model);
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "tokenizer: tokenizer.ggml.model '%s' is not supported (llama, gpt2, gemma4)", model);
   if (toks->elem_type != LL_KV_STR || toks->n == 0 || toks->n > (1u << 24))
     return ll_errf(err, errlen, LL_EFORMAT, "tokenizer: tokenizer.ggml.tokens must be a non-empty string array");
   int32_t n = (int32_t)toks->n;
@@ -318,10 +446,23 @@ int ll_tokenizer_from_mf(const struct ll_modelfile *mf, struct ll_tokenizer **ou
   }
 
   if (type == TOK_BPE) {
-    if (ll_mf_get_arr(mf, "tokenizer.ggml.merges", &merges) != 0 || merges->elem_type != LL_KV_STR) {
-      rc = ll_errf(err, errlen, LL_EFORMAT, "tokenizer: a gpt2 tokenizer needs tokenizer.ggml.merges (string array)");
+    if (strcmp(model, "gemma4") == 0)
+      pre = "gemma4"; // as llama.cpp: the model type names the pre-tokenizer
+    else if (ll_mf_get_str(mf, "tokenizer.ggml.pre", &pre) != 0)
+      pre = "default";
+    const struct pre_def *pd = pre_find(pre);
+    if (!pd) {
+      rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "tokenizer: unknown pre-tokenizer tokenizer.ggml.pre = '%s' (llama.cpp 0c1e5709's are supported)", pre);
       goto fail;
     }
+    t->pre_flags = pd->flags;
+    int have_merges = ll_mf_get_arr(mf, "tokenizer.ggml.merges", &merges) == 0;
+    if (have_merges ? merges->elem_type != LL_KV_STR : !(pd->flags & PRE_NO_MERGES_OK)) {
+      rc = ll_errf(err, errlen, LL_EFORMAT, "tokenizer: a %s tokenizer needs tokenizer.ggml.merges (string array)", model);
+      goto fail;
+    }
+    static const struct ll_kv_array no_merges = {0};
+    if (!have_merges) merges = &no_merges;
     const struct ll_str *ms = merges->data;
     size_t total = 0;
     for (uint64_t i = 0; i < merges->n; i++) total += ms[i].len + 1;
@@ -336,17 +477,16 @@ int ll_tokenizer_from_mf(const struct ll_modelfile *mf, struct ll_tokenizer **ou
       strmap_put(&t->merges, w, ms[i].len, (int32_t)i, 0); // first rank wins
       w += ms[i].len + 1;
     }
-    if (ll_mf_get_str(mf, "tokenizer.ggml.pre", &pre) != 0) pre = "default";
-    const struct pre_def *pd = pre_find(pre);
-    if (!pd) {
-      rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "tokenizer: unknown pre-tokenizer tokenizer.ggml.pre = '%s'", pre);
-      goto fail;
-    }
-    t->ignore_merges = pd->ignore_merges;
     for (int i = 0; i < MAX_REGEX && pd->re[i]; i++) {
       int ec;
       PCRE2_SIZE eo;
-      t->re[i] = pcre2_compile((PCRE2_SPTR)pd->re[i], PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
+      const char *src = pd->re[i];
+      if (src[0] == RE_SPLIT_DIGITS3[0]) t->re_digits3[i] = 1, src++;
+      char *adapted = pre_adapt(src);
+      if (!adapted) goto fail;
+      t->re[i] = pcre2_compile((PCRE2_SPTR)adapted, PCRE2_ZERO_TERMINATED,
+                               PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_DOLLAR_ENDONLY, &ec, &eo, NULL);
+      free(adapted);
       if (!t->re[i]) {
         rc = ll_errf(err, errlen, LL_EFORMAT, "tokenizer: pre-tokenizer '%s' regex %d does not compile (offset %zu)", pre, i, (size_t)eo);
         goto fail;
@@ -354,10 +494,11 @@ int ll_tokenizer_from_mf(const struct ll_modelfile *mf, struct ll_tokenizer **ou
       pcre2_jit_compile(t->re[i], PCRE2_JIT_COMPLETE); // optional speed-up; falls back to the interpreter
       t->n_re = i + 1;
     }
-    t->add_bos = 0;
+    t->add_bos = (pd->flags & PRE_ADD_BOS) != 0;
     t->add_space_prefix = 0;
-    t->bos = get_id(mf, "tokenizer.ggml.bos_token_id", n, n > 11 ? 11 : -1);
-    t->eos = get_id(mf, "tokenizer.ggml.eos_token_id", n, n > 11 ? 11 : -1);
+    int dflt = strcmp(model, "gemma4") == 0 ? -1 : 11; // llama.cpp's defaults per model type
+    t->bos = get_id(mf, "tokenizer.ggml.bos_token_id", n, (pd->flags & PRE_NO_BOS) || n <= dflt ? -1 : dflt);
+    t->eos = get_id(mf, "tokenizer.ggml.eos_token_id", n, n > dflt ? dflt : -1);
     t->unk = get_id(mf, "tokenizer.ggml.unknown_token_id", n, -1);
   } else {
     t->add_bos = 1;
@@ -372,6 +513,7 @@ int ll_tokenizer_from_mf(const struct ll_modelfile *mf, struct ll_tokenizer **ou
   if (ll_mf_get_bool(mf, "tokenizer.ggml.add_bos_token", &b) == 0) t->add_bos = b;
   if (ll_mf_get_bool(mf, "tokenizer.ggml.add_eos_token", &b) == 0) t->add_eos = b;
   if (ll_mf_get_bool(mf, "tokenizer.ggml.add_space_prefix", &b) == 0) t->add_space_prefix = b;
+  if (t->pre_flags & PRE_FORCE_BOS) t->add_bos = 1; // llama.cpp's workaround for Gemma 4
   const char *tmpl;
   if (ll_mf_get_str(mf, "tokenizer.chat_template", &tmpl) == 0 && !(t->chat_template = strdup(tmpl))) goto fail;
 
@@ -379,7 +521,7 @@ int ll_tokenizer_from_mf(const struct ll_modelfile *mf, struct ll_tokenizer **ou
   for (int i = 0; i < 256; i++) {
     char buf[8];
     size_t len;
-    if (type == TOK_SPM) {
+    if (type == TOK_SPM || (t->pre_flags & PRE_RAW)) {
       len = (size_t)snprintf(buf, sizeof buf, "<0x%02X>", i);
     } else {
       len = utf8_put(t->byte_to_cp[i], buf);
@@ -636,9 +778,14 @@ static int bpe_add(void *ctx, struct sym *s, int l, int r, struct heap *h) {
   return bpe_try_bigram(a->t, s, l, r, h, a->scratch);
 }
 
-// One pre-tokenized word (already byte-to-unicode mapped).
+// One pre-tokenized word (already byte-to-unicode mapped unless PRE_RAW).
 static int bpe_word(const struct ll_tokenizer *t, const char *w, size_t len, struct idbuf *out, char *scratch) {
-  if (t->ignore_merges) {
+  int whole = (t->pre_flags & PRE_IGNORE_MERGES) != 0;
+  if (!whole && (t->pre_flags & PRE_NL_WORD)) { // Gemma 4: "\n\n\n" is a token of its own
+    whole = 1;
+    for (size_t i = 0; i < len && whole; i++) whole = w[i] == '\n';
+  }
+  if (whole) {
     int32_t id = strmap_get(&t->text_to_id, w, len);
     if (id >= 0) {
       idbuf_push(out, id);
@@ -659,7 +806,7 @@ static int bpe_word(const struct ll_tokenizer *t, const char *w, size_t len, str
       continue;
     }
     for (size_t j = 0; j < s[i].n; j++) { // as llama.cpp: each byte of the symbol looked up alone
-      int32_t bid = strmap_get(&t->text_to_id, s[i].text + j, 1);
+      int32_t bid = (t->pre_flags & PRE_RAW) ? t->byte_tok[(unsigned char)s[i].text[j]] : strmap_get(&t->text_to_id, s[i].text + j, 1);
       if (bid >= 0) idbuf_push(out, bid);
     }
   }
@@ -669,26 +816,56 @@ done:
   return rc;
 }
 
-// Split [0, len) of `text` by the pre-tokenizer regexes; each regex splits every piece of the
-// previous pass into matches and the gaps between them (both kept). Offsets are byte offsets
-// of piece ends.
-static int bpe_pretokenize(const struct ll_tokenizer *t, const char *text, size_t len, size_t **ends_out, size_t *n_out) {
-  size_t cap = 16, n = 1;
-  size_t *ends = malloc(cap * sizeof *ends);
-  if (!ends) return LL_ENOMEM;
-  ends[0] = len;
-  pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-  if (!md) {
-    free(ends);
-    return LL_ENOMEM;
+// Piece ends under construction (byte offsets into the text).
+struct ends {
+  size_t *v;
+  size_t n, cap;
+};
+static int ends_push(struct ends *e, size_t end) {
+  if (e->n == e->cap) {
+    size_t nc = e->cap ? e->cap * 2 : 16;
+    size_t *nv = realloc(e->v, nc * sizeof *nv);
+    if (!nv) return LL_ENOMEM;
+    e->v = nv;
+    e->cap = nc;
   }
+  e->v[e->n++] = end;
+  return 0;
+}
+
+// A run of digits [ms, me) found by a RE_SPLIT_DIGITS3 regex, cut as llama.cpp's
+// unicode_regex_split_custom_afmoe does: len % 3 leading digits (glued to the text before the
+// run), then groups of three.
+static int bpe_split_digits3(const char *text, size_t ms, size_t me, struct ends *ne) {
+  size_t k = 0;
+  for (size_t i = ms; i < me; i += utf8_len((unsigned char)text[i])) k++;
+  size_t group = k % 3 ? k % 3 : 3, in_group = 0;
+  for (size_t i = ms; i < me;) {
+    i += utf8_len((unsigned char)text[i]);
+    if (i > me) i = me;
+    if (++in_group == group) {
+      int rc = ends_push(ne, i);
+      if (rc) return rc;
+      in_group = 0;
+      group = 3;
+    }
+  }
+  return 0;
+}
+
+// Split [0, len) of `text` by the pre-tokenizer regexes; each regex splits every piece of the
+// previous pass into matches and the gaps between them (both kept), as llama.cpp's
+// unicode_regex_split_stl does (an empty match only cuts). Offsets are byte offsets of piece ends.
+static int bpe_pretokenize(const struct ll_tokenizer *t, const char *text, size_t len, size_t **ends_out, size_t *n_out) {
+  struct ends cur = {0}, ne = {0};
+  int rc = ends_push(&cur, len);
+  pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+  if (rc || !md) goto oom;
   for (int r = 0; r < t->n_re; r++) {
-    size_t ncap = n + 16, nn = 0;
-    size_t *ne = malloc(ncap * sizeof *ne);
-    if (!ne) goto oom;
+    ne.n = 0;
     size_t start = 0;
-    for (size_t k = 0; k < n; k++) {
-      size_t seg_end = ends[k], seg_len = seg_end - start;
+    for (size_t k = 0; k < cur.n; k++) {
+      size_t seg_end = cur.v[k], seg_len = seg_end - start;
       const PCRE2_SPTR subj = (PCRE2_SPTR)(text + start);
       size_t pos = 0, last = 0;
       while (pos < seg_len) {
@@ -696,55 +873,46 @@ static int bpe_pretokenize(const struct ll_tokenizer *t, const char *text, size_
         if (m < 0) break;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t ms = ov[0], me = ov[1];
-        if (nn + 2 >= ncap) {
-          ncap *= 2;
-          size_t *tmp = realloc(ne, ncap * sizeof *ne);
-          if (!tmp) {
-            free(ne);
-            goto oom;
-          }
-          ne = tmp;
+        if (t->re_digits3[r] && me > ms) {
+          if (bpe_split_digits3(text, start + ms, start + me, &ne)) goto oom;
+          last = pos = me;
+          continue;
         }
-        if (ms > last) ne[nn++] = start + ms; // gap before the match
+        if (ms > last) { // the gap before the match
+          if (ends_push(&ne, start + ms)) goto oom;
+          last = ms;
+        }
         if (me > ms) {
-          ne[nn++] = start + me;
-          last = me;
-          pos = me;
+          if (ends_push(&ne, start + me)) goto oom;
+          last = pos = me;
         } else { // empty match: step one character
           pos = ms + utf8_len(subj[ms]);
         }
       }
-      if (last < seg_len) {
-        if (nn + 1 >= ncap) {
-          ncap *= 2;
-          size_t *tmp = realloc(ne, ncap * sizeof *ne);
-          if (!tmp) {
-            free(ne);
-            goto oom;
-          }
-          ne = tmp;
-        }
-        ne[nn++] = seg_end;
-      }
+      if (last < seg_len && ends_push(&ne, seg_end)) goto oom;
       start = seg_end;
     }
-    free(ends);
-    ends = ne;
-    n = nn;
+    struct ends tmp = cur;
+    cur = ne;
+    ne = tmp;
   }
   pcre2_match_data_free(md);
-  *ends_out = ends;
-  *n_out = n;
+  free(ne.v);
+  *ends_out = cur.v;
+  *n_out = cur.n;
   return 0;
 oom:
   pcre2_match_data_free(md);
-  free(ends);
+  free(cur.v);
+  free(ne.v);
   return LL_ENOMEM;
 }
 
 static int bpe_encode(const struct ll_tokenizer *t, const char *text, size_t len, struct idbuf *out) {
   if (len == 0) return 0;
-  // Normalise to valid UTF-8 the way llama.cpp does (invalid bytes become U+FFFD).
+  // Normalise to valid UTF-8 the way llama.cpp does (invalid bytes become U+FFFD); SPM-style
+  // BPE (Gemma 4) also escapes spaces as U+2581 first.
+  const int esc = (t->pre_flags & PRE_ESCAPE_WS) != 0, raw = (t->pre_flags & PRE_RAW) != 0;
   char *clean = malloc(len * 3 + 1);
   char *scratch = malloc(4 * MAX_TOKEN_TEXT + 8);
   char *word = NULL;
@@ -755,8 +923,8 @@ static int bpe_encode(const struct ll_tokenizer *t, const char *text, size_t len
   for (size_t off = 0; off < len;) {
     size_t adv;
     uint32_t cp = utf8_next((const unsigned char *)text + off, len - off, &adv);
-    if (cp == 0xFFFD && adv == 1 && (unsigned char)text[off] >= 0x80) {
-      cl += utf8_put(0xFFFD, clean + cl);
+    if ((cp == 0xFFFD && adv == 1 && (unsigned char)text[off] >= 0x80) || (esc && cp == ' ')) {
+      cl += utf8_put(cp == ' ' ? 0x2581 : 0xFFFD, clean + cl);
     } else {
       memcpy(clean + cl, text + off, adv);
       cl += adv;
@@ -772,7 +940,12 @@ static int bpe_encode(const struct ll_tokenizer *t, const char *text, size_t len
   size_t start = 0;
   for (size_t k = 0; k < n_ends; k++) {
     size_t wl = 0;
-    for (size_t i = start; i < ends[k]; i++) wl += utf8_put(t->byte_to_cp[(unsigned char)clean[i]], word + wl);
+    if (raw) {
+      memcpy(word, clean + start, ends[k] - start);
+      wl = ends[k] - start;
+    } else {
+      for (size_t i = start; i < ends[k]; i++) wl += utf8_put(t->byte_to_cp[(unsigned char)clean[i]], word + wl);
+    }
     if (wl && (rc = bpe_word(t, word, wl, out, scratch))) goto done;
     start = ends[k];
   }
@@ -897,7 +1070,7 @@ int ll_token_to_piece(const struct ll_tokenizer *t, int32_t id, char *buf, size_
   if (e->attr & LL_TOKEN_USER_DEFINED) return copy_out(buf, cap, e->text, e->len);
   if (e->attr & LL_TOKEN_BYTE) {
     unsigned v = 0;
-    if (t->type == TOK_SPM && e->len == 6 && sscanf(e->text, "<0x%02X>", &v) == 1) {
+    if ((t->type == TOK_SPM || (t->pre_flags & PRE_RAW)) && e->len == 6 && sscanf(e->text, "<0x%02X>", &v) == 1) {
       char c = (char)v;
       return copy_out(buf, cap, &c, 1);
     }
@@ -906,7 +1079,7 @@ int ll_token_to_piece(const struct ll_tokenizer *t, int32_t id, char *buf, size_
   if (!(e->attr & LL_TOKEN_NORMAL)) return 0;
   char tmp[MAX_TOKEN_TEXT + 8];
   size_t n = 0;
-  if (t->type == TOK_SPM) {
+  if (t->type == TOK_SPM || (t->pre_flags & (PRE_ESCAPE_WS | PRE_RAW))) { // U+2581 is a space; else raw
     for (size_t i = 0; i < e->len;) {
       if (i + 3 <= e->len && memcmp(e->text + i, "\xe2\x96\x81", 3) == 0) {
         tmp[n++] = ' ';
