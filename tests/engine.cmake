@@ -5,3 +5,9 @@ ll_script_test(NAME engine_smollm2 COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scri
   LABELS integration TIMEOUT 600 FIXTURES smollm2)
 # LoRA adapters: creation, GGUF/PEFT import and export, per-sequence application, bad adapters.
 ll_test(NAME test_lora SOURCES test_lora.c LIBS ll_server LABELS unit TIMEOUT 120)
+# The CLI with no KV flag on a llama2.c model: run.c's 256 greedy ids (f32 cache by default).
+# Registered where the shared llama2.c model is (it is not part of the repository).
+if(EXISTS "${LL_SHARED_DIR}/testdata/models/stories260K.bin")
+  ll_script_test(NAME generate_runc COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_generate_runc.sh
+    LABELS integration TIMEOUT 300)
+endif()

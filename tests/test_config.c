@@ -20,7 +20,7 @@ int main(void) {
   char err[512];
   // Defaults come from the table and are valid.
   ll_config_init(&c);
-  CHECK(c.ctx == 2048 && c.parallel == 8 && c.kv_f16 == 1 && c.max_line == 1 << 20 && c.output_buffer == 4 << 20);
+  CHECK(c.ctx == 2048 && c.parallel == 8 && c.kv_f16 == -1 && c.max_line == 1 << 20 && c.output_buffer == 4 << 20);
   CHECK(c.idle_timeout == 300 && c.line_timeout == 30 && c.monitor_hz == 4 && c.train_lr == 1e-3 && c.train_enabled == 0);
   CHECK(c.listen && strcmp(c.listen, "127.0.0.1:8478") == 0 && c.model == NULL && c.auth_token == NULL);
   CHECK(strcmp(c.log_level, "info") == 0 && strcmp(c.device, "auto") == 0);
@@ -49,6 +49,8 @@ int main(void) {
       {"max_line: 2MiB\nidle_timeout: 5m\nkv_f16: yes\n", 2 << 20, 300, 1},
       {"max_line: 1.5K\nidle_timeout: 1h\nkv_f16: False\n", 1536, 3600, 0},
       {"max_line: \"64M\"\nidle_timeout: 1e3\nkv_f16: \"1\"\n", 64 << 20, 1000, 1},
+      {"max_line: 4096\nidle_timeout: 30\nkv_f16: auto\n", 4096, 30, -1}, // decided by the model
+      {"max_line: 4096\nidle_timeout: 30\nkv_f16: AUTO\n", 4096, 30, -1},
   };
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
     ll_config_init(&c);
@@ -75,7 +77,8 @@ int main(void) {
       {"ctx: 99999999\n", "x.yaml:1:6:", "out of range 16..131072"},
       {"ctx: twelve\n", "x.yaml:1:6:", "not an integer"},
       {"ctx: 12.5\n", "x.yaml:1:6:", "whole number"},
-      {"kv_f16: maybe\n", "x.yaml:1:9:", "not a boolean"},
+      {"kv_f16: maybe\n", "x.yaml:1:9:", "not a boolean (true/false/auto)"},
+      {"train.enabled: auto\n", "x.yaml:1:16:", "not a boolean (true/false)"}, // only kv_f16 has auto
       {"max_line: 12Q\n", "x.yaml:1:11:", "size suffix"},
       {"idle_timeout: 3 days\n", "x.yaml:1:15:", "time unit"},
       {"log_level: loud\n", "x.yaml:1:12:", "not one of error|warn|info|debug"},

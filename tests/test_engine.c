@@ -64,12 +64,23 @@ static void test_stories(void) {
   ll_engine_params_default(&ep);
   ep.model_path = path;
   ep.n_threads = 2;
-  ep.kv_f16 = 0; // run.c keeps its cache in f32
+  // Default parameters: a llama2.c model gets run.c's f32 cache without asking (kv_f16 auto).
+  CHECK(ep.kv_f16 == -1);
   struct ll_engine *e;
   CHECKF(ll_engine_open(&e, &ep, err, sizeof err) == 0, "%s", err);
+  struct ll_engine_info in;
+  ll_engine_get_info(e, &in);
+  CHECK(in.kv_f16 == 0);
   const int ok = greedy_match(e, ids, n);
   printf("stories260K: %d/%d greedy ids equal llama2.c run.c's\n", ok, n);
   CHECK(ok == n);
+  ll_engine_close(e);
+  // An explicit choice wins over the model's origin.
+  ep.kv_f16 = 1;
+  CHECKF(ll_engine_open(&e, &ep, err, sizeof err) == 0, "%s", err);
+  ll_engine_get_info(e, &in);
+  CHECK(in.kv_f16 == 1);
+  printf("stories260K with an f16 cache: %d/%d greedy ids equal run.c's\n", greedy_match(e, ids, n), n);
   ll_engine_close(e);
 }
 

@@ -22,7 +22,7 @@ static double now_ms(void) {
 static void usage(FILE *f) {
   fprintf(f, "usage: llsrv generate --model M [-p TEXT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
              "                      [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--ids] [--no-bos]\n"
-             "                      [-t THREADS] [--ctx N] [--kv-f32] [--device D] [--ignore-eos] [--dump-logits K] [--chat]\n"
+             "                      [-t THREADS] [--ctx N] [--kv-f32|--kv-f16] [--device D] [--ignore-eos] [--dump-logits K] [--chat]\n"
              "                      [--adapter A.gguf|A.ckpt|PEFT_DIR]\n"
              "Greedy when --temp 0. --ids prints token ids instead of text. A model without a tokenizer\n"
              "(llama2.c .bin) generates from BOS (id 1) when no prompt is given; -p then takes ids.\n"
@@ -75,6 +75,7 @@ int ll_cmd_generate(int argc, char **argv) {
     else if (strcmp(a, "--chat") == 0) chat = 1;
     else if (strcmp(a, "--no-bos") == 0) no_bos = 1;
     else if (strcmp(a, "--kv-f32") == 0) ep.kv_f16 = 0;
+    else if (strcmp(a, "--kv-f16") == 0) ep.kv_f16 = 1;
     else if (strcmp(a, "--ignore-eos") == 0) ignore_eos = 1;
     else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return usage(stdout), 0;
     else {

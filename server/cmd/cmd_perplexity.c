@@ -26,8 +26,9 @@ int ll_cmd_perplexity(int argc, char **argv) {
     else if (ARG("-t")) ep.n_threads = atoi(v);
     else if (ARG("--device")) ep.device = v;
     else if (strcmp(a, "--kv-f32") == 0) ep.kv_f16 = 0;
+    else if (strcmp(a, "--kv-f16") == 0) ep.kv_f16 = 1;
     else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      printf("usage: llsrv perplexity --model M -f FILE [--ctx 512] [-b 512] [-t THREADS] [--kv-f32]\n");
+      printf("usage: llsrv perplexity --model M -f FILE [--ctx 512] [-b 512] [-t THREADS] [--kv-f32|--kv-f16]\n");
       return 0;
     } else {
       fprintf(stderr, "llsrv perplexity: unknown or incomplete option '%s'\n", a);

@@ -249,7 +249,7 @@ int ll_cmd_serve(int argc, char **argv) {
           "  device    %s: %s (%s), %d threads\n"
           "  memory    weights %s + KV cache %s (%s, %d blocks of %d) + training reserve 0 (no training job)\n",
           LL_VERSION, in->name, in->arch, in->quant, in->n_params / 1e6, model_path, in->n_ctx, in->n_parallel, in->n_vocab,
-          in->backend, in->device_name, in->device_reason, in->n_threads, wb, kb, cfg.kv_f16 ? "f16" : "f32", in->kv_blocks_total,
+          in->backend, in->device_name, in->device_reason, in->n_threads, wb, kb, in->kv_f16 ? "f16" : "f32", in->kv_blocks_total,
           LL_KV_BLOCK);
   if (cfg.train_enabled)
     fprintf(stderr, "  training  configured, but this build has no trainer yet (the training issue); serving only\n");

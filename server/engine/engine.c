@@ -60,7 +60,7 @@ struct ll_engine {
 void ll_engine_params_default(struct ll_engine_params *p) {
   memset(p, 0, sizeof *p);
   p->n_parallel = 1;
-  p->kv_f16 = 1;
+  p->kv_f16 = -1;
   p->device = "auto";
 }
 
@@ -191,7 +191,10 @@ static int load_weights(struct ll_engine *e, char *err, size_t errlen) {
 }
 
 static int alloc_kv(struct ll_engine *e, const struct ll_engine_params *p, char *err, size_t errlen) {
-  e->kv_type = p->kv_f16 ? LL_TYPE_F16 : LL_TYPE_F32;
+  // auto: a llama2.c model gets run.c's f32 cache (greedy ids then match run.c token for
+  // token); everything else llama.cpp's f16 default.
+  int f16 = p->kv_f16 >= 0 ? p->kv_f16 != 0 : strcmp(e->mf.source_format, "llama2c") != 0;
+  e->kv_type = f16 ? LL_TYPE_F16 : LL_TYPE_F32;
   e->n_seqs = p->n_parallel > 0 ? p->n_parallel : 1;
   e->max_blocks_per_seq = (e->n_ctx + LL_KV_BLOCK - 1) / LL_KV_BLOCK;
   e->n_blocks = p->kv_blocks > 0 ? p->kv_blocks : e->max_blocks_per_seq * e->n_seqs;
@@ -214,6 +217,7 @@ static int alloc_kv(struct ll_engine *e, const struct ll_engine_params *p, char 
     if (!(e->seqs[s].blocks = malloc((size_t)e->max_blocks_per_seq * sizeof(int32_t)))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
   e->info.kv_bytes = (int64_t)block_bytes * e->n_blocks * 2 * e->m.L;
   e->info.kv_blocks_total = e->n_blocks;
+  e->info.kv_f16 = e->kv_type == LL_TYPE_F16;
   return 0;
 }
 

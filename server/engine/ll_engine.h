@@ -22,7 +22,9 @@ struct ll_engine_params {
   int n_ctx;               // max positions per sequence (0: model's context length, capped 4096)
   int n_parallel;          // max live sequences (>= 1)
   int kv_blocks;           // KV pool size in blocks of LL_KV_BLOCK positions (0: n_ctx*n_parallel/LL_KV_BLOCK)
-  int kv_f16;              // store K/V as f16 (default 1, as llama.cpp)
+  int kv_f16;              // 1: K/V stored as f16 (llama.cpp's default), 0: f32, -1 (default): auto,
+                           // f32 for a llama2.c model (as run.c keeps it, so greedy ids match run.c),
+                           // f16 for every other source
   const char *device;      // "auto", "cpu", "opencl[:P[:D]]" (NULL = auto)
   int batch_invariant;     // 1: outputs independent of batch composition (the server; see ll_backend)
 };
@@ -41,6 +43,7 @@ struct ll_engine_info {
   int64_t kv_bytes;         // whole pool
   int n_vocab, n_ctx_train, n_ctx, n_embd, n_layer, n_head, n_head_kv, n_parallel, n_threads;
   int kv_blocks_total;
+  int kv_f16;               // the K/V storage chosen (kv_f16 resolved)
 };
 
 void ll_engine_params_default(struct ll_engine_params *p);

@@ -28,7 +28,8 @@ const struct ll_option ll_options[] = {
     {"threads", LL_OPT_INT, 0, 256, "0", NULL, OFF(threads), "N", "Compute threads; 0 uses every online CPU."},
     {"ctx", LL_OPT_INT, 16, 131072, "2048", NULL, OFF(ctx), "N", "Context positions per sequence."},
     {"parallel", LL_OPT_INT, 1, 256, "8", NULL, OFF(parallel), "N", "Sequences decoded together in one pass over the weights."},
-    {"kv_f16", LL_OPT_BOOL, 0, 1, "true", NULL, OFF(kv_f16), NULL, "Store the KV cache as f16 (else f32)."},
+    {"kv_f16", LL_OPT_BOOL, 0, 1, "auto", "auto", OFF(kv_f16), NULL,
+     "Store the KV cache as f16 (else f32); auto: f32 for a llama2.c model (as run.c), f16 otherwise (as llama.cpp)."},
     {"prefill_chunk", LL_OPT_INT, 1, 512, "256", NULL, OFF(prefill_chunk), "N",
      "Prompt tokens read per sequence per step, so long prompts do not stall streams."},
     {"state_dir", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(state_dir), "DIR",
@@ -204,7 +205,10 @@ static int set_value(struct ll_config *c, const struct ll_option *o, const char 
       if (strcasecmp(value, t[i]) == 0) return *(int *)base = 1, 0;
       if (strcasecmp(value, f[i]) == 0) return *(int *)base = 0, 0;
     }
-    return ll_errf(err, errlen, LL_EINVAL, "option '%s': '%s' is not a boolean (true/false)", name, value);
+    // A boolean with choices "auto" also takes that word: -1, decided later (e.g. by the model).
+    if (o->choices && strcasecmp(value, o->choices) == 0) return *(int *)base = -1, 0;
+    return ll_errf(err, errlen, LL_EINVAL, "option '%s': '%s' is not a boolean (true/false%s%s)", name, value,
+                   o->choices ? "/" : "", o->choices ? o->choices : "");
   }
   case LL_OPT_INT:
   case LL_OPT_FLOAT:
@@ -627,7 +631,7 @@ static const char *type_name(const struct ll_option *o) {
   case LL_OPT_STRING: return "string";
   case LL_OPT_INT: return "integer";
   case LL_OPT_FLOAT: return "number";
-  case LL_OPT_BOOL: return "boolean";
+  case LL_OPT_BOOL: return o->choices ? "boolean or auto" : "boolean";
   case LL_OPT_SIZE: return "size";
   case LL_OPT_DURATION: return "duration";
   case LL_OPT_ENUM: return "choice";
@@ -798,7 +802,7 @@ void ll_config_print_yaml(FILE *f, const struct ll_config *c) {
       fputc(']', f);
       break;
     }
-    case LL_OPT_BOOL: fputs(*(const int *)base ? "true" : "false", f); break;
+    case LL_OPT_BOOL: fputs(*(const int *)base < 0 ? o->choices : *(const int *)base ? "true" : "false", f); break;
     case LL_OPT_INT:
     case LL_OPT_SIZE: fprintf(f, "%lld", (long long)*(const int64_t *)base); break;
     case LL_OPT_FLOAT:

@@ -28,7 +28,7 @@ struct ll_option {
   enum ll_opt_type type;
   double min, max;      // numeric types only
   const char *def;      // default as text, parsed like a YAML value (NULL = unset)
-  const char *choices;  // LL_OPT_ENUM: "error|warn|info|debug"
+  const char *choices;  // LL_OPT_ENUM: "error|warn|info|debug"; LL_OPT_BOOL: "auto" (-1) or NULL
   size_t offset;        // into struct ll_config
   const char *argname;  // metavar for --help ("HOST:PORT"), NULL for bool flags
   const char *help;     // one sentence
@@ -42,7 +42,7 @@ struct ll_config {
   int64_t threads;      // 0 = online CPUs
   int64_t ctx;          // positions per sequence
   int64_t parallel;     // sequences decoded together
-  int kv_f16;
+  int kv_f16;           // 1 f16, 0 f32, -1 auto (f32 for llama2.c models, else f16)
   int64_t prefill_chunk;// prompt tokens per sequence per step
   char *state_dir;      // NULL: $XDG_STATE_HOME/llsrv or ~/.local/state/llsrv
   // network
