@@ -1,7 +1,9 @@
 // ll_tokenizer.h - tokenizers built from GGUF-style metadata (tokenizer.ggml.*):
-// SentencePiece-style (model "llama": scores, byte fallback) and byte-level BPE (model
-// "gpt2" with the pre-tokenizer named by tokenizer.ggml.pre: gpt-2, llama-bpe (llama-3),
-// starcoder, deepseek-coder, falcon, smollm, ...). Ids match llama.cpp's for the same file.
+// SentencePiece-style (model "llama": scores, byte fallback), byte-level BPE (model "gpt2"
+// with the pre-tokenizer named by tokenizer.ggml.pre: every name llama.cpp 0c1e5709 knows,
+// gpt-2, llama-bpe, qwen2, qwen35, deepseek-llm, kimi-k2, ...) and Gemma 4's BPE over raw
+// UTF-8 (model "gemma4"). Ids match llama.cpp's for the same file. WordPiece ("bert", embedding
+// models) and the other llama.cpp tokenizer models (t5, rwkv, plamo2) are refused by name.
 //
 // Ownership: a tokenizer copies what it needs from the modelfile; it may outlive it.
 // Thread safety: a built tokenizer is immutable; encode/decode may run concurrently.

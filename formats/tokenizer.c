@@ -1,4 +1,5 @@
-// tokenizer.c - SentencePiece-style and byte-level BPE tokenizers built from GGUF metadata.
+// tokenizer.c - SentencePiece-style and BPE tokenizers (byte-level, or raw UTF-8 for Gemma 4)
+// built from GGUF metadata.
 //
 // The algorithms follow llama.cpp's so that ids match it exactly (users compare against it):
 //  - special/user-defined token texts are split out of the input first (longest first);

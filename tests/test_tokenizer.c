@@ -14,34 +14,42 @@ static const char SEP[] = "\n__ggml_vocab_test__\n";
 
 // Every case of one vocabulary: ids equal the .out line exactly (no BOS, no special parsing,
 // as llama.cpp's test-tokenizer-0); for BPE also detokenize(tokenize(text)) == text.
-static void check_vocab(const char *gguf) {
+// vectors: path of the .inp/.out pair without the suffix (NULL: beside the .gguf). Returns the
+// number of cases read.
+static int check_vocab(const char *gguf, const char *vectors) {
   char err[512], path[8300];
+  if (!vectors) vectors = gguf;
   struct ll_modelfile mf;
   struct ll_tokenizer *t = NULL;
   int rc = ll_gguf_open(gguf, &mf, err, sizeof err);
   CHECKF(rc == 0, "%s", err);
-  if (rc) return;
+  if (rc) return 0;
   rc = ll_tokenizer_from_mf(&mf, &t, err, sizeof err);
   CHECKF(rc == 0, "%s: %s", gguf, err);
   if (rc) {
     ll_modelfile_free(&mf);
-    return;
+    return 0;
   }
   const char *model = "";
   ll_mf_get_str(&mf, "tokenizer.ggml.model", &model);
-  int is_bpe = strcmp(model, "gpt2") == 0;
+  int is_bpe = strcmp(model, "gpt2") == 0 || strcmp(model, "gemma4") == 0;
   size_t ni, no;
-  snprintf(path, sizeof path, "%s.inp", gguf);
+  snprintf(path, sizeof path, "%s.inp", vectors);
   char *inp = (char *)ll_test_read_file(path, &ni);
-  snprintf(path, sizeof path, "%s.out", gguf);
+  snprintf(path, sizeof path, "%s.out", vectors);
   char *out = (char *)ll_test_read_file(path, &no);
-  CHECKF(inp && out, "%s: .inp/.out missing", gguf);
+  CHECKF(inp && out, "%s: .inp/.out missing", vectors);
   int cases = 0, ok = 0;
   char *p = inp, *o = out;
-  while (inp && out) {
+  // As llama.cpp's reader: texts are separated by SEP; the file may or may not end with one.
+  while (inp && out && p < inp + ni) {
     char *e = strstr(p, SEP), *ol = strchr(o, '\n');
-    if (!e || !ol) break;
+    if (!e) e = inp + ni;
+    if (!ol) break;
     *ol = 0;
+    // Older .out files start each line with a space, newer ones do not: compare the ids only.
+    while (*o == ' ') o++;
+    for (char *q = ol; q > o && (q[-1] == ' ' || q[-1] == '\r'); q--) q[-1] = 0;
     size_t len = (size_t)(e - p);
     int n = ll_tokenize(t, p, len, 0, 0, NULL, 0);
     int32_t *ids = malloc(((size_t)(n > 0 ? n : 0) + 1) * sizeof *ids);
@@ -51,9 +59,10 @@ static void check_vocab(const char *gguf) {
     got[0] = 0;
     for (int i = 0; i < n; i++) gl += (size_t)sprintf(got + gl, " %d", ids[i]);
     cases++;
-    if (strcmp(got, o) == 0) ok++;
-    else fprintf(stderr, "%s case %d: text [%.*s]\n  expected%s\n  got     %s\n", gguf, cases, (int)len, p, o, got);
-    CHECK(strcmp(got, o) == 0);
+    const char *g = got[0] ? got + 1 : got; // without the leading space
+    if (strcmp(g, o) == 0) ok++;
+    else fprintf(stderr, "%s case %d: text [%.*s]\n  expected %s\n  got      %s\n", gguf, cases, (int)len, p, o, g);
+    CHECK(strcmp(g, o) == 0);
     if (is_bpe && n >= 0) {
       char *back = malloc(len + 64);
       int bl = ll_detokenize(t, ids, n, back, len + 64, 0);
@@ -65,7 +74,7 @@ static void check_vocab(const char *gguf) {
     }
     free(ids);
     free(got);
-    p = e + strlen(SEP);
+    p = e + (e < inp + ni ? strlen(SEP) : 0);
     o = ol + 1;
   }
   printf("%s: %d/%d cases match llama.cpp\n", strrchr(gguf, '/') + 1, ok, cases);
@@ -74,6 +83,7 @@ static void check_vocab(const char *gguf) {
   free(out);
   ll_tokenizer_free(t);
   ll_modelfile_free(&mf);
+  return cases;
 }
 
 // Streaming decode never emits half a UTF-8 character, and the concatenation is the text.
@@ -190,7 +200,119 @@ static void check_handmade(void) {
   ll_modelfile_free(&mf);
 }
 
-int main(void) {
+// Every vocabulary of llama.cpp's tests/ (fetched by tests/fetch-llama-vocab.sh into gguf_dir)
+// against the vectors committed in vec_dir: each with .inp/.out must match case for case,
+// except bert-bge (WordPiece), which must be refused with a message naming it.
+static void check_llama_vocab(const char *gguf_dir, const char *vec_dir) {
+  DIR *d = opendir(vec_dir);
+  CHECKF(d != NULL, "cannot open %s", vec_dir);
+  if (!d) return;
+  struct dirent *e;
+  int vocabs = 0, cases = 0, refused = 0;
+  while ((e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    if (l < 10 || strcmp(e->d_name + l - 9, ".gguf.inp") != 0) continue;
+    char gguf[8192], vec[8192], err[512];
+    snprintf(gguf, sizeof gguf, "%s/%.*s", gguf_dir, (int)(l - 4), e->d_name);
+    snprintf(vec, sizeof vec, "%s/%.*s", vec_dir, (int)(l - 4), e->d_name);
+    if (strstr(e->d_name, "bert-bge")) {
+      struct ll_modelfile mf;
+      struct ll_tokenizer *t = NULL;
+      CHECKF(ll_gguf_open(gguf, &mf, err, sizeof err) == 0, "%s", err);
+      int rc = ll_tokenizer_from_mf(&mf, &t, err, sizeof err);
+      CHECKF(rc == LL_EUNSUPPORTED && strstr(err, "'bert'") && strstr(err, "WordPiece"), "bert-bge: rc %d, '%s'", rc, err);
+      printf("bert-bge refused: %s\n", err);
+      refused++;
+      ll_tokenizer_free(t);
+      ll_modelfile_free(&mf);
+      continue;
+    }
+    cases += check_vocab(gguf, vec);
+    vocabs++;
+  }
+  closedir(d);
+  printf("%d vocabularies, %d cases\n", vocabs, cases);
+  CHECK(vocabs >= 14 && cases >= 14 * 46 && refused == 1);
+}
+
+// Every pre-tokenizer llama.cpp 0c1e5709 names, run on llama-bpe's vocabulary with
+// tokenizer.ggml.pre replaced: pretok.out holds llama.cpp's ids for the texts of pretok.inp under
+// each name ("## name name ..." heads the block of names giving the same ids).
+static void check_pretokenizers(const char *gguf_dir, const char *vec_dir) {
+  char path[8192], err[512];
+  size_t ni, no;
+  snprintf(path, sizeof path, "%s/pretok.inp", vec_dir);
+  char *inp = (char *)ll_test_read_file(path, &ni);
+  snprintf(path, sizeof path, "%s/pretok.out", vec_dir);
+  char *out = (char *)ll_test_read_file(path, &no);
+  snprintf(path, sizeof path, "%s/ggml-vocab-llama-bpe.gguf", gguf_dir);
+  struct ll_modelfile mf;
+  CHECKF(inp && out, "%s/pretok.inp/.out missing", vec_dir);
+  CHECKF(ll_gguf_open(path, &mf, err, sizeof err) == 0, "%s", err);
+  if (!inp || !out) return;
+  // The texts.
+  const char *text[256];
+  size_t tlen[256];
+  int nt = 0;
+  for (char *p = inp; p < inp + ni && nt < 256;) {
+    char *e = strstr(p, SEP);
+    if (!e) e = inp + ni;
+    text[nt] = p, tlen[nt++] = (size_t)(e - p);
+    p = e + (e < inp + ni ? strlen(SEP) : 0);
+  }
+  int names = 0, bad = 0;
+  int32_t *ids = malloc(65536 * sizeof *ids);
+  char *got = malloc(65536 * 12);
+  for (char *line = out; line && *line;) {
+    char *nl = strchr(line, '\n');
+    if (nl) *nl = 0;
+    CHECKF(strncmp(line, "## ", 3) == 0, "pretok.out: expected a '## names' line, got [%.40s]", line);
+    char *block = nl ? nl + 1 : NULL;
+    char *save = NULL;
+    for (char *name = strtok_r(line + 3, " ", &save); name; name = strtok_r(NULL, " ", &save)) {
+      struct ll_tokenizer *t = NULL;
+      ll_mf_set_str(&mf, "tokenizer.ggml.pre", name);
+      int rc = ll_tokenizer_from_mf(&mf, &t, err, sizeof err);
+      CHECKF(rc == 0, "pre-tokenizer %s: %s", name, err);
+      char *o = block;
+      for (int i = 0; i < nt && o && rc == 0; i++) {
+        char *ol = strchr(o, '\n');
+        size_t want_len = ol ? (size_t)(ol - o) : strlen(o);
+        int n = ll_tokenize(t, text[i], tlen[i], 0, 0, ids, 65536);
+        size_t gl = 0;
+        got[0] = 0;
+        for (int k = 0; k < n && gl < 65536 * 11; k++) gl += (size_t)sprintf(got + gl, " %d", ids[k]);
+        if (n < 0 || gl != want_len || memcmp(got, o, gl) != 0) {
+          if (bad++ < 10) fprintf(stderr, "pre-tokenizer %s, text %d [%.*s]:\n  expected %.*s\n  got      %s\n", name, i, (int)tlen[i], text[i], (int)want_len, o, got);
+        }
+        o = ol ? ol + 1 : NULL;
+      }
+      ll_tokenizer_free(t);
+      names++;
+    }
+    for (int i = 0; i < nt && block; i++) { // to the next header
+      char *ol = strchr(block, '\n');
+      block = ol ? ol + 1 : NULL;
+    }
+    line = block;
+  }
+  printf("%d pre-tokenizers x %d texts: %d differ from llama.cpp\n", names, nt, bad);
+  CHECK(bad == 0 && names >= 80 && nt >= 60);
+  free(ids);
+  free(got);
+  free(inp);
+  free(out);
+  ll_modelfile_free(&mf);
+}
+
+// test_tokenizer [GGUF_DIR VECTOR_DIR]: with arguments, only llama.cpp's vocabularies (in
+// GGUF_DIR, from tests/fetch-llama-vocab.sh) against tests/data/vocab.
+int main(int argc, char **argv) {
+  if (argc == 3) {
+    check_llama_vocab(argv[1], argv[2]);
+    check_pretokenizers(argv[1], argv[2]);
+    return ll_test_summary();
+  }
   char dir[4096];
   check_handmade();
   if (ll_test_shared_path("testdata/vocab", dir, sizeof dir)) {
@@ -202,7 +324,7 @@ int main(void) {
       if (l > 5 && strcmp(e->d_name + l - 5, ".gguf") == 0) {
         char p[8192];
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        check_vocab(p);
+        check_vocab(p, NULL);
         files++;
       }
     }

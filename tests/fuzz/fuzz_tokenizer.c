@@ -1,5 +1,7 @@
-// fuzz_tokenizer.c - encode arbitrary bytes with an SPM and a BPE vocabulary built in memory,
-// then decode (whole and streamed): never crash, decode sizes consistent.
+// fuzz_tokenizer.c - encode arbitrary bytes with an SPM and a BPE vocabulary built in memory
+// (the BPE one under several pre-tokenizers, picked by the first input byte: digit grouping,
+// empty regex matches, Gemma 4's raw UTF-8 mode, ...), then decode (whole and streamed): never
+// crash, decode sizes consistent.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,9 +10,12 @@
 #include "ll_modelfile.h"
 #include "ll_tokenizer.h"
 
-static struct ll_tokenizer *spm, *bpe;
+static const char *const pres[] = {"llama-bpe", "afmoe", "superbpe", "kimi-k2", "deepseek-llm", "tiny_aya", "gemma4", "chameleon"};
+#define N_PRE (sizeof pres / sizeof pres[0])
+static struct ll_tokenizer *spm, *bpe[N_PRE];
+static int built;
 
-static struct ll_tokenizer *build(int is_bpe) {
+static struct ll_tokenizer *build(int is_bpe, const char *pre) {
   struct ll_modelfile mf;
   ll_modelfile_init(&mf);
   static char bytes[256][8];
@@ -41,8 +46,8 @@ static struct ll_tokenizer *build(int is_bpe) {
     toks[n] = "<|special|>", types[n] = 3, scores[n++] = 0;
     const char *merges[] = {"t h", "th e"};
     ll_mf_set_arr(&mf, "tokenizer.ggml.merges", LL_KV_STR, merges, 2);
-    ll_mf_set_str(&mf, "tokenizer.ggml.model", "gpt2");
-    ll_mf_set_str(&mf, "tokenizer.ggml.pre", "llama-bpe");
+    ll_mf_set_str(&mf, "tokenizer.ggml.model", strcmp(pre, "gemma4") == 0 ? "gemma4" : "gpt2");
+    ll_mf_set_str(&mf, "tokenizer.ggml.pre", pre);
   }
   ll_mf_set_arr(&mf, "tokenizer.ggml.tokens", LL_KV_STR, toks, (uint64_t)n);
   ll_mf_set_arr(&mf, "tokenizer.ggml.scores", LL_KV_F32, scores, (uint64_t)n);
@@ -80,10 +85,13 @@ static void run(struct ll_tokenizer *t, const uint8_t *data, size_t size) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  if (!spm) spm = build(0);
-  if (!bpe) bpe = build(1);
+  if (!built) {
+    spm = build(0, NULL);
+    for (size_t i = 0; i < N_PRE; i++) bpe[i] = build(1, pres[i]);
+    built = 1;
+  }
   if (size > 4096) size = 4096;
   run(spm, data, size);
-  run(bpe, data, size);
+  run(bpe[size ? data[0] % N_PRE : 0], data, size);
   return 0;
 }
