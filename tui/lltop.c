@@ -27,6 +27,7 @@
 #define NCURSES_WIDECHAR 1
 #include <curses.h>
 
+#include "ll_error.h"
 #include "lt_model.h"
 
 #ifndef LL_VERSION
@@ -50,16 +51,13 @@ static struct lt_snapshot g_parse; // storage the parser fills
 
 static struct {
   int fd;             // -1 while disconnected
-  char *buf;          // partial line
-  size_t len, cap;
-  int discarding;     // inside an over-long line: drop bytes until its '\n'
-  size_t discarded;
+  struct lt_linebuf lb;
   double last_rx;     // wall time of the last complete line
   double next_try;
   int ever;           // connected at least once
   double down_since;
   char why[160];      // why the last connect failed / the connection ended
-} C = {-1, NULL, 0, 0, 0, 0, 0, 0, 0, 0, ""};
+} C = {.fd = -1};
 
 // UI state
 static int focus;              // 0 requests table, 1 event tail
@@ -138,8 +136,7 @@ static int conn_open(const char *path, char *why, size_t cap) {
 static void conn_drop(const char *why) {
   if (C.fd >= 0) close(C.fd);
   C.fd = -1;
-  C.len = 0;
-  C.discarding = 0;
+  lt_linebuf_reset(&C.lb);
   C.down_since = now_s();
   C.next_try = C.down_since + 1.0;
   snprintf(C.why, sizeof C.why, "%s", why);
@@ -159,8 +156,7 @@ static void conn_try(void) {
   }
   C.fd = fd;
   C.last_rx = t;
-  C.len = 0;
-  C.discarding = 0;
+  lt_linebuf_reset(&C.lb);
   C.ever = 1;
   C.down_since = 0;
   set_status(0, "attached to %s", opt.socket);
@@ -179,13 +175,23 @@ static void process_line(const char *line, size_t len) {
   lt_model_apply(&g_m, &msg, now_s());
 }
 
+static void on_long_line(void *user, size_t len) {
+  (void)user;
+  set_status(1, "ignored a line of %zu bytes from the server (over the %u byte limit)", len, LT_MAX_LINE);
+}
+
+static void on_line(void *user, const char *line, size_t len) {
+  (void)user;
+  process_line(line, len);
+}
+
 // Reads what is there (bounded per call so keys stay responsive). Returns 1 if lines came.
 static int conn_read(void) {
   if (C.fd < 0) return 0;
   int got_lines = 0;
   size_t budget = 4u << 20;
-  char chunk[65536];
-  while (budget) {
+  static char chunk[65536];
+  while (budget && C.fd >= 0) {
     ssize_t n = read(C.fd, chunk, sizeof chunk);
     if (n == 0) {
       conn_drop("the server closed the socket");
@@ -197,54 +203,11 @@ static int conn_read(void) {
       return got_lines;
     }
     budget = (size_t)n > budget ? 0 : budget - (size_t)n;
-    size_t start = 0;
-    for (size_t i = 0; i < (size_t)n; i++) {
-      if (chunk[i] != '\n') continue;
-      size_t part = i - start;
-      if (C.discarding) {
-        set_status(1, "ignored a line of %zu bytes from the server (over the %u byte limit)", C.discarded + part, LT_MAX_LINE);
-        C.discarding = 0;
-      } else if (C.len) {
-        if (C.len + part <= LT_MAX_LINE) {
-          memcpy(C.buf + C.len, chunk + start, part);
-          process_line(C.buf, C.len + part);
-        } else {
-          set_status(1, "ignored a line of %zu bytes from the server (over the %u byte limit)", C.len + part, LT_MAX_LINE);
-        }
-      } else if (part <= LT_MAX_LINE) {
-        process_line(chunk + start, part);
-      } else {
-        set_status(1, "ignored a line of %zu bytes from the server (over the %u byte limit)", part, LT_MAX_LINE);
-      }
-      C.len = 0;
+    int k = lt_linebuf_feed(&C.lb, chunk, (size_t)n, on_line, on_long_line, NULL);
+    if (k == LL_ENOMEM) set_status(2, "out of memory reading a line from the server: dropped");
+    if (k != 0) {
       C.last_rx = now_s();
       got_lines = 1;
-      start = i + 1;
-      if (C.fd < 0) return got_lines;
-    }
-    size_t rest = (size_t)n - start;
-    if (rest) {
-      if (C.discarding) {
-        C.discarded += rest;
-      } else if (C.len + rest > LT_MAX_LINE) { // too long: stop keeping it
-        C.discarding = 1;
-        C.discarded = C.len + rest;
-        C.len = 0;
-      } else {
-        if (C.len + rest > C.cap) {
-          size_t nc = C.cap ? C.cap : 65536;
-          while (nc < C.len + rest) nc *= 2;
-          if (nc > LT_MAX_LINE) nc = LT_MAX_LINE;
-          char *nb = realloc(C.buf, nc);
-          if (!nb) {
-            C.discarding = 1, C.discarded = C.len + rest, C.len = 0;
-            continue;
-          }
-          C.buf = nb, C.cap = nc;
-        }
-        memcpy(C.buf + C.len, chunk + start, rest);
-        C.len += rest;
-      }
     }
   }
   return got_lines;
@@ -1176,6 +1139,7 @@ int main(int argc, char **argv) {
   }
   if (!opt.socket[0]) default_socket(opt.socket, sizeof opt.socket);
   lt_model_init(&g_m);
+  lt_linebuf_init(&C.lb, LT_MAX_LINE);
   if (opt.once || opt.json) return run_once();
   return run_tui();
 }

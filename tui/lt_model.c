@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ll_error.h"
@@ -401,6 +402,86 @@ size_t lt_format_text(const struct lt_snapshot *s, char *out, size_t cap) {
     S(&s->tr_checkpoint), g);
 #undef P
   return o;
+}
+
+// ---- line assembly ----
+
+void lt_linebuf_init(struct lt_linebuf *lb, size_t max) {
+  memset(lb, 0, sizeof *lb);
+  lb->max = max;
+}
+
+void lt_linebuf_reset(struct lt_linebuf *lb) {
+  lb->len = 0;
+  lb->discarding = 0;
+  lb->discarded = 0;
+}
+
+void lt_linebuf_free(struct lt_linebuf *lb) {
+  free(lb->buf);
+  lb->buf = NULL;
+  lb->cap = lb->len = 0;
+}
+
+// Appends to the partial line, or switches to discarding when it would pass max.
+static int lb_keep(struct lt_linebuf *lb, const char *p, size_t k) {
+  if (lb->discarding) {
+    lb->discarded += k;
+    return 0;
+  }
+  if (k > lb->max - lb->len) { // len <= max always holds
+    lb->discarding = 1;
+    lb->discarded = lb->len + k;
+    lb->len = 0;
+    return 0;
+  }
+  if (lb->len + k > lb->cap) {
+    size_t nc = lb->cap ? lb->cap : 4096;
+    while (nc < lb->len + k) nc *= 2;
+    if (nc > lb->max) nc = lb->max;
+    char *nb = realloc(lb->buf, nc ? nc : 1);
+    if (!nb) {
+      lb->discarding = 1;
+      lb->discarded = lb->len + k;
+      lb->len = 0;
+      return LL_ENOMEM;
+    }
+    lb->buf = nb;
+    lb->cap = nc;
+  }
+  memcpy(lb->buf + lb->len, p, k);
+  lb->len += k;
+  return 0;
+}
+
+int lt_linebuf_feed(struct lt_linebuf *lb, const char *data, size_t n, lt_line_fn on_line, lt_long_fn on_long, void *user) {
+  int lines = 0, rc = 0;
+  size_t start = 0;
+  while (start <= n) {
+    const char *nl = start < n ? memchr(data + start, '\n', n - start) : NULL;
+    size_t part = nl ? (size_t)(nl - (data + start)) : n - start;
+    if (!nl) {
+      if (part && lb_keep(lb, data + start, part) < 0) rc = LL_ENOMEM;
+      break;
+    }
+    if (lb->discarding) {
+      if (on_long) on_long(user, lb->discarded + part);
+    } else if (lb->len == 0) { // the whole line is in this chunk: no copy
+      if (part <= lb->max) on_line(user, data + start, part);
+      else if (on_long) on_long(user, part);
+    } else if (lb_keep(lb, data + start, part) < 0) {
+      rc = LL_ENOMEM;
+      if (on_long) on_long(user, lb->discarded);
+    } else if (lb->discarding) {
+      if (on_long) on_long(user, lb->discarded);
+    } else {
+      on_line(user, lb->buf, lb->len);
+    }
+    lt_linebuf_reset(lb);
+    lines++;
+    start += part + 1;
+  }
+  return rc ? rc : lines;
 }
 
 // ---- the model ----

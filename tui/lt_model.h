@@ -80,6 +80,24 @@ int lt_parse_line(const char *buf, size_t len, struct lt_msg *msg, char *err, si
 // DEL and invalid UTF-8 become '?', cut at a character boundary. Returns the length.
 size_t lt_sanitize(const char *s, size_t n, char *out, size_t cap);
 
+// Assembles lines from a byte stream read in arbitrary chunks. A line longer than max bytes
+// is not kept: its bytes are dropped up to its '\n' and on_long reports its length.
+struct lt_linebuf {
+  char *buf;
+  size_t len, cap, max;
+  int discarding;
+  size_t discarded;
+};
+typedef void (*lt_line_fn)(void *user, const char *line, size_t len);
+typedef void (*lt_long_fn)(void *user, size_t len);
+void lt_linebuf_init(struct lt_linebuf *lb, size_t max);
+void lt_linebuf_reset(struct lt_linebuf *lb); // drop a partial line (a new connection)
+void lt_linebuf_free(struct lt_linebuf *lb);
+// Feeds n bytes; calls on_line for each complete line (without its '\n'), on_long for each
+// over-long one. Returns the number of lines completed, or LL_ENOMEM (the partial line is then
+// dropped as if it were over-long).
+int lt_linebuf_feed(struct lt_linebuf *lb, const char *data, size_t n, lt_line_fn on_line, lt_long_fn on_long, void *user);
+
 struct lt_event {
   double t;        // local wall time it arrived
   int level;       // 0 info, 1 warning, 2 error

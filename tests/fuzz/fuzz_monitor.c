@@ -2,7 +2,8 @@
 // crashes or reads outside the line; a refused line says why; every string it keeps is
 // printable UTF-8 (no control byte, no C1, no bidi override can reach the terminal); folding
 // the message into the model and formatting the --once text stay in bounds; the sanitizer
-// itself keeps its output valid for any input.
+// itself keeps its output valid for any input; the line assembler, fed the bytes in chunks of
+// every size, yields exactly the lines (and over-long lines' lengths) a plain split does.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,57 @@ static void check_text(const char *s, size_t cap) {
 
 static void check_str(const struct lt_str *s) {
   if (s->known) check_text(s->s, sizeof s->s);
+}
+
+struct split {
+  const uint8_t *data;
+  size_t size, pos; // the reference: where the next expected line starts
+  size_t max;
+  int lines;
+};
+
+static const uint8_t *next_line(struct split *sp, size_t *len) {
+  const uint8_t *p = sp->pos < sp->size ? memchr(sp->data + sp->pos, '\n', sp->size - sp->pos) : NULL;
+  if (!p) __builtin_trap(); // the assembler reported a line the bytes do not have
+  const uint8_t *l = sp->data + sp->pos;
+  *len = (size_t)(p - l);
+  sp->pos += *len + 1;
+  return l;
+}
+
+static void got_line(void *user, const char *line, size_t len) {
+  struct split *sp = user;
+  size_t want;
+  const uint8_t *l = next_line(sp, &want);
+  if (len != want || want > sp->max || memcmp(line, l, len) != 0) __builtin_trap();
+  sp->lines++;
+}
+
+static void got_long(void *user, size_t len) {
+  struct split *sp = user;
+  size_t want;
+  next_line(sp, &want);
+  if (len != want || want <= sp->max) __builtin_trap();
+  sp->lines++;
+}
+
+static void check_linebuf(const uint8_t *data, size_t size) {
+  if (size < 2) return;
+  struct split sp = {data, size, 0, (size_t)data[0] % 80, 0};
+  size_t chunk = 1 + data[1] % 37;
+  struct lt_linebuf lb;
+  lt_linebuf_init(&lb, sp.max);
+  int total = 0;
+  for (size_t off = 0; off < size; off += chunk) {
+    size_t k = size - off < chunk ? size - off : chunk;
+    int n = lt_linebuf_feed(&lb, (const char *)data + off, k, got_line, got_long, &sp);
+    if (n < 0) __builtin_trap();
+    total += n;
+  }
+  size_t nl = 0;
+  for (size_t i = 0; i < size; i++) nl += data[i] == '\n';
+  if ((size_t)total != nl || (size_t)sp.lines != nl) __builtin_trap(); // every line once, in order
+  lt_linebuf_free(&lb);
 }
 
 static struct lt_snapshot snap;
@@ -72,6 +124,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const struct lt_event *e = lt_model_event(&model, 0);
     if (e) check_text(e->text, sizeof e->text);
   }
+  check_linebuf(data, size);
   // The sanitizer on the raw bytes.
   char san[LT_TEXT];
   size_t k = lt_sanitize((const char *)data, size, san, sizeof san);

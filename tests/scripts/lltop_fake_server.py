@@ -136,7 +136,9 @@ def handle(c):
                 time.sleep(0.2)
                 with lock:
                     state["step"] = min(state["step"] + 1, 1000)
-                c.sendall(line(evil_snapshot(True)))
+                big = evil_snapshot(True)
+                big["pad"] = "x" * 150000  # valid lines longer than one read of the client
+                c.sendall(line(big))
         while True:
             time.sleep(0.2)
             with lock:
