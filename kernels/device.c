@@ -1,9 +1,12 @@
 // device.c - choose the compute backend and say why in one line.
 //
-// "auto" looks for an OpenCL GPU through the ICD loader. The OpenCL backend itself arrives in
-// a later issue, so for now every choice lands on the CPU, with a reason that says what was
-// found; an explicit "opencl" request is refused with a clear message rather than silently
-// downgraded.
+// "auto" and "opencl" look through the ICD loader for GPUs (and accelerators): discrete ones
+// first (no unified host memory), then integrated, each group by global memory, then compute
+// units. Each candidate is built and self-tested (ll_backend_opencl_create); one that fails
+// is skipped with its reason, the next is tried. A CPU OpenCL device (PoCL) is used only when
+// named: "opencl:P:D" picks exactly device D of platform P, "opencl:P" the best of platform P.
+// No ICD, no platform, no device, or nothing that passes: the CPU backend, with the reason.
+// Only a malformed device string is an error.
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 #include <stdio.h>
@@ -13,42 +16,147 @@
 #include "ll_backend.h"
 #include "ll_error.h"
 
-static int count_gpus(char *name, size_t cap) {
-  cl_uint np = 0;
+#define MAX_CAND 64
+
+struct cand {
+  int p, d;
+  int gpu, discrete;
+  cl_ulong mem;
+  cl_uint cu;
+  char name[96];
+};
+
+static int cand_cmp(const void *va, const void *vb) {
+  const struct cand *a = va, *b = vb;
+  if (a->gpu != b->gpu) return b->gpu - a->gpu;
+  if (a->discrete != b->discrete) return b->discrete - a->discrete;
+  if (a->mem != b->mem) return a->mem < b->mem ? 1 : -1;
+  if (a->cu != b->cu) return a->cu < b->cu ? 1 : -1;
+  return a->p != b->p ? a->p - b->p : a->d - b->d;
+}
+
+// Every OpenCL device (up to MAX_CAND). Returns the count, or a negative OpenCL status when
+// the loader finds no platform at all.
+static int enumerate(struct cand *out, int *n_plat) {
   cl_platform_id plats[16];
-  if (clGetPlatformIDs(16, plats, &np) != CL_SUCCESS) return -1;
-  int gpus = 0;
-  for (cl_uint i = 0; i < np && i < 16; i++) {
+  cl_uint np = 0;
+  cl_int e = clGetPlatformIDs(16, plats, &np);
+  *n_plat = 0;
+  if (e != CL_SUCCESS) return e < 0 ? e : -1;
+  if (np == 0) return CL_INVALID_PLATFORM;
+  *n_plat = (int)(np < 16 ? np : 16);
+  int n = 0;
+  for (int p = 0; p < *n_plat; p++) {
     cl_device_id dev[16];
     cl_uint nd = 0;
-    if (clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_GPU, 16, dev, &nd) != CL_SUCCESS) continue;
-    if (nd && gpus == 0) clGetDeviceInfo(dev[0], CL_DEVICE_NAME, cap, name, NULL);
-    gpus += (int)nd;
+    if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 16, dev, &nd) != CL_SUCCESS) continue;
+    for (int d = 0; d < (int)nd && d < 16 && n < MAX_CAND; d++) {
+      struct cand *c = &out[n++];
+      memset(c, 0, sizeof *c);
+      c->p = p, c->d = d;
+      cl_device_type t = 0;
+      cl_bool unified = CL_FALSE;
+      clGetDeviceInfo(dev[d], CL_DEVICE_TYPE, sizeof t, &t, NULL);
+      clGetDeviceInfo(dev[d], CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof unified, &unified, NULL);
+      clGetDeviceInfo(dev[d], CL_DEVICE_GLOBAL_MEM_SIZE, sizeof c->mem, &c->mem, NULL);
+      clGetDeviceInfo(dev[d], CL_DEVICE_MAX_COMPUTE_UNITS, sizeof c->cu, &c->cu, NULL);
+      if (clGetDeviceInfo(dev[d], CL_DEVICE_NAME, sizeof c->name, c->name, NULL) != CL_SUCCESS) c->name[0] = 0;
+      c->name[sizeof c->name - 1] = 0;
+      c->gpu = (t & (CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR)) != 0;
+      c->discrete = c->gpu && !unified;
+    }
   }
-  return gpus;
+  return n;
+}
+
+// Parses "auto" | "cpu" | "opencl" | "opencl:P" | "opencl:P:D" into kind (0 auto, 1 cpu,
+// 2 opencl) and P, D (-1 when not given).
+static int parse_device(const char *s, int *kind, int *P, int *D) {
+  *P = *D = -1;
+  if (strcmp(s, "auto") == 0) return *kind = 0, 0;
+  if (strcmp(s, "cpu") == 0) return *kind = 1, 0;
+  if (strncmp(s, "opencl", 6) != 0) return -1;
+  *kind = 2;
+  s += 6;
+  if (!*s) return 0;
+  if (*s != ':') return -1;
+  char *end;
+  long p = strtol(s + 1, &end, 10);
+  if (end == s + 1 || p < 0 || p > 15) return -1;
+  *P = (int)p;
+  if (!*end) return 0;
+  if (*end != ':') return -1;
+  const char *ds = end + 1;
+  long d = strtol(ds, &end, 10);
+  if (end == ds || *end || d < 0 || d > 15) return -1;
+  *D = (int)d;
+  return 0;
+}
+
+static int cpu_with(struct ll_backend **out, int threads, char *reason, size_t rl, char *err, size_t errlen, const char *fmt, const char *a,
+                    const char *b) {
+  int rc = ll_backend_cpu_create(out, threads, err, errlen);
+  if (rc == 0 && reason && rl) snprintf(reason, rl, fmt, a, b);
+  return rc;
 }
 
 int ll_backend_create(struct ll_backend **out, const struct ll_backend_params *p, char *reason, size_t reason_len, char *err, size_t errlen) {
   const char *want = p && p->device ? p->device : "auto";
   const int threads = p ? p->n_threads : 0;
-  if (strncmp(want, "opencl", 6) == 0)
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, "device '%s': the OpenCL backend is not built in this version (use --device cpu or auto)", want);
-  if (strcmp(want, "cpu") != 0 && strcmp(want, "auto") != 0)
-    return ll_errf(err, errlen, LL_EINVAL, "device '%s': expected auto, cpu or opencl[:P[:D]]", want);
-  int rc = ll_backend_cpu_create(out, threads, err, errlen);
-  if (rc) return rc;
-  if (reason && reason_len) {
-    if (strcmp(want, "cpu") == 0) {
-      snprintf(reason, reason_len, "cpu: requested with --device cpu");
-    } else {
-      char gpu[128] = "";
-      int n = count_gpus(gpu, sizeof gpu);
-      if (n < 0) snprintf(reason, reason_len, "cpu: no OpenCL platform found");
-      else if (n == 0) snprintf(reason, reason_len, "cpu: no OpenCL GPU found (CPU-only OpenCL platforms are not used)");
-      else snprintf(reason, reason_len, "cpu: OpenCL GPU '%s' found, but the OpenCL backend is not built in this version", gpu);
-    }
+  const char *cache = p ? p->cache_dir : NULL;
+  int kind, P, D;
+  if (parse_device(want, &kind, &P, &D))
+    return ll_errf(err, errlen, LL_EINVAL, "device '%s': expected auto, cpu, opencl, opencl:P or opencl:P:D (P, D < 16)", want);
+  if (kind == 1) return cpu_with(out, threads, reason, reason_len, err, errlen, "cpu: requested with --device %s%s", want, "");
+  struct cand cands[MAX_CAND];
+  int n_plat;
+  const int n = enumerate(cands, &n_plat);
+  char why[512];
+  if (n < 0) {
+    snprintf(why, sizeof why, "no OpenCL platform found (ICD loader status %d%s)", n, n == -1001 ? ": no usable ICD file" : "");
+    return cpu_with(out, threads, reason, reason_len, err, errlen, "cpu: %s%s", why, kind == 2 ? " for the requested OpenCL device" : "");
   }
-  return 0;
+  qsort(cands, (size_t)n, sizeof cands[0], cand_cmp);
+  // Candidates in order of preference: the named device, the named platform's devices, or
+  // every GPU.
+  int order[MAX_CAND], m = 0, skipped_cpu = 0;
+  for (int i = 0; i < n; i++) {
+    const struct cand *c = &cands[i];
+    if (P >= 0 && c->p != P) continue;
+    if (D >= 0 && c->d != D) continue;
+    if (P < 0 && !c->gpu) {
+      skipped_cpu++;
+      continue;
+    }
+    order[m++] = i;
+  }
+  if (m == 0) {
+    if (P >= 0) snprintf(why, sizeof why, "no OpenCL device %s (%d platform(s), %d device(s) found)", want, n_plat, n);
+    else if (skipped_cpu)
+      snprintf(why, sizeof why, "no OpenCL GPU; CPU OpenCL devices are used only when named (--device opencl:%d:%d is '%s')", cands[0].p, cands[0].d,
+               cands[0].name);
+    else snprintf(why, sizeof why, "no OpenCL device found on %d platform(s)", n_plat);
+    return cpu_with(out, threads, reason, reason_len, err, errlen, "cpu: %s%s", why, "");
+  }
+  why[0] = 0;
+  for (int k = 0; k < m; k++) {
+    const struct cand *c = &cands[order[k]];
+    char e[400];
+    int rc = ll_backend_opencl_create(out, c->p, c->d, cache, e, sizeof e);
+    if (rc == 0) {
+      if (reason && reason_len) {
+        const char *how = D >= 0 ? "requested" : P >= 0 ? "best device of the requested platform" : "best OpenCL GPU";
+        snprintf(reason, reason_len, "opencl:%d:%d: %s (%s, %.1f GiB, %u CUs); kernels %s%s%s", c->p, c->d, how,
+                 c->gpu ? (c->discrete ? "discrete GPU" : "integrated GPU") : "CPU device", (double)c->mem / (1 << 30), c->cu,
+                 ll_backend_opencl_cache_hit(*out) ? "from the binary cache" : "built", why[0] ? "; " : "", why);
+      }
+      return 0;
+    }
+    // Reported and skipped: the next candidate, or the CPU.
+    size_t l = strlen(why);
+    snprintf(why + l, sizeof why - l, "%sskipped opencl:%d:%d '%s': %s", l ? "; " : "", c->p, c->d, c->name, e);
+  }
+  return cpu_with(out, threads, reason, reason_len, err, errlen, "cpu: %s%s", why, "");
 }
 
 void ll_backend_free(struct ll_backend *b) {

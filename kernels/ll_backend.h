@@ -10,7 +10,9 @@
 //   supported ll_type, kept quantized; backends dequantize on the fly.
 // - Buffers: on the CPU backend every pointer is host memory. A device backend gets host
 //   pointers for activations too in this first version and moves data itself (upload/download
-//   hooks are optional members for the day buffers become device-resident).
+//   hooks are optional members for the day buffers become device-resident). The OpenCL backend
+//   keeps weights (weight_upload) and the KV cache on the device: for it a KV pool pointer
+//   (ll_kv_view.k/v) only names a device pool, whose contents never return to the host.
 // - Every op returns 0 or a negative LL_E* code; ops are synchronous unless `sync` is provided.
 // - Members marked (optional) may be NULL; callers check and fall back to the CPU backend.
 #ifndef LL_BACKEND_H
@@ -54,7 +56,13 @@ struct ll_backend_info {
   char device[128];       // "AMD Ryzen ... (2 threads, AVX-512)" / GPU name
   int compute_units;
   int64_t mem_total;      // bytes, -1 if unknown
-  int64_t mem_used;       // bytes, -1 if unknown
+  int64_t mem_used;       // bytes, -1 if unknown (OpenCL: our own allocations, counted)
+  // Device details (OpenCL; empty / 0 for the CPU backend).
+  char vendor[64];
+  char driver[64];        // driver version
+  char version[64];       // "OpenCL 3.0 CUDA"
+  int64_t max_alloc;      // largest single buffer, bytes
+  int fp16, subgroups;    // cl_khr_fp16, cl_khr_subgroups reported (not required)
 };
 
 struct ll_backend_i {
@@ -178,10 +186,12 @@ struct ll_backend {
 struct ll_backend_params {
   int n_threads;       // CPU worker threads (0: online CPUs)
   const char *device;  // "auto" | "cpu" | "opencl[:P[:D]]" (NULL = auto)
+  const char *cache_dir; // OpenCL program binaries cached here (NULL: not cached)
 };
 // Creates the best backend for params->device. `reason` receives one line saying what was
-// chosen and why ("cpu: no OpenCL GPU platform found"). Errors only when an explicitly
-// requested device cannot be used.
+// chosen and why ("cpu: no OpenCL GPU platform found"). A device that cannot be used (no ICD,
+// no platform, no such device, failed build or self-test, out of memory) is a CPU fallback
+// with the reason saying so, never an error; errors only for a malformed device string.
 int ll_backend_create(struct ll_backend **out, const struct ll_backend_params *p, char *reason,
                       size_t reason_len, char *err, size_t errlen);
 void ll_backend_free(struct ll_backend *b); // accepts NULL
@@ -191,5 +201,12 @@ void ll_backend_free_buf(struct ll_backend *b, void *p); // accepts NULL
 
 // CPU backend (always available).
 int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, size_t errlen);
+
+// OpenCL backend (kernels/opencl/backend_opencl.c) on device D of platform P (indices as the
+// ICD loader lists them): builds the kernels (or loads them from the binary cache in
+// cache_dir), runs a warm-up and a self-test against the CPU reference. Errors name the step.
+int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const char *cache_dir, char *err, size_t errlen);
+// 1 when b is an OpenCL backend whose program came from the binary cache (0 otherwise).
+int ll_backend_opencl_cache_hit(const struct ll_backend *b);
 
 #endif

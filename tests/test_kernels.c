@@ -434,12 +434,16 @@ static void test_backend_ops(void) {
     free(kp), free(vp), free(k), free(v), free(q), free(o);
   }
   ll_backend_free(b);
-  // Device choice: explicit opencl is refused clearly; auto lands on the CPU with a reason.
-  struct ll_backend_params bp = {1, "opencl"};
-  char reason[160] = "";
-  CHECK(ll_backend_create(&b, &bp, reason, sizeof reason, err, sizeof err) == LL_EUNSUPPORTED && strstr(err, "OpenCL"));
-  bp.device = "auto";
+  // Device choice: a malformed device string is an error; cpu and auto always give a backend
+  // and a reason (the OpenCL paths are tested in test_opencl).
+  struct ll_backend_params bp = {1, "opencl:x", NULL};
+  char reason[256] = "";
+  CHECK(ll_backend_create(&b, &bp, reason, sizeof reason, err, sizeof err) == LL_EINVAL && strstr(err, "opencl:P:D"));
+  bp.device = "cpu";
   CHECK(ll_backend_create(&b, &bp, reason, sizeof reason, err, sizeof err) == 0 && strncmp(reason, "cpu:", 4) == 0);
+  ll_backend_free(b);
+  bp.device = "auto";
+  CHECK(ll_backend_create(&b, &bp, reason, sizeof reason, err, sizeof err) == 0 && reason[0]);
   printf("device choice: %s\n", reason);
   ll_backend_free(b);
 }

@@ -262,6 +262,35 @@ void ll_engine_close(struct ll_engine *e) {
   free(e);
 }
 
+// Device backends keep the weights resident: upload every matrix once. A device that runs out
+// of memory is given up for the CPU backend, with the reason saying so (never an error).
+static int upload_weights(struct ll_engine *e, const struct ll_engine_params *p, char *err, size_t errlen) {
+  struct ll_backend *be = e->be;
+  int rc = be->i->weight_upload(be, &e->tok_embd);
+  if (rc == 0) rc = be->i->weight_upload(be, &e->output);
+  for (int l = 0; rc == 0 && l < e->L; l++) {
+    struct ll_weight *ws[] = {&e->layers[l].wq, &e->layers[l].wk, &e->layers[l].wv, &e->layers[l].wo,
+                              &e->layers[l].gate, &e->layers[l].up, &e->layers[l].down};
+    for (size_t i = 0; rc == 0 && i < sizeof ws / sizeof ws[0]; i++) rc = be->i->weight_upload(be, ws[i]);
+  }
+  if (rc == 0) return 0;
+  struct ll_backend_info bi;
+  be->i->get_info(be, &bi);
+  char why[320];
+  snprintf(why, sizeof why, "cpu: %s could not hold the weights (%s; %.0f MiB of %.0f MiB allocated)", bi.device, ll_strerror(rc),
+           (double)bi.mem_used / (1 << 20), (double)bi.mem_total / (1 << 20));
+  ll_backend_free(be); // releases its device copies
+  e->be = NULL;
+  e->tok_embd.dev = e->output.dev = NULL;
+  for (int l = 0; l < e->L; l++) {
+    struct layer *y = &e->layers[l];
+    y->wq.dev = y->wk.dev = y->wv.dev = y->wo.dev = y->gate.dev = y->up.dev = y->down.dev = NULL;
+  }
+  rc = ll_backend_cpu_create(&e->be, p->n_threads, err, errlen);
+  if (rc == 0) snprintf(e->info.device_reason, sizeof e->info.device_reason, "%s", why);
+  return rc;
+}
+
 int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, char *err, size_t errlen) {
   *out = NULL;
   if (!p || !p->model_path) return ll_errf(err, errlen, LL_EINVAL, "engine: no model path");
@@ -279,8 +308,9 @@ int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, cha
   if (rc == 0) rc = alloc_kv(e, p, err, errlen);
   if (rc == 0) rc = alloc_scratch(e, err, errlen);
   if (rc == 0) {
-    struct ll_backend_params bp = {p->n_threads, p->device};
+    struct ll_backend_params bp = {p->n_threads, p->device, p->cache_dir};
     rc = ll_backend_create(&e->be, &bp, e->info.device_reason, sizeof e->info.device_reason, err, errlen);
+    if (rc == 0 && e->be->i->weight_upload) rc = upload_weights(e, p, err, errlen);
     // llama2.c checkpoints are compared with run.c (libm expf); everything else with llama.cpp.
     if (rc == 0) e->be->ggml_math = strcmp(e->mf.source_format, "llama2c") != 0;
     if (rc == 0) e->be->batch_invariant = p->batch_invariant;
@@ -293,6 +323,11 @@ int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, cha
   e->be->i->get_info(e->be, &bi);
   snprintf(e->info.backend, sizeof e->info.backend, "%s", bi.name);
   snprintf(e->info.device_name, sizeof e->info.device_name, "%s", bi.device);
+  snprintf(e->info.device_vendor, sizeof e->info.device_vendor, "%s", bi.vendor);
+  snprintf(e->info.device_driver, sizeof e->info.device_driver, "%s", bi.driver);
+  snprintf(e->info.device_version, sizeof e->info.device_version, "%s", bi.version);
+  e->info.device_fp16 = bi.fp16, e->info.device_subgroups = bi.subgroups;
+  e->info.device_mem_total = bi.mem_total, e->info.device_mem_used = bi.mem_used, e->info.device_max_alloc = bi.max_alloc;
   const char *name;
   snprintf(e->info.name, sizeof e->info.name, "%s", ll_mf_get_str(&e->mf, "general.name", &name) == 0 ? name : p->model_path);
   e->info.n_vocab = e->m.n_vocab, e->info.n_ctx = e->n_ctx, e->info.n_embd = e->m.C, e->info.n_layer = e->m.L;
@@ -301,7 +336,14 @@ int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, cha
   return 0;
 }
 
-void ll_engine_get_info(const struct ll_engine *e, struct ll_engine_info *info) { *info = e->info; }
+void ll_engine_get_info(const struct ll_engine *e, struct ll_engine_info *info) {
+  *info = e->info;
+  if (strcmp(info->backend, "cpu") != 0) { // device memory as allocated now (the KV pool grows on use)
+    struct ll_backend_info bi;
+    e->be->i->get_info(e->be, &bi);
+    info->device_mem_used = bi.mem_used;
+  }
+}
 const struct ll_tokenizer *ll_engine_tokenizer(const struct ll_engine *e) { return e->tok; }
 int ll_engine_n_vocab(const struct ll_engine *e) { return e->m.n_vocab; }
 const struct ll_model *ll_engine_model(const struct ll_engine *e) { return &e->m; }

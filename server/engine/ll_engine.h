@@ -27,6 +27,7 @@ struct ll_engine_params {
                            // f16 for every other source
   const char *device;      // "auto", "cpu", "opencl[:P[:D]]" (NULL = auto)
   int batch_invariant;     // 1: outputs independent of batch composition (the server; see ll_backend)
+  const char *cache_dir;   // OpenCL program binary cache (e.g. <state_dir>/opencl), NULL: none
 };
 
 #define LL_KV_BLOCK 16
@@ -37,7 +38,11 @@ struct ll_engine_info {
   char quant[16];           // dominant weight type ("q4_1")
   char backend[16];         // "cpu", "opencl"
   char device_name[128];    // CPU model / GPU name
-  char device_reason[160];  // why this device was chosen ("no OpenCL GPU platform found")
+  char device_reason[320];  // why this device was chosen ("no OpenCL GPU platform found")
+  // Device details (OpenCL backend; empty / 0 on the CPU): see struct ll_backend_info.
+  char device_vendor[64], device_driver[64], device_version[64];
+  int device_fp16, device_subgroups;
+  int64_t device_mem_total, device_mem_used, device_max_alloc; // bytes; used = our allocations
   int64_t n_params;
   int64_t weight_bytes;
   int64_t kv_bytes;         // whole pool

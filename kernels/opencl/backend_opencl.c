@@ -1,0 +1,824 @@
+// backend_opencl.c - the OpenCL backend: struct ll_backend_i on one OpenCL 1.2 device.
+//
+// What lives where (first version, see ll_backend.h):
+// - Weights are resident on the device: weight_upload copies a matrix once (w->dev); a weight
+//   that was never uploaded is copied on first use and kept (registry keyed by its host data).
+// - The KV cache is resident on the device: a pool pointer (ll_kv_view.k/v) names a device
+//   buffer, grown (with its contents) when a block beyond its end is first stored. Its host
+//   memory is never written.
+// - Activations still arrive as host pointers (the interface's convention today): each op
+//   uploads its inputs into device staging buffers that are reused across calls, runs its
+//   kernels and reads its output back. Device-resident activations (backend-owned buffers in
+//   the interface) are the next step; this is where the remaining transfers go.
+// Every allocation is counted (mem_used) against the device's global memory, so get_info
+// reports what we hold, and an allocation that would not fit fails with LL_ENOMEM before the
+// driver is asked.
+// Numerics: see kernels/opencl/llsrv.cl (activations quantized as the CPU quantizes them).
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+#include <errno.h>
+#include <math.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ll_backend.h"
+#include "ll_cpu_dot.h"
+#include "ll_error.h"
+#include "ll_quant.h"
+
+extern const char ll_opencl_source[]; // kernels/opencl/*.cl, embedded by cmake/embed_cl.cmake
+
+#define WG 64 // as llsrv.cl
+#define TT 8
+
+enum { S_X, S_XQ, S_XS, S_OUT, S_A, S_B, S_POS, S_TAB, S_SEQ, S_TOFF, S_SCR, S_CS, S_COUNT };
+
+struct sbuf {
+  cl_mem m;
+  size_t cap;
+};
+
+struct ocl_weight {
+  cl_mem m;
+  size_t bytes;
+  const void *host; // the ll_weight's data this copies
+};
+
+struct kvpool {
+  const void *host; // the pool's name (ll_kv_view.k or .v)
+  cl_mem m;
+  size_t cap;
+};
+
+struct ocl_ctx {
+  cl_platform_id plat;
+  cl_device_id dev;
+  cl_context cx;
+  cl_command_queue q;
+  cl_program prog;
+  cl_kernel k_quant, k_round, k_mm[LL_TYPE_COUNT], k_mm_f, k_gr[LL_TYPE_COUNT], k_gr_f, k_rmsnorm, k_rope, k_swiglu, k_add, k_kv_store,
+      k_attention;
+  struct sbuf s[S_COUNT];
+  struct ocl_weight **w; // every device weight (uploaded or copied on first use)
+  int n_w, cap_w;
+  struct kvpool *kv;
+  int n_kv, cap_kv;
+  float *rope_cs;
+  size_t rope_cap;
+  int64_t mem_used, mem_total, max_alloc;
+  struct ll_backend_info info;
+  int cache_hit; // the program came from the binary cache
+};
+
+#define CTX(b) ((struct ocl_ctx *)(b)->ctx)
+
+static const char *cl_errname(cl_int e) {
+  switch (e) {
+  case CL_DEVICE_NOT_FOUND: return "CL_DEVICE_NOT_FOUND";
+  case CL_DEVICE_NOT_AVAILABLE: return "CL_DEVICE_NOT_AVAILABLE";
+  case CL_MEM_OBJECT_ALLOCATION_FAILURE: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+  case CL_OUT_OF_RESOURCES: return "CL_OUT_OF_RESOURCES";
+  case CL_OUT_OF_HOST_MEMORY: return "CL_OUT_OF_HOST_MEMORY";
+  case CL_BUILD_PROGRAM_FAILURE: return "CL_BUILD_PROGRAM_FAILURE";
+  case CL_INVALID_VALUE: return "CL_INVALID_VALUE";
+  case CL_INVALID_BUFFER_SIZE: return "CL_INVALID_BUFFER_SIZE";
+  case CL_INVALID_KERNEL_ARGS: return "CL_INVALID_KERNEL_ARGS";
+  case CL_INVALID_WORK_GROUP_SIZE: return "CL_INVALID_WORK_GROUP_SIZE";
+  case CL_INVALID_BINARY: return "CL_INVALID_BINARY";
+  case -1001: return "CL_PLATFORM_NOT_FOUND_KHR (no usable ICD)";
+  default: return "OpenCL error";
+  }
+}
+
+// OpenCL status -> LL_E*: allocation failures are out-of-memory, the rest device errors.
+static int cl_rc(cl_int e) {
+  if (e == CL_SUCCESS) return 0;
+  if (e == CL_MEM_OBJECT_ALLOCATION_FAILURE || e == CL_OUT_OF_RESOURCES || e == CL_OUT_OF_HOST_MEMORY) return LL_ENOMEM;
+  return LL_EIO;
+}
+
+// ---------------------------------------------------------------- memory accounting
+
+static cl_mem dev_alloc(struct ocl_ctx *c, size_t bytes, cl_int *e) {
+  if (bytes == 0) bytes = 16;
+  if ((int64_t)bytes > c->max_alloc || c->mem_used + (int64_t)bytes > c->mem_total) {
+    *e = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    return NULL;
+  }
+  cl_mem m = clCreateBuffer(c->cx, CL_MEM_READ_WRITE, bytes, NULL, e);
+  if (m) c->mem_used += (int64_t)bytes;
+  return m;
+}
+
+static void dev_release(struct ocl_ctx *c, cl_mem m, size_t bytes) {
+  if (!m) return;
+  clReleaseMemObject(m);
+  c->mem_used -= (int64_t)(bytes ? bytes : 16);
+}
+
+// A staging buffer of at least `bytes` (grown by doubling; contents not kept).
+static int stage(struct ocl_ctx *c, int slot, size_t bytes) {
+  struct sbuf *s = &c->s[slot];
+  if (s->m && s->cap >= bytes) return 0;
+  size_t cap = s->cap ? s->cap : 4096;
+  while (cap < bytes) cap *= 2;
+  if ((int64_t)cap > c->max_alloc && (int64_t)bytes <= c->max_alloc) cap = bytes;
+  dev_release(c, s->m, s->cap);
+  s->m = NULL, s->cap = 0;
+  cl_int e;
+  s->m = dev_alloc(c, cap, &e);
+  if (!s->m) return cl_rc(e) ? cl_rc(e) : LL_ENOMEM;
+  s->cap = cap;
+  return 0;
+}
+
+static int put(struct ocl_ctx *c, int slot, const void *src, size_t bytes) {
+  int rc = stage(c, slot, bytes);
+  if (rc) return rc;
+  // Non-blocking: every op ends with a blocking read on the same in-order queue, before which
+  // the caller's memory cannot change.
+  return bytes ? cl_rc(clEnqueueWriteBuffer(c->q, c->s[slot].m, CL_FALSE, 0, bytes, src, 0, NULL, NULL)) : 0;
+}
+
+static int get(struct ocl_ctx *c, int slot, void *dst, size_t bytes) {
+  return bytes ? cl_rc(clEnqueueReadBuffer(c->q, c->s[slot].m, CL_TRUE, 0, bytes, dst, 0, NULL, NULL)) : 0;
+}
+
+static int launch(struct ocl_ctx *c, cl_kernel k, cl_uint dims, const size_t *global, const size_t *local) {
+  for (cl_uint i = 0; i < dims; i++)
+    if (global[i] == 0) return 0;
+  return cl_rc(clEnqueueNDRangeKernel(c->q, k, dims, NULL, global, local, 0, NULL, NULL));
+}
+
+#define ARG(k, i, v) clSetKernelArg(k, i, sizeof(v), &(v))
+
+// ---------------------------------------------------------------- weights
+
+static int weight_upload_impl(struct ocl_ctx *c, const struct ll_weight *w, struct ocl_weight **out) {
+  const size_t bytes = ll_row_size(w->type, w->k) * (size_t)w->n;
+  if (!bytes) return LL_EINVAL;
+  if (c->n_w == c->cap_w) {
+    int cap = c->cap_w ? 2 * c->cap_w : 64;
+    struct ocl_weight **nw = realloc(c->w, (size_t)cap * sizeof *nw);
+    if (!nw) return LL_ENOMEM;
+    c->w = nw, c->cap_w = cap;
+  }
+  struct ocl_weight *ow = calloc(1, sizeof *ow);
+  if (!ow) return LL_ENOMEM;
+  cl_int e;
+  ow->m = dev_alloc(c, bytes, &e);
+  if (!ow->m) {
+    free(ow);
+    return cl_rc(e) ? cl_rc(e) : LL_ENOMEM;
+  }
+  ow->bytes = bytes, ow->host = w->data;
+  // Blocking: drivers that allocate on first use report an out-of-memory here, not later.
+  e = clEnqueueWriteBuffer(c->q, ow->m, CL_TRUE, 0, bytes, w->data, 0, NULL, NULL);
+  if (e != CL_SUCCESS) {
+    dev_release(c, ow->m, bytes);
+    free(ow);
+    return cl_rc(e);
+  }
+  c->w[c->n_w++] = ow;
+  *out = ow;
+  return 0;
+}
+
+static int ocl_weight_upload(struct ll_backend *b, struct ll_weight *w) {
+  struct ocl_ctx *c = CTX(b);
+  if (w->dev) return 0;
+  for (int i = 0; i < c->n_w; i++)
+    if (c->w[i]->host == w->data) { // the same matrix under another name (tied embeddings)
+      w->dev = c->w[i];
+      return 0;
+    }
+  struct ocl_weight *ow;
+  int rc = weight_upload_impl(c, w, &ow);
+  if (rc == 0) w->dev = ow;
+  return rc;
+}
+
+static void ocl_weight_release(struct ll_backend *b, struct ll_weight *w) {
+  struct ocl_ctx *c = CTX(b);
+  struct ocl_weight *ow = w->dev;
+  w->dev = NULL;
+  if (!ow) return;
+  for (int i = 0; i < c->n_w; i++)
+    if (c->w[i] == ow) {
+      c->w[i] = c->w[--c->n_w];
+      dev_release(c, ow->m, ow->bytes);
+      free(ow);
+      return;
+    }
+}
+
+// The device copy of w: uploaded, or found by its host data, or copied now.
+static int weight_dev(struct ocl_ctx *c, const struct ll_weight *w, struct ocl_weight **out) {
+  if (w->dev) {
+    *out = w->dev;
+    return 0;
+  }
+  for (int i = 0; i < c->n_w; i++)
+    if (c->w[i]->host == w->data) {
+      *out = c->w[i];
+      return 0;
+    }
+  return weight_upload_impl(c, w, out);
+}
+
+// ---------------------------------------------------------------- forward ops
+
+static int act_type_mode(int wtype) { // activation quantization of llsrv.cl's act_quant
+  switch (wtype) {
+  case LL_TYPE_Q4_0: case LL_TYPE_Q5_0: case LL_TYPE_Q8_0: return 0;
+  case LL_TYPE_Q4_1: case LL_TYPE_Q5_1: return 1;
+  case LL_TYPE_Q4_K: case LL_TYPE_Q5_K: case LL_TYPE_Q6_K: return 2;
+  default: return -1;
+  }
+}
+
+static int ocl_matmul(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
+  struct ocl_ctx *c = CTX(b);
+  if (T <= 0) return T < 0 ? LL_EINVAL : 0;
+  const int K = (int)w->k, N = (int)w->n;
+  const int fl = w->type == LL_TYPE_F32 ? 0 : w->type == LL_TYPE_F16 ? 1 : w->type == LL_TYPE_BF16 ? 2 : -1;
+  const int mode = act_type_mode(w->type);
+  if (fl < 0 && (mode < 0 || !c->k_mm[w->type])) return LL_EUNSUPPORTED;
+  if (K % 32 && fl < 0) return LL_EINVAL;
+  struct ocl_weight *ow;
+  int rc = weight_dev(c, w, &ow);
+  if (rc) return rc;
+  const size_t xb = (size_t)T * K * sizeof(float), ob = (size_t)T * N * sizeof(float);
+  cl_ulong rb = ll_row_size(w->type, w->k);
+  if ((rc = put(c, S_X, x, xb))) return rc;
+  if (accumulate) rc = put(c, S_OUT, out, ob);
+  else rc = stage(c, S_OUT, ob);
+  if (rc) return rc;
+  cl_int e = 0;
+  const size_t gl[3] = {WG, (size_t)N, (size_t)(T + TT - 1) / TT}, lo[3] = {WG, 1, 1};
+  if (fl < 0) {
+    if ((rc = stage(c, S_XQ, (size_t)T * K)) || (rc = stage(c, S_XS, (size_t)T * (K / 32) * 2 * sizeof(float)))) return rc;
+    const size_t per = mode == 2 ? 256 : 32;
+    if (K % (int)per) return LL_EINVAL;
+    const size_t gq = (size_t)T * (K / per);
+    cl_kernel k = c->k_quant;
+    e |= ARG(k, 0, c->s[S_X].m) | ARG(k, 1, c->s[S_XQ].m) | ARG(k, 2, c->s[S_XS].m) | ARG(k, 3, K) | ARG(k, 4, T) | ARG(k, 5, mode);
+    if (e || (rc = launch(c, k, 1, &gq, NULL))) return e ? LL_EIO : rc;
+    k = c->k_mm[w->type];
+    e |= ARG(k, 0, ow->m) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_XQ].m) | ARG(k, 3, c->s[S_XS].m) | ARG(k, 4, c->s[S_OUT].m);
+    e |= ARG(k, 5, K) | ARG(k, 6, N) | ARG(k, 7, T) | ARG(k, 8, accumulate);
+    if (e || (rc = launch(c, k, 3, gl, lo))) return e ? LL_EIO : rc;
+  } else {
+    if (fl > 0) { // round activations as the CPU converts them to f16 / bf16
+      cl_kernel k = c->k_round;
+      const int n = T * K;
+      const size_t g = (size_t)n;
+      e |= ARG(k, 0, c->s[S_X].m) | ARG(k, 1, n) | ARG(k, 2, fl);
+      if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+    }
+    cl_kernel k = c->k_mm_f;
+    e |= ARG(k, 0, ow->m) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_X].m) | ARG(k, 3, c->s[S_OUT].m) | ARG(k, 4, K) | ARG(k, 5, N);
+    e |= ARG(k, 6, T) | ARG(k, 7, accumulate) | ARG(k, 8, fl);
+    if (e || (rc = launch(c, k, 3, gl, lo))) return e ? LL_EIO : rc;
+  }
+  return get(c, S_OUT, out, ob);
+}
+
+static int ocl_get_rows(struct ll_backend *b, float *out, const struct ll_weight *w, const int32_t *ids, int T) {
+  struct ocl_ctx *c = CTX(b);
+  for (int t = 0; t < T; t++)
+    if (ids[t] < 0 || ids[t] >= w->n) return LL_EINVAL;
+  if (T <= 0) return 0;
+  struct ocl_weight *ow;
+  int rc = weight_dev(c, w, &ow);
+  if (rc) return rc;
+  const int K = (int)w->k;
+  const int fl = w->type == LL_TYPE_F32 ? 0 : w->type == LL_TYPE_F16 ? 1 : w->type == LL_TYPE_BF16 ? 2 : -1;
+  if (fl < 0 && (!c->k_gr[w->type] || K % 32)) return LL_EUNSUPPORTED;
+  const size_t ob = (size_t)T * K * sizeof(float);
+  if ((rc = put(c, S_POS, ids, (size_t)T * sizeof *ids)) || (rc = stage(c, S_OUT, ob))) return rc;
+  cl_ulong rb = ll_row_size(w->type, w->k);
+  cl_kernel k = fl < 0 ? c->k_gr[w->type] : c->k_gr_f;
+  cl_int e = ARG(k, 0, ow->m) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_POS].m) | ARG(k, 3, c->s[S_OUT].m) | ARG(k, 4, K) | ARG(k, 5, T);
+  if (fl >= 0) e |= ARG(k, 6, fl);
+  const size_t g = fl < 0 ? (size_t)T * (K / 32) : (size_t)T * K;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return get(c, S_OUT, out, ob);
+}
+
+static int ocl_rmsnorm(struct ll_backend *b, float *out, const float *x, const float *g, int T, int C, float eps) {
+  struct ocl_ctx *c = CTX(b);
+  if (T <= 0) return 0;
+  const size_t xb = (size_t)T * C * sizeof(float);
+  int rc;
+  if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_A, g, (size_t)C * sizeof(float))) || (rc = stage(c, S_OUT, xb))) return rc;
+  cl_kernel k = c->k_rmsnorm;
+  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_X].m) | ARG(k, 2, c->s[S_A].m) | ARG(k, 3, C) | ARG(k, 4, eps);
+  const size_t gl = (size_t)T * WG, lo = WG;
+  if (e || (rc = launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  return get(c, S_OUT, out, xb);
+}
+
+static int ocl_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, int n_head, int head_dim, const struct ll_rope_params *p) {
+  struct ocl_ctx *c = CTX(b);
+  if (p->n_rot > head_dim || p->n_rot % 2 || p->n_rot < 0 || T < 0) return LL_EINVAL;
+  const int np = p->n_rot / 2;
+  if (T == 0 || np == 0) return 0;
+  // cos/sin tables on the host, exactly as the CPU backend computes them (libm), so the
+  // device rotates by the same angles.
+  const size_t need = 2 * (size_t)T * np;
+  if (need > c->rope_cap) {
+    float *nt = realloc(c->rope_cs, need * sizeof *nt);
+    if (!nt) return LL_ENOMEM;
+    c->rope_cs = nt, c->rope_cap = need;
+  }
+  const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
+  float *ct = c->rope_cs, *st = c->rope_cs + (size_t)T * np;
+  for (int t = 0; t < T; t++) {
+    float theta = (float)pos[t];
+    for (int i = 0; i < np; i++) {
+      const float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
+      const float th = p->freq_scale * (theta / ff);
+      ct[(size_t)t * np + i] = cosf(th);
+      st[(size_t)t * np + i] = sinf(th);
+      theta *= theta_scale;
+    }
+  }
+  const size_t xb = (size_t)T * n_head * head_dim * sizeof(float), tb = (size_t)T * np * sizeof(float);
+  int rc;
+  if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_A, ct, tb)) || (rc = put(c, S_B, st, tb))) return rc;
+  cl_kernel k = c->k_rope;
+  const int neox = p->mode == LL_ROPE_NEOX, fused = b->ggml_math;
+  cl_int e = ARG(k, 0, c->s[S_X].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, T) | ARG(k, 4, n_head);
+  e |= ARG(k, 5, head_dim) | ARG(k, 6, np) | ARG(k, 7, neox) | ARG(k, 8, fused);
+  const size_t g = (size_t)T * n_head * np;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return get(c, S_X, x, xb);
+}
+
+static int ocl_swiglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (n <= 0) return 0;
+  const size_t nb = (size_t)n * sizeof(float);
+  int rc;
+  if ((rc = put(c, S_A, gate, nb)) || (rc = put(c, S_B, up, nb)) || (rc = stage(c, S_OUT, nb))) return rc;
+  cl_kernel k = c->k_swiglu;
+  cl_long ln = n;
+  const int ggml = b->ggml_math;
+  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, ln) | ARG(k, 4, ggml);
+  const size_t g = (size_t)n;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return get(c, S_OUT, out, nb);
+}
+
+static int ocl_add(struct ll_backend *b, float *out, const float *a, const float *x, int64_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (n <= 0) return 0;
+  const size_t nb = (size_t)n * sizeof(float);
+  int rc;
+  if ((rc = put(c, S_A, a, nb)) || (rc = put(c, S_B, x, nb)) || (rc = stage(c, S_OUT, nb))) return rc;
+  cl_kernel k = c->k_add;
+  cl_long ln = n;
+  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, ln);
+  const size_t g = (size_t)n;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return get(c, S_OUT, out, nb);
+}
+
+// ---------------------------------------------------------------- KV cache
+
+// The device pool named by host pointer `host`, at least `bytes` long (grown keeping contents).
+static int kv_pool(struct ocl_ctx *c, const void *host, size_t bytes, cl_mem *out) {
+  struct kvpool *p = NULL;
+  for (int i = 0; i < c->n_kv; i++)
+    if (c->kv[i].host == host) p = &c->kv[i];
+  if (!p) {
+    if (c->n_kv == c->cap_kv) {
+      int cap = c->cap_kv ? 2 * c->cap_kv : 64;
+      struct kvpool *nk = realloc(c->kv, (size_t)cap * sizeof *nk);
+      if (!nk) return LL_ENOMEM;
+      c->kv = nk, c->cap_kv = cap;
+    }
+    p = &c->kv[c->n_kv++];
+    *p = (struct kvpool){host, NULL, 0};
+  }
+  if (p->cap < bytes) {
+    size_t cap = p->cap ? p->cap : 1 << 16;
+    while (cap < bytes) cap *= 2;
+    cl_int e;
+    cl_mem m = dev_alloc(c, cap, &e);
+    if (!m) return cl_rc(e) ? cl_rc(e) : LL_ENOMEM;
+    if (p->m) {
+      e = clEnqueueCopyBuffer(c->q, p->m, m, 0, 0, p->cap, 0, NULL, NULL);
+      if (e == CL_SUCCESS) e = clFinish(c->q);
+      if (e != CL_SUCCESS) {
+        dev_release(c, m, cap);
+        return cl_rc(e);
+      }
+      dev_release(c, p->m, p->cap);
+    }
+    p->m = m, p->cap = cap;
+  }
+  *out = p->m;
+  return 0;
+}
+
+static size_t kv_elem(const struct ll_kv_view *kv) { return kv->kv_type == LL_TYPE_F16 ? 2 : 4; }
+static size_t kv_block_bytes(const struct ll_kv_view *kv) { return (size_t)kv->block * kv->n_head_kv * kv->head_dim * kv_elem(kv); }
+
+static int ocl_kv_store(struct ll_backend *b, const struct ll_kv_view *kv, const float *k, const float *v, const int32_t *pos, int T) {
+  struct ocl_ctx *c = CTX(b);
+  if (T <= 0) return 0;
+  if (kv->kv_type != LL_TYPE_F16 && kv->kv_type != LL_TYPE_F32) return LL_EUNSUPPORTED;
+  int max_pos = 0, max_blk = 0;
+  for (int t = 0; t < T; t++) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
+  const int nb = max_pos / kv->block + 1;
+  for (int i = 0; i < nb; i++) max_blk = kv->block_table[i] > max_blk ? kv->block_table[i] : max_blk;
+  cl_mem K, V;
+  const size_t need = ((size_t)max_blk + 1) * kv_block_bytes(kv);
+  int rc;
+  if ((rc = kv_pool(c, kv->k, need, &K)) || (rc = kv_pool(c, kv->v, need, &V))) return rc;
+  const int n = kv->n_head_kv * kv->head_dim;
+  const size_t xb = (size_t)T * n * sizeof(float);
+  if ((rc = put(c, S_A, k, xb)) || (rc = put(c, S_B, v, xb)) || (rc = put(c, S_POS, pos, (size_t)T * 4)) ||
+      (rc = put(c, S_TAB, kv->block_table, (size_t)nb * 4)))
+    return rc;
+  cl_kernel kk = c->k_kv_store;
+  const int f16 = kv->kv_type == LL_TYPE_F16;
+  cl_int e = ARG(kk, 0, K) | ARG(kk, 1, V) | ARG(kk, 2, c->s[S_A].m) | ARG(kk, 3, c->s[S_B].m) | ARG(kk, 4, c->s[S_POS].m);
+  e |= ARG(kk, 5, c->s[S_TAB].m) | ARG(kk, 6, T) | ARG(kk, 7, kv->block) | ARG(kk, 8, kv->n_head_kv) | ARG(kk, 9, kv->head_dim) | ARG(kk, 10, f16);
+  const size_t g = (size_t)T * n;
+  if (e || (rc = launch(c, kk, 1, &g, NULL))) return e ? LL_EIO : rc;
+  // No read follows: wait here so the host k, v may change after we return.
+  return cl_rc(clFinish(c->q));
+}
+
+static int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos,
+                               const int *t0, const int *nt, int n_seq, int n_head, float scale) {
+  struct ocl_ctx *c = CTX(b);
+  if (n_seq < 1) return 0;
+  const struct ll_kv_view *k0 = &kv[0];
+  const int hd = k0->head_dim, Hkv = k0->n_head_kv;
+  if (hd > 256 || n_head % Hkv) return LL_EUNSUPPORTED;
+  // One pool for all (the same layer), and the rows in sequence order.
+  int rows = 0, max_pos = 0, max_blk = 0, n_tab = 0;
+  for (int i = 0; i < n_seq; i++) {
+    if (kv[i].k != k0->k || kv[i].v != k0->v || kv[i].head_dim != hd || kv[i].n_head_kv != Hkv || kv[i].kv_type != k0->kv_type ||
+        kv[i].block != k0->block || t0[i] != rows || nt[i] < 0)
+      return LL_EINVAL;
+    rows += nt[i];
+    int mp = 0;
+    for (int t = t0[i]; t < t0[i] + nt[i]; t++) mp = pos[t] > mp ? pos[t] : mp;
+    max_pos = mp > max_pos ? mp : max_pos;
+    n_tab += mp / k0->block + 1;
+  }
+  if (rows == 0) return 0;
+  // Host-side index arrays: concatenated tables, each row's sequence, each table's offset.
+  int32_t *tab = malloc(((size_t)n_tab + rows + n_seq) * sizeof *tab);
+  if (!tab) return LL_ENOMEM;
+  int32_t *seq_of = tab + n_tab, *toff = seq_of + rows;
+  for (int i = 0, o = 0; i < n_seq; i++) {
+    int mp = 0;
+    for (int t = t0[i]; t < t0[i] + nt[i]; t++) mp = pos[t] > mp ? pos[t] : mp, seq_of[t] = i;
+    toff[i] = o;
+    for (int j = 0; j <= mp / k0->block; j++, o++) {
+      tab[o] = kv[i].block_table[j];
+      max_blk = tab[o] > max_blk ? tab[o] : max_blk;
+    }
+  }
+  cl_mem K, V;
+  const size_t need = ((size_t)max_blk + 1) * kv_block_bytes(k0);
+  const size_t qb = (size_t)rows * n_head * hd * sizeof(float);
+  const int stride = max_pos + 1;
+  int rc;
+  if ((rc = kv_pool(c, k0->k, need, &K)) || (rc = kv_pool(c, k0->v, need, &V)) || (rc = put(c, S_X, q, qb)) ||
+      (rc = put(c, S_POS, pos, (size_t)rows * 4)) || (rc = put(c, S_TAB, tab, (size_t)n_tab * 4)) ||
+      (rc = put(c, S_SEQ, seq_of, (size_t)rows * 4)) || (rc = put(c, S_TOFF, toff, (size_t)n_seq * 4)) ||
+      (rc = stage(c, S_SCR, (size_t)rows * n_head * stride * sizeof(float))) || (rc = stage(c, S_OUT, qb))) {
+    free(tab);
+    return rc;
+  }
+  cl_kernel k = c->k_attention;
+  const int f16 = k0->kv_type == LL_TYPE_F16, ggml = b->ggml_math;
+  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_X].m) | ARG(k, 2, K) | ARG(k, 3, V) | ARG(k, 4, c->s[S_POS].m);
+  e |= ARG(k, 5, c->s[S_TAB].m) | ARG(k, 6, c->s[S_SEQ].m) | ARG(k, 7, c->s[S_TOFF].m) | ARG(k, 8, c->s[S_SCR].m);
+  e |= ARG(k, 9, n_head) | ARG(k, 10, Hkv) | ARG(k, 11, hd) | ARG(k, 12, k0->block) | ARG(k, 13, f16) | ARG(k, 14, scale);
+  e |= ARG(k, 15, stride) | ARG(k, 16, ggml);
+  const size_t gl = (size_t)rows * n_head * WG, lo = WG;
+  if (e || (rc = launch(c, k, 1, &gl, &lo))) {
+    free(tab); // written only after the blocking read below, or now on failure (queue flushed)
+    clFinish(c->q);
+    return e ? LL_EIO : rc;
+  }
+  rc = get(c, S_OUT, out, qb); // blocking: the index arrays are no longer needed after it
+  free(tab);
+  return rc;
+}
+
+static int ocl_attention(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, int T, int n_head,
+                         float scale) {
+  const int t0 = 0;
+  return ocl_attention_multi(b, out, q, kv, pos, &t0, &T, 1, n_head, scale);
+}
+
+static int ocl_sync(struct ll_backend *b) { return cl_rc(clFinish(CTX(b)->q)); }
+
+// ---------------------------------------------------------------- info, free
+
+static void ocl_get_info(struct ll_backend *b, struct ll_backend_info *info) {
+  struct ocl_ctx *c = CTX(b);
+  *info = c->info;
+  info->mem_used = c->mem_used;
+}
+
+static void ocl_free(struct ll_backend *b) {
+  if (!b) return;
+  struct ocl_ctx *c = CTX(b);
+  if (c) {
+    if (c->q) clFinish(c->q);
+    for (int i = 0; i < c->n_w; i++) {
+      clReleaseMemObject(c->w[i]->m);
+      free(c->w[i]);
+    }
+    free(c->w);
+    for (int i = 0; i < c->n_kv; i++)
+      if (c->kv[i].m) clReleaseMemObject(c->kv[i].m);
+    free(c->kv);
+    for (int i = 0; i < S_COUNT; i++)
+      if (c->s[i].m) clReleaseMemObject(c->s[i].m);
+    cl_kernel ks[] = {c->k_quant, c->k_round, c->k_mm_f, c->k_gr_f, c->k_rmsnorm, c->k_rope, c->k_swiglu, c->k_add, c->k_kv_store, c->k_attention};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+      if (ks[i]) clReleaseKernel(ks[i]);
+    for (int t = 0; t < LL_TYPE_COUNT; t++) {
+      if (c->k_mm[t]) clReleaseKernel(c->k_mm[t]);
+      if (c->k_gr[t]) clReleaseKernel(c->k_gr[t]);
+    }
+    if (c->prog) clReleaseProgram(c->prog);
+    if (c->q) clReleaseCommandQueue(c->q);
+    if (c->cx) clReleaseContext(c->cx);
+    free(c->rope_cs);
+    free(c);
+  }
+  free(b);
+}
+
+static const struct ll_backend_i ocl_iface = {
+    .free = ocl_free,
+    .get_info = ocl_get_info,
+    .weight_upload = ocl_weight_upload,
+    .weight_release = ocl_weight_release,
+    .matmul = ocl_matmul,
+    .get_rows = ocl_get_rows,
+    .rmsnorm = ocl_rmsnorm,
+    .rope = ocl_rope,
+    .kv_store = ocl_kv_store,
+    .attention = ocl_attention,
+    .attention_multi = ocl_attention_multi,
+    .swiglu = ocl_swiglu,
+    .add = ocl_add,
+    .sync = ocl_sync,
+};
+
+// ---------------------------------------------------------------- program build and cache
+
+#define BUILD_OPTS "-cl-std=CL1.2"
+
+// Cache key: sha256 of device name, vendor, driver and platform versions, build options and
+// source, so a new driver or changed kernels rebuild.
+static void cache_path(struct ocl_ctx *c, const char *dir, const char *src, char *out, size_t cap) {
+  char plat[256] = "";
+  clGetPlatformInfo(c->plat, CL_PLATFORM_VERSION, sizeof plat, plat, NULL);
+  EVP_MD_CTX *h = EVP_MD_CTX_new();
+  unsigned char d[32];
+  unsigned int dn = 0;
+  out[0] = 0;
+  if (!h) return;
+  const char *parts[] = {c->info.device, c->info.vendor, c->info.driver, c->info.version, plat, BUILD_OPTS, src};
+  int ok = EVP_DigestInit_ex(h, EVP_sha256(), NULL) == 1;
+  for (size_t i = 0; ok && i < sizeof parts / sizeof parts[0]; i++) ok = EVP_DigestUpdate(h, parts[i], strlen(parts[i]) + 1) == 1;
+  ok = ok && EVP_DigestFinal_ex(h, d, &dn) == 1;
+  EVP_MD_CTX_free(h);
+  if (!ok) return;
+  char hex[17];
+  for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+  snprintf(out, cap, "%s/opencl-%s.bin", dir, hex);
+}
+
+static unsigned char *read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  unsigned char *buf = NULL;
+  if (fseek(f, 0, SEEK_END) == 0) {
+    long n = ftell(f);
+    if (n > 0 && n < (64L << 20) && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n))) {
+      if (fread(buf, 1, (size_t)n, f) != (size_t)n) free(buf), buf = NULL;
+      else *len = (size_t)n;
+    }
+  }
+  fclose(f);
+  return buf;
+}
+
+// Write the built program's binary atomically (temp file + rename); failures only cost the
+// next start a rebuild, so they are ignored.
+static void cache_store(struct ocl_ctx *c, const char *path) {
+  size_t n = 0;
+  if (clGetProgramInfo(c->prog, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL) != CL_SUCCESS || n == 0) return;
+  unsigned char *bin = malloc(n);
+  if (!bin) return;
+  unsigned char *bins[1] = {bin};
+  char tmp[1100];
+  snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+  FILE *f;
+  if (clGetProgramInfo(c->prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS && (f = fopen(tmp, "wb"))) {
+    int ok = fwrite(bin, 1, n, f) == n;
+    ok = fflush(f) == 0 && fsync(fileno(f)) == 0 && ok;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) unlink(tmp);
+  }
+  free(bin);
+}
+
+static int build_program(struct ocl_ctx *c, const char *cache_dir, char *err, size_t errlen) {
+  char path[1024] = "";
+  if (cache_dir && *cache_dir) {
+    mkdir(cache_dir, 0755); // one level; an existing directory is fine
+    cache_path(c, cache_dir, ll_opencl_source, path, sizeof path);
+  }
+  cl_int e;
+  if (path[0]) {
+    size_t len = 0;
+    unsigned char *bin = read_file(path, &len);
+    if (bin) {
+      const unsigned char *bins[1] = {bin};
+      cl_int st;
+      c->prog = clCreateProgramWithBinary(c->cx, 1, &c->dev, &len, bins, &st, &e);
+      free(bin);
+      if (c->prog && (e != CL_SUCCESS || st != CL_SUCCESS || clBuildProgram(c->prog, 1, &c->dev, BUILD_OPTS, NULL, NULL) != CL_SUCCESS)) {
+        clReleaseProgram(c->prog); // a stale or foreign binary: rebuild from source
+        c->prog = NULL;
+      }
+      if (c->prog) {
+        c->cache_hit = 1;
+        return 0;
+      }
+    }
+  }
+  const char *src = ll_opencl_source;
+  c->prog = clCreateProgramWithSource(c->cx, 1, &src, NULL, &e);
+  if (!c->prog) return ll_errf(err, errlen, cl_rc(e), "opencl: clCreateProgramWithSource: %s (%d)", cl_errname(e), e);
+  e = clBuildProgram(c->prog, 1, &c->dev, BUILD_OPTS, NULL, NULL);
+  if (e != CL_SUCCESS) {
+    char log[1500] = "";
+    size_t n = 0;
+    clGetProgramBuildInfo(c->prog, c->dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, &n);
+    log[sizeof log - 1] = 0;
+    for (char *p = log; *p; p++)
+      if (*p == '\n') *p = ' ';
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "opencl: building the kernels failed (%s): %s", cl_errname(e), log);
+  }
+  if (path[0]) cache_store(c, path);
+  return 0;
+}
+
+static int make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
+  static const struct {
+    int type;
+    const char *name;
+  } q[] = {{LL_TYPE_Q4_0, "q4_0"}, {LL_TYPE_Q4_1, "q4_1"}, {LL_TYPE_Q5_0, "q5_0"}, {LL_TYPE_Q5_1, "q5_1"},
+           {LL_TYPE_Q8_0, "q8_0"}, {LL_TYPE_Q4_K, "q4_K"}, {LL_TYPE_Q5_K, "q5_K"}, {LL_TYPE_Q6_K, "q6_K"}};
+  cl_int e;
+  char name[64];
+#define MK(dst, nm)                                                                                           \
+  do {                                                                                                        \
+    if (!((dst) = clCreateKernel(c->prog, (nm), &e)))                                                         \
+      return ll_errf(err, errlen, LL_EIO, "opencl: kernel %s: %s (%d)", (nm), cl_errname(e), e);             \
+  } while (0)
+  for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+    snprintf(name, sizeof name, "mm_%s", q[i].name);
+    MK(c->k_mm[q[i].type], name);
+    snprintf(name, sizeof name, "get_rows_%s", q[i].name);
+    MK(c->k_gr[q[i].type], name);
+  }
+  MK(c->k_quant, "act_quant");
+  MK(c->k_round, "act_round");
+  MK(c->k_mm_f, "mm_f");
+  MK(c->k_gr_f, "get_rows_f");
+  MK(c->k_rmsnorm, "rmsnorm");
+  MK(c->k_rope, "rope");
+  MK(c->k_swiglu, "swiglu");
+  MK(c->k_add, "add");
+  MK(c->k_kv_store, "kv_store");
+  MK(c->k_attention, "attention");
+#undef MK
+  return 0;
+}
+
+// Warm-up and self-test: a small Q8_0 product (3 tokens, 5 rows of 64, two unit groups) and
+// its accumulate form against the CPU's scalar reference. A device that computes it wrong
+// is not used.
+static int self_test(struct ll_backend *b, char *err, size_t errlen) {
+  enum { K = 64, N = 5, T = 3 };
+  float wf[N * K], x[T * K], out[T * N], ref[T * N];
+  ll_block_q8_0 wq[N * K / 32], xq[K / 32];
+  uint32_t s = 12345;
+  for (int i = 0; i < N * K; i++) s = s * 1664525u + 1013904223u, wf[i] = (float)(s >> 8) / (float)(1 << 24) - 0.5f;
+  for (int i = 0; i < T * K; i++) s = s * 1664525u + 1013904223u, x[i] = (float)(s >> 8) / (float)(1 << 24) - 0.5f;
+  for (int r = 0; r < N; r++) ll_quantize_row(LL_TYPE_Q8_0, wf + r * K, wq + r * (K / 32), K);
+  const struct ll_type_kernels *kr = ll_cpu_kernels_ref(LL_TYPE_Q8_0);
+  for (int t = 0; t < T; t++) {
+    kr->from_float(x + t * K, xq, K);
+    for (int r = 0; r < N; r++) kr->vec_dot(K, &ref[t * N + r], wq + r * (K / 32), xq);
+  }
+  struct ll_weight w = {LL_TYPE_Q8_0, K, N, wq, NULL};
+  int rc = b->i->weight_upload(b, &w);
+  if (rc == 0) rc = b->i->matmul(b, out, x, &w, T, 0);
+  if (rc == 0) rc = b->i->matmul(b, out, x, &w, T, 1); // out = 2 * product
+  b->i->weight_release(b, &w);
+  if (rc) return ll_errf(err, errlen, rc, "opencl: self-test product failed to run: %s", ll_strerror(rc));
+  for (int i = 0; i < T * N; i++)
+    if (!(fabsf(out[i] - 2 * ref[i]) <= 1e-4f * (1 + fabsf(ref[i]))))
+      return ll_errf(err, errlen, LL_EIO, "opencl: self-test failed: product element %d is %g, the CPU reference gives %g", i, out[i], 2 * ref[i]);
+  return 0;
+}
+
+static void dev_str(cl_device_id d, cl_device_info what, char *out, size_t cap) {
+  out[0] = 0;
+  if (clGetDeviceInfo(d, what, cap, out, NULL) != CL_SUCCESS) out[0] = 0;
+  out[cap - 1] = 0;
+}
+
+int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const char *cache_dir, char *err, size_t errlen) {
+  *out = NULL;
+  cl_platform_id plats[16];
+  cl_uint np = 0;
+  cl_int e = clGetPlatformIDs(16, plats, &np);
+  if (e != CL_SUCCESS || np == 0) return ll_errf(err, errlen, LL_ENOTFOUND, "opencl: no platform (%s)", cl_errname(e));
+  if (plat < 0 || (cl_uint)plat >= np || plat >= 16) return ll_errf(err, errlen, LL_ENOTFOUND, "opencl: no platform %d (%u found)", plat, np);
+  cl_device_id devs[16];
+  cl_uint nd = 0;
+  e = clGetDeviceIDs(plats[plat], CL_DEVICE_TYPE_ALL, 16, devs, &nd);
+  if (e != CL_SUCCESS || dev < 0 || (cl_uint)dev >= nd || dev >= 16)
+    return ll_errf(err, errlen, LL_ENOTFOUND, "opencl: platform %d has no device %d (%u found)", plat, dev, e == CL_SUCCESS ? nd : 0);
+  struct ll_backend *b = calloc(1, sizeof *b);
+  struct ocl_ctx *c = calloc(1, sizeof *c);
+  if (!b || !c) {
+    free(b), free(c);
+    return ll_errf(err, errlen, LL_ENOMEM, "opencl: out of memory");
+  }
+  b->i = &ocl_iface, b->ctx = c;
+  c->plat = plats[plat], c->dev = devs[dev];
+  struct ll_backend_info *in = &c->info;
+  snprintf(in->name, sizeof in->name, "opencl");
+  dev_str(c->dev, CL_DEVICE_NAME, in->device, sizeof in->device);
+  dev_str(c->dev, CL_DEVICE_VENDOR, in->vendor, sizeof in->vendor);
+  dev_str(c->dev, CL_DRIVER_VERSION, in->driver, sizeof in->driver);
+  dev_str(c->dev, CL_DEVICE_VERSION, in->version, sizeof in->version);
+  cl_uint cu = 0;
+  cl_ulong gm = 0, ma = 0;
+  clGetDeviceInfo(c->dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cu, &cu, NULL);
+  clGetDeviceInfo(c->dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof gm, &gm, NULL);
+  clGetDeviceInfo(c->dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof ma, &ma, NULL);
+  in->compute_units = (int)cu;
+  in->mem_total = c->mem_total = (int64_t)gm;
+  in->max_alloc = c->max_alloc = (int64_t)ma;
+  size_t ext_len = 0;
+  if (clGetDeviceInfo(c->dev, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_len) == CL_SUCCESS && ext_len) {
+    char *ext = malloc(ext_len + 1);
+    if (ext && clGetDeviceInfo(c->dev, CL_DEVICE_EXTENSIONS, ext_len, ext, NULL) == CL_SUCCESS) {
+      ext[ext_len] = 0;
+      in->fp16 = strstr(ext, "cl_khr_fp16") != NULL;
+      in->subgroups = strstr(ext, "cl_khr_subgroups") != NULL || strstr(ext, "cl_intel_subgroups") != NULL;
+    }
+    free(ext);
+  }
+  int rc = 0;
+  if (strncmp(in->version, "OpenCL ", 7) != 0 || (in->version[7] == '1' && in->version[9] < '2'))
+    rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "opencl: %s reports '%s'; OpenCL 1.2 or later is needed", in->device, in->version);
+  if (rc == 0) {
+    c->cx = clCreateContext(NULL, 1, &c->dev, NULL, NULL, &e);
+    if (!c->cx) rc = ll_errf(err, errlen, cl_rc(e) ? cl_rc(e) : LL_EIO, "opencl: clCreateContext: %s (%d)", cl_errname(e), e);
+  }
+  if (rc == 0) {
+    c->q = clCreateCommandQueue(c->cx, c->dev, 0, &e);
+    if (!c->q) rc = ll_errf(err, errlen, cl_rc(e) ? cl_rc(e) : LL_EIO, "opencl: clCreateCommandQueue: %s (%d)", cl_errname(e), e);
+  }
+  size_t wg = 0;
+  if (rc == 0 && (clGetDeviceInfo(c->dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof wg, &wg, NULL) != CL_SUCCESS || wg < WG))
+    rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "opencl: %s allows work-groups of %zu, %d are needed", in->device, wg, WG);
+  if (rc == 0) rc = build_program(c, cache_dir, err, errlen);
+  if (rc == 0) rc = make_kernels(c, err, errlen);
+  if (rc == 0) rc = self_test(b, err, errlen);
+  if (rc) {
+    ocl_free(b);
+    return rc;
+  }
+  *out = b;
+  return 0;
+}
+
+int ll_backend_opencl_cache_hit(const struct ll_backend *b) { return b && b->i == &ocl_iface ? CTX(b)->cache_hit : 0; }

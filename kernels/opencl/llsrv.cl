@@ -1,0 +1,436 @@
+// llsrv.cl - OpenCL 1.2 kernels of the llsrv OpenCL backend (kernels/opencl/backend_opencl.c).
+//
+// Embedded into the binary at build time (cmake/embed_cl.cmake). Written for OpenCL C 1.2
+// with no extension: f16 data only through vload_half/vstore_half (core), no subgroups, so
+// NVIDIA's OpenCL (which offers neither cl_khr_fp16 nor subgroups) runs it as is.
+//
+// Numerics follow the CPU backend's scalar references (kernels/cpu/dot.c, backend_cpu.c):
+// activations are quantized on the device exactly as the CPU quantizes them (Q8_0, Q8_1, Q8_K;
+// same rounding, same fp16 scales), integer sums per 32-element unit are exact, so a product
+// differs from the CPU's only in the order its float terms are added. Softmax and SiLU use
+// ggml's exp (ggml_expf below) when ggml_math is set, as the CPU does.
+#pragma OPENCL FP_CONTRACT OFF
+
+#define WG 64 // work-group size of the products, norms and attention
+#define TT 8  // tokens per work-group in a product (the tile for T > 1)
+
+// ---------------------------------------------------------------- helpers
+
+// f32 -> nearest f16 (ties to even; overflow to inf) -> f32, without cl_khr_fp16: by bits, as
+// formats/quant.c's ll_fp32_to_fp16 / ll_fp16_to_fp32.
+inline float round_f16(float f) {
+  const uint x = as_uint(f), sign = x & 0x80000000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return as_float(sign | 0x7fc00000u);
+  if (ax >= 0x477ff000u) return as_float(sign | 0x7f800000u);
+  if (ax >= 0x38800000u) { // normal f16 range: keep 10 mantissa bits, round to even
+    uint m = ax >> 13;
+    const uint rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (m & 1u))) m++;
+    return as_float(sign | (m << 13));
+  }
+  // subnormal f16 (or zero): a multiple of 2^-24, nearest even
+  const float r = rint(as_float(ax) * 0x1.0p24f) * 0x1.0p-24f;
+  return as_float(sign | as_uint(r));
+}
+
+inline float round_bf16(float f) {
+  const uint u = as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return as_float(((u >> 16) | 64u) << 16);
+  return as_float(((u + (0x7fffu + ((u >> 16) & 1u))) >> 16) << 16);
+}
+
+inline float ldh(global const uchar *p) { return vload_half(0, (global const half *)p); }
+
+// ggml's vectorised exp (ggml_v_expf), one lane, as kernels/cpu/dot.c's ggml_expf_lane.
+inline float ggml_expf(float x) {
+  const float r = 0x1.8p23f;
+  const float z = fma(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = fma(-n, 0x1.7f7d1cp-20f, fma(-n, 0x1.62e4p-1f, x));
+  const uint e = as_uint(z) << 23;
+  const float k = as_float(e + as_uint(1.0f));
+  const float u = b * b;
+  const float j = fma(fma(fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u, 0x1.ffffecp-1f * b);
+  const float an = fabs(n);
+  if (!(an > 126.0f)) return fma(j, k, k);
+  const uint g = n <= 0.0f ? 0x82000000u : 0u;
+  const float s1 = as_float(g + 0x7f000000u), s2 = as_float(e - g);
+  if (an > 192.0f) return s1 * s1;
+  return fma(s2, j, s2) * s1;
+}
+
+// ---------------------------------------------------------------- weight units
+// Every quantized type is read in units of 32 elements: q[32] integers and two floats a, b
+// such that the unit's weights are a * q[i] + b, and a unit's dot with an activation unit
+// (integers xq, floats (dx, sx)) is Σ q·xq * (a * dx) + b * sx (see act_quant for sx).
+// K-quant sub-block scales are folded into q (the integer sums stay exact).
+
+inline void unpack_q4_0(global const uchar *row, int u, int *q, float *a, float *b) {
+  global const uchar *blk = row + u * 18, *qs = blk + 2;
+  *a = ldh(blk), *b = 0;
+  for (int j = 0; j < 16; j++) q[j] = (qs[j] & 15) - 8, q[j + 16] = (qs[j] >> 4) - 8;
+}
+inline void unpack_q4_1(global const uchar *row, int u, int *q, float *a, float *b) {
+  global const uchar *blk = row + u * 20, *qs = blk + 4;
+  *a = ldh(blk), *b = ldh(blk + 2);
+  for (int j = 0; j < 16; j++) q[j] = qs[j] & 15, q[j + 16] = qs[j] >> 4;
+}
+inline void unpack_q5_0(global const uchar *row, int u, int *q, float *a, float *b) {
+  global const uchar *blk = row + u * 22, *qs = blk + 6;
+  const uint qh = blk[2] | (blk[3] << 8) | (blk[4] << 16) | ((uint)blk[5] << 24);
+  *a = ldh(blk), *b = 0;
+  for (int j = 0; j < 16; j++) {
+    q[j] = ((qs[j] & 15) | (((qh >> j) << 4) & 0x10)) - 16;
+    q[j + 16] = ((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+  }
+}
+inline void unpack_q5_1(global const uchar *row, int u, int *q, float *a, float *b) {
+  global const uchar *blk = row + u * 24, *qs = blk + 8;
+  const uint qh = blk[4] | (blk[5] << 8) | (blk[6] << 16) | ((uint)blk[7] << 24);
+  *a = ldh(blk), *b = ldh(blk + 2);
+  for (int j = 0; j < 16; j++) {
+    q[j] = (qs[j] & 15) | (((qh >> j) << 4) & 0x10);
+    q[j + 16] = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+  }
+}
+inline void unpack_q8_0(global const uchar *row, int u, int *q, float *a, float *b) {
+  global const uchar *blk = row + u * 34;
+  global const char *qs = (global const char *)(blk + 2);
+  *a = ldh(blk), *b = 0;
+  for (int j = 0; j < 32; j++) q[j] = qs[j];
+}
+// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block.
+inline void k_scale_min(int j, global const uchar *s, int *sc, int *m) {
+  if (j < 4) {
+    *sc = s[j] & 63, *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+inline void unpack_q4_K(global const uchar *row, int u, int *q, float *a, float *b) {
+  const int j = u & 7;
+  global const uchar *blk = row + (u >> 3) * 144, *qs = blk + 16 + 32 * (j >> 1);
+  int sc, m;
+  k_scale_min(j, blk + 4, &sc, &m);
+  *a = ldh(blk), *b = -ldh(blk + 2) * (float)m;
+  const int sh = (j & 1) * 4;
+  for (int l = 0; l < 32; l++) q[l] = sc * ((qs[l] >> sh) & 15);
+}
+inline void unpack_q5_K(global const uchar *row, int u, int *q, float *a, float *b) {
+  const int j = u & 7;
+  global const uchar *blk = row + (u >> 3) * 176, *qh = blk + 16, *qs = blk + 48 + 32 * (j >> 1);
+  int sc, m;
+  k_scale_min(j, blk + 4, &sc, &m);
+  *a = ldh(blk), *b = -ldh(blk + 2) * (float)m;
+  const int sh = (j & 1) * 4;
+  for (int l = 0; l < 32; l++) q[l] = sc * (((qs[l] >> sh) & 15) + ((qh[l] >> j) & 1) * 16);
+}
+inline void unpack_q6_K(global const uchar *row, int u, int *q, float *a, float *b) {
+  const int j = u & 7, h = j >> 2, c = j & 3;
+  global const uchar *blk = row + (u >> 3) * 210, *ql = blk + 64 * h + 32 * (c & 1), *qh = blk + 128 + 32 * h;
+  global const char *sc = (global const char *)(blk + 192) + 8 * h + 2 * c;
+  *a = ldh(blk + 208), *b = 0;
+  const int lsh = (c >> 1) * 4, hsh = 2 * c;
+  for (int l = 0; l < 32; l++) q[l] = sc[l >> 4] * ((int)(((ql[l] >> lsh) & 15) | (((qh[l] >> hsh) & 3) << 4)) - 32);
+}
+
+// ---------------------------------------------------------------- activation quantization
+// x (T, K) -> xq (T, K) int8 and xs (T, K/32) float2 per unit:
+//   mode 0 (Q8_0): (d, 0)       mode 1 (Q8_1): (d, s = fp16(d_unrounded * Σq))
+//   mode 2 (Q8_K): (d, d * Σq of the unit)   (d per 256-block, as the CPU's q_q8_K)
+// Q8_0/Q8_1: one work item per unit; Q8_K: one per 256-block.
+kernel void act_quant(global const float *x, global char *xq, global float2 *xs, int K, int T, int mode) {
+  const int i = get_global_id(0);
+  const int per = mode == 2 ? 256 : 32;
+  const int nb = K / per;
+  if (i >= nb * T) return;
+  const int t = i / nb, bi = i % nb;
+  global const float *xp = x + (size_t)t * K + (size_t)bi * per;
+  global char *qp = xq + (size_t)t * K + (size_t)bi * per;
+  global float2 *sp = xs + (size_t)t * (K / 32) + (size_t)bi * (per / 32);
+  if (mode < 2) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(xp[j]));
+    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; j++) {
+      const int v = (int)rint(xp[j] * id);
+      qp[j] = (char)v;
+      sum += v;
+    }
+    sp[0] = (float2)(round_f16(d), mode == 1 ? round_f16(d * (float)sum) : 0.0f);
+    return;
+  }
+  float amax = 0, mx = 0;
+  for (int j = 0; j < 256; j++)
+    if (amax < fabs(xp[j])) amax = fabs(xp[j]), mx = xp[j];
+  if (amax == 0.0f) {
+    for (int j = 0; j < 256; j++) qp[j] = 0;
+    for (int u = 0; u < 8; u++) sp[u] = (float2)(0.0f, 0.0f);
+    return;
+  }
+  const float iscale = -127.f / mx, d = 1 / iscale;
+  for (int u = 0; u < 8; u++) {
+    int sum = 0;
+    for (int l = 0; l < 32; l++) {
+      const int v = min((int)rint(iscale * xp[32 * u + l]), 127);
+      qp[32 * u + l] = (char)v;
+      sum += v;
+    }
+    sp[u] = (float2)(d, d * (float)sum);
+  }
+}
+
+// x (n) rounded in place to the precision of a float weight type's activations
+// (mode 1: f16, 2: bf16), as the CPU converts them before its F16/BF16 dots.
+kernel void act_round(global float *x, int n, int mode) {
+  const int i = get_global_id(0);
+  if (i >= n) return;
+  x[i] = mode == 1 ? round_f16(x[i]) : round_bf16(x[i]);
+}
+
+// ---------------------------------------------------------------- products
+// out (T, N) = x (T, K) · W (N, K)ᵀ  [+= when acc]. Work-group (WG) per weight row and tile of
+// TT tokens: global (WG, N, ceil(T / TT)). Each work item takes units u = lid, lid + WG, ...,
+// unpacks the weights once and dots them with up to TT tokens.
+inline void mm_reduce(local float *red, float *s, int lid, int nt, global float *out, int N, int n, int t0, int acc) {
+  for (int tt = 0; tt < TT; tt++) red[tt * WG + lid] = s[tt];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int st = WG / 2; st > 0; st >>= 1) {
+    if (lid < st)
+      for (int tt = 0; tt < TT; tt++) red[tt * WG + lid] += red[tt * WG + lid + st];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lid < nt) {
+    global float *o = out + (size_t)(t0 + lid) * N + n;
+    *o = acc ? *o + red[lid * WG] : red[lid * WG];
+  }
+}
+
+#define MM_Q(NAME)                                                                                              \
+  kernel void mm_##NAME(global const uchar *W, ulong rb, global const char *xq, global const float2 *xs,       \
+                        global float *out, int K, int N, int T, int acc) {                                      \
+    local float red[WG * TT];                                                                                   \
+    const int lid = get_local_id(0), n = get_group_id(1), t0 = get_group_id(2) * TT;                            \
+    const int nu = K / 32, nt = min(TT, T - t0);                                                                \
+    global const uchar *row = W + (size_t)n * rb;                                                               \
+    float s[TT];                                                                                                \
+    for (int tt = 0; tt < TT; tt++) s[tt] = 0;                                                                  \
+    for (int u = lid; u < nu; u += WG) {                                                                        \
+      int q[32];                                                                                                \
+      float a, b;                                                                                               \
+      unpack_##NAME(row, u, q, &a, &b);                                                                         \
+      for (int tt = 0; tt < TT; tt++) {                                                                         \
+        if (tt >= nt) break;                                                                                    \
+        global const char *xp = xq + (size_t)(t0 + tt) * K + (size_t)u * 32;                                   \
+        const char16 x0 = vload16(0, xp), x1 = vload16(1, xp);                                                  \
+        int si = 0;                                                                                             \
+        si += q[0] * x0.s0 + q[1] * x0.s1 + q[2] * x0.s2 + q[3] * x0.s3 + q[4] * x0.s4 + q[5] * x0.s5;          \
+        si += q[6] * x0.s6 + q[7] * x0.s7 + q[8] * x0.s8 + q[9] * x0.s9 + q[10] * x0.sa + q[11] * x0.sb;        \
+        si += q[12] * x0.sc + q[13] * x0.sd + q[14] * x0.se + q[15] * x0.sf;                                    \
+        si += q[16] * x1.s0 + q[17] * x1.s1 + q[18] * x1.s2 + q[19] * x1.s3 + q[20] * x1.s4 + q[21] * x1.s5;    \
+        si += q[22] * x1.s6 + q[23] * x1.s7 + q[24] * x1.s8 + q[25] * x1.s9 + q[26] * x1.sa + q[27] * x1.sb;    \
+        si += q[28] * x1.sc + q[29] * x1.sd + q[30] * x1.se + q[31] * x1.sf;                                    \
+        const float2 sc = xs[(size_t)(t0 + tt) * nu + u];                                                       \
+        s[tt] += (float)si * (a * sc.x) + b * sc.y;                                                             \
+      }                                                                                                         \
+    }                                                                                                           \
+    mm_reduce(red, s, lid, nt, out, N, n, t0, acc);                                                             \
+  }
+
+MM_Q(q4_0)
+MM_Q(q4_1)
+MM_Q(q5_0)
+MM_Q(q5_1)
+MM_Q(q8_0)
+MM_Q(q4_K)
+MM_Q(q5_K)
+MM_Q(q6_K)
+
+// Float weights: wt 0 = f32, 1 = f16, 2 = bf16; x already rounded (act_round).
+inline float ldw(global const uchar *row, int i, int wt) {
+  if (wt == 0) return ((global const float *)row)[i];
+  if (wt == 1) return vload_half(i, (global const half *)row);
+  return as_float((uint)((global const ushort *)row)[i] << 16);
+}
+kernel void mm_f(global const uchar *W, ulong rb, global const float *x, global float *out, int K, int N, int T, int acc, int wt) {
+  local float red[WG * TT];
+  const int lid = get_local_id(0), n = get_group_id(1), t0 = get_group_id(2) * TT;
+  const int nt = min(TT, T - t0);
+  global const uchar *row = W + (size_t)n * rb;
+  float s[TT];
+  for (int tt = 0; tt < TT; tt++) s[tt] = 0;
+  for (int i = lid; i < K; i += WG) {
+    const float w = ldw(row, i, wt);
+    for (int tt = 0; tt < TT; tt++) {
+      if (tt >= nt) break;
+      s[tt] = fma(w, x[(size_t)(t0 + tt) * K + i], s[tt]);
+    }
+  }
+  mm_reduce(red, s, lid, nt, out, N, n, t0, acc);
+}
+
+// ---------------------------------------------------------------- embedding lookup
+// out (T, K) = dequantized rows ids[t] of W; one work item per (token, unit of 32).
+#define GR_Q(NAME)                                                                                              \
+  kernel void get_rows_##NAME(global const uchar *W, ulong rb, global const int *ids, global float *out, int K, \
+                              int T) {                                                                          \
+    const int i = get_global_id(0), nu = K / 32;                                                                \
+    if (i >= nu * T) return;                                                                                    \
+    const int t = i / nu, u = i % nu;                                                                           \
+    int q[32];                                                                                                  \
+    float a, b;                                                                                                 \
+    unpack_##NAME(W + (size_t)ids[t] * rb, u, q, &a, &b);                                                       \
+    global float *o = out + (size_t)t * K + (size_t)u * 32;                                                     \
+    for (int l = 0; l < 32; l++) o[l] = a * (float)q[l] + b;                                                    \
+  }
+GR_Q(q4_0)
+GR_Q(q4_1)
+GR_Q(q5_0)
+GR_Q(q5_1)
+GR_Q(q8_0)
+GR_Q(q4_K)
+GR_Q(q5_K)
+GR_Q(q6_K)
+
+kernel void get_rows_f(global const uchar *W, ulong rb, global const int *ids, global float *out, int K, int T, int wt) {
+  const int i = get_global_id(0);
+  if (i >= K * T) return;
+  const int t = i / K, k = i % K;
+  out[i] = ldw(W + (size_t)ids[t] * rb, k, wt);
+}
+
+// ---------------------------------------------------------------- element-wise and norms
+
+// out (T, C) = x / rms(x) * g; one work-group per row.
+kernel void rmsnorm(global float *out, global const float *x, global const float *g, int C, float eps) {
+  local float red[WG];
+  const int t = get_group_id(0), lid = get_local_id(0);
+  global const float *xr = x + (size_t)t * C;
+  float s = 0;
+  for (int i = lid; i < C; i += WG) s += xr[i] * xr[i];
+  red[lid] = s;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int st = WG / 2; st > 0; st >>= 1) {
+    if (lid < st) red[lid] += red[lid + st];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float mean = red[0] / (float)C;
+  const float scale = 1.0f / sqrt(mean + eps);
+  global float *o = out + (size_t)t * C;
+  for (int i = lid; i < C; i += WG) o[i] = (xr[i] * scale) * g[i];
+}
+
+// x (T, H, hd) rotated in place with the host's cos/sin tables cs, sn (T, n_pairs); one work
+// item per (token, head, pair). fused: llama.cpp's fused form (ll_rope_pairs_impl).
+kernel void rope(global float *x, global const float *cs, global const float *sn, int T, int H, int hd, int np, int neox,
+                 int fused) {
+  const int i = get_global_id(0);
+  if (i >= T * H * np) return;
+  const int p = i % np, h = (i / np) % H, t = i / (np * H);
+  global float *v = x + ((size_t)t * H + h) * hd;
+  const int a = neox ? p : 2 * p, c2 = neox ? p + np : 2 * p + 1;
+  const float x0 = v[a], x1 = v[c2], c = cs[(size_t)t * np + p], s = sn[(size_t)t * np + p];
+  if (fused && !(!neox && (np & 1) && p == np - 1)) {
+    v[a] = fma(x0, c, -(x1 * s));
+    v[c2] = fma(x0, s, x1 * c);
+  } else {
+    v[a] = x0 * c - x1 * s;
+    v[c2] = x0 * s + x1 * c;
+  }
+}
+
+kernel void swiglu(global float *out, global const float *g, global const float *u, long n, int ggml) {
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  const float gv = g[i];
+  const float e = ggml && i < n - n % 8 ? ggml_expf(0.0f - gv) : exp(-gv);
+  out[i] = (gv / (1.0f + e)) * u[i];
+}
+
+kernel void add(global float *out, global const float *a, global const float *b, long n) {
+  const long i = get_global_id(0);
+  if (i < n) out[i] = a[i] + b[i];
+}
+
+// ---------------------------------------------------------------- KV cache and attention
+// Pool layout per layer: (blocks, block, Hkv, hd) in f16 (f16 = 1) or f32.
+// tab: the block tables of the batch's sequences, concatenated; seq_of[t] the sequence of
+// row t, tab_off[s] where sequence s's table starts.
+
+kernel void kv_store(global uchar *K, global uchar *V, global const float *k, global const float *v, global const int *pos,
+                     global const int *tab, int T, int block, int Hkv, int hd, int f16) {
+  const int i = get_global_id(0), n = Hkv * hd;
+  if (i >= T * n) return;
+  const int t = i / n, e = i % n, p = pos[t];
+  const size_t off = ((size_t)tab[p / block] * block + p % block) * n + e;
+  if (f16) {
+    vstore_half_rte(k[i], off, (global half *)K);
+    vstore_half_rte(v[i], off, (global half *)V);
+  } else {
+    ((global float *)K)[off] = k[i];
+    ((global float *)V)[off] = v[i];
+  }
+}
+
+inline float kv_ld(global const uchar *P, size_t off, int f16) {
+  return f16 ? vload_half(off, (global const half *)P) : ((global const float *)P)[off];
+}
+
+// One work-group per (row t, head h): scores over positions 0..pos[t] into sc (scratch of
+// max_pos + 1 floats per (t, h)), softmax, weighted sum of V. With an f16 cache q and the
+// probabilities are rounded to f16 first, as the CPU (and llama.cpp) do.
+kernel void attention(global float *out, global const float *q, global const uchar *K, global const uchar *V,
+                      global const int *pos, global const int *tab, global const int *seq_of, global const int *tab_off,
+                      global float *scratch, int H, int Hkv, int hd, int block, int f16, float scale, int stride, int ggml) {
+  local float red[WG];
+  local float qv[256];
+  const int t = get_group_id(0) / H, h = get_group_id(0) % H, lid = get_local_id(0);
+  const int kvh = h / (H / Hkv), n_pos = pos[t] + 1, n = Hkv * hd;
+  global const int *tb = tab + tab_off[seq_of[t]];
+  global float *sc = scratch + (size_t)get_group_id(0) * stride;
+  global const float *qp = q + ((size_t)t * H + h) * hd;
+  for (int i = lid; i < hd; i += WG) qv[i] = f16 ? round_f16(qp[i]) : qp[i];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float mx = -INFINITY;
+  for (int p = lid; p < n_pos; p += WG) {
+    const size_t base = ((size_t)tb[p / block] * block + p % block) * n + (size_t)kvh * hd;
+    float s = 0;
+    for (int i = 0; i < hd; i++) s = fma(qv[i], kv_ld(K, base + i, f16), s);
+    s *= scale;
+    sc[p] = s;
+    mx = fmax(mx, s);
+  }
+  red[lid] = mx;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int st = WG / 2; st > 0; st >>= 1) {
+    if (lid < st) red[lid] = fmax(red[lid], red[lid + st]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  mx = red[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float sum = 0;
+  for (int p = lid; p < n_pos; p += WG) {
+    const float e = ggml ? ggml_expf(sc[p] - mx) : exp(sc[p] - mx);
+    sc[p] = e;
+    sum += e;
+  }
+  red[lid] = sum;
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  for (int st = WG / 2; st > 0; st >>= 1) {
+    if (lid < st) red[lid] += red[lid + st];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float inv = 1.0f / red[0];
+  global float *o = out + ((size_t)t * H + h) * hd;
+  for (int i = lid; i < hd; i += WG) {
+    float acc = 0;
+    for (int p = 0; p < n_pos; p++) {
+      const float w = f16 ? round_f16(sc[p] * inv) : sc[p] * inv;
+      const size_t base = ((size_t)tb[p / block] * block + p % block) * n + (size_t)kvh * hd;
+      acc = fma(w, kv_ld(V, base + i, f16), acc);
+    }
+    o[i] = acc;
+  }
+}
