@@ -63,6 +63,7 @@ struct ll_backend_info {
   char version[64];       // "OpenCL 3.0 CUDA"
   int64_t max_alloc;      // largest single buffer, bytes
   int fp16, subgroups;    // cl_khr_fp16, cl_khr_subgroups reported (not required)
+  int fp64;               // cl_khr_fp64: the kernels then reproduce the CPU's results bit for bit
 };
 
 struct ll_backend_i {

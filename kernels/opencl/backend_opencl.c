@@ -2,7 +2,8 @@
 //
 // What lives where (first version, see ll_backend.h):
 // - Weights are resident on the device: weight_upload copies a matrix once (w->dev); a weight
-//   that was never uploaded is copied on first use and kept (registry keyed by its host data).
+//   that was never uploaded is copied for each call (correct, slow). A tied matrix (two
+//   ll_weights over the same data) is uploaded once.
 // - The KV cache is resident on the device: a pool pointer (ll_kv_view.k/v) names a device
 //   buffer, grown (with its contents) when a block beyond its end is first stored. Its host
 //   memory is never written.
@@ -35,7 +36,7 @@ extern const char ll_opencl_source[]; // kernels/opencl/*.cl, embedded by cmake/
 #define WG 64 // as llsrv.cl
 #define TT 8
 
-enum { S_X, S_XQ, S_XS, S_OUT, S_A, S_B, S_POS, S_TAB, S_SEQ, S_TOFF, S_SCR, S_CS, S_COUNT };
+enum { S_W, S_X, S_XQ, S_XS, S_OUT, S_A, S_B, S_POS, S_TAB, S_SEQ, S_TOFF, S_SNT, S_SCR, S_COUNT };
 
 struct sbuf {
   cl_mem m;
@@ -46,6 +47,7 @@ struct ocl_weight {
   cl_mem m;
   size_t bytes;
   const void *host; // the ll_weight's data this copies
+  int refs;         // ll_weights naming it (tied embeddings share one copy)
 };
 
 struct kvpool {
@@ -60,7 +62,7 @@ struct ocl_ctx {
   cl_context cx;
   cl_command_queue q;
   cl_program prog;
-  cl_kernel k_quant, k_round, k_mm[LL_TYPE_COUNT], k_mm_f, k_gr[LL_TYPE_COUNT], k_gr_f, k_rmsnorm, k_rope, k_swiglu, k_add, k_kv_store,
+  cl_kernel k_quant, k_round, k_mm[LL_TYPE_COUNT], k_mm_f, k_gr_f, k_gr_q, k_rmsnorm, k_rope, k_swiglu, k_add, k_kv_store,
       k_attention;
   struct sbuf s[S_COUNT];
   struct ocl_weight **w; // every device weight (uploaded or copied on first use)
@@ -175,7 +177,7 @@ static int weight_upload_impl(struct ocl_ctx *c, const struct ll_weight *w, stru
     free(ow);
     return cl_rc(e) ? cl_rc(e) : LL_ENOMEM;
   }
-  ow->bytes = bytes, ow->host = w->data;
+  ow->bytes = bytes, ow->host = w->data, ow->refs = 1;
   // Blocking: drivers that allocate on first use report an out-of-memory here, not later.
   e = clEnqueueWriteBuffer(c->q, ow->m, CL_TRUE, 0, bytes, w->data, 0, NULL, NULL);
   if (e != CL_SUCCESS) {
@@ -191,12 +193,13 @@ static int weight_upload_impl(struct ocl_ctx *c, const struct ll_weight *w, stru
 static int ocl_weight_upload(struct ll_backend *b, struct ll_weight *w) {
   struct ocl_ctx *c = CTX(b);
   if (w->dev) return 0;
-  for (int i = 0; i < c->n_w; i++)
-    if (c->w[i]->host == w->data) { // the same matrix under another name (tied embeddings)
+  for (int i = 0; i < c->n_w; i++) // the same matrix under another name (tied embeddings)
+    if (c->w[i]->host == w->data && c->w[i]->bytes == ll_row_size(w->type, w->k) * (size_t)w->n) {
       w->dev = c->w[i];
+      c->w[i]->refs++;
       return 0;
     }
-  struct ocl_weight *ow;
+  struct ocl_weight *ow = NULL;
   int rc = weight_upload_impl(c, w, &ow);
   if (rc == 0) w->dev = ow;
   return rc;
@@ -206,7 +209,7 @@ static void ocl_weight_release(struct ll_backend *b, struct ll_weight *w) {
   struct ocl_ctx *c = CTX(b);
   struct ocl_weight *ow = w->dev;
   w->dev = NULL;
-  if (!ow) return;
+  if (!ow || --ow->refs > 0) return;
   for (int i = 0; i < c->n_w; i++)
     if (c->w[i] == ow) {
       c->w[i] = c->w[--c->n_w];
@@ -216,18 +219,17 @@ static void ocl_weight_release(struct ll_backend *b, struct ll_weight *w) {
     }
 }
 
-// The device copy of w: uploaded, or found by its host data, or copied now.
-static int weight_dev(struct ocl_ctx *c, const struct ll_weight *w, struct ocl_weight **out) {
+// The device copy of w: its resident copy (weight_upload), or, for a weight never uploaded,
+// a copy made for this call in a staging buffer (correct, but a transfer per call).
+static int weight_dev(struct ocl_ctx *c, const struct ll_weight *w, cl_mem *out) {
   if (w->dev) {
-    *out = w->dev;
+    *out = ((struct ocl_weight *)w->dev)->m;
     return 0;
   }
-  for (int i = 0; i < c->n_w; i++)
-    if (c->w[i]->host == w->data) {
-      *out = c->w[i];
-      return 0;
-    }
-  return weight_upload_impl(c, w, out);
+  const size_t bytes = ll_row_size(w->type, w->k) * (size_t)w->n;
+  int rc = put(c, S_W, w->data, bytes);
+  if (rc == 0) *out = c->s[S_W].m;
+  return rc;
 }
 
 // ---------------------------------------------------------------- forward ops
@@ -249,8 +251,8 @@ static int ocl_matmul(struct ll_backend *b, float *out, const float *x, const st
   const int mode = act_type_mode(w->type);
   if (fl < 0 && (mode < 0 || !c->k_mm[w->type])) return LL_EUNSUPPORTED;
   if (K % 32 && fl < 0) return LL_EINVAL;
-  struct ocl_weight *ow;
-  int rc = weight_dev(c, w, &ow);
+  cl_mem wm;
+  int rc = weight_dev(c, w, &wm);
   if (rc) return rc;
   const size_t xb = (size_t)T * K * sizeof(float), ob = (size_t)T * N * sizeof(float);
   cl_ulong rb = ll_row_size(w->type, w->k);
@@ -269,7 +271,7 @@ static int ocl_matmul(struct ll_backend *b, float *out, const float *x, const st
     e |= ARG(k, 0, c->s[S_X].m) | ARG(k, 1, c->s[S_XQ].m) | ARG(k, 2, c->s[S_XS].m) | ARG(k, 3, K) | ARG(k, 4, T) | ARG(k, 5, mode);
     if (e || (rc = launch(c, k, 1, &gq, NULL))) return e ? LL_EIO : rc;
     k = c->k_mm[w->type];
-    e |= ARG(k, 0, ow->m) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_XQ].m) | ARG(k, 3, c->s[S_XS].m) | ARG(k, 4, c->s[S_OUT].m);
+    e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_XQ].m) | ARG(k, 3, c->s[S_XS].m) | ARG(k, 4, c->s[S_OUT].m);
     e |= ARG(k, 5, K) | ARG(k, 6, N) | ARG(k, 7, T) | ARG(k, 8, accumulate);
     if (e || (rc = launch(c, k, 3, gl, lo))) return e ? LL_EIO : rc;
   } else {
@@ -281,7 +283,7 @@ static int ocl_matmul(struct ll_backend *b, float *out, const float *x, const st
       if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
     }
     cl_kernel k = c->k_mm_f;
-    e |= ARG(k, 0, ow->m) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_X].m) | ARG(k, 3, c->s[S_OUT].m) | ARG(k, 4, K) | ARG(k, 5, N);
+    e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_X].m) | ARG(k, 3, c->s[S_OUT].m) | ARG(k, 4, K) | ARG(k, 5, N);
     e |= ARG(k, 6, T) | ARG(k, 7, accumulate) | ARG(k, 8, fl);
     if (e || (rc = launch(c, k, 3, gl, lo))) return e ? LL_EIO : rc;
   }
@@ -293,18 +295,19 @@ static int ocl_get_rows(struct ll_backend *b, float *out, const struct ll_weight
   for (int t = 0; t < T; t++)
     if (ids[t] < 0 || ids[t] >= w->n) return LL_EINVAL;
   if (T <= 0) return 0;
-  struct ocl_weight *ow;
-  int rc = weight_dev(c, w, &ow);
+  cl_mem wm;
+  int rc = weight_dev(c, w, &wm);
   if (rc) return rc;
   const int K = (int)w->k;
   const int fl = w->type == LL_TYPE_F32 ? 0 : w->type == LL_TYPE_F16 ? 1 : w->type == LL_TYPE_BF16 ? 2 : -1;
-  if (fl < 0 && (!c->k_gr[w->type] || K % 32)) return LL_EUNSUPPORTED;
+  if (fl < 0 && (act_type_mode(w->type) < 0 || K % 32)) return LL_EUNSUPPORTED;
   const size_t ob = (size_t)T * K * sizeof(float);
   if ((rc = put(c, S_POS, ids, (size_t)T * sizeof *ids)) || (rc = stage(c, S_OUT, ob))) return rc;
   cl_ulong rb = ll_row_size(w->type, w->k);
-  cl_kernel k = fl < 0 ? c->k_gr[w->type] : c->k_gr_f;
-  cl_int e = ARG(k, 0, ow->m) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_POS].m) | ARG(k, 3, c->s[S_OUT].m) | ARG(k, 4, K) | ARG(k, 5, T);
-  if (fl >= 0) e |= ARG(k, 6, fl);
+  cl_kernel k = fl < 0 ? c->k_gr_q : c->k_gr_f;
+  const int wt = fl < 0 ? w->type : fl;
+  cl_int e = ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_POS].m) | ARG(k, 3, c->s[S_OUT].m) | ARG(k, 4, K) | ARG(k, 5, T);
+  e |= ARG(k, 6, wt);
   const size_t g = fl < 0 ? (size_t)T * (K / 32) : (size_t)T * K;
   if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
   return get(c, S_OUT, out, ob);
@@ -478,9 +481,10 @@ static int ocl_attention_multi(struct ll_backend *b, float *out, const float *q,
   }
   if (rows == 0) return 0;
   // Host-side index arrays: concatenated tables, each row's sequence, each table's offset.
-  int32_t *tab = malloc(((size_t)n_tab + rows + n_seq) * sizeof *tab);
+  int32_t *tab = malloc(((size_t)n_tab + rows + 2 * (size_t)n_seq) * sizeof *tab);
   if (!tab) return LL_ENOMEM;
-  int32_t *seq_of = tab + n_tab, *toff = seq_of + rows;
+  int32_t *seq_of = tab + n_tab, *toff = seq_of + rows, *snt = toff + n_seq;
+  for (int i = 0; i < n_seq; i++) snt[i] = nt[i];
   for (int i = 0, o = 0; i < n_seq; i++) {
     int mp = 0;
     for (int t = t0[i]; t < t0[i] + nt[i]; t++) mp = pos[t] > mp ? pos[t] : mp, seq_of[t] = i;
@@ -497,7 +501,7 @@ static int ocl_attention_multi(struct ll_backend *b, float *out, const float *q,
   int rc;
   if ((rc = kv_pool(c, k0->k, need, &K)) || (rc = kv_pool(c, k0->v, need, &V)) || (rc = put(c, S_X, q, qb)) ||
       (rc = put(c, S_POS, pos, (size_t)rows * 4)) || (rc = put(c, S_TAB, tab, (size_t)n_tab * 4)) ||
-      (rc = put(c, S_SEQ, seq_of, (size_t)rows * 4)) || (rc = put(c, S_TOFF, toff, (size_t)n_seq * 4)) ||
+      (rc = put(c, S_SEQ, seq_of, (size_t)rows * 4)) || (rc = put(c, S_TOFF, toff, (size_t)n_seq * 4)) || (rc = put(c, S_SNT, snt, (size_t)n_seq * 4)) ||
       (rc = stage(c, S_SCR, (size_t)rows * n_head * stride * sizeof(float))) || (rc = stage(c, S_OUT, qb))) {
     free(tab);
     return rc;
@@ -505,9 +509,9 @@ static int ocl_attention_multi(struct ll_backend *b, float *out, const float *q,
   cl_kernel k = c->k_attention;
   const int f16 = k0->kv_type == LL_TYPE_F16, ggml = b->ggml_math;
   cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_X].m) | ARG(k, 2, K) | ARG(k, 3, V) | ARG(k, 4, c->s[S_POS].m);
-  e |= ARG(k, 5, c->s[S_TAB].m) | ARG(k, 6, c->s[S_SEQ].m) | ARG(k, 7, c->s[S_TOFF].m) | ARG(k, 8, c->s[S_SCR].m);
-  e |= ARG(k, 9, n_head) | ARG(k, 10, Hkv) | ARG(k, 11, hd) | ARG(k, 12, k0->block) | ARG(k, 13, f16) | ARG(k, 14, scale);
-  e |= ARG(k, 15, stride) | ARG(k, 16, ggml);
+  e |= ARG(k, 5, c->s[S_TAB].m) | ARG(k, 6, c->s[S_SEQ].m) | ARG(k, 7, c->s[S_TOFF].m) | ARG(k, 8, c->s[S_SNT].m);
+  e |= ARG(k, 9, c->s[S_SCR].m) | ARG(k, 10, n_head) | ARG(k, 11, Hkv) | ARG(k, 12, hd) | ARG(k, 13, k0->block) | ARG(k, 14, f16);
+  e |= ARG(k, 15, scale) | ARG(k, 16, stride) | ARG(k, 17, ggml);
   const size_t gl = (size_t)rows * n_head * WG, lo = WG;
   if (e || (rc = launch(c, k, 1, &gl, &lo))) {
     free(tab); // written only after the blocking read below, or now on failure (queue flushed)
@@ -550,12 +554,11 @@ static void ocl_free(struct ll_backend *b) {
     free(c->kv);
     for (int i = 0; i < S_COUNT; i++)
       if (c->s[i].m) clReleaseMemObject(c->s[i].m);
-    cl_kernel ks[] = {c->k_quant, c->k_round, c->k_mm_f, c->k_gr_f, c->k_rmsnorm, c->k_rope, c->k_swiglu, c->k_add, c->k_kv_store, c->k_attention};
+    cl_kernel ks[] = {c->k_quant, c->k_round, c->k_mm_f, c->k_gr_f, c->k_gr_q, c->k_rmsnorm, c->k_rope, c->k_swiglu, c->k_add, c->k_kv_store, c->k_attention};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
       if (ks[i]) clReleaseKernel(ks[i]);
     for (int t = 0; t < LL_TYPE_COUNT; t++) {
       if (c->k_mm[t]) clReleaseKernel(c->k_mm[t]);
-      if (c->k_gr[t]) clReleaseKernel(c->k_gr[t]);
     }
     if (c->prog) clReleaseProgram(c->prog);
     if (c->q) clReleaseCommandQueue(c->q);
@@ -701,13 +704,12 @@ static int make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
     snprintf(name, sizeof name, "mm_%s", q[i].name);
     MK(c->k_mm[q[i].type], name);
-    snprintf(name, sizeof name, "get_rows_%s", q[i].name);
-    MK(c->k_gr[q[i].type], name);
   }
   MK(c->k_quant, "act_quant");
   MK(c->k_round, "act_round");
   MK(c->k_mm_f, "mm_f");
   MK(c->k_gr_f, "get_rows_f");
+  MK(c->k_gr_q, "get_rows_q");
   MK(c->k_rmsnorm, "rmsnorm");
   MK(c->k_rope, "rope");
   MK(c->k_swiglu, "swiglu");
@@ -740,16 +742,25 @@ static int self_test(struct ll_backend *b, char *err, size_t errlen) {
   if (rc == 0) rc = b->i->matmul(b, out, x, &w, T, 1); // out = 2 * product
   b->i->weight_release(b, &w);
   if (rc) return ll_errf(err, errlen, rc, "opencl: self-test product failed to run: %s", ll_strerror(rc));
+  // LL_OPENCL_FAULT=selftest: the tests' way to see a device fail its self-test.
+  const char *fault = getenv("LL_OPENCL_FAULT");
+  if (fault && strcmp(fault, "selftest") == 0) out[T * N - 1] += 1.0f;
   for (int i = 0; i < T * N; i++)
     if (!(fabsf(out[i] - 2 * ref[i]) <= 1e-4f * (1 + fabsf(ref[i]))))
       return ll_errf(err, errlen, LL_EIO, "opencl: self-test failed: product element %d is %g, the CPU reference gives %g", i, out[i], 2 * ref[i]);
   return 0;
 }
 
+// A device string, truncated to cap (drivers' version strings can be long: PoCL's names its
+// build options; a too-small buffer would be an error, not a truncation).
 static void dev_str(cl_device_id d, cl_device_info what, char *out, size_t cap) {
+  char buf[1024];
   out[0] = 0;
-  if (clGetDeviceInfo(d, what, cap, out, NULL) != CL_SUCCESS) out[0] = 0;
-  out[cap - 1] = 0;
+  if (clGetDeviceInfo(d, what, sizeof buf, buf, NULL) != CL_SUCCESS) return;
+  buf[sizeof buf - 1] = 0;
+  const size_t n = strnlen(buf, cap - 1);
+  memcpy(out, buf, n);
+  out[n] = 0;
 }
 
 int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const char *cache_dir, char *err, size_t errlen) {
@@ -785,6 +796,14 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
   clGetDeviceInfo(c->dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof ma, &ma, NULL);
   in->compute_units = (int)cu;
   in->mem_total = c->mem_total = (int64_t)gm;
+  // LL_OPENCL_MEM_LIMIT=bytes: use at most this much of the device (sharing a GPU; also how
+  // the tests make an allocation run out).
+  const char *lim = getenv("LL_OPENCL_MEM_LIMIT");
+  if (lim && *lim) {
+    char *end;
+    long long v = strtoll(lim, &end, 10);
+    if (*end == 0 && v > 0 && v < c->mem_total) in->mem_total = c->mem_total = v;
+  }
   in->max_alloc = c->max_alloc = (int64_t)ma;
   size_t ext_len = 0;
   if (clGetDeviceInfo(c->dev, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_len) == CL_SUCCESS && ext_len) {
@@ -792,6 +811,7 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
     if (ext && clGetDeviceInfo(c->dev, CL_DEVICE_EXTENSIONS, ext_len, ext, NULL) == CL_SUCCESS) {
       ext[ext_len] = 0;
       in->fp16 = strstr(ext, "cl_khr_fp16") != NULL;
+      in->fp64 = strstr(ext, "cl_khr_fp64") != NULL;
       in->subgroups = strstr(ext, "cl_khr_subgroups") != NULL || strstr(ext, "cl_intel_subgroups") != NULL;
     }
     free(ext);

@@ -4,12 +4,22 @@
 // with no extension: f16 data only through vload_half/vstore_half (core), no subgroups, so
 // NVIDIA's OpenCL (which offers neither cl_khr_fp16 nor subgroups) runs it as is.
 //
-// Numerics follow the CPU backend's scalar references (kernels/cpu/dot.c, backend_cpu.c):
-// activations are quantized on the device exactly as the CPU quantizes them (Q8_0, Q8_1, Q8_K;
-// same rounding, same fp16 scales), integer sums per 32-element unit are exact, so a product
-// differs from the CPU's only in the order its float terms are added. Softmax and SiLU use
-// ggml's exp (ggml_expf below) when ggml_math is set, as the CPU does.
+// Numerics reproduce the CPU backend's scalar references (kernels/cpu/dot.c, backend_cpu.c)
+// bit for bit where the device has cl_khr_fp64 (NVIDIA, AMD, PoCL do): activations are
+// quantized to the CPU's bytes (Q8_0, Q8_1, Q8_K), integer sums are exact, and every float
+// sum the CPU makes in a fixed order (a dot's blocks, RMSNorm's f64 sum of squares, the
+// attention lanes and trees, the softmax sum) is made here in that order: the parallel work
+// is the integer and per-block parts, a final sequential pass adds them as the CPU does.
+// Divisions and square roots go through f64 (correctly rounded, as the CPU's are; OpenCL's
+// f32 ones may be off by ulps). Softmax and SiLU use ggml's exp (ggml_expf) when ggml_math is
+// set, as the CPU does; libm's expf (llama2.c models) is not reproduced bit for bit.
+// Why bit for bit: Q8 activation quantization turns a last-bit difference into a whole
+// quantization step on an outlier channel, and greedy outputs then drift from the CPU's.
 #pragma OPENCL FP_CONTRACT OFF
+#ifdef cl_khr_fp64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#define LL_FP64 1
+#endif
 
 #define WG 64 // work-group size of the products, norms and attention
 #define TT 8  // tokens per work-group in a product (the tile for T > 1)
@@ -38,6 +48,17 @@ inline float round_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return as_float(((u >> 16) | 64u) << 16);
   return as_float(((u + (0x7fffu + ((u >> 16) & 1u))) >> 16) << 16);
 }
+
+#ifdef LL_FP64
+inline float fdiv(float a, float b) { return (float)((double)a / (double)b); }
+inline float fsqrt(float a) { return (float)sqrt((double)a); }
+#else
+inline float fdiv(float a, float b) { return a / b; }
+inline float fsqrt(float a) { return sqrt(a); }
+#endif
+
+// ggml's fixed reduction of eight lanes (hsum of a __m256)
+inline float tree8(const float *l) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
 
 inline float ldh(global const uchar *p) { return vload_half(0, (global const half *)p); }
 
@@ -108,12 +129,14 @@ inline void k_scale_min(int j, global const uchar *s, int *sc, int *m) {
     *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
   }
 }
+// K-quants: q holds sc * quant (the sub-block scale folded in: the integer sums stay exact),
+// a = d; b carries the sub-block's integer min m (as bits) for the super-block's msum.
 inline void unpack_q4_K(global const uchar *row, int u, int *q, float *a, float *b) {
   const int j = u & 7;
   global const uchar *blk = row + (u >> 3) * 144, *qs = blk + 16 + 32 * (j >> 1);
   int sc, m;
   k_scale_min(j, blk + 4, &sc, &m);
-  *a = ldh(blk), *b = -ldh(blk + 2) * (float)m;
+  *a = ldh(blk), *b = as_float(m);
   const int sh = (j & 1) * 4;
   for (int l = 0; l < 32; l++) q[l] = sc * ((qs[l] >> sh) & 15);
 }
@@ -122,7 +145,7 @@ inline void unpack_q5_K(global const uchar *row, int u, int *q, float *a, float 
   global const uchar *blk = row + (u >> 3) * 176, *qh = blk + 16, *qs = blk + 48 + 32 * (j >> 1);
   int sc, m;
   k_scale_min(j, blk + 4, &sc, &m);
-  *a = ldh(blk), *b = -ldh(blk + 2) * (float)m;
+  *a = ldh(blk), *b = as_float(m);
   const int sh = (j & 1) * 4;
   for (int l = 0; l < 32; l++) q[l] = sc * (((qs[l] >> sh) & 15) + ((qh[l] >> j) & 1) * 16);
 }
@@ -135,10 +158,51 @@ inline void unpack_q6_K(global const uchar *row, int u, int *q, float *a, float 
   for (int l = 0; l < 32; l++) q[l] = sc[l >> 4] * ((int)(((ql[l] >> lsh) & 15) | (((qh[l] >> hsh) & 3) << 4)) - 32);
 }
 
+// Dequantized unit u of a row, in formats/quant.c's expressions (get_rows).
+inline void deq_unit(int wt, global const uchar *row, int u, global float *o) {
+  int q[32];
+  float a, b;
+  if (wt == 12 || wt == 13) { // Q4_K, Q5_K: (d * sc) * q - dmin * m
+    const int j = u & 7;
+    global const uchar *blk = row + (u >> 3) * (wt == 12 ? 144 : 176);
+    int sc, m;
+    k_scale_min(j, blk + 4, &sc, &m);
+    const float d1 = ldh(blk) * (float)sc, m1 = ldh(blk + 2) * (float)m;
+    const int sh = (j & 1) * 4;
+    global const uchar *qs = blk + (wt == 12 ? 16 : 48) + 32 * (j >> 1), *qh = blk + 16;
+    for (int l = 0; l < 32; l++) {
+      const int v = ((qs[l] >> sh) & 15) + (wt == 13 ? ((qh[l] >> j) & 1) * 16 : 0);
+      o[l] = d1 * (float)v - m1;
+    }
+    return;
+  }
+  if (wt == 14) { // Q6_K: d * sc * q
+    const int j = u & 7, h = j >> 2, c = j & 3;
+    global const uchar *blk = row + (u >> 3) * 210, *ql = blk + 64 * h + 32 * (c & 1), *qh = blk + 128 + 32 * h;
+    global const char *sc = (global const char *)(blk + 192) + 8 * h + 2 * c;
+    const float d = ldh(blk + 208);
+    const int lsh = (c >> 1) * 4, hsh = 2 * c;
+    for (int l = 0; l < 32; l++)
+      o[l] = d * (float)sc[l >> 4] * (float)((int)(((ql[l] >> lsh) & 15) | (((qh[l] >> hsh) & 3) << 4)) - 32);
+    return;
+  }
+  switch (wt) {
+  case 2: unpack_q4_0(row, u, q, &a, &b); break;
+  case 3: unpack_q4_1(row, u, q, &a, &b); break;
+  case 6: unpack_q5_0(row, u, q, &a, &b); break;
+  case 7: unpack_q5_1(row, u, q, &a, &b); break;
+  default: unpack_q8_0(row, u, q, &a, &b); break;
+  }
+  if (wt == 3 || wt == 7)
+    for (int l = 0; l < 32; l++) o[l] = (float)q[l] * a + b;
+  else
+    for (int l = 0; l < 32; l++) o[l] = (float)q[l] * a;
+}
+
 // ---------------------------------------------------------------- activation quantization
 // x (T, K) -> xq (T, K) int8 and xs (T, K/32) float2 per unit:
 //   mode 0 (Q8_0): (d, 0)       mode 1 (Q8_1): (d, s = fp16(d_unrounded * Σq))
-//   mode 2 (Q8_K): (d, d * Σq of the unit)   (d per 256-block, as the CPU's q_q8_K)
+//   mode 2 (Q8_K): (d, Σq of the unit)   (d per 256-block, as the CPU's q_q8_K)
 // Q8_0/Q8_1: one work item per unit; Q8_K: one per 256-block.
 kernel void act_quant(global const float *x, global char *xq, global float2 *xs, int K, int T, int mode) {
   const int i = get_global_id(0);
@@ -152,7 +216,7 @@ kernel void act_quant(global const float *x, global char *xq, global float2 *xs,
   if (mode < 2) {
     float amax = 0;
     for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(xp[j]));
-    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    const float d = fdiv(amax, 127.f), id = amax != 0.0f ? fdiv(127.f, amax) : 0.0f;
     int sum = 0;
     for (int j = 0; j < 32; j++) {
       const int v = (int)rint(xp[j] * id);
@@ -170,7 +234,7 @@ kernel void act_quant(global const float *x, global char *xq, global float2 *xs,
     for (int u = 0; u < 8; u++) sp[u] = (float2)(0.0f, 0.0f);
     return;
   }
-  const float iscale = -127.f / mx, d = 1 / iscale;
+  const float iscale = fdiv(-127.f, mx), d = fdiv(1.0f, iscale);
   for (int u = 0; u < 8; u++) {
     int sum = 0;
     for (int l = 0; l < 32; l++) {
@@ -178,7 +242,7 @@ kernel void act_quant(global const float *x, global char *xq, global float2 *xs,
       qp[32 * u + l] = (char)v;
       sum += v;
     }
-    sp[u] = (float2)(d, d * (float)sum);
+    sp[u] = (float2)(d, (float)sum); // the unit's integer sum: msum is m * it
   }
 }
 
@@ -191,9 +255,144 @@ kernel void act_round(global float *x, int n, int mode) {
 }
 
 // ---------------------------------------------------------------- products
-// out (T, N) = x (T, K) · W (N, K)ᵀ  [+= when acc]. Work-group (WG) per weight row and tile of
-// TT tokens: global (WG, N, ceil(T / TT)). Each work item takes units u = lid, lid + WG, ...,
-// unpacks the weights once and dots them with up to TT tokens.
+// out (T, N) = x (T, K) · W (N, K)ᵀ  [+= when acc]. One work-group (WG) per weight row and tile
+// of TT tokens: global (WG, N, ceil(T / TT)). Work items take units u = lid, lid + WG, ...
+// (unpacking each once for the TT tokens) and leave each unit's terms in local memory; then
+// work item tt adds token tt's terms in unit order, in the CPU reference's expression (see
+// kernels/cpu/dot.c), a chunk of CH units at a time.
+#define CH 256
+
+#define MM_UNITS(NAME, STORE)                                                                                   \
+  for (int u = u0 + lid; u < u1; u += WG) {                                                                     \
+    int q[32];                                                                                                  \
+    float a, b;                                                                                                 \
+    unpack_##NAME(row, u, q, &a, &b);                                                                           \
+    for (int tt = 0; tt < TT; tt++) {                                                                           \
+      if (tt >= nt) break;                                                                                      \
+      global const char *xp = xq + (size_t)(t0 + tt) * K + (size_t)u * 32;                                     \
+      const char16 x0 = vload16(0, xp), x1 = vload16(1, xp);                                                    \
+      int si = 0;                                                                                               \
+      si += q[0] * x0.s0 + q[1] * x0.s1 + q[2] * x0.s2 + q[3] * x0.s3 + q[4] * x0.s4 + q[5] * x0.s5;            \
+      si += q[6] * x0.s6 + q[7] * x0.s7 + q[8] * x0.s8 + q[9] * x0.s9 + q[10] * x0.sa + q[11] * x0.sb;          \
+      si += q[12] * x0.sc + q[13] * x0.sd + q[14] * x0.se + q[15] * x0.sf;                                      \
+      si += q[16] * x1.s0 + q[17] * x1.s1 + q[18] * x1.s2 + q[19] * x1.s3 + q[20] * x1.s4 + q[21] * x1.s5;      \
+      si += q[22] * x1.s6 + q[23] * x1.s7 + q[24] * x1.s8 + q[25] * x1.s9 + q[26] * x1.sa + q[27] * x1.sb;      \
+      si += q[28] * x1.sc + q[29] * x1.sd + q[30] * x1.se + q[31] * x1.sf;                                      \
+      const float2 xs_ = xs[(size_t)(t0 + tt) * nu + u];                                                        \
+      const int li = tt * CH + (u - u0);                                                                        \
+      STORE;                                                                                                    \
+    }                                                                                                           \
+  }
+
+#define MM_KERNEL(NAME, STORE, COMBINE)                                                                         \
+  kernel void mm_##NAME(global const uchar *W, ulong rb, global const char *xq, global const float2 *xs,       \
+                        global float *out, int K, int N, int T, int acc) {                                      \
+    local float la[TT * CH], lb[TT * CH];                                                                       \
+    const int lid = get_local_id(0), n = get_group_id(1), t0 = get_group_id(2) * TT;                            \
+    const int nu = K / 32, nt = min(TT, T - t0);                                                                \
+    global const uchar *row = W + (size_t)n * rb;                                                               \
+    float sum = 0;                                                                                              \
+    for (int u0 = 0; u0 < nu; u0 += CH) {                                                                       \
+      const int u1 = min(nu, u0 + CH);                                                                          \
+      MM_UNITS(NAME, STORE)                                                                                     \
+      barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
+      if (lid < nt) {                                                                                           \
+        const int tt = lid;                                                                                     \
+        COMBINE;                                                                                                \
+      }                                                                                                         \
+      barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
+    }                                                                                                           \
+    if (lid < nt) {                                                                                             \
+      global float *o = out + (size_t)(t0 + lid) * N + n;                                                       \
+      *o = acc ? *o + sum : sum;                                                                                \
+    }                                                                                                           \
+  }
+
+// Q4_0: sum = fma(si, d_w * d_x, sum), block by block
+MM_KERNEL(q4_0, (la[li] = (float)si, lb[li] = a * xs_.x),
+          for (int u = 0; u < u1 - u0; u++) sum = fma(la[tt * CH + u], lb[tt * CH + u], sum))
+// Q4_1, Q5_1: sum += (d_w * d_x) * si + m_w * s_x
+MM_KERNEL(q5_1, la[li] = (a * xs_.x) * (float)si + b * xs_.y, for (int u = 0; u < u1 - u0; u++) sum += la[tt * CH + u])
+// Q5_0: sum += si * d_w * d_x
+MM_KERNEL(q5_0, la[li] = ((float)si * a) * xs_.x, for (int u = 0; u < u1 - u0; u++) sum += la[tt * CH + u])
+
+// Q4_1 and Q8_0 in llama.cpp's x86 order, which the CPU backend's AVX2 / AVX-512 kernels
+// reproduce (dot_avx2.c): eight lanes, lane m the integer sum of elements 4m..4m+3 of each
+// block, acc[m] = fma(d_w * d_x, lane_m, acc[m]) block by block, then ggml's 8-lane tree, plus
+// (Q4_1) Σ m_w * s_x added block by block. Work item (token tt, lane m) = lid carries one
+// lane through the blocks.
+#define CH8 64
+#define MM8_KERNEL(NAME, HAS_M)                                                                                 \
+  kernel void mm_##NAME(global const uchar *W, ulong rb, global const char *xq, global const float2 *xs,       \
+                        global float *out, int K, int N, int T, int acc) {                                      \
+    local float lv[TT * 8 * CH8], ld[TT * CH8], lm[TT * CH8], red[TT * 8], rs[TT];                              \
+    const int lid = get_local_id(0), n = get_group_id(1), t0 = get_group_id(2) * TT;                            \
+    const int nu = K / 32, nt = min(TT, T - t0), my_t = lid >> 3, my_m = lid & 7;                                \
+    global const uchar *row = W + (size_t)n * rb;                                                               \
+    float lacc = 0, summs = 0;                                                                                  \
+    for (int u0 = 0; u0 < nu; u0 += CH8) {                                                                      \
+      const int u1 = min(nu, u0 + CH8);                                                                         \
+      for (int u = u0 + lid; u < u1; u += WG) {                                                                 \
+        int q[32];                                                                                              \
+        float a, b;                                                                                             \
+        unpack_##NAME(row, u, q, &a, &b);                                                                       \
+        for (int tt = 0; tt < TT; tt++) {                                                                       \
+          if (tt >= nt) break;                                                                                  \
+          global const char *xp = xq + (size_t)(t0 + tt) * K + (size_t)u * 32;                                 \
+          const float2 xs_ = xs[(size_t)(t0 + tt) * nu + u];                                                    \
+          for (int m = 0; m < 8; m++) {                                                                         \
+            const int e = 4 * m;                                                                                \
+            const int ls = q[e] * xp[e] + q[e + 1] * xp[e + 1] + q[e + 2] * xp[e + 2] + q[e + 3] * xp[e + 3];   \
+            lv[(tt * 8 + m) * CH8 + (u - u0)] = (float)ls;                                                      \
+          }                                                                                                     \
+          ld[tt * CH8 + (u - u0)] = a * xs_.x;                                                                  \
+          lm[tt * CH8 + (u - u0)] = HAS_M ? b * xs_.y : 0.0f;                                                   \
+        }                                                                                                       \
+      }                                                                                                         \
+      barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
+      if (my_t < nt)                                                                                            \
+        for (int u = 0; u < u1 - u0; u++) {                                                                     \
+          if (HAS_M && my_m == 0) summs += lm[my_t * CH8 + u];                                                  \
+          lacc = fma(ld[my_t * CH8 + u], lv[lid * CH8 + u], lacc);                                              \
+        }                                                                                                       \
+      barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
+    }                                                                                                           \
+    red[lid] = lacc;                                                                                            \
+    if (my_m == 0) rs[my_t] = summs;                                                                            \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                               \
+    if (lid < nt) {                                                                                             \
+      float l[8];                                                                                               \
+      for (int m = 0; m < 8; m++) l[m] = red[lid * 8 + m];                                                      \
+      const float r = HAS_M ? tree8(l) + rs[lid] : tree8(l);                                                    \
+      global float *o = out + (size_t)(t0 + lid) * N + n;                                                      \
+      *o = acc ? *o + r : r;                                                                                    \
+    }                                                                                                           \
+  }
+MM8_KERNEL(q4_1, 1)
+MM8_KERNEL(q8_0, 0)
+// Q4_K, Q5_K: per super-block isum = Σ sc·s, msum = Σ m·bsum (exact integers), then
+// sum += d_x * (d * isum - dmin * msum)
+#define K_COMBINE(BS)                                                                                           \
+  for (int u = 0; u < u1 - u0; u += 8) {                                                                        \
+    int isum = 0, msum = 0;                                                                                     \
+    for (int j = 0; j < 8; j++) isum += as_int(la[tt * CH + u + j]), msum += as_int(lb[tt * CH + u + j]);      \
+    global const uchar *blk = row + ((u0 + u) >> 3) * BS;                                                       \
+    const float dx = xs[(size_t)(t0 + tt) * nu + u0 + u].x;                                                     \
+    sum += dx * (ldh(blk) * (float)isum - ldh(blk + 2) * (float)msum);                                          \
+  }
+MM_KERNEL(q4_K, (la[li] = as_float(si), lb[li] = as_float(as_int(b) * (int)xs_.y)), K_COMBINE(144))
+MM_KERNEL(q5_K, (la[li] = as_float(si), lb[li] = as_float(as_int(b) * (int)xs_.y)), K_COMBINE(176))
+// Q6_K: isum = Σ sc·q·x per super-block, sum += d * d_x * isum
+MM_KERNEL(q6_K, la[li] = as_float(si), for (int u = 0; u < u1 - u0; u += 8) {
+  int isum = 0;
+  for (int j = 0; j < 8; j++) isum += as_int(la[tt * CH + u + j]);
+  const float dx = xs[(size_t)(t0 + tt) * nu + u0 + u].x;
+  sum += ldh(row + ((u0 + u) >> 3) * 210 + 208) * dx * (float)isum;
+})
+
+// Float weights (f32, f16, bf16): a tree reduction in f32, not the CPU's order (its
+// reference sums in f64; float weights are not quantized, so there is no step to amplify
+// the difference).
 inline void mm_reduce(local float *red, float *s, int lid, int nt, global float *out, int N, int n, int t0, int acc) {
   for (int tt = 0; tt < TT; tt++) red[tt * WG + lid] = s[tt];
   barrier(CLK_LOCAL_MEM_FENCE);
@@ -207,46 +406,6 @@ inline void mm_reduce(local float *red, float *s, int lid, int nt, global float 
     *o = acc ? *o + red[lid * WG] : red[lid * WG];
   }
 }
-
-#define MM_Q(NAME)                                                                                              \
-  kernel void mm_##NAME(global const uchar *W, ulong rb, global const char *xq, global const float2 *xs,       \
-                        global float *out, int K, int N, int T, int acc) {                                      \
-    local float red[WG * TT];                                                                                   \
-    const int lid = get_local_id(0), n = get_group_id(1), t0 = get_group_id(2) * TT;                            \
-    const int nu = K / 32, nt = min(TT, T - t0);                                                                \
-    global const uchar *row = W + (size_t)n * rb;                                                               \
-    float s[TT];                                                                                                \
-    for (int tt = 0; tt < TT; tt++) s[tt] = 0;                                                                  \
-    for (int u = lid; u < nu; u += WG) {                                                                        \
-      int q[32];                                                                                                \
-      float a, b;                                                                                               \
-      unpack_##NAME(row, u, q, &a, &b);                                                                         \
-      for (int tt = 0; tt < TT; tt++) {                                                                         \
-        if (tt >= nt) break;                                                                                    \
-        global const char *xp = xq + (size_t)(t0 + tt) * K + (size_t)u * 32;                                   \
-        const char16 x0 = vload16(0, xp), x1 = vload16(1, xp);                                                  \
-        int si = 0;                                                                                             \
-        si += q[0] * x0.s0 + q[1] * x0.s1 + q[2] * x0.s2 + q[3] * x0.s3 + q[4] * x0.s4 + q[5] * x0.s5;          \
-        si += q[6] * x0.s6 + q[7] * x0.s7 + q[8] * x0.s8 + q[9] * x0.s9 + q[10] * x0.sa + q[11] * x0.sb;        \
-        si += q[12] * x0.sc + q[13] * x0.sd + q[14] * x0.se + q[15] * x0.sf;                                    \
-        si += q[16] * x1.s0 + q[17] * x1.s1 + q[18] * x1.s2 + q[19] * x1.s3 + q[20] * x1.s4 + q[21] * x1.s5;    \
-        si += q[22] * x1.s6 + q[23] * x1.s7 + q[24] * x1.s8 + q[25] * x1.s9 + q[26] * x1.sa + q[27] * x1.sb;    \
-        si += q[28] * x1.sc + q[29] * x1.sd + q[30] * x1.se + q[31] * x1.sf;                                    \
-        const float2 sc = xs[(size_t)(t0 + tt) * nu + u];                                                       \
-        s[tt] += (float)si * (a * sc.x) + b * sc.y;                                                             \
-      }                                                                                                         \
-    }                                                                                                           \
-    mm_reduce(red, s, lid, nt, out, N, n, t0, acc);                                                             \
-  }
-
-MM_Q(q4_0)
-MM_Q(q4_1)
-MM_Q(q5_0)
-MM_Q(q5_1)
-MM_Q(q8_0)
-MM_Q(q4_K)
-MM_Q(q5_K)
-MM_Q(q6_K)
 
 // Float weights: wt 0 = f32, 1 = f16, 2 = bf16; x already rounded (act_round).
 inline float ldw(global const uchar *row, int i, int wt) {
@@ -272,27 +431,13 @@ kernel void mm_f(global const uchar *W, ulong rb, global const float *x, global 
 }
 
 // ---------------------------------------------------------------- embedding lookup
-// out (T, K) = dequantized rows ids[t] of W; one work item per (token, unit of 32).
-#define GR_Q(NAME)                                                                                              \
-  kernel void get_rows_##NAME(global const uchar *W, ulong rb, global const int *ids, global float *out, int K, \
-                              int T) {                                                                          \
-    const int i = get_global_id(0), nu = K / 32;                                                                \
-    if (i >= nu * T) return;                                                                                    \
-    const int t = i / nu, u = i % nu;                                                                           \
-    int q[32];                                                                                                  \
-    float a, b;                                                                                                 \
-    unpack_##NAME(W + (size_t)ids[t] * rb, u, q, &a, &b);                                                       \
-    global float *o = out + (size_t)t * K + (size_t)u * 32;                                                     \
-    for (int l = 0; l < 32; l++) o[l] = a * (float)q[l] + b;                                                    \
-  }
-GR_Q(q4_0)
-GR_Q(q4_1)
-GR_Q(q5_0)
-GR_Q(q5_1)
-GR_Q(q8_0)
-GR_Q(q4_K)
-GR_Q(q5_K)
-GR_Q(q6_K)
+// out (T, K) = dequantized rows ids[t] of W (wt: enum ll_type); one work item per (token, unit).
+kernel void get_rows_q(global const uchar *W, ulong rb, global const int *ids, global float *out, int K, int T, int wt) {
+  const int i = get_global_id(0), nu = K / 32;
+  if (i >= nu * T) return;
+  const int t = i / nu, u = i % nu;
+  deq_unit(wt, W + (size_t)ids[t] * rb, u, out + (size_t)t * K + (size_t)u * 32);
+}
 
 kernel void get_rows_f(global const uchar *W, ulong rb, global const int *ids, global float *out, int K, int T, int wt) {
   const int i = get_global_id(0);
@@ -303,21 +448,26 @@ kernel void get_rows_f(global const uchar *W, ulong rb, global const int *ids, g
 
 // ---------------------------------------------------------------- element-wise and norms
 
-// out (T, C) = x / rms(x) * g; one work-group per row.
+// out (T, C) = x / rms(x) * g; one work-group per row. The sum of squares as the CPU makes it
+// (f64, element by element, in order: one work item) where the device has f64.
 kernel void rmsnorm(global float *out, global const float *x, global const float *g, int C, float eps) {
-  local float red[WG];
+  local float scale_l;
   const int t = get_group_id(0), lid = get_local_id(0);
   global const float *xr = x + (size_t)t * C;
-  float s = 0;
-  for (int i = lid; i < C; i += WG) s += xr[i] * xr[i];
-  red[lid] = s;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int st = WG / 2; st > 0; st >>= 1) {
-    if (lid < st) red[lid] += red[lid + st];
-    barrier(CLK_LOCAL_MEM_FENCE);
+  if (lid == 0) {
+#ifdef LL_FP64
+    double sum = 0;
+    for (int i = 0; i < C; i++) sum += (double)(xr[i] * xr[i]);
+    const float mean = (float)(sum / C);
+#else
+    float sum = 0;
+    for (int i = 0; i < C; i++) sum += xr[i] * xr[i];
+    const float mean = sum / (float)C;
+#endif
+    scale_l = fdiv(1.0f, fsqrt(mean + eps));
   }
-  const float mean = red[0] / (float)C;
-  const float scale = 1.0f / sqrt(mean + eps);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const float scale = scale_l;
   global float *o = out + (size_t)t * C;
   for (int i = lid; i < C; i += WG) o[i] = (xr[i] * scale) * g[i];
 }
@@ -346,7 +496,7 @@ kernel void swiglu(global float *out, global const float *g, global const float 
   if (i >= n) return;
   const float gv = g[i];
   const float e = ggml && i < n - n % 8 ? ggml_expf(0.0f - gv) : exp(-gv);
-  out[i] = (gv / (1.0f + e)) * u[i];
+  out[i] = fdiv(gv, 1.0f + e) * u[i];
 }
 
 kernel void add(global float *out, global const float *a, global const float *b, long n) {
@@ -379,58 +529,113 @@ inline float kv_ld(global const uchar *P, size_t off, int f16) {
 }
 
 // One work-group per (row t, head h): scores over positions 0..pos[t] into sc (scratch of
-// max_pos + 1 floats per (t, h)), softmax, weighted sum of V. With an f16 cache q and the
-// probabilities are rounded to f16 first, as the CPU (and llama.cpp) do.
+// `stride` floats per (t, h)), softmax, weighted sum of V, each in the CPU's order
+// (kernels/cpu/backend_cpu.c attn_task with dot.c's f16 lanes): with an f16 cache q and the
+// probabilities are rounded to f16; a sequence with >= 2 rows in the call (a prompt chunk,
+// ggml math, hd % 8 == 0) uses the 8-lane order, a single token the 32-lane one.
+#ifdef LL_FP64
+typedef double acc_t;
+#else
+typedef float acc_t;
+#endif
+inline float tree32(const float *lane) {
+  float x[8];
+  for (int e = 0; e < 8; e++) x[e] = (lane[e] + lane[16 + e]) + (lane[8 + e] + lane[24 + e]);
+  return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
 kernel void attention(global float *out, global const float *q, global const uchar *K, global const uchar *V,
                       global const int *pos, global const int *tab, global const int *seq_of, global const int *tab_off,
-                      global float *scratch, int H, int Hkv, int hd, int block, int f16, float scale, int stride, int ggml) {
-  local float red[WG];
+                      global const int *seq_nt, global float *scratch, int H, int Hkv, int hd, int block, int f16, float scale,
+                      int stride, int ggml) {
   local float qv[256];
+  local float inv_l;
   const int t = get_group_id(0) / H, h = get_group_id(0) % H, lid = get_local_id(0);
   const int kvh = h / (H / Hkv), n_pos = pos[t] + 1, n = Hkv * hd;
+  const int prompt = ggml && seq_nt[seq_of[t]] >= 2 && hd % 8 == 0;
   global const int *tb = tab + tab_off[seq_of[t]];
   global float *sc = scratch + (size_t)get_group_id(0) * stride;
   global const float *qp = q + ((size_t)t * H + h) * hd;
   for (int i = lid; i < hd; i += WG) qv[i] = f16 ? round_f16(qp[i]) : qp[i];
   barrier(CLK_LOCAL_MEM_FENCE);
-  float mx = -INFINITY;
   for (int p = lid; p < n_pos; p += WG) {
     const size_t base = ((size_t)tb[p / block] * block + p % block) * n + (size_t)kvh * hd;
-    float s = 0;
-    for (int i = 0; i < hd; i++) s = fma(qv[i], kv_ld(K, base + i, f16), s);
-    s *= scale;
-    sc[p] = s;
-    mx = fmax(mx, s);
+    float s;
+    if (f16 && prompt) {
+      float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int i = 0; i < hd; i += 8)
+        for (int e = 0; e < 8; e++) l[e] = fma(qv[i + e], kv_ld(K, base + i + e, 1), l[e]);
+      s = tree8(l);
+    } else if (f16) {
+      float lane[32];
+      for (int j = 0; j < 32; j++) lane[j] = 0;
+      const int np = hd - hd % 32;
+      for (int i = 0; i < np; i += 32)
+        for (int j = 0; j < 32; j++) lane[j] = fma(qv[i + j], kv_ld(K, base + i + j, 1), lane[j]);
+      acc_t sum = tree32(lane);
+      for (int i = np; i < hd; i++) sum += (acc_t)(qv[i] * kv_ld(K, base + i, 1));
+      s = (float)sum;
+    } else {
+      s = 0;
+      for (int i = 0; i < hd; i++) s += qv[i] * kv_ld(K, base + i, 0);
+    }
+    sc[p] = s * scale;
   }
-  red[lid] = mx;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int st = WG / 2; st > 0; st >>= 1) {
-    if (lid < st) red[lid] = fmax(red[lid], red[lid + st]);
-    barrier(CLK_LOCAL_MEM_FENCE);
+  barrier(CLK_GLOBAL_MEM_FENCE);
+  if (lid == 0) { // softmax in the CPU's order (ggml's groups of 8 with an f64 sum)
+    float mx = -INFINITY;
+    for (int p = 0; p < n_pos; p++)
+      if (sc[p] > mx) mx = sc[p];
+    acc_t sum = 0;
+    if (ggml) {
+      for (int i = 0; i < n_pos; i += 8) {
+        float v[8];
+        for (int l = 0; l < 8; l++) v[l] = i + l < n_pos ? ggml_expf(sc[i + l] - mx) : 0.0f;
+        for (int l = 0; l < 8 && i + l < n_pos; l++) sc[i + l] = v[l];
+        const float a0 = v[4] + v[0], a1 = v[5] + v[1], a2 = v[6] + v[2], a3 = v[7] + v[3];
+        sum += (acc_t)((a0 + a2) + (a1 + a3));
+      }
+    } else {
+      for (int p = 0; p < n_pos; p++) {
+        sc[p] = exp(sc[p] - mx);
+        sum += sc[p];
+      }
+    }
+#ifdef LL_FP64
+    const float inv = (float)(1.0 / sum);
+#else
+    const float inv = 1.0f / sum;
+#endif
+    if (f16)
+      for (int p = 0; p < n_pos; p++) sc[p] = round_f16(sc[p] * inv);
+    inv_l = inv;
   }
-  mx = red[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float sum = 0;
-  for (int p = lid; p < n_pos; p += WG) {
-    const float e = ggml ? ggml_expf(sc[p] - mx) : exp(sc[p] - mx);
-    sc[p] = e;
-    sum += e;
-  }
-  red[lid] = sum;
-  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-  for (int st = WG / 2; st > 0; st >>= 1) {
-    if (lid < st) red[lid] += red[lid + st];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const float inv = 1.0f / red[0];
+  barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+  const float inv = inv_l;
   global float *o = out + ((size_t)t * H + h) * hd;
   for (int i = lid; i < hd; i += WG) {
-    float acc = 0;
-    for (int p = 0; p < n_pos; p++) {
-      const float w = f16 ? round_f16(sc[p] * inv) : sc[p] * inv;
-      const size_t base = ((size_t)tb[p / block] * block + p % block) * n + (size_t)kvh * hd;
-      acc = fma(w, kv_ld(V, base + i, f16), acc);
+    const size_t off = (size_t)kvh * hd + i;
+    if (f16 && prompt) {
+      float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int p = 0; p < n_pos; p++) {
+        const size_t base = ((size_t)tb[p / block] * block + p % block) * n;
+        l[p % 8] = fma(kv_ld(V, base + off, 1), sc[p], l[p % 8]);
+      }
+      o[i] = tree8(l);
+    } else if (f16) {
+      float lane[32];
+      for (int j = 0; j < 32; j++) lane[j] = 0;
+      for (int p = 0; p < n_pos; p++) {
+        const size_t base = ((size_t)tb[p / block] * block + p % block) * n;
+        lane[p % 32] = fma(sc[p], kv_ld(V, base + off, 1), lane[p % 32]);
+      }
+      o[i] = tree32(lane);
+    } else {
+      float acc = 0;
+      for (int p = 0; p < n_pos; p++) {
+        const size_t base = ((size_t)tb[p / block] * block + p % block) * n;
+        acc += (sc[p] * inv) * kv_ld(V, base + off, 0);
+      }
+      o[i] = acc;
     }
-    o[i] = acc;
   }
 }

@@ -91,7 +91,8 @@ int ll_cmd_bench(int argc, char **argv) {
   }
   ep.n_ctx = (pp > tg ? pp : tg) + 16;
   ep.n_parallel = np;
-  char err[512];
+  char err[512], cache[1100];
+  ep.cache_dir = ll_cmd_opencl_cache(NULL, ep.device, cache, sizeof cache);
   struct ll_engine *e;
   if (ll_engine_open(&e, &ep, err, sizeof err) != 0) {
     fprintf(stderr, "llsrv bench: %s\n", err);
@@ -99,6 +100,7 @@ int ll_cmd_bench(int argc, char **argv) {
   }
   struct ll_engine_info info;
   ll_engine_get_info(e, &info);
+  fprintf(stderr, "llsrv bench: device %s\n", info.device_reason);
   const int V = ll_engine_n_vocab(e), nt = (pp > tg ? pp : tg) + 1;
   int32_t *toks = malloc((size_t)nt * sizeof *toks);
   float *logits = malloc((size_t)V * (size_t)np * sizeof *logits);

@@ -89,7 +89,8 @@ int ll_cmd_generate(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  char err[512];
+  char err[512], cache[1100];
+  ep.cache_dir = ll_cmd_opencl_cache(NULL, ep.device, cache, sizeof cache);
   struct ll_engine *e;
   if (ll_engine_open(&e, &ep, err, sizeof err) != 0) {
     fprintf(stderr, "llsrv generate: %s\n", err);
@@ -97,6 +98,7 @@ int ll_cmd_generate(int argc, char **argv) {
   }
   struct ll_engine_info info;
   ll_engine_get_info(e, &info);
+  fprintf(stderr, "llsrv generate: device %s\n", info.device_reason);
   const struct ll_tokenizer *tok = ll_engine_tokenizer(e);
   const int V = ll_engine_n_vocab(e);
   int32_t *ids = malloc((size_t)info.n_ctx * sizeof *ids);

@@ -201,6 +201,8 @@ int ll_cmd_serve(int argc, char **argv) {
   ep.kv_f16 = cfg.kv_f16;
   ep.batch_invariant = 1; // greedy outputs must not depend on which requests share a step
   ep.device = cfg.device;
+  char cl_cache[1100];
+  ep.cache_dir = ll_cmd_opencl_cache(state_dir, cfg.device, cl_cache, sizeof cl_cache);
   struct ll_server srv;
   memset(&srv, 0, sizeof srv);
   srv.cfg = &cfg;
@@ -251,6 +253,12 @@ int ll_cmd_serve(int argc, char **argv) {
           LL_VERSION, in->name, in->arch, in->quant, in->n_params / 1e6, model_path, in->n_ctx, in->n_parallel, in->n_vocab,
           in->backend, in->device_name, in->device_reason, in->n_threads, wb, kb, in->kv_f16 ? "f16" : "f32", in->kv_blocks_total,
           LL_KV_BLOCK);
+  if (strcmp(in->backend, "cpu") != 0)
+    fprintf(stderr, "  opencl    %s, driver %s, %s; %d compute units, %.1f GiB global (max buffer %.1f GiB), fp16 %s, subgroups %s;"
+                    " %.1f MiB allocated (weights resident)\n",
+            in->device_vendor, in->device_driver, in->device_version, in->n_threads, in->device_mem_total / 1073741824.0,
+            in->device_max_alloc / 1073741824.0, in->device_fp16 ? "yes" : "no", in->device_subgroups ? "yes" : "no",
+            in->device_mem_used / 1048576.0);
   if (cfg.train_enabled)
     fprintf(stderr, "  training  configured, but this build has no trainer yet (the training issue); serving only\n");
   if (srv.listen_addr[0]) fprintf(stderr, "  listening on %s%s\n", srv.listen_addr, cfg.auth_token ? " (AUTH required)" : "");

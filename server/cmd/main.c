@@ -4,6 +4,7 @@
 
 #include "ll_cmd.h"
 #include "ll_config.h"
+#include "ll_demo.h"
 
 struct ll_subcommand {
   const char *name;
@@ -18,11 +19,20 @@ static const struct ll_subcommand ll_subcommands[] = {
     {"perplexity", ll_cmd_perplexity, "perplexity of a text file (like llama-perplexity)"},
     {"train", ll_cmd_train, "fine-tune LoRA adapters (or a small model) in the foreground"},
     {"init", ll_cmd_init, "write a randomly initialised Llama .ckpt to train from scratch"},
+    {"plan", ll_cmd_plan, "device memory plan of a config (weights, KV, training) and its adaptation, without loading"},
     {"convert", ll_cmd_convert, "convert GGUF / llama2.c / safetensors to .ckpt (or .ckpt to GGUF)"},
     {"export", ll_cmd_export, "LoRA adapter -> GGUF LoRA for llama.cpp --lora, or --merge into the base"},
     {"tokenize", ll_cmd_tokenize, "text on stdin -> token ids"},
     {"detokenize", ll_cmd_detokenize, "token ids on stdin -> text"},
 };
+
+const char *ll_cmd_opencl_cache(const char *state_dir_cfg, const char *device, char *buf, size_t cap) {
+  char dir[1024], err[256];
+  if (device && strcmp(device, "cpu") == 0) return NULL;
+  if (ll_state_dir_resolve(state_dir_cfg, dir, sizeof dir, err, sizeof err) != 0) return NULL;
+  int n = snprintf(buf, cap, "%s/opencl", dir);
+  return n > 0 && (size_t)n < cap ? buf : NULL;
+}
 
 static void usage(FILE *f) {
   fprintf(f, "usage: llsrv [serve] --model PATH [options]   (llsrv --help for server options)\n"

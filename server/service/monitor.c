@@ -79,12 +79,24 @@ static json_t *snapshot_json(struct ll_server *s) {
   json_object_set_new(dev, "compute_units", int_or_null(is_cpu, sysconf(_SC_NPROCESSORS_ONLN)));
   json_object_set_new(dev, "threads", json_integer(in->n_threads));
   json_object_set_new(dev, "reason", json_string(in->device_reason));
+  if (!is_cpu) { // OpenCL details (null-free: the backend fills them at start-up)
+    json_object_set_new(dev, "vendor", json_string(in->device_vendor));
+    json_object_set_new(dev, "driver", json_string(in->device_driver));
+    json_object_set_new(dev, "opencl_version", json_string(in->device_version));
+    json_object_set_new(dev, "compute_units", json_integer(in->n_threads));
+    json_object_set_new(dev, "global_mem", json_integer(in->device_mem_total));
+    json_object_set_new(dev, "max_alloc", json_integer(in->device_max_alloc));
+    json_object_set_new(dev, "fp16", json_boolean(in->device_fp16));
+    json_object_set_new(dev, "subgroups", json_boolean(in->device_subgroups));
+  }
   json_object_set_new(root, "device", dev);
 
   json_t *mem = json_object();
   // For the CPU backend the device memory is the host's RAM.
-  json_object_set_new(mem, "device_total", int_or_null(is_cpu && have_mem, mt));
-  json_object_set_new(mem, "device_used", int_or_null(is_cpu && have_mem, mt - ma));
+  // For the OpenCL backend: its global memory and what we allocated on it (counted at start-up:
+  // weights and staging; the KV pool grows on the device as it is used).
+  json_object_set_new(mem, "device_total", is_cpu ? int_or_null(have_mem, mt) : json_integer(in->device_mem_total));
+  json_object_set_new(mem, "device_used", is_cpu ? int_or_null(have_mem, mt - ma) : json_integer(in->device_mem_used));
   json_object_set_new(mem, "host_rss", int_or_null(rss >= 0, rss));
   json_object_set_new(mem, "host_total", int_or_null(have_mem, mt));
   json_object_set_new(mem, "weights", json_integer(in->weight_bytes));

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# End to end on the OpenCL backend: `llsrv generate` greedy ids over 32 tokens with
+# --device opencl:P:D (the PoCL device, or $LL_TEST_OPENCL_DEVICE) equal the CPU backend's,
+# for stories260K (llama2.c, from BOS) and SmolLM2-135M Q4_1 on the reference prompts.
+# Exact equality is asserted: both backends quantize activations to the same bytes and take
+# exact integer block sums, so logits differ only by float summation order (~1e-7 relative),
+# far below the gaps between the top two logits on these prompts. The stderr device line
+# must name OpenCL (a silent CPU fallback would compare the CPU with itself).
+set -u
+LLSRV=$LL_BINARY_DIR/server/llsrv
+DEV=${LL_TEST_OPENCL_DEVICE:-opencl:0:0}
+STORIES=$LL_SHARED_DIR/testdata/models/stories260K.bin
+SMOL=$LL_MODEL_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
+export XDG_STATE_HOME=$(mktemp -d) # the binary cache goes here, not into the user's state
+trap 'rm -rf "$XDG_STATE_HOME"' EXIT
+passed=0 failed=0
+check() { if [ "$1" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi; }
+run() { # model device args... -> ids on stdout, device line checked
+  local m=$1 d=$2; shift 2
+  "$LLSRV" generate --model "$m" --ids -n 32 --temp 0 --ignore-eos --device "$d" "$@" 2>"$XDG_STATE_HOME/err" | tr -s ' \n' ' '
+  grep -q "^llsrv generate: device $( [ "$d" = cpu ] && echo cpu || echo opencl)" "$XDG_STATE_HOME/err" ||
+    { echo "unexpected device for $d:" >&2; cat "$XDG_STATE_HOME/err" >&2; }
+}
+if [ -f "$STORIES" ]; then
+  a=$(run "$STORIES" cpu); b=$(run "$STORIES" "$DEV")
+  echo "stories260K cpu:    $a"; echo "stories260K opencl: $b"
+  [ -n "$a" ] && [ "$a" = "$b" ]; check $? "stories260K: OpenCL ids differ from the CPU's"
+else
+  check 1 "stories260K not found at $STORIES"
+fi
+if [ -f "$SMOL" ]; then
+  while IFS= read -r p; do
+    p=$(printf '%b' "$p")
+    a=$(run "$SMOL" cpu -p "$p"); b=$(run "$SMOL" "$DEV" -p "$p")
+    echo "smollm2 '$p'"; echo "  cpu:    $a"; echo "  opencl: $b"
+    [ -n "$a" ] && [ "$a" = "$b" ]; check $? "smollm2 prompt '$p': OpenCL ids differ from the CPU's"
+  done < "$LL_SOURCE_DIR/tests/ref/smollm2_prompts.txt"
+else
+  check 1 "SmolLM2 not cached at $SMOL"
+fi
+# The second start loads the kernels from the binary cache.
+"$LLSRV" generate --model "$STORIES" --ids -n 1 --temp 0 --device "$DEV" 2>&1 | grep -q "kernels from the binary cache"
+check $? "second start did not use the binary cache"
+# llsrv plan: a plan that fits as configured; one that must adapt (the device capped with
+# LL_OPENCL_MEM_LIMIT) halves parallel first, then ctx, and says so; nothing fits -> CPU.
+out=$("$LLSRV" plan --model "$SMOL" --device "$DEV" --parallel 2 --ctx 1024 2>&1)
+echo "$out" | grep -q "adaptation: none needed"; check $? "plan: default plan should fit: $out"
+out=$(LL_OPENCL_MEM_LIMIT=1000000000 "$LLSRV" plan --model "$SMOL" --device "$DEV" --parallel 32 --ctx 8192 2>&1)
+echo "$out"
+echo "$out" | grep -q "parallel 32 -> 16" && echo "$out" | grep -q "plan after adaptation" && ! echo "$out" | grep -q "ctx 8192 -> 4096"
+check $? "plan: expected parallel halvings only"
+out=$(LL_OPENCL_MEM_LIMIT=150000000 "$LLSRV" plan --model "$SMOL" --device "$DEV" --train-enabled 2>&1)
+echo "$out" | grep -q "activation recomputation on" && echo "$out" | grep -q "nothing fits.*CPU backend"
+check $? "plan: expected the whole adaptation order and the CPU fallback: $out"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
