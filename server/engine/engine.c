@@ -266,11 +266,12 @@ void ll_engine_close(struct ll_engine *e) {
 // of memory is given up for the CPU backend, with the reason saying so (never an error).
 static int upload_weights(struct ll_engine *e, const struct ll_engine_params *p, char *err, size_t errlen) {
   struct ll_backend *be = e->be;
-  int rc = be->i->weight_upload(be, &e->tok_embd);
-  if (rc == 0) rc = be->i->weight_upload(be, &e->output);
-  for (int l = 0; rc == 0 && l < e->L; l++) {
-    struct ll_weight *ws[] = {&e->layers[l].wq, &e->layers[l].wk, &e->layers[l].wv, &e->layers[l].wo,
-                              &e->layers[l].gate, &e->layers[l].up, &e->layers[l].down};
+  struct ll_model *m = &e->m;
+  int rc = be->i->weight_upload(be, &m->tok_embd);
+  if (rc == 0) rc = be->i->weight_upload(be, &m->output);
+  for (int l = 0; rc == 0 && l < m->L; l++) {
+    struct ll_layer *y = &m->layers[l];
+    struct ll_weight *ws[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down};
     for (size_t i = 0; rc == 0 && i < sizeof ws / sizeof ws[0]; i++) rc = be->i->weight_upload(be, ws[i]);
   }
   if (rc == 0) return 0;
@@ -281,9 +282,9 @@ static int upload_weights(struct ll_engine *e, const struct ll_engine_params *p,
            (double)bi.mem_used / (1 << 20), (double)bi.mem_total / (1 << 20));
   ll_backend_free(be); // releases its device copies
   e->be = NULL;
-  e->tok_embd.dev = e->output.dev = NULL;
-  for (int l = 0; l < e->L; l++) {
-    struct layer *y = &e->layers[l];
+  m->tok_embd.dev = m->output.dev = NULL;
+  for (int l = 0; l < m->L; l++) {
+    struct ll_layer *y = &m->layers[l];
     y->wq.dev = y->wk.dev = y->wv.dev = y->wo.dev = y->gate.dev = y->up.dev = y->down.dev = NULL;
   }
   rc = ll_backend_cpu_create(&e->be, p->n_threads, err, errlen);
