@@ -24,7 +24,7 @@ const struct ll_option ll_options[] = {
      "Model file (GGUF, .ckpt, llama2.c .bin, safetensors directory); unset: the demo model under state_dir."},
     {"adapter", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(adapter), "PATHS",
      "LoRA adapters to serve (GGUF LoRA, .ckpt, PEFT directory), comma-separated; each is named by its file stem; the first is used by requests that name none."},
-    {"device", LL_OPT_STRING, 0, 0, "auto", NULL, OFF(device), "DEV", "Compute device: auto, cpu, or opencl[:P[:D]]."},
+    {"device", LL_OPT_STRING, 0, 0, "auto", NULL, OFF(device), "DEV", "Compute device: auto (the best OpenCL GPU that passes its self-test, else the CPU), cpu, opencl, opencl:P or opencl:P:D (llsrv(1), DEVICES)."},
     {"threads", LL_OPT_INT, 0, 256, "0", NULL, OFF(threads), "N", "Compute threads; 0 uses every online CPU."},
     {"ctx", LL_OPT_INT, 16, 131072, "2048", NULL, OFF(ctx), "N", "Context positions per sequence."},
     {"parallel", LL_OPT_INT, 1, 256, "8", NULL, OFF(parallel), "N", "Sequences decoded together in one pass over the weights."},
