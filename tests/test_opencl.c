@@ -6,10 +6,11 @@
 // kernels/opencl/llsrv.cl) for quantized products, get_rows, rmsnorm, rope, attention (f16
 // and f32 caches) and swiglu with ggml's exp: asserted exactly (normalized MSE 0).
 // Elsewhere, and for what is not reproduced (float-weight products: a tree in f32 against
-// the CPU's f64 sums; swiglu with the device's exp instead of libm's), tolerances in
-// normalized MSE, Σ(dev - cpu)² / Σ cpu²: products 1e-10, get_rows 1e-12, rmsnorm 1e-10,
-// rope 1e-12, swiglu 1e-10, attention 1e-8 (f32 cache) / 1e-6 (f16 cache: a probability
-// rounded to f16 after a sum in another order may land one f16 step away); add exact.
+// the CPU's f64 sums; exp in swiglu where the CPU uses libm's expf: llama2.c models and the
+// last n % 8 elements), tolerances in normalized MSE, Σ(dev - cpu)² / Σ cpu²: products 1e-10,
+// get_rows 1e-12, rmsnorm 1e-10, rope 1e-12, swiglu 1e-10, attention 1e-8 (f32 cache) / 1e-6
+// (f16 cache: a probability rounded to f16 after a sum in another order may land one f16
+// step away); add exact.
 // The device-choice cases run in child processes started before this process touches
 // OpenCL, since the ICD loader reads OCL_ICD_VENDORS once per process.
 #define CL_TARGET_OPENCL_VERSION 120
@@ -166,9 +167,13 @@ static void test_elementwise(struct ll_backend *cpu, struct ll_backend *cl) {
     cpu->ggml_math = cl->ggml_math = gm;
     CHECK(cpu->i->swiglu(cpu, a, g, u, n) == 0);
     CHECK(cl->i->swiglu(cl, b, g, u, n) == 0);
-    const double e = nmse(b, a, n);
-    printf("swiglu (ggml_math %d): nmse %.3g\n", gm, e);
-    CHECK(exact && gm ? e == 0 : e < 1e-10);
+    // ggml's exp covers groups of 8 (bit-exact); the tail of n % 8 uses libm's expf on the
+    // CPU and the device's exp here (within tolerance).
+    const int n8 = n - n % 8;
+    const double e = nmse(b, a, n), e8 = nmse(b, a, n8);
+    printf("swiglu (ggml_math %d): nmse %.3g (first %d: %.3g)\n", gm, e, n8, e8);
+    CHECK(e < 1e-10);
+    CHECK(exact && gm ? e8 == 0 : e8 < 1e-10);
     CHECK(cpu->i->add(cpu, a, g, u, n) == 0);
     CHECK(cl->i->add(cl, b, g, u, n) == 0);
     CHECK(memcmp(a, b, n * 4) == 0);
