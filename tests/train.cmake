@@ -3,3 +3,6 @@
 ll_test(NAME test_trainer SOURCES test_trainer.c LIBS ll_server LABELS unit TIMEOUT 120)
 # llsrv init / llsrv train from the command line (progress, checkpoints, SIGTERM + resume, LoRA, dry run, bad options).
 ll_script_test(NAME train_cli COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_train_cli.sh LABELS integration TIMEOUT 180)
+# Training in the server: monitor fields, history and events, requests served meanwhile, train
+# pause/resume/stop/save, SIGTERM checkpoint and resume, kill -9 restart.
+ll_script_test(NAME server_train COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_train.py LABELS integration TIMEOUT 300)

@@ -20,6 +20,7 @@
 #include "ll_lora.h"
 #include "ll_model.h"
 #include "ll_server.h"
+#include "ll_trainjob.h"
 
 static void on_async(uv_async_t *a) {
   struct ll_server *s = a->data;
@@ -225,6 +226,19 @@ int ll_cmd_serve(int argc, char **argv) {
     goto out;
   }
   n_adapters = load_adapters(&srv, cfg.adapter, adapters);
+  // Background training: a job whenever the model can train (it has a tokenizer); it starts
+  // at once with train.enabled, else on `train start` from the monitor socket.
+  char run_dir[1400] = "";
+  if (ll_engine_tokenizer(srv.e)) {
+    const char *stem = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
+    if (cfg.train_checkpoint_dir) snprintf(run_dir, sizeof run_dir, "%s", cfg.train_checkpoint_dir);
+    else snprintf(run_dir, sizeof run_dir, "%s/runs/%.*s", state_dir, (int)strcspn(stem, "."), stem);
+    if (ll_trainjob_create(&srv.job, srv.e, srv.sched, &cfg, model_path, cfg.train_data ? cfg.train_data : ".", run_dir, cfg.train_enabled, err,
+                           sizeof err) != 0) {
+      fprintf(stderr, "llsrv: %s\n", err);
+      goto out;
+    }
+  }
   if (ll_net_start(&srv, err, sizeof err) != 0 || ll_monitor_start(&srv, sock_path, err, sizeof err) != 0) {
     fprintf(stderr, "llsrv: %s\n", err);
     goto out;
@@ -249,7 +263,7 @@ int ll_cmd_serve(int argc, char **argv) {
           "  model     %s (%s, %s, %.1fM parameters, %s)\n"
           "  context   %d positions x %d parallel sequences, vocabulary %d\n"
           "  device    %s: %s (%s), %d threads\n"
-          "  memory    weights %s + KV cache %s (%s, %d blocks of %d) + training reserve 0 (no training job)\n",
+          "  memory    weights %s + KV cache %s (%s, %d blocks of %d)\n",
           LL_VERSION, in->name, in->arch, in->quant, in->n_params / 1e6, model_path, in->n_ctx, in->n_parallel, in->n_vocab,
           in->backend, in->device_name, in->device_reason, in->n_threads, wb, kb, in->kv_f16 ? "f16" : "f32", in->kv_blocks_total,
           LL_KV_BLOCK);
@@ -259,8 +273,14 @@ int ll_cmd_serve(int argc, char **argv) {
             in->device_vendor, in->device_driver, in->device_version, in->n_threads, in->device_mem_total / 1073741824.0,
             in->device_max_alloc / 1073741824.0, in->device_fp16 ? "yes" : "no", in->device_subgroups ? "yes" : "no",
             in->device_mem_used / 1048576.0);
-  if (cfg.train_enabled)
-    fprintf(stderr, "  training  configured, but this build has no trainer yet (the training issue); serving only\n");
+  if (srv.job && cfg.train_enabled)
+    fprintf(stderr, "  training  %s %s on %s, %lld steps, checkpoints in %s (monitor: train pause|resume|stop, save)\n",
+            cfg.train_mode ? cfg.train_mode : "lora", strcmp(cfg.train_mode ? cfg.train_mode : "lora", "full") ? "adapters (adapter=live)" : "weights",
+            cfg.train_data ? cfg.train_data : ".", (long long)cfg.train_steps, run_dir);
+  else if (srv.job)
+    fprintf(stderr, "  training  off (monitor: train start; data %s, checkpoints in %s)\n", cfg.train_data ? cfg.train_data : ".", run_dir);
+  else if (cfg.train_enabled)
+    fprintf(stderr, "  training  unavailable: the model has no tokenizer\n");
   if (srv.listen_addr[0]) fprintf(stderr, "  listening on %s%s\n", srv.listen_addr, cfg.auth_token ? " (AUTH required)" : "");
   else fprintf(stderr, "  TCP off (listen: off)\n");
   fprintf(stderr, "  monitor   %s (lltop --socket %s)\n", srv.mon_path, srv.mon_path);
@@ -278,6 +298,8 @@ int ll_cmd_serve(int argc, char **argv) {
 out:
   ll_sched_destroy(srv.sched); // joins the compute thread before the engine goes
   srv.sched = NULL;
+  ll_trainjob_destroy(srv.job); // saves a running job's checkpoint (SIGTERM keeps the work)
+  srv.job = NULL;
   for (int i = 0; i < n_adapters; i++) ll_lora_free(adapters[i]); // before the engine's backend goes
   if (srv.mon_path[0]) unlink(srv.mon_path);
   // Close what is still open (an error path, or the stop timer) and let the close callbacks

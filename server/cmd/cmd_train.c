@@ -183,8 +183,18 @@ int ll_cmd_train(int argc, char **argv) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   const int tty = isatty(STDOUT_FILENO);
+  double val = NAN;
+  if (ll_train_run_resumed_from(run) < 0 && c.train_eval_every > 0) { // where the curve starts
+    rc = ll_train_run_eval(run, &val, err, sizeof err);
+    if (rc == 0) printf("step 0/%lld  val %.4f\n", (long long)tp.steps, val);
+    else if (rc != LL_ENOTFOUND) {
+      fprintf(stderr, "llsrv train: %s\n", err);
+      goto out;
+    }
+    fflush(stdout);
+  }
   struct ll_train_run_event ev;
-  double t_start = now_s(), val = NAN;
+  double t_start = now_s();
   int64_t tokens = 0, steps_done = 0;
   struct ll_trainer_state st;
   while (!ll_train_run_done(run) && !g_stop) {

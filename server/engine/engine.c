@@ -349,6 +349,16 @@ const struct ll_tokenizer *ll_engine_tokenizer(const struct ll_engine *e) { retu
 int ll_engine_n_vocab(const struct ll_engine *e) { return e->m.n_vocab; }
 const struct ll_model *ll_engine_model(const struct ll_engine *e) { return &e->m; }
 struct ll_backend *ll_engine_backend(const struct ll_engine *e) { return e->be; }
+
+int ll_engine_use_weights(struct ll_engine *e, const struct ll_model *m) {
+  if (m->n_vocab != e->m.n_vocab || m->C != e->m.C || m->L != e->m.L || m->H != e->m.H || m->Hkv != e->m.Hkv || m->F != e->m.F)
+    return LL_EINVAL;
+  e->m.tok_embd = m->tok_embd;
+  e->m.output = m->output;
+  e->m.output_norm = m->output_norm;
+  for (int l = 0; l < e->m.L; l++) e->m.layers[l] = m->layers[l];
+  return 0;
+}
 int ll_engine_kv_blocks_used(const struct ll_engine *e) { return e->n_blocks - e->n_free; }
 
 // ---------------------------------------------------------------- sequences

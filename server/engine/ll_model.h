@@ -42,4 +42,9 @@ struct ll_engine;
 const struct ll_model *ll_engine_model(const struct ll_engine *e);
 struct ll_backend *ll_engine_backend(const struct ll_engine *e);
 
+// Serve other weights of the same shapes (full-parameter training: the trainer's f32 copies,
+// so answers follow the training). Called on the thread that drives the engine; m must
+// outlive the engine's use of it. LL_EINVAL when the shapes differ.
+int ll_engine_use_weights(struct ll_engine *e, const struct ll_model *m);
+
 #endif

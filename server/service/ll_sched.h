@@ -106,4 +106,16 @@ int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct
 // The adapter of requests that name none ("none" or NULL: the base model; the default).
 int ll_sched_adapter_default(struct ll_sched *s, const char *name);
 
+// ---- background work (training) on the compute thread ----
+// fn(user, busy) runs one unit of background work (one training step) on the compute thread
+// between decode steps and returns 1 when it has more to do, 0 when it has nothing (then the
+// thread sleeps until a request or ll_sched_wake). Generation has priority: with requests in
+// flight (busy = 1) a unit runs only while background time stays under `share` of the
+// compute time (measured over the last ~10 s); idle, units run back to back.
+typedef int (*ll_sched_bg_fn)(void *user, int busy);
+void ll_sched_set_background(struct ll_sched *s, ll_sched_bg_fn fn, void *user, double share);
+void ll_sched_wake(struct ll_sched *s); // any thread: the background has work again
+// Compute thread (from fn): one monitor event line (JSON text without '\n').
+void ll_sched_emit_event(struct ll_sched *s, const char *json);
+
 #endif

@@ -20,6 +20,7 @@ struct ll_server {
   struct ll_engine *e;
   struct ll_engine_info info;
   struct ll_sched *sched;
+  struct ll_trainjob *job; // background training, NULL when the model cannot train (no tokenizer)
   const char *model_path;
   double t_start; // ms, uv_hrtime based
 

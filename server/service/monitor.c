@@ -17,6 +17,7 @@
 #include "ll_error.h"
 #include "ll_log.h"
 #include "ll_server.h"
+#include "ll_trainjob.h"
 
 #define MON_MAX_CLIENTS 64
 #define MON_MAX_LINE 4096
@@ -103,7 +104,8 @@ static json_t *snapshot_json(struct ll_server *s) {
   json_object_set_new(mem, "kv_bytes", json_integer(in->kv_bytes));
   json_object_set_new(mem, "kv_blocks_used", json_integer(st.kv_blocks_used));
   json_object_set_new(mem, "kv_blocks_total", json_integer(in->kv_blocks_total));
-  json_object_set_new(mem, "train_bytes", json_null()); // no trainer buffers yet
+  const int64_t tb = s->job ? ll_trainjob_bytes(s->job) : -1; // null until a run has its buffers
+  json_object_set_new(mem, "train_bytes", tb >= 0 ? json_integer(tb) : json_null());
   json_object_set_new(root, "memory", mem);
 
   json_t *model = json_object();
@@ -149,14 +151,19 @@ static json_t *snapshot_json(struct ll_server *s) {
   json_object_set_new(sv, "requests", reqs);
   json_object_set_new(root, "serving", sv);
 
-  // Training: the trainer arrives with the training issue; until then its fields are null.
-  json_t *tr = json_object();
-  json_object_set_new(tr, "state", json_string(s->cfg->train_enabled ? "unavailable" : "off"));
-  const char *nulls[] = {"step", "total_steps", "epoch", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "eta_s", "last_checkpoint",
-                         "skipped_steps", "run_dir"};
-  for (size_t i = 0; i < sizeof nulls / sizeof nulls[0]; i++) json_object_set_new(tr, nulls[i], json_null());
-  json_object_set_new(tr, "history", json_array()); // [[step, loss, val_loss|null], ...]
-  json_object_set_new(tr, "history_tail", json_false());
+  // Training: the job's fields, or "unavailable" (a model without a tokenizer cannot train).
+  json_t *tr;
+  if (s->job) {
+    tr = ll_trainjob_json(s->job);
+  } else {
+    tr = json_object();
+    json_object_set_new(tr, "state", json_string(s->cfg->train_enabled ? "unavailable" : "off"));
+    const char *nulls[] = {"step", "total_steps", "epoch", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "eta_s", "last_checkpoint",
+                           "skipped_steps", "run_dir"};
+    for (size_t i = 0; i < sizeof nulls / sizeof nulls[0]; i++) json_object_set_new(tr, nulls[i], json_null());
+    json_object_set_new(tr, "history", json_array()); // [[step, loss, val_loss|null], ...]
+    json_object_set_new(tr, "history_tail", json_false());
+  }
   json_object_set_new(root, "training", tr);
   return root;
 }
@@ -242,8 +249,13 @@ static void handle_control(struct ll_mconn *m, char *line) {
     ll_log(LL_LOG_INFO, "log level set to %s from the monitor socket", arg);
     reply(m, "log_level", 1, NULL);
   } else if (!strcmp(cmd, "train") || !strcmp(cmd, "save") || !strcmp(cmd, "pause") || !strcmp(cmd, "resume")) {
-    // Accepted commands, refused honestly: there is no training job to control yet.
-    reply(m, cmd, 0, "no training job in this build (the trainer arrives with the training issue)");
+    // Flags for the compute thread; the reply says whether the command fits the job's state.
+    const char *what = !strcmp(cmd, "train") ? arg : cmd;
+    char e[256];
+    if (!s->job) return reply(m, cmd, 0, "training is unavailable: the model has no tokenizer");
+    if (!strcmp(cmd, "train") && !arg[0]) return reply(m, cmd, 0, "train needs start, pause, resume or stop");
+    if (ll_trainjob_control(s->job, what, e, sizeof e) != 0) return reply(m, cmd, 0, e);
+    reply(m, cmd, 1, NULL);
   } else {
     char e[128];
     snprintf(e, sizeof e, "unknown command '%.40s' (snapshot, log_level LEVEL, train start|stop|pause|resume, save)", cmd);

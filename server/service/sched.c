@@ -91,6 +91,12 @@ struct ll_sched {
   double decode_tps, prefill_tps;
   char *esc; // escape buffer
   size_t esc_cap;
+  // background work (training): the function is set before requests flow; bg_wake under mu
+  ll_sched_bg_fn bg_fn;
+  void *bg_user;
+  double bg_share;
+  int bg_more, bg_wake;
+  double bg_ms, fg_ms; // compute time spent on each, decayed (a ~10 s window)
 };
 
 // ---- output ----
@@ -578,12 +584,14 @@ static void *compute_main(void *arg) {
     // Queued requests are work too: when every active slot finished in the same step (equal
     // requests started together), the queue must be admitted now, not after the next arrival
     // (that wait hung 55 queued requests forever in a test run). wait_head is this thread's.
-    while (!s->quit && s->n_in == 0 && !s->cancels && n_active == 0 && !s->wait_head) {
+    if (s->bg_wake) s->bg_more = 1, s->bg_wake = 0;
+    while (!s->quit && s->n_in == 0 && !s->cancels && n_active == 0 && !s->wait_head && !(s->bg_fn && s->bg_more)) {
       if (s->decode_tps != 0 || s->prefill_tps != 0) { // idle: rates fall to 0
         s->decode_tps = s->prefill_tps = 0;
         s->stats.decode_tps = s->stats.prefill_tps = 0;
       }
       pthread_cond_wait(&s->cv, &s->mu);
+      if (s->bg_wake) s->bg_more = 1, s->bg_wake = 0;
       s->win_t0 = now_ms();
       s->win_gen = s->win_prefill = 0;
     }
@@ -660,6 +668,7 @@ static void *compute_main(void *arg) {
       s->items[n_items++] = (struct ll_batch_item){a->seq, n, a->tokens + a->n_prefilled, last ? 1 : 0, a->logits};
       budget -= n;
     }
+    const double t_fg = now_ms();
     if (n_items > 0) {
       int rc = ll_engine_decode(s->e, s->items, n_items, err, sizeof err);
       // Map items back to slots (items name distinct sequences).
@@ -683,11 +692,39 @@ static void *compute_main(void *arg) {
         }
       }
     }
+    if (n_items > 0) s->fg_ms += now_ms() - t_fg;
+    // Background unit: always when idle; when busy, only under its share of compute time.
+    if (s->bg_fn && s->bg_more && (n_items == 0 || s->bg_ms < s->bg_share * (s->bg_ms + s->fg_ms))) {
+      const double t0 = now_ms();
+      s->bg_more = s->bg_fn(s->bg_user, n_items > 0);
+      const double dt = now_ms() - t0;
+      if (n_items > 0) s->bg_ms += dt;
+    }
+    if (s->bg_ms + s->fg_ms > 10000) s->bg_ms *= 0.5, s->fg_ms *= 0.5; // forget slowly
     update_stats(s, 0);
     publish(s);
   }
   return NULL;
 }
+
+void ll_sched_set_background(struct ll_sched *s, ll_sched_bg_fn fn, void *user, double share) {
+  pthread_mutex_lock(&s->mu);
+  s->bg_fn = fn;
+  s->bg_user = user;
+  s->bg_share = share;
+  s->bg_wake = 1;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+void ll_sched_wake(struct ll_sched *s) {
+  pthread_mutex_lock(&s->mu);
+  s->bg_wake = 1;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+void ll_sched_emit_event(struct ll_sched *s, const char *json) { emit(s, 0, NULL, 0, 1, "%s\n", json); }
 
 // ---- loop-thread API ----
 

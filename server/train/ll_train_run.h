@@ -52,6 +52,8 @@ void ll_train_run_close(struct ll_train_run *r); // accepts NULL
 int ll_train_run_describe(const struct ll_train_run *r, char *buf, size_t cap);
 // One optimizer step, then an evaluation and/or a checkpoint when due (and both at the last step).
 int ll_train_run_step(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen);
+// Validation loss now (LL_ENOTFOUND without validation data); also recorded for the next events.
+int ll_train_run_eval(struct ll_train_run *r, double *val, char *err, size_t errlen);
 // A checkpoint now (on demand, on shutdown).
 int ll_train_run_save(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen);
 int ll_train_run_done(const struct ll_train_run *r); // 1 when every step has run

@@ -264,6 +264,12 @@ static int save_now(struct ll_train_run *r, struct ll_train_run_event *ev, char 
   return 0;
 }
 
+int ll_train_run_eval(struct ll_train_run *r, double *val, char *err, size_t errlen) {
+  int rc = ll_trainer_eval(r->tr, &r->src, r->o.eval_seqs, val, err, errlen);
+  if (rc == 0) r->val_loss = *val;
+  return rc;
+}
+
 int ll_train_run_save(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen) {
   memset(ev, 0, sizeof *ev);
   ev->val_loss = r->val_loss;

@@ -1,0 +1,36 @@
+// ll_trainjob.h - the server's background training job: a training run (ll_train_run.h) driven
+// one step at a time on the scheduler's compute thread (ll_sched_set_background), controlled
+// from the monitor socket (train start|pause|resume|stop, save) and reported in the monitor's
+// `training` object, its history and its events (man 7 llsrv-protocol, MONITOR SOCKET).
+//
+// Threads: create/destroy on the main thread (destroy after the scheduler has stopped: it saves
+// a last checkpoint of a running job then, which is how SIGTERM keeps the work); control and
+// json from the loop thread (they only set flags and read a snapshot under a mutex, never
+// waiting on training); everything else runs on the compute thread.
+#ifndef LL_TRAINJOB_H
+#define LL_TRAINJOB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+struct ll_config;
+struct ll_engine;
+struct ll_sched;
+struct ll_trainjob;
+
+#define LL_TRAINJOB_HISTORY 512
+
+// run_dir: where checkpoints go; data: the corpus. autostart: begin at once (train.enabled).
+int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_sched *s, const struct ll_config *cfg, const char *model_path,
+                       const char *data, const char *run_dir, int autostart, char *err, size_t errlen);
+void ll_trainjob_destroy(struct ll_trainjob *j); // accepts NULL
+
+// "start", "pause", "resume", "stop", "save": 0, or a negative code with the reason in msg.
+int ll_trainjob_control(struct ll_trainjob *j, const char *cmd, char *msg, size_t cap);
+// The monitor's `training` object (every field; history up to LL_TRAINJOB_HISTORY points).
+json_t *ll_trainjob_json(struct ll_trainjob *j);
+int64_t ll_trainjob_bytes(struct ll_trainjob *j); // trainer memory, -1 before the run opened
+
+#endif

@@ -1,0 +1,350 @@
+// trainjob.c - background training in the server (ll_trainjob.h).
+#include "ll_trainjob.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ll_config.h"
+#include "ll_engine.h"
+#include "ll_error.h"
+#include "ll_log.h"
+#include "ll_lora.h"
+#include "ll_model.h"
+#include "ll_sched.h"
+#include "ll_train_run.h"
+
+enum job_state { ST_OFF, ST_RUNNING, ST_PAUSED, ST_STOPPED, ST_DONE, ST_ERROR };
+static const char *const state_names[] = {"off", "running", "paused", "stopped", "done", "error"};
+
+enum { CMD_START = 1, CMD_PAUSE = 2, CMD_RESUME = 4, CMD_STOP = 8, CMD_SAVE = 16 };
+
+struct point {
+  int64_t step;
+  double loss, val; // NaN: none
+};
+
+struct ll_trainjob {
+  struct ll_engine *e;
+  struct ll_sched *s;
+  struct ll_trainer_params tp;
+  struct ll_train_run_opts ro;
+  char model_path[1024], data[1024], run_dir[1024], arch[32];
+  struct ll_train_run *run; // compute thread (and destroy)
+
+  pthread_mutex_t mu; // guards what follows (the loop thread reads it)
+  int state, cmds;
+  int64_t step, total, epoch, skipped, bytes;
+  double loss, val, lr, gnorm, tps, eta;
+  char last_ckpt[4160], error[512];
+  struct point hist[LL_TRAINJOB_HISTORY];
+  int n_hist;
+  int64_t stride; // history keeps steps that are multiples of stride (doubles when full)
+  double t_run;   // seconds of training in this process, tokens over it (tokens/s)
+  int64_t tokens;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+// ---------------------------------------------------------------- history (under mu)
+
+static void hist_add(struct ll_trainjob *j, int64_t step, double loss, double val) {
+  if (j->n_hist && j->hist[j->n_hist - 1].step == step) { // the same step again (its evaluation)
+    if (!isnan(val)) j->hist[j->n_hist - 1].val = val;
+    return;
+  }
+  if (step % j->stride != 0 && isnan(val)) return;
+  if (j->n_hist == LL_TRAINJOB_HISTORY) { // downsample: keep every other point, twice the stride
+    int k = 0;
+    for (int i = 0; i < j->n_hist; i += 2) j->hist[k++] = j->hist[i];
+    j->n_hist = k;
+    j->stride *= 2;
+  }
+  j->hist[j->n_hist++] = (struct point){step, loss, val};
+}
+
+// ---------------------------------------------------------------- events (compute thread)
+
+static void event_json(struct ll_trainjob *j, json_t *ev) {
+  json_object_set_new(ev, "type", json_string("event"));
+  char *txt = json_dumps(ev, JSON_COMPACT);
+  json_decref(ev);
+  if (txt) ll_sched_emit_event(j->s, txt);
+  free(txt);
+}
+
+static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static void fail(struct ll_trainjob *j, const char *msg) {
+  ll_log(LL_LOG_ERROR, "training: %s", msg);
+  pthread_mutex_lock(&j->mu);
+  j->state = ST_ERROR;
+  snprintf(j->error, sizeof j->error, "%s", msg);
+  pthread_mutex_unlock(&j->mu);
+  json_t *ev = json_object();
+  json_object_set_new(ev, "event", json_string("train_error"));
+  json_object_set_new(ev, "message", json_string(msg));
+  event_json(j, ev);
+}
+
+static int save(struct ll_trainjob *j, int emit) {
+  char err[512];
+  struct ll_train_run_event ev;
+  int rc = ll_train_run_save(j->run, &ev, err, sizeof err);
+  if (rc) {
+    // The previous checkpoints stay as they were (the new one is written beside them and
+    // published by rename only when complete); training goes on.
+    ll_log(LL_LOG_WARN, "training: checkpoint failed: %s", err);
+    if (emit) {
+      json_t *w = json_object();
+      json_object_set_new(w, "event", json_string("warning"));
+      char m[600];
+      snprintf(m, sizeof m, "checkpoint failed: %s", err);
+      json_object_set_new(w, "message", json_string(m));
+      event_json(j, w);
+    }
+    return rc;
+  }
+  pthread_mutex_lock(&j->mu);
+  snprintf(j->last_ckpt, sizeof j->last_ckpt, "%s", ev.path);
+  int64_t step = j->step;
+  pthread_mutex_unlock(&j->mu);
+  if (emit) {
+    json_t *e = json_object();
+    json_object_set_new(e, "event", json_string("checkpoint_saved"));
+    json_object_set_new(e, "step", json_integer(step));
+    json_object_set_new(e, "path", json_string(ev.path));
+    event_json(j, e);
+  }
+  return 0;
+}
+
+static int open_run(struct ll_trainjob *j) {
+  char err[1024], desc[4096];
+  int rc = ll_train_run_open(&j->run, ll_engine_model(j->e), ll_engine_backend(j->e), ll_engine_tokenizer(j->e), &j->tp, &j->ro, err,
+                             sizeof err);
+  if (rc) {
+    fail(j, err);
+    return rc;
+  }
+  ll_train_run_describe(j->run, desc, sizeof desc);
+  for (char *line = strtok(desc, "\n"); line; line = strtok(NULL, "\n")) ll_log(LL_LOG_INFO, "training: %s", line);
+  struct ll_trainer *tr = ll_train_run_trainer(j->run);
+  // What requests see: adapter=live (LoRA), or the model itself (full-parameter).
+  if (ll_trainer_lora(tr)) ll_sched_adapter_register(j->s, "live", ll_trainer_lora(tr));
+  else if (ll_trainer_model(tr)) ll_engine_use_weights(j->e, ll_trainer_model(tr));
+  struct ll_train_memory mem;
+  ll_trainer_memory(tr, &mem);
+  struct ll_trainer_state st;
+  ll_trainer_state(tr, &st);
+  double val = NAN;
+  if (ll_train_run_resumed_from(j->run) >= 0) ll_log(LL_LOG_INFO, "training: resumed %s/last.ckpt at step %lld", j->run_dir, (long long)st.step);
+  else if (j->ro.eval_every > 0 && ll_train_run_eval(j->run, &val, err, sizeof err) != 0) val = NAN;
+  pthread_mutex_lock(&j->mu);
+  j->bytes = mem.adapters + mem.grads + mem.optimizer + mem.activations;
+  j->step = st.step;
+  j->skipped = st.skipped;
+  j->val = val;
+  if (!isnan(val)) hist_add(j, st.step, NAN, val);
+  pthread_mutex_unlock(&j->mu);
+  return 0;
+}
+
+// One unit of background work (ll_sched_bg_fn).
+static int slice(void *user, int busy) {
+  (void)busy;
+  struct ll_trainjob *j = user;
+  pthread_mutex_lock(&j->mu);
+  int cmds = j->cmds, state = j->state;
+  j->cmds = 0;
+  pthread_mutex_unlock(&j->mu);
+  if ((cmds & CMD_START) && state != ST_RUNNING && state != ST_PAUSED) {
+    if (!j->run && open_run(j) != 0) return 0;
+    state = ll_train_run_done(j->run) ? ST_DONE : ST_RUNNING;
+  }
+  if ((cmds & CMD_PAUSE) && state == ST_RUNNING) state = ST_PAUSED;
+  if ((cmds & CMD_RESUME) && state == ST_PAUSED) state = ST_RUNNING;
+  if ((cmds & CMD_STOP) && (state == ST_RUNNING || state == ST_PAUSED)) {
+    save(j, 1);
+    state = ST_STOPPED;
+  }
+  if ((cmds & CMD_SAVE) && j->run) save(j, 1);
+  pthread_mutex_lock(&j->mu);
+  j->state = state;
+  pthread_mutex_unlock(&j->mu);
+  if (state != ST_RUNNING) return 0;
+
+  char err[1024];
+  struct ll_train_run_event ev;
+  const double t0 = now_s();
+  int rc = ll_train_run_step(j->run, &ev, err, sizeof err);
+  const double dt = now_s() - t0;
+  if (rc) {
+    fail(j, err);
+    return 0;
+  }
+  struct ll_trainer_state st;
+  ll_trainer_state(ll_train_run_trainer(j->run), &st);
+  pthread_mutex_lock(&j->mu);
+  j->t_run += dt;
+  j->tokens += ev.info.tokens;
+  j->step = ev.info.step;
+  j->epoch = ev.info.epoch;
+  j->skipped = st.skipped;
+  if (!ev.info.skipped) j->loss = ev.info.loss;
+  j->lr = ev.info.lr;
+  j->gnorm = ev.info.grad_norm;
+  j->tps = j->t_run > 0 ? j->tokens / j->t_run : NAN;
+  const int64_t steps_run = j->tokens / (ev.info.tokens > 0 ? ev.info.tokens : 1);
+  j->eta = steps_run > 0 ? j->t_run / steps_run * (double)(j->total - j->step) : NAN;
+  if (ev.evaluated) j->val = ev.val_loss;
+  if (ev.saved) snprintf(j->last_ckpt, sizeof j->last_ckpt, "%s", ev.path);
+  hist_add(j, ev.info.step, ev.info.skipped ? NAN : ev.info.loss, ev.evaluated ? ev.val_loss : NAN);
+  if (ev.finished) j->state = ST_DONE;
+  pthread_mutex_unlock(&j->mu);
+  if (ev.info.skipped) {
+    json_t *e = json_object();
+    json_object_set_new(e, "event", json_string("nan_skip"));
+    json_object_set_new(e, "step", json_integer(ev.info.step));
+    event_json(j, e);
+  }
+  if (ev.evaluated) {
+    json_t *e = json_object();
+    json_object_set_new(e, "event", json_string("train_eval"));
+    json_object_set_new(e, "step", json_integer(ev.info.step));
+    json_object_set_new(e, "loss", num_or_null(ev.info.loss));
+    json_object_set_new(e, "val_loss", num_or_null(ev.val_loss));
+    event_json(j, e);
+  }
+  if (ev.saved) {
+    json_t *e = json_object();
+    json_object_set_new(e, "event", json_string("checkpoint_saved"));
+    json_object_set_new(e, "step", json_integer(ev.info.step));
+    json_object_set_new(e, "path", json_string(ev.path));
+    event_json(j, e);
+  }
+  if (ev.finished) {
+    json_t *e = json_object();
+    json_object_set_new(e, "event", json_string("train_finished"));
+    json_object_set_new(e, "step", json_integer(ev.info.step));
+    json_object_set_new(e, "loss", num_or_null(ev.info.loss));
+    json_object_set_new(e, "val_loss", num_or_null(ev.val_loss));
+    event_json(j, e);
+    ll_log(LL_LOG_INFO, "training: finished at step %lld, loss %.4f, val %.4f", (long long)ev.info.step, ev.info.loss, ev.val_loss);
+    return 0;
+  }
+  return 1;
+}
+
+// ---------------------------------------------------------------- API
+
+int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_sched *s, const struct ll_config *cfg, const char *model_path,
+                       const char *data, const char *run_dir, int autostart, char *err, size_t errlen) {
+  *out = NULL;
+  struct ll_trainjob *j = calloc(1, sizeof *j);
+  if (!j) return ll_errf(err, errlen, LL_ENOMEM, "training: out of memory");
+  int rc = ll_train_params_from_config(cfg, &j->tp, err, errlen);
+  if (rc) {
+    free(j);
+    return rc;
+  }
+  struct ll_engine_info info;
+  ll_engine_get_info(e, &info);
+  j->e = e, j->s = s;
+  snprintf(j->model_path, sizeof j->model_path, "%s", model_path);
+  snprintf(j->data, sizeof j->data, "%s", data ? data : "");
+  snprintf(j->run_dir, sizeof j->run_dir, "%s", run_dir);
+  snprintf(j->arch, sizeof j->arch, "%s", info.arch);
+  j->ro = (struct ll_train_run_opts){j->run_dir, j->data, j->model_path, j->arch, cfg->train_checkpoint_every, cfg->train_eval_every,
+                                     cfg->train_eval_seqs, cfg->train_keep, cfg->train_val_fraction, 0};
+  pthread_mutex_init(&j->mu, NULL);
+  j->state = ST_OFF;
+  j->total = j->tp.steps;
+  j->stride = 1;
+  j->loss = j->val = j->lr = j->gnorm = j->tps = j->eta = NAN;
+  j->bytes = -1;
+  j->cmds = autostart ? CMD_START : 0;
+  ll_sched_set_background(s, slice, j, cfg->train_share);
+  *out = j;
+  return 0;
+}
+
+void ll_trainjob_destroy(struct ll_trainjob *j) {
+  if (!j) return;
+  // The scheduler has stopped: this thread owns the run now. A running job keeps its work.
+  if (j->run && (j->state == ST_RUNNING || j->state == ST_PAUSED)) {
+    char err[512];
+    struct ll_train_run_event ev;
+    if (ll_train_run_save(j->run, &ev, err, sizeof err) == 0) ll_log(LL_LOG_INFO, "training: saved %s at shutdown", ev.path);
+    else ll_log(LL_LOG_ERROR, "training: the shutdown checkpoint failed: %s", err);
+  }
+  ll_train_run_close(j->run);
+  pthread_mutex_destroy(&j->mu);
+  free(j);
+}
+
+int ll_trainjob_control(struct ll_trainjob *j, const char *cmd, char *msg, size_t cap) {
+  int bit = !strcmp(cmd, "start") ? CMD_START : !strcmp(cmd, "pause") ? CMD_PAUSE : !strcmp(cmd, "resume") ? CMD_RESUME
+            : !strcmp(cmd, "stop") ? CMD_STOP : !strcmp(cmd, "save") ? CMD_SAVE : 0;
+  if (!bit) return ll_errf(msg, cap, LL_EINVAL, "unknown training command '%.32s' (start, pause, resume, stop, save)", cmd);
+  pthread_mutex_lock(&j->mu);
+  const int st = j->state, pending_start = j->cmds & CMD_START;
+  int rc = 0;
+  if (bit == CMD_START && (st == ST_RUNNING || st == ST_PAUSED)) rc = ll_errf(msg, cap, LL_ESTATE, "training is already %s", state_names[st]);
+  else if (bit == CMD_START && st == ST_DONE) rc = ll_errf(msg, cap, LL_ESTATE, "training is done (all %lld steps ran)", (long long)j->total);
+  else if (bit == CMD_PAUSE && st != ST_RUNNING && !pending_start) rc = ll_errf(msg, cap, LL_ESTATE, "training is %s, not running", state_names[st]);
+  else if (bit == CMD_RESUME && st != ST_PAUSED) rc = ll_errf(msg, cap, LL_ESTATE, "training is %s, not paused", state_names[st]);
+  else if (bit == CMD_STOP && st != ST_RUNNING && st != ST_PAUSED && !pending_start)
+    rc = ll_errf(msg, cap, LL_ESTATE, "training is %s", state_names[st]);
+  else if (bit == CMD_SAVE && st == ST_OFF && !pending_start) rc = ll_errf(msg, cap, LL_ESTATE, "no training run to save (train start first)");
+  if (rc == 0) j->cmds |= bit;
+  pthread_mutex_unlock(&j->mu);
+  if (rc == 0) ll_sched_wake(j->s);
+  return rc;
+}
+
+json_t *ll_trainjob_json(struct ll_trainjob *j) {
+  json_t *tr = json_object();
+  pthread_mutex_lock(&j->mu);
+  json_object_set_new(tr, "state", json_string(state_names[j->state]));
+  const int on = j->state != ST_OFF;
+  json_object_set_new(tr, "step", on ? json_integer(j->step) : json_null());
+  json_object_set_new(tr, "total_steps", json_integer(j->total));
+  json_object_set_new(tr, "epoch", on ? json_integer(j->epoch) : json_null());
+  json_object_set_new(tr, "loss", num_or_null(j->loss));
+  json_object_set_new(tr, "val_loss", num_or_null(j->val));
+  json_object_set_new(tr, "lr", num_or_null(j->lr));
+  json_object_set_new(tr, "grad_norm", num_or_null(j->gnorm));
+  json_object_set_new(tr, "tokens_per_s", num_or_null(j->tps));
+  json_object_set_new(tr, "eta_s", j->state == ST_RUNNING ? num_or_null(j->eta) : json_null());
+  json_object_set_new(tr, "last_checkpoint", j->last_ckpt[0] ? json_string(j->last_ckpt) : json_null());
+  json_object_set_new(tr, "skipped_steps", on ? json_integer(j->skipped) : json_null());
+  json_object_set_new(tr, "run_dir", json_string(j->run_dir));
+  if (j->state == ST_ERROR) json_object_set_new(tr, "error", json_string(j->error));
+  json_t *h = json_array();
+  for (int i = 0; i < j->n_hist; i++) {
+    json_t *p = json_array();
+    json_array_append_new(p, json_integer(j->hist[i].step));
+    json_array_append_new(p, num_or_null(j->hist[i].loss));
+    json_array_append_new(p, num_or_null(j->hist[i].val));
+    json_array_append_new(h, p);
+  }
+  pthread_mutex_unlock(&j->mu);
+  json_object_set_new(tr, "history", h);
+  json_object_set_new(tr, "history_tail", json_false()); // always the whole (downsampled) curve
+  return tr;
+}
+
+int64_t ll_trainjob_bytes(struct ll_trainjob *j) {
+  pthread_mutex_lock(&j->mu);
+  int64_t b = j->bytes;
+  pthread_mutex_unlock(&j->mu);
+  return b;
+}
