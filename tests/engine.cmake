@@ -11,3 +11,6 @@ if(EXISTS "${LL_SHARED_DIR}/testdata/models/stories260K.bin")
   ll_script_test(NAME generate_runc COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_generate_runc.sh
     LABELS integration TIMEOUT 300)
 endif()
+# SmolLM2 with a deterministic LoRA adapter: greedy ids equal llama.cpp --lora's (tests/ref).
+ll_script_test(NAME lora_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_lora_smollm2.py
+  LABELS integration TIMEOUT 600 FIXTURES smollm2)

@@ -262,6 +262,32 @@ static void test_dots(void) {
     }
   }
   CHECKF(vbad == 0, "softmax/swiglu/rope: scalar and SIMD differ in %d trials", vbad);
+  // llama.cpp's F32 dot orders (LoRA factors): scalar and SIMD the same bits for every length
+  // (tails of 0..31, 8/4-groups and fused singles), each within float rounding of a double sum,
+  // and the two orders really are different orders (else the test could not tell them apart).
+  {
+    int fbad = 0, far = 0, differ = 0;
+    float x[1600], y[1600];
+    for (int trial = 0; trial < 200; trial++) {
+      const int n = trial < 100 ? 1 + trial : 8 * (1 + (int)(ll_test_rand(&rs) % 200));
+      double ref = 0, mag = 0;
+      for (int i = 0; i < n; i++) {
+        x[i] = ll_test_randf(&rs), y[i] = ll_test_randf(&rs) * 3.0f;
+        ref += (double)x[i] * y[i], mag += fabs((double)x[i] * y[i]);
+      }
+      const float a1 = vr->dot_f32_ggml(x, y, n), a2 = vf->dot_f32_ggml(x, y, n);
+      fbad += memcmp(&a1, &a2, 4) != 0;
+      far += fabs(a1 - ref) > 1e-5 * mag + 1e-30;
+      if (n % 8 == 0) {
+        const float b1 = vr->dot_f32_tile8(x, y, n), b2 = vf->dot_f32_tile8(x, y, n);
+        fbad += memcmp(&b1, &b2, 4) != 0;
+        far += fabs(b1 - ref) > 1e-5 * mag + 1e-30;
+        differ += b1 != a1;
+      }
+    }
+    CHECKF(fbad == 0 && far == 0, "F32 dots in llama.cpp's orders: %d scalar/SIMD mismatches, %d far from the double sum", fbad, far);
+    CHECKF(differ > 0, "the vec_dot and tinyBLAS orders give different bits for some lengths (%d)", differ);
+  }
   CHECKF(ulp_bad == 0, "ggml exp: %d values more than 2.5 ulp from expf", ulp_bad);
 }
 

@@ -172,12 +172,46 @@ static int cpu_matmul_blas(struct cpu_ctx *c, float *out, const float *x, const 
   return 0;
 }
 
+// F32 weights of a GGUF model (LoRA factors): each output in llama.cpp's order, ggml_vec_dot_f32
+// for one token, tinyBLAS<8> for batches (when its shape conditions hold, as llama.cpp checks
+// them), so adapted outputs match llama.cpp --lora. Rows split over the pool; the order of
+// each sum depends only on (T, K, N), never on the split.
+struct f32g_job {
+  float *out;
+  const float *x, *w;
+  int T, N, K, accumulate, chunk, tile;
+  float (*dot)(const float *, const float *, int);
+};
+static void f32g_task(void *vctx, int task, int thread) {
+  (void)thread;
+  const struct f32g_job *j = vctx;
+  const int n0 = task * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
+  for (int t = 0; t < j->T; t++)
+    for (int n = n0; n < n1; n++) {
+      const float s = j->dot(j->x + (size_t)t * j->K, j->w + (size_t)n * j->K, j->K);
+      float *o = j->out + (size_t)t * j->N + n;
+      *o = j->accumulate ? *o + s : s;
+    }
+}
+static int cpu_matmul_f32_ggml(struct cpu_ctx *c, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
+  const struct ll_vec_ops *vo = ll_cpu_vec_ops();
+  const int tile = T >= 2 && w->k % 8 == 0 && w->n % 4 == 0; // llamafile_sgemm's conditions (AVX2 build)
+  struct f32g_job j = {out, x, w->data, T, (int)w->n, (int)w->k, accumulate, 0, tile, tile ? vo->dot_f32_tile8 : vo->dot_f32_ggml};
+  if (!j.dot) j.dot = tile ? ll_cpu_vec_ops_ref()->dot_f32_tile8 : ll_cpu_vec_ops_ref()->dot_f32_ggml;
+  const int nt = c->n_threads;
+  j.chunk = (j.N + nt - 1) / nt;
+  if ((int64_t)T * w->n * w->k < 65536) j.chunk = j.N; // tiny: one task
+  ll_threadpool_run(c->pool, f32g_task, &j, (j.N + j.chunk - 1) / j.chunk);
+  return 0;
+}
+
 // out (T, N) = x (T, K) · W (N, K)ᵀ
 static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
   struct cpu_ctx *c = C(b);
   // Float weights and a batch (not in the server): sgemm beats our dot loops there.
   if (!b->batch_invariant && T >= LL_BLAS_MIN_T && (w->type == LL_TYPE_F32 || w->type == LL_TYPE_F16 || w->type == LL_TYPE_BF16))
     return cpu_matmul_blas(c, out, x, w, T, accumulate);
+  if (w->type == LL_TYPE_F32 && b->ggml_math && w->k <= INT32_MAX) return cpu_matmul_f32_ggml(c, out, x, w, T, accumulate);
   const struct ll_type_kernels *k = ll_cpu_kernels(w->type);
   if (!k) return LL_EUNSUPPORTED;
   const size_t a_row = ll_row_size(k->act_type, w->k);

@@ -402,7 +402,38 @@ static void ref_swiglu(float *out, const float *g, const float *up, int64_t n) {
 
 static void ref_rope_pairs(float *v, const float *cs, const float *sn, int n_pairs, int neox) { ll_rope_pairs_impl(v, cs, sn, n_pairs, neox); }
 
-static const struct ll_vec_ops vec_ref = {ref_softmax, ref_swiglu, ref_rope_pairs};
+// Scalar references of llama.cpp's F32 dot orders (ll_cpu_dot.h); fmaf is the fused step.
+static float ggml_f32_tail(const float *x, const float *y, int i, int n, float sum) {
+  if (n - i > 7) {
+    for (; i + 8 <= n; i += 8)
+      for (int l = 0; l < 8; l++) sum += x[i + l] * y[i + l];
+    if (n - i >= 4) {
+      for (int l = 0; l < 4; l++) sum += x[i + l] * y[i + l];
+      i += 4;
+    }
+  }
+  for (; i < n; i++) sum = fmaf(x[i], y[i], sum);
+  return sum;
+}
+static float ref_dot_f32_ggml(const float *x, const float *y, int n) {
+  float a[4][8] = {{0}};
+  const int np = n & ~31;
+  for (int i = 0; i < np; i += 32)
+    for (int j = 0; j < 4; j++)
+      for (int l = 0; l < 8; l++) a[j][l] = fmaf(x[i + j * 8 + l], y[i + j * 8 + l], a[j][l]);
+  float v[8], t[4];
+  for (int l = 0; l < 8; l++) v[l] = (a[0][l] + a[2][l]) + (a[1][l] + a[3][l]);
+  for (int l = 0; l < 4; l++) t[l] = v[l + 4] + v[l];
+  return ggml_f32_tail(x, y, np, n, (t[0] + t[1]) + (t[2] + t[3]));
+}
+static float ref_dot_f32_tile8(const float *x, const float *y, int n) {
+  float l[8] = {0};
+  for (int e = 0; e < n; e++) l[e % 8] = fmaf(x[e], y[e], l[e % 8]);
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+float ll_cpu_ggml_f32_tail(const float *x, const float *y, int i, int n, float sum) { return ggml_f32_tail(x, y, i, n, sum); }
+
+static const struct ll_vec_ops vec_ref = {ref_softmax, ref_swiglu, ref_rope_pairs, ref_dot_f32_ggml, ref_dot_f32_tile8};
 const struct ll_vec_ops *ll_cpu_vec_ops_ref(void) { return &vec_ref; }
 const struct ll_vec_ops *ll_cpu_vec_ops(void) {
   const struct ll_vec_ops *o = have_avx2() ? ll_cpu_vec_ops_avx2() : NULL;

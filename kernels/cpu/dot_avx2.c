@@ -657,7 +657,32 @@ static void avx2_swiglu(float *out, const float *g, const float *up, int64_t n) 
 
 static void avx2_rope_pairs(float *v, const float *cs, const float *sn, int n_pairs, int neox) { ll_rope_pairs_impl(v, cs, sn, n_pairs, neox); }
 
-static const struct ll_vec_ops vec_avx2 = {avx2_softmax, avx2_swiglu, avx2_rope_pairs};
+// llama.cpp's F32 dot orders (ll_cpu_dot.h), the same steps as the scalar references.
+float ll_cpu_ggml_f32_tail(const float *x, const float *y, int i, int n, float sum);
+static float avx2_dot_f32_ggml(const float *x, const float *y, int n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  const int np = n & ~31;
+  for (int i = 0; i < np; i += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), a3);
+  }
+  const __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+  const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t1 = _mm_hadd_ps(t0, t0);
+  return ll_cpu_ggml_f32_tail(x, y, np, n, _mm_cvtss_f32(_mm_hadd_ps(t1, t1)));
+}
+static float avx2_dot_f32_tile8(const float *x, const float *y, int n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int e = 0; e < n; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + e), _mm256_loadu_ps(y + e), acc);
+  __m128 h = _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+static const struct ll_vec_ops vec_avx2 = {avx2_softmax, avx2_swiglu, avx2_rope_pairs, avx2_dot_f32_ggml, avx2_dot_f32_tile8};
 const struct ll_vec_ops *ll_cpu_vec_ops_avx2(void) { return &vec_avx2; }
 
 static void avx2_dot_rows_f16(float *s, const float *q, const uint16_t *const *k, int rows, int n) {

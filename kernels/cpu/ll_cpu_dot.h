@@ -115,6 +115,16 @@ struct ll_vec_ops {
   void (*swiglu)(float *out, const float *gate, const float *up, int64_t n);
   // RoPE rotation of one head's n_pairs pairs (NEOX: (v[i], v[i + n_pairs]); else (v[2i], v[2i+1]))
   void (*rope_pairs)(float *v, const float *cs, const float *sn, int n_pairs, int neox);
+  // F32 x F32 dot products in llama.cpp's orders (its AVX2 build), for F32 weights of GGUF
+  // models (LoRA factors) so that adapted outputs match llama.cpp --lora bit for bit:
+  // dot_f32_ggml = ggml_vec_dot_f32 (one token): elements 32 at a time fused into 4 x 8 lanes,
+  //   lanes ((a0+a2)+(a1+a3)), halves added, then two horizontal adds; the tail (n % 32) added
+  //   in order: 8 and 4 at a time as rounded products, the last 1..3 (or all, when n % 32 < 8)
+  //   fused - as GCC compiled ggml's leftover loop.
+  // dot_f32_tile8 = llamafile tinyBLAS<8> (batches of >= 2 tokens, n % 8 == 0): element e fused
+  //   into lane e % 8, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+  float (*dot_f32_ggml)(const float *x, const float *y, int n);
+  float (*dot_f32_tile8)(const float *x, const float *y, int n);
 };
 
 // llama.cpp's rotate_pairs (ggml-cpu/ops.cpp) is GNU C++ built with -mfma and the default

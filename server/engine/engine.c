@@ -434,8 +434,14 @@ static int lora_apply(struct ll_engine *e, const struct ll_batch_item *items, in
     const struct ll_lora_pair *p = ll_lora_at(a, l, t);
     if (!p->a.data) continue;
     const int n = items[i].n_tokens;
-    BK(B->matmul(e->be, e->lora_r, x + (size_t)t0 * in, &p->a, n, 0), "matmul lora_a"); // (n, r)
-    BK(B->matmul(e->be, e->lora_o, e->lora_r, &p->b, n, 0), "matmul lora_b");          // (n, out)
+    // The factors are small: always the batch-invariant kernels (which for F32 weights of GGUF
+    // models follow llama.cpp's summation orders), never the sgemm path of large batches.
+    const int bi = e->be->batch_invariant;
+    e->be->batch_invariant = 1;
+    int rc = B->matmul(e->be, e->lora_r, x + (size_t)t0 * in, &p->a, n, 0); // (n, r)
+    if (rc == 0) rc = B->matmul(e->be, e->lora_o, e->lora_r, &p->b, n, 0); // (n, out)
+    e->be->batch_invariant = bi;
+    if (rc) return fail_bk(rc, err, errlen, "matmul lora");
     float *dst = y + (size_t)t0 * out;
     const float sc = ll_lora_scale(a);
     if (B->axpy) {
@@ -517,8 +523,13 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
         BK(B->attention(be, e->att + (size_t)e->it0[i] * C, e->q + (size_t)e->it0[i] * C, &e->kvv[i], e->pos + e->it0[i], e->itn[i], e->m.H, scale),
            "attention"); // att (n, C)
     }
-    BK(B->matmul(be, e->x, e->att, &y->wo, T, 1), "matmul o"); // x += att · Woᵀ
-    if (any_lora) LORA(LL_LORA_O, e->att, C, e->x, C); // x += scale · B·(A·att)
+    if (!any_lora) {
+      BK(B->matmul(be, e->x, e->att, &y->wo, T, 1), "matmul o"); // x += att · Woᵀ
+    } else { // x += (att · Woᵀ + scale · B·(A·att)): llama.cpp's association, bit for bit
+      BK(B->matmul(be, e->tmp, e->att, &y->wo, T, 0), "matmul o");
+      LORA(LL_LORA_O, e->att, C, e->tmp, C);
+      BK(B->add(be, e->x, e->x, e->tmp, (int64_t)T * C), "add");
+    }
     BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->m.eps), "rmsnorm");
     BK(B->matmul(be, e->g, e->xn, &y->gate, T, 0), "matmul gate"); // g (T, F)
     BK(B->matmul(be, e->u, e->xn, &y->up, T, 0), "matmul up");     // u (T, F)
@@ -527,8 +538,13 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
       LORA(LL_LORA_UP, e->xn, C, e->u, e->m.F);
     }
     BK(B->swiglu(be, e->g, e->g, e->u, (int64_t)T * e->m.F), "swiglu");
-    BK(B->matmul(be, e->x, e->g, &y->down, T, 1), "matmul down"); // x += g · Wdownᵀ
-    if (any_lora) LORA(LL_LORA_DOWN, e->g, e->m.F, e->x, C);
+    if (!any_lora) {
+      BK(B->matmul(be, e->x, e->g, &y->down, T, 1), "matmul down"); // x += g · Wdownᵀ
+    } else {
+      BK(B->matmul(be, e->tmp, e->g, &y->down, T, 0), "matmul down");
+      LORA(LL_LORA_DOWN, e->g, e->m.F, e->tmp, C);
+      BK(B->add(be, e->x, e->x, e->tmp, (int64_t)T * C), "add");
+    }
   }
   for (int i = 0; i < n_items; i++) e->seqs[items[i].seq].len += items[i].n_tokens;
   if (rows == 0) return 0;
