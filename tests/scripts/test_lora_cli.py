@@ -43,7 +43,7 @@ for extra in ([], ["--model", model]):
 
 
 def top5(*args):
-    rc, o, e = run("generate", "-p", "400 261", "--temp", "0", "-n", "1", "-t", "1", "--dump-logits", "5", *args)
+    rc, o, e = run("generate", "-p", "400 261", "--temp", "0", "-n", "1", "-t", "1", "--kv-f32", "--dump-logits", "5", *args)  # same cache type for the .bin and the merged files
     line = [l for l in e.splitlines() if l.startswith("top_logits:")]
     return [(int(a), float(b)) for a, b in (x.split(":") for x in line[0].split()[1:])] if line else None
 
