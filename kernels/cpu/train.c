@@ -5,8 +5,9 @@
 // Every op splits its work by the shapes alone (fixed row/column blocks and chunk sizes, never
 // by the thread count) and combines partial results in a fixed order, so its results are the
 // same bit for bit for any thread count. Element-wise ops use the references' expressions and
-// give their bits; products and reductions differ from the references by the summation order
-// only (tested within a stated tolerance).
+// give their bits (rmsnorm's dx, rope, get_rows, dropout, axpy, scale, AdamW); products and
+// reductions differ from the references by the summation order, swiglu and softmax_xent by
+// ggml's vectorised exp instead of libm's (tested within a stated tolerance).
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
