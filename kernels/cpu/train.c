@@ -22,10 +22,11 @@
 #include "ll_threadpool.h"
 
 // Work split (shapes only; see the file comment).
-#define MM_TB 32       // dx of float weights: tokens per task
-#define MM_KS 128      // dx of quantized weights: columns of W per task (rounded to its blocks)
-#define MM_NR 256      // ... rows of W dequantized per panel (MM_NR x MM_KS floats: 128 KiB, in L2)
+#define MM_TB 32       // dx of float weights with K <= MM_KX / 2: tokens per task
+#define MM_KX 512      // dx of other weights: most columns of W per task (rounded to its blocks)
+#define MM_NR 256      // ... rows of W dequantized per panel (MM_NR x MM_KX floats: 512 KiB)
 #define MM_NB 64       // dw: rows of W per task
+#define MM_KS 128      // dw: columns per task when W has few rows
 #define ATT_B 64       // attention: query rows (and key rows) per block
 #define EW_CHUNK 16384 // element-wise ops: elements per task
 #define RN_RB 16       // rmsnorm_backward: rows per task
@@ -99,10 +100,12 @@ int64_t ll_cpu_train_mem_used(struct ll_cpu_train *t) { return t ? (int64_t)atom
 
 // ---------------------------------------------------------------- matmul_backward
 // dx (T, K) += dout (T, N) · W (N, K)
-//   float W: each task a block of MM_TB tokens, one sgemm against W as it is (F32) in place.
-//   other types: each task a slice of MM_KS columns of W (whole blocks), for all tokens: W's
-//   rows dequantized MM_NR at a time into the thread's panel, dx[:, slice] += dout[:, rows] ·
-//   panel. Every weight is dequantized once per call, and tasks write disjoint columns of dx.
+//   F32 W of few columns (LoRA B: out x r): each task a block of MM_TB tokens, one sgemm.
+//   others: each task a slice of up to MM_KX columns of W (whole blocks), for all tokens: W's
+//   rows dequantized MM_NR at a time into the thread's panel (F32: used in place), then
+//   dx[:, slice] += dout[:, rows] · panel. Every weight is dequantized once per call, and tasks
+//   write disjoint columns of dx. Wide slices amortise sgemm's packing of dout's panel (at
+//   SmolLM2's K = 576, 2 slices of 288 ran 5-10% faster than 6 of 96).
 // dw (N, K) += dout (T, N)ᵀ · x (T, K): each task MM_NB rows of dw (and MM_KS columns when N is
 //   small), one sgemm.
 struct mmb_job {
@@ -131,16 +134,22 @@ static void mmb_dx_q_task(void *vctx, int task, int thread) {
   const int k0 = task * j->ks, nk = j->K - k0 < j->ks ? j->K - k0 : j->ks;
   float *panel = j->st->panel + (size_t)thread * j->panel_floats; // (MM_NR, nk)
   const size_t off = (size_t)(k0 / j->bs) * j->bsz;
+  const int f32 = j->w->type == LL_TYPE_F32;
   for (int n0 = 0; n0 < j->N; n0 += MM_NR) {
     const int nr = j->N - n0 < MM_NR ? j->N - n0 : MM_NR;
-    for (int r = 0; r < nr; r++) {
-      const int rc = ll_dequantize_row(j->w->type, (const char *)j->w->data + (size_t)(n0 + r) * j->rs + off, panel + (size_t)r * nk, nk);
-      if (rc) {
-        atomic_store(&j->rc, rc);
-        return;
+    const float *wb = (const float *)j->w->data + (size_t)n0 * j->K + k0; // F32: in place
+    int ldw = j->K;
+    if (!f32) {
+      for (int r = 0; r < nr; r++) {
+        const int rc = ll_dequantize_row(j->w->type, (const char *)j->w->data + (size_t)(n0 + r) * j->rs + off, panel + (size_t)r * nk, nk);
+        if (rc) {
+          atomic_store(&j->rc, rc);
+          return;
+        }
       }
+      wb = panel, ldw = nk;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->T, nk, nr, 1.0f, j->dout + n0, j->N, panel, nk, 1.0f, j->dx + k0, j->K);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->T, nk, nr, 1.0f, j->dout + n0, j->N, wb, ldw, 1.0f, j->dx + k0, j->K);
   }
 }
 
@@ -167,14 +176,14 @@ int ll_train_cpu_matmul_backward(struct ll_backend *b, float *dx, float *dw, con
   struct mmb_job j = {.dx = dx, .dw = dw, .dout = dout, .x = x, .w = w, .st = st, .rs = rs, .T = T, .N = (int)w->n, .K = (int)w->k,
                       .bs = tr->blck_size, .bsz = tr->type_size};
   atomic_init(&j.rc, 0);
-  if (dx && w->type == LL_TYPE_F32) {
+  if (dx && w->type == LL_TYPE_F32 && j.K <= MM_KX / 2) {
     run(b, mmb_dx_f32_task, &j, (T + MM_TB - 1) / MM_TB);
   } else if (dx) {
-    // Slices of about MM_KS columns in whole blocks, an even number of them where K allows (two
-    // threads finish together: K = 576 gives 6 x 96, not 4 x 128 + 64).
-    int ns = (j.K + MM_KS - 1) / MM_KS;
+    // Slices of at most MM_KX columns in whole blocks, an even number of them (two threads
+    // finish together): K = 576 gives 2 x 288, 1536 gives 4 x 384.
+    int ns = (j.K + MM_KX - 1) / MM_KX;
     ns += ns & 1;
-    j.ks = (j.K / ns + j.bs - 1) / j.bs * j.bs;
+    j.ks = ((j.K + ns - 1) / ns + j.bs - 1) / j.bs * j.bs;
     if (j.ks < j.bs) j.ks = j.bs;
     j.panel_floats = MM_NR * j.ks;
     if (grow(&st->panel, &st->panel_cap, (size_t)nthreads(b) * j.panel_floats * sizeof(float))) return LL_ENOMEM;
