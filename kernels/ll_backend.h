@@ -181,6 +181,11 @@ struct ll_backend {
   // training): float weights (F32/F16/BF16) multiply batches of >= LL_BLAS_MIN_T tokens
   // through OpenBLAS sgemm, a different summation order.
   int batch_invariant;
+  // 1 (the trainer may set it; 0 everywhere else): with batch_invariant 0, quantized weights
+  // also multiply batches of >= LL_BLAS_MIN_T tokens by dequantize + sgemm where that beats the
+  // integer tiles (CPUs without AVX-512 VNNI: 1.3-2x at T = 256, docs/PERFORMANCE.md); exact f32
+  // products of the dequantized weights, as matmul_backward's. Never the serving path.
+  int train_sgemm;
 };
 
 // ---- creation and device choice (kernels/device.c) ----

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "ll_backend.h"
+#include "ll_cpu_dot.h"
 #include "ll_cpu_train.h"
 #include "ll_error.h"
 #include "ll_quant.h"
@@ -795,6 +796,36 @@ static void test_fast_attention(void) {
   }
 }
 
+// ll_backend.train_sgemm: where it applies (no AVX-512 VNNI) the forward is the exact f32 product of
+// the dequantized weights; elsewhere it changes nothing (the same bits as without it).
+static void test_train_sgemm(void) {
+  const int T = 40, N = 70, K = 96;
+  const size_t rsz = ll_row_size(LL_TYPE_Q4_1, K);
+  void *wq = malloc(rsz * N);
+  random_weight(LL_TYPE_Q4_1, wq, N, K);
+  struct ll_weight w = {LL_TYPE_Q4_1, K, N, wq, NULL};
+  float *x = malloc(sizeof(float) * T * K), *wf = malloc(sizeof(float) * N * K), *o0 = malloc(sizeof(float) * T * N);
+  float *o1 = malloc(sizeof(float) * T * N), *r = malloc(sizeof(float) * T * N);
+  fill(x, (size_t)T * K, 1);
+  for (int n = 0; n < N; n++) ll_dequantize_row(LL_TYPE_Q4_1, (char *)wq + (size_t)n * rsz, wf + (size_t)n * K, K);
+  for (int t = 0; t < T; t++)
+    for (int n = 0; n < N; n++) {
+      double s = 0;
+      for (int k = 0; k < K; k++) s += (double)x[t * K + k] * wf[n * K + k];
+      r[t * N + n] = (float)s;
+    }
+  struct ll_backend *b = bk[1];
+  const int bi = b->batch_invariant;
+  b->batch_invariant = 0, b->train_sgemm = 0;
+  CHECK(b->i->matmul(b, o0, x, &w, T, 0) == 0);
+  b->train_sgemm = 1;
+  CHECK(b->i->matmul(b, o1, x, &w, T, 0) == 0);
+  b->train_sgemm = 0, b->batch_invariant = bi;
+  if (strcmp(ll_cpu_isa(), "avx512vnni") != 0) CHECKF(nerr(o1, r, (size_t)T * N) < 1e-5, "train_sgemm: %.3e", nerr(o1, r, (size_t)T * N));
+  else CHECK(!memcmp(o0, o1, sizeof(float) * T * N));
+  free(wq), free(x), free(wf), free(o0), free(o1), free(r);
+}
+
 // alloc/free_buf: zeroed, aligned, counted in get_info's mem_used
 static void test_alloc(void) {
   struct ll_backend_info info;
@@ -841,6 +872,7 @@ int main(void) {
   test_fast_xent();
   test_fast_attention();
   test_alloc();
+  test_train_sgemm();
   printf("largest finite-difference error: %.2e (tolerance %.0e)\n", worst_fd, FD_TOL);
   printf("largest fast vs reference error: %.2e (tolerance %.0e)\n", worst_fast, FAST_TOL);
   ll_backend_free(b1);

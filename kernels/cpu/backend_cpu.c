@@ -211,6 +211,11 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   // Float weights and a batch (not in the server): sgemm beats our dot loops there.
   if (!b->batch_invariant && T >= LL_BLAS_MIN_T && (w->type == LL_TYPE_F32 || w->type == LL_TYPE_F16 || w->type == LL_TYPE_BF16))
     return cpu_matmul_blas(c, out, x, w, T, accumulate);
+  // Training's opt-in (ll_backend.train_sgemm): quantized weights through the same panels.
+  if (b->train_sgemm && !b->batch_invariant && T >= LL_BLAS_MIN_T && strcmp(ll_cpu_isa(), "avx512vnni") != 0) {
+    const struct ll_type_traits *tt = ll_type_traits_get(w->type);
+    if (tt && tt->has_dequant) return cpu_matmul_blas(c, out, x, w, T, accumulate);
+  }
   if (w->type == LL_TYPE_F32 && b->ggml_math && w->k <= INT32_MAX) return cpu_matmul_f32_ggml(c, out, x, w, T, accumulate);
   const struct ll_type_kernels *k = ll_cpu_kernels(w->type);
   if (!k) return LL_EUNSUPPORTED;
