@@ -17,7 +17,7 @@ raw = open(v + ".inp", "rb").read()
 texts = raw.split(sep)
 if raw.endswith(sep): texts = texts[:-1]
 outs = open(v + ".out", "rb").read().split(b"\n")
-for i in range(0, len(texts), 3):
+for i in range(0, len(texts), 5):
     got = subprocess.run([llsrv, "tokenize", "--model", g, "--ids", "--no-bos", "--no-special"], input=texts[i],
                          capture_output=True, check=True).stdout.split()
     if got != outs[i].split():
