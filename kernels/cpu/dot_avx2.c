@@ -72,34 +72,6 @@ static void dot_q4_0_q8_0(int n, float *s, const void *w, const void *a) {
   *s = sum;
 }
 
-// Four rows x 1 or 2 tokens: the four rows' integer sums reduced together (hadd), then one
-// 4-lane fma per block and token, lane r exactly dot_q4_0_q8_0's step for row r.
-static inline __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
-  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
-  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
-static void q4_0_rows4(int n, const void *w, size_t w_stride, const void *a, size_t a_stride, int na, float *out, size_t ostride) {
-  W_ROW(ll_block_q4_0, 0); W_ROW(ll_block_q4_0, 1); W_ROW(ll_block_q4_0, 2); W_ROW(ll_block_q4_0, 3);
-  const ll_block_q8_0 *y0 = a, *y1 = (const ll_block_q8_0 *)((const char *)a + a_stride);
-  const __m256i off = _mm256_set1_epi8(8);
-  __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
-  for (int i = 0; i < n / 32; i++) {
-    const __m256i x0 = _mm256_sub_epi8(unpack_nibbles(w0[i].qs), off), x1 = _mm256_sub_epi8(unpack_nibbles(w1[i].qs), off);
-    const __m256i x2 = _mm256_sub_epi8(unpack_nibbles(w2[i].qs), off), x3 = _mm256_sub_epi8(unpack_nibbles(w3[i].qs), off);
-    const __m128 dw = _mm_setr_ps(h2f(w0[i].d), h2f(w1[i].d), h2f(w2[i].d), h2f(w3[i].d));
-    const __m256i q0 = _mm256_loadu_si256((const __m256i *)y0[i].qs);
-    acc0 = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_i32(isum_i8(x0, q0), isum_i8(x1, q0), isum_i8(x2, q0), isum_i8(x3, q0))),
-                        _mm_mul_ps(dw, _mm_set1_ps(h2f(y0[i].d))), acc0);
-    if (na > 1) {
-      const __m256i q1 = _mm256_loadu_si256((const __m256i *)y1[i].qs);
-      acc1 = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_i32(isum_i8(x0, q1), isum_i8(x1, q1), isum_i8(x2, q1), isum_i8(x3, q1))),
-                          _mm_mul_ps(dw, _mm_set1_ps(h2f(y1[i].d))), acc1);
-    }
-  }
-  _mm_storeu_ps(out, acc0);
-  if (na > 1) _mm_storeu_ps(out + ostride, acc1);
-}
-
 static void dot_q4_1_q8_1(int n, float *s, const void *w, const void *a) {
   const ll_block_q4_1 *x = w;
   const ll_block_q8_1 *y = a;
@@ -364,109 +336,303 @@ static void tile_q6_K(int n, const void *w, size_t ws, int nw, const void *a, si
   }
 }
 
-// ---- tiles: 4 weight rows x 1 or 2 activation rows per pass, one accumulator per output ----
-// Per output the operation sequence equals the single dot above, so results are bit-identical;
-// the tile shares activation loads and runs independent dependency chains side by side.
-// Accumulators are named variables (not arrays) so they stay in registers.
+// ---- tiles of up to 4 weight rows x 8 tokens (the layout of dot_avx512.c, in 256 bits) ----
+// Every output gets exactly the operations of the dot above for its (row, token): the same
+// exact integer sums and the same float steps in the same order, so tiles, vec_dot and the
+// scalar references agree bit for bit (tested) whatever the batch composition. What the tiles
+// share is the work per weight block (unpacked once for all tokens) and, with tile_sc, the
+// activation blocks' scales and offsets from side tables the caller fills once per product.
+#define AI __attribute__((always_inline)) static inline
 
-// q4_1 x q8_1
-#define Q41_STEP(r, q, qx)                                                                          \
-  s##r##q += h2f(w##r[i].m) * sy##q;                                                                \
-  a##r##q = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w##r[i].d) * dy##q), mul_sum_us8(qx, qy##q), a##r##q);
-
-static void q4_1_4x1(int n, const void *w, size_t w_stride, const void *a, float *out) {
-  W_ROW(ll_block_q4_1, 0); W_ROW(ll_block_q4_1, 1); W_ROW(ll_block_q4_1, 2); W_ROW(ll_block_q4_1, 3);
-  const ll_block_q8_1 *y0 = a;
-  __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00;
-  float s00 = 0, s10 = 0, s20 = 0, s30 = 0;
-  for (int i = 0; i < n / 32; i++) {
-    const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y0[i].qs);
-    const float dy0 = h2f(y0[i].d), sy0 = h2f(y0[i].s);
-    Q41_STEP(0, 0, unpack_nibbles(w0[i].qs))
-    Q41_STEP(1, 0, unpack_nibbles(w1[i].qs))
-    Q41_STEP(2, 0, unpack_nibbles(w2[i].qs))
-    Q41_STEP(3, 0, unpack_nibbles(w3[i].qs))
-  }
-  out[0] = hsum256(a00) + s00, out[1] = hsum256(a10) + s10, out[2] = hsum256(a20) + s20, out[3] = hsum256(a30) + s30;
+// Rows r and r+1's 16 bytes at offset off of block blk: row r in the low 128 bits, r+1 high
+// (zero when r+1 is past the tile).
+AI __m256i pair16(const void *w, size_t ws, size_t off, int r, const int NW) {
+  const char *p = (const char *)w + (size_t)r * ws + off;
+  const __m128i lo = _mm_loadu_si128((const __m128i *)p);
+  return r + 1 < NW ? _mm256_inserti128_si256(_mm256_castsi128_si256(lo), _mm_loadu_si128((const __m128i *)(p + ws)), 1)
+                    : _mm256_zextsi128_si256(lo);
+}
+// The fp16 at offset off of rows r, r+1 as floats: [x_r x4 | x_r+1 x4].
+AI __m256 pair_h(const void *w, size_t ws, size_t off, int r, const int NW) {
+  ll_fp16 h0, h1 = 0;
+  memcpy(&h0, (const char *)w + (size_t)r * ws + off, 2);
+  if (r + 1 < NW) memcpy(&h1, (const char *)w + (size_t)(r + 1) * ws + off, 2);
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(&fp16_table[h0])), _mm_broadcast_ss(&fp16_table[h1]), 1);
+}
+// n (<= 4, a constant) floats / int32 of a side table, the rest 0, in both 128-bit halves.
+AI __m256 side4_ps(const float *p, const int n) {
+  const __m128 v = n == 4 ? _mm_loadu_ps(p) : _mm_maskload_ps(p, _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3)));
+  return _mm256_set_m128(v, v);
+}
+AI __m256i side4_epi32(const int32_t *p, const int n) {
+  const __m128i v = n == 4 ? _mm_loadu_si128((const __m128i *)p)
+                           : _mm_maskload_epi32((const int *)p, _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3)));
+  return _mm256_set_m128i(v, v);
+}
+// The fp16 at offset off of up to 4 tokens' blocks (a + t * as) as floats, in both halves
+// (built in registers: a store to a stack array reloaded as a vector stalls every block).
+AI float tok_h(const void *a, size_t as, size_t off, int t, const int n) {
+  if (t >= n) return 0;
+  ll_fp16 h;
+  memcpy(&h, (const char *)a + (size_t)t * as + off, 2);
+  return fp16_table[h];
+}
+AI __m256 tok4_h(const void *a, size_t as, size_t off, const int n) {
+  if (n == 1) return _mm256_set1_ps(tok_h(a, as, off, 0, n));
+  const __m128 v = _mm_setr_ps(tok_h(a, as, off, 0, n), tok_h(a, as, off, 1, n), tok_h(a, as, off, 2, n), tok_h(a, as, off, 3, n));
+  return _mm256_set_m128(v, v);
 }
 
-static void q4_1_4x2(int n, const void *w, size_t w_stride, const void *a, size_t a_stride, float *out, size_t ostride) {
-  W_ROW(ll_block_q4_1, 0); W_ROW(ll_block_q4_1, 1); W_ROW(ll_block_q4_1, 2); W_ROW(ll_block_q4_1, 3);
-  const ll_block_q8_1 *y0 = a, *y1 = (const ll_block_q8_1 *)((const char *)a + a_stride);
-  __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
-  float s00 = 0, s10 = 0, s20 = 0, s30 = 0, s01 = 0, s11 = 0, s21 = 0, s31 = 0;
-  for (int i = 0; i < n / 32; i++) {
-    const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y0[i].qs), qy1 = _mm256_loadu_si256((const __m256i *)y1[i].qs);
-    const float dy0 = h2f(y0[i].d), sy0 = h2f(y0[i].s), dy1 = h2f(y1[i].d), sy1 = h2f(y1[i].s);
-    __m256i x = unpack_nibbles(w0[i].qs);
-    Q41_STEP(0, 0, x) Q41_STEP(0, 1, x)
-    x = unpack_nibbles(w1[i].qs);
-    Q41_STEP(1, 0, x) Q41_STEP(1, 1, x)
-    x = unpack_nibbles(w2[i].qs);
-    Q41_STEP(2, 0, x) Q41_STEP(2, 1, x)
-    x = unpack_nibbles(w3[i].qs);
-    Q41_STEP(3, 0, x) Q41_STEP(3, 1, x)
+// ---- Q4_0 / Q5_0 x Q8_0 (Q5 = 1): two weight rows per ymm ----
+// Row r's 16 bytes of nibbles in one 128-bit half, r+1's in the other; masking gives
+// elements 0..15 of both rows, shifting 16..31. The weights stay unsigned (0..15, 0..31 with
+// the fifth bits) against the signed activation bytes broadcast to both halves, so maddubs
+// never saturates (a pair is at most 2·31·128). Per token, maddubs(lo)+maddubs(hi) holds
+// each row's 32 products in 8 int16 lanes; four tokens' lanes are then summed and
+// transposed together (pmaddwd by 1 widens and adds pairs, packssdw brings two tokens'
+// partials into one register; every partial fits: at most 16·15·128 = 30720 for Q4_0, 8·31·128
+// for Q5_0, whose last level adds in 32 bits) so that lane 4h + j holds row r+h and token j.
+// Adding the offset (-8·Σa, or -16·Σa: the side table, or computed from the activations
+// without one) gives the exact block sum si of dot.c; one conversion then serves 8 (row,
+// token) pairs, with dot.c's float step: Q4_0 fma(si, d_w·d_a, sum), Q5_0 sum + (si·d_w)·d_a.
+AI void qblk_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs,
+                       float *out, size_t os, const int NW, const int NA, const int SIDE, const int Q5) {
+  const int nb = n / 32, NP = (NW + 1) / 2, NG = (NA + 3) / 4;
+  const size_t bsz = Q5 ? sizeof(ll_block_q5_0) : sizeof(ll_block_q4_0), qoff = Q5 ? offsetof(ll_block_q5_0, qs) : offsetof(ll_block_q4_0, qs);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), offb = _mm256_set1_epi8(Q5 ? 16 : 8), z = _mm256_setzero_si256();
+  // Q5_0: qh byte k of each row to bytes 8k..8k+7 of its half (lo: bytes 0, 1; hi: 2, 3)
+  const __m256i shl = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m256i shh = _mm256_add_epi8(shl, _mm256_set1_epi8(2)), sel = _mm256_set1_epi64x(0x8040201008040201LL);
+  __m256 acc[2][2]; // [row pair][token group]
+  _Pragma("GCC unroll 2")
+  for (int p = 0; p < NP; p++) acc[p][0] = acc[p][1] = _mm256_setzero_ps();
+  for (int i = 0; i < nb; i++) {
+    const size_t blk = (size_t)i * bsz;
+    __m256i lo[2], hi[2];
+    __m256 dw[2];
+    _Pragma("GCC unroll 2")
+    for (int p = 0; p < NP; p++) {
+      const __m256i q = pair16(w, ws, blk + qoff, 2 * p, NW);
+      lo[p] = _mm256_and_si256(q, m4), hi[p] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if (Q5) {
+        uint32_t h0, h1 = 0;
+        memcpy(&h0, (const char *)w + (size_t)(2 * p) * ws + blk + offsetof(ll_block_q5_0, qh), 4);
+        if (2 * p + 1 < NW) memcpy(&h1, (const char *)w + (size_t)(2 * p + 1) * ws + blk + offsetof(ll_block_q5_0, qh), 4);
+        const __m256i hv = _mm256_set_m128i(_mm_set1_epi32((int)h1), _mm_set1_epi32((int)h0));
+        const __m256i bl = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(hv, shl), sel), sel);
+        const __m256i bh = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(hv, shh), sel), sel);
+        lo[p] = _mm256_or_si256(lo[p], _mm256_and_si256(bl, offb));
+        hi[p] = _mm256_or_si256(hi[p], _mm256_and_si256(bh, offb));
+      }
+      dw[p] = pair_h(w, ws, blk, 2 * p, NW);
+    }
+    _Pragma("GCC unroll 2")
+    for (int g = 0; g < NG; g++) {
+      const int ng = NA - 4 * g < 4 ? NA - 4 * g : 4;
+      __m256i m[2][4];
+      _Pragma("GCC unroll 4")
+      for (int t = 0; t < ng; t++) {
+        const char *y = (const char *)a + (size_t)(4 * g + t) * as + (size_t)i * sizeof(ll_block_q8_0) + offsetof(ll_block_q8_0, qs);
+        const __m256i al = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)y));
+        const __m256i ah = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(y + 16)));
+        __m256i e = z; // without side tables: the offset's partials, off·a in the same lanes
+        if (!SIDE) e = _mm256_add_epi16(_mm256_maddubs_epi16(offb, al), _mm256_maddubs_epi16(offb, ah));
+        _Pragma("GCC unroll 2")
+        for (int p = 0; p < NP; p++) {
+          __m256i v = _mm256_add_epi16(_mm256_maddubs_epi16(lo[p], al), _mm256_maddubs_epi16(hi[p], ah));
+          if (!SIDE) v = _mm256_sub_epi16(v, e);
+          m[p][t] = _mm256_madd_epi16(v, ones); // row's 4 int32 partials (8 products each)
+        }
+      }
+      __m256 da;
+      __m256i c = z;
+      if (SIDE) {
+        da = side4_ps(sca + (size_t)i * scs + 4 * g, ng);
+        c = side4_epi32(ssa + (size_t)i * scs + 4 * g, ng);
+        if (Q5) c = _mm256_slli_epi32(c, 1);
+      } else {
+        da = tok4_h((const char *)a + (size_t)(4 * g) * as + (size_t)i * sizeof(ll_block_q8_0), as, 0, ng);
+      }
+      _Pragma("GCC unroll 2")
+      for (int p = 0; p < NP; p++) {
+        const __m256i q01 = _mm256_madd_epi16(_mm256_packs_epi32(m[p][0], ng > 1 ? m[p][1] : z), ones); // [t0 t0 t1 t1]
+        const __m256i q23 = ng > 2 ? _mm256_madd_epi16(_mm256_packs_epi32(m[p][2], ng > 3 ? m[p][3] : z), ones) : z;
+        __m256i si = Q5 ? _mm256_hadd_epi32(q01, q23) : _mm256_madd_epi16(_mm256_packs_epi32(q01, q23), ones); // [t0 t1 t2 t3]
+        if (SIDE) si = _mm256_add_epi32(si, c);
+        const __m256 f = _mm256_cvtepi32_ps(si);
+        if (Q5) // sum + (si * d_w) * d_a
+          acc[p][g] = _mm256_add_ps(acc[p][g], _mm256_mul_ps(_mm256_mul_ps(f, dw[p]), da));
+        else // fma(si, d_w * d_a, sum); the product of two halves is exact
+          acc[p][g] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw[p], da), acc[p][g]);
+      }
+    }
   }
-  out[0] = hsum256(a00) + s00, out[1] = hsum256(a10) + s10, out[2] = hsum256(a20) + s20, out[3] = hsum256(a30) + s30;
-  out[ostride + 0] = hsum256(a01) + s01, out[ostride + 1] = hsum256(a11) + s11, out[ostride + 2] = hsum256(a21) + s21,
-  out[ostride + 3] = hsum256(a31) + s31;
+  _Pragma("GCC unroll 2")
+  for (int p = 0; p < NP; p++)
+    _Pragma("GCC unroll 2")
+    for (int g = 0; g < NG; g++) {
+      float o[8];
+      _mm256_storeu_ps(o, acc[p][g]);
+      const int ng = NA - 4 * g < 4 ? NA - 4 * g : 4;
+      _Pragma("GCC unroll 4")
+      for (int j = 0; j < ng; j++) {
+        out[(size_t)(4 * g + j) * os + 2 * p] = o[j];
+        if (2 * p + 1 < NW) out[(size_t)(4 * g + j) * os + 2 * p + 1] = o[4 + j];
+      }
+    }
 }
 
-// q8_0 / q4_0 x q8_0: XF produces the signed weight bytes of block i of a row.
-#define Q80_STEP(r, q, qx) a##r##q = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w##r[i].d) * dy##q), mul_sum_i8(qx, qy##q), a##r##q);
-#define DEF_Q0_TILES(NAME, WT, XF)                                                                  \
-  static void NAME##_4x1(int n, const void *w, size_t w_stride, const void *a, float *out) {        \
-    W_ROW(WT, 0); W_ROW(WT, 1); W_ROW(WT, 2); W_ROW(WT, 3);                                         \
-    const ll_block_q8_0 *y0 = a;                                                                    \
-    __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00;                              \
-    for (int i = 0; i < n / 32; i++) {                                                              \
-      const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y0[i].qs);                            \
-      const float dy0 = h2f(y0[i].d);                                                               \
-      Q80_STEP(0, 0, XF(w0)) Q80_STEP(1, 0, XF(w1)) Q80_STEP(2, 0, XF(w2)) Q80_STEP(3, 0, XF(w3))   \
-    }                                                                                               \
-    out[0] = hsum256(a00), out[1] = hsum256(a10), out[2] = hsum256(a20), out[3] = hsum256(a30);     \
-  }                                                                                                 \
-  static void NAME##_4x2(int n, const void *w, size_t w_stride, const void *a, size_t a_stride, float *out, size_t ostride) { \
-    W_ROW(WT, 0); W_ROW(WT, 1); W_ROW(WT, 2); W_ROW(WT, 3);                                         \
-    const ll_block_q8_0 *y0 = a, *y1 = (const ll_block_q8_0 *)((const char *)a + a_stride);         \
-    __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00; \
-    for (int i = 0; i < n / 32; i++) {                                                              \
-      const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y0[i].qs), qy1 = _mm256_loadu_si256((const __m256i *)y1[i].qs); \
-      const float dy0 = h2f(y0[i].d), dy1 = h2f(y1[i].d);                                           \
-      __m256i x = XF(w0);                                                                           \
-      Q80_STEP(0, 0, x) Q80_STEP(0, 1, x)                                                           \
-      x = XF(w1);                                                                                   \
-      Q80_STEP(1, 0, x) Q80_STEP(1, 1, x)                                                           \
-      x = XF(w2);                                                                                   \
-      Q80_STEP(2, 0, x) Q80_STEP(2, 1, x)                                                           \
-      x = XF(w3);                                                                                   \
-      Q80_STEP(3, 0, x) Q80_STEP(3, 1, x)                                                           \
-    }                                                                                               \
-    out[0] = hsum256(a00), out[1] = hsum256(a10), out[2] = hsum256(a20), out[3] = hsum256(a30);     \
-    out[ostride + 0] = hsum256(a01), out[ostride + 1] = hsum256(a11), out[ostride + 2] = hsum256(a21), \
-    out[ostride + 3] = hsum256(a31);                                                                \
+// ---- Q4_1 x Q8_1: two weight rows per ymm, ggml's 8-lane order per (row, token) ----
+// As above the rows' nibbles share a ymm; per token, pmaddwd(maddubs(lo, a[0..15])) gives
+// each row's int32 lanes 0..3 of dot_q4_1_q8_1 and the high nibbles its lanes 4..7, so each
+// float lane gets the dot's fma(d_w·d_a, float(isum), acc) per block, in block order; the
+// m·s sum runs per (row, token) lane (mul then add, as the dot's scalar), and the end is
+// hsum256's sequence. Two rows x up to 4 tokens per pass (16 accumulators would not fit).
+AI void q4_1_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs,
+                       float *out, size_t os, const int r0, const int NW, const int t0, const int NA, const int SIDE) {
+  const int nb = n / 32;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 accl[4], acch[4], sm = _mm256_setzero_ps(); // sm lane 4h + t: row r0+h, token t's Σ m·s
+  _Pragma("GCC unroll 4")
+  for (int t = 0; t < NA; t++) accl[t] = acch[t] = _mm256_setzero_ps();
+  w = (const char *)w + (size_t)r0 * ws;
+  a = (const char *)a + (size_t)t0 * as;
+  for (int i = 0; i < nb; i++) {
+    const size_t blk = (size_t)i * sizeof(ll_block_q4_1);
+    const __m256i q = pair16(w, ws, blk + offsetof(ll_block_q4_1, qs), 0, NW);
+    const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    const __m256 dw = pair_h(w, ws, blk + offsetof(ll_block_q4_1, d), 0, NW);
+    const __m256 mw = pair_h(w, ws, blk + offsetof(ll_block_q4_1, m), 0, NW);
+    const size_t ab = (size_t)i * sizeof(ll_block_q8_1);
+    const __m256 s4 = SIDE ? side4_ps((const float *)(const void *)(ssa + (size_t)i * scs + t0), NA)
+                           : tok4_h((const char *)a + ab, as, offsetof(ll_block_q8_1, s), NA);
+    sm = _mm256_add_ps(sm, _mm256_mul_ps(mw, s4));
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < NA; t++) {
+      const char *y = (const char *)a + (size_t)t * as + ab;
+      const __m256i al = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(y + offsetof(ll_block_q8_1, qs))));
+      const __m256i ah = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(y + offsetof(ll_block_q8_1, qs) + 16)));
+      __m256 da;
+      if (SIDE) {
+        da = _mm256_broadcast_ss(sca + (size_t)i * scs + t0 + t);
+      } else {
+        ll_fp16 h;
+        memcpy(&h, y, 2);
+        da = _mm256_broadcast_ss(&fp16_table[h]);
+      }
+      const __m256 sc = _mm256_mul_ps(dw, da);
+      accl[t] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, al), ones)), accl[t]);
+      acch[t] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah), ones)), acch[t]);
+    }
   }
-#define XF_Q8_0(wr) _mm256_loadu_si256((const __m256i *)wr[i].qs)
-DEF_Q0_TILES(q8_0, ll_block_q8_0, XF_Q8_0)
-
-// Generic entry: 4 rows x (1 | 2) activations; other shapes loop over the single dot.
-#define DEF_TILE(NAME, DOT)                                                                         \
-  static void tile_##NAME(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, float *out, size_t ostride) { \
-    if (nw == 4 && na == 2) return NAME##_4x2(n, w, w_stride, a, a_stride, out, ostride);           \
-    if (nw == 4 && na == 1) return NAME##_4x1(n, w, w_stride, a, out);                              \
-    for (int q = 0; q < na; q++)                                                                    \
-      for (int r = 0; r < nw; r++)                                                                  \
-        DOT(n, &out[(size_t)q * ostride + r], (const char *)w + (size_t)r * w_stride, (const char *)a + (size_t)q * a_stride); \
+  float o[8], s[8];
+  _mm256_storeu_ps(s, sm);
+  _Pragma("GCC unroll 4")
+  for (int t = 0; t < NA; t++) {
+    // hsum256 of [L | H] for both rows: (L + H), then lanes (0 + 2) + (1 + 3)
+    const __m256 v = _mm256_add_ps(accl[t], acch[t]);
+    const __m256 u = _mm256_add_ps(v, _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+    _mm256_storeu_ps(o, _mm256_add_ps(u, _mm256_movehdup_ps(u)));
+    out[(size_t)(t0 + t) * os + r0] = o[0] + s[t];
+    if (NW > 1) out[(size_t)(t0 + t) * os + r0 + 1] = o[4] + s[4 + t];
   }
-DEF_TILE(q4_1, dot_q4_1_q8_1)
-DEF_TILE(q8_0, dot_q8_0_q8_0)
-static void tile_q4_0(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, float *out, size_t ostride) {
-  if (nw == 4 && na <= 2) return q4_0_rows4(n, w, w_stride, a, a_stride, na, out, ostride);
-  for (int q = 0; q < na; q++)
-    for (int r = 0; r < nw; r++)
-      dot_q4_0_q8_0(n, &out[(size_t)q * ostride + r], (const char *)w + (size_t)r * w_stride, (const char *)a + (size_t)q * a_stride);
 }
 
+// ---- Q8_0 x Q8_0: one row per ymm (a block is 32 bytes), 2 rows x up to 4 tokens per pass ----
+// dot_q8_0_q8_0's steps per (row, token): |w| (once per row and block, shared by the
+// tokens), the activations' signs moved onto them, maddubs, pmaddwd by 1, and
+// fma(d_w·d_a, float(lanes), acc); hsum256 at the end.
+AI void q8_0_tile_impl(int n, const void *w, size_t ws, const void *a, size_t as, const float *sca, size_t scs, float *out, size_t os,
+                       const int r0, const int NW, const int t0, const int NA, const int SIDE) {
+  const int nb = n / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[2][4];
+  _Pragma("GCC unroll 2")
+  for (int r = 0; r < NW; r++)
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < NA; t++) acc[r][t] = _mm256_setzero_ps();
+  w = (const char *)w + (size_t)r0 * ws;
+  a = (const char *)a + (size_t)t0 * as;
+  for (int i = 0; i < nb; i++) {
+    const size_t blk = (size_t)i * sizeof(ll_block_q8_0);
+    __m256i wv[2], wa[2];
+    __m256 dw[2];
+    _Pragma("GCC unroll 2")
+    for (int r = 0; r < NW; r++) {
+      const ll_block_q8_0 *x = (const ll_block_q8_0 *)(const void *)((const char *)w + (size_t)r * ws + blk);
+      wv[r] = _mm256_loadu_si256((const __m256i *)x->qs);
+      wa[r] = _mm256_sign_epi8(wv[r], wv[r]);
+      dw[r] = _mm256_broadcast_ss(&fp16_table[x->d]);
+    }
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < NA; t++) {
+      const ll_block_q8_0 *y = (const ll_block_q8_0 *)(const void *)((const char *)a + (size_t)t * as + blk);
+      const __m256i av = _mm256_loadu_si256((const __m256i *)y->qs);
+      const __m256 da = _mm256_broadcast_ss(SIDE ? sca + (size_t)i * scs + t0 + t : &fp16_table[y->d]);
+      _Pragma("GCC unroll 2")
+      for (int r = 0; r < NW; r++) {
+        const __m256i d16 = _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(av, wv[r]));
+        acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], da), _mm256_cvtepi32_ps(_mm256_madd_epi16(d16, ones)), acc[r][t]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 2")
+  for (int r = 0; r < NW; r++)
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < NA; t++) out[(size_t)(t0 + t) * os + r0 + r] = hsum256(acc[r][t]);
+}
+
+// ---- instantiation: one function per shape so that accumulators stay in registers ----
+typedef void (*tile_fn)(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, const int32_t *ss, size_t scs,
+                        float *out, size_t os);
+#define INST(NAME, CALL, NW, NA)                                                                                               \
+  static void NAME##_##NW##x##NA(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, const int32_t *ss,   \
+                                 size_t scs, float *out, size_t os) {                                                          \
+    (void)sc, (void)ss, (void)scs;                                                                                             \
+    CALL(NW, NA);                                                                                                              \
+  }
+#define INST_ROW8(NAME, CALL, NW)                                                                                              \
+  INST(NAME, CALL, NW, 1) INST(NAME, CALL, NW, 2) INST(NAME, CALL, NW, 3) INST(NAME, CALL, NW, 4)                               \
+  INST(NAME, CALL, NW, 5) INST(NAME, CALL, NW, 6) INST(NAME, CALL, NW, 7) INST(NAME, CALL, NW, 8)
+#define ROW8(NAME, NW) {NAME##_##NW##x1, NAME##_##NW##x2, NAME##_##NW##x3, NAME##_##NW##x4, NAME##_##NW##x5, NAME##_##NW##x6, NAME##_##NW##x7, NAME##_##NW##x8}
+#define TILES(NAME, CALL)                                                                                                      \
+  INST_ROW8(NAME, CALL, 1) INST_ROW8(NAME, CALL, 2) INST_ROW8(NAME, CALL, 3) INST_ROW8(NAME, CALL, 4)                           \
+  static const tile_fn NAME##_tiles[4][8] = {ROW8(NAME, 1), ROW8(NAME, 2), ROW8(NAME, 3), ROW8(NAME, 4)};
+// Q4_1 / Q8_0: passes of (2 rows) x (4 tokens) over the tile.
+#define PASSES(IMPL, NW, NA, ...)                                                                                              \
+  do {                                                                                                                         \
+    _Pragma("GCC unroll 2") for (int r0_ = 0; r0_ < (NW); r0_ += 2)                                                            \
+      _Pragma("GCC unroll 2") for (int t0_ = 0; t0_ < (NA); t0_ += 4)                                                          \
+        IMPL(__VA_ARGS__, r0_, (NW) - r0_ < 2 ? (NW) - r0_ : 2, t0_, (NA) - t0_ < 4 ? (NA) - t0_ : 4, SIDE_);                  \
+  } while (0)
+#define CALL_Q40(NW, NA) qblk_pair_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0, 0)
+#define CALL_Q40S(NW, NA) qblk_pair_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1, 0)
+#define CALL_Q50(NW, NA) qblk_pair_impl(n, w, ws, a, as, NULL, NULL, 0, out, os, NW, NA, 0, 1)
+#define CALL_Q50S(NW, NA) qblk_pair_impl(n, w, ws, a, as, sc, ss, scs, out, os, NW, NA, 1, 1)
+#define CALL_Q41(NW, NA) do { enum { SIDE_ = 0 }; PASSES(q4_1_pair_impl, NW, NA, n, w, ws, a, as, NULL, NULL, 0, out, os); } while (0)
+#define CALL_Q41S(NW, NA) do { enum { SIDE_ = 1 }; PASSES(q4_1_pair_impl, NW, NA, n, w, ws, a, as, sc, ss, scs, out, os); } while (0)
+#define CALL_Q80(NW, NA) do { enum { SIDE_ = 0 }; PASSES(q8_0_tile_impl, NW, NA, n, w, ws, a, as, NULL, 0, out, os); } while (0)
+#define CALL_Q80S(NW, NA) do { enum { SIDE_ = 1 }; PASSES(q8_0_tile_impl, NW, NA, n, w, ws, a, as, sc, scs, out, os); } while (0)
+TILES(q4_0, CALL_Q40)
+TILES(q4_0s, CALL_Q40S)
+TILES(q5_0, CALL_Q50)
+TILES(q5_0s, CALL_Q50S)
+TILES(q4_1, CALL_Q41)
+TILES(q4_1s, CALL_Q41S)
+TILES(q8_0, CALL_Q80)
+TILES(q8_0s, CALL_Q80S)
+#define ENTRY(NAME)                                                                                                            \
+  static void tile_##NAME(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {   \
+    NAME##_tiles[nw - 1][na - 1](n, w, ws, a, as, NULL, NULL, 0, out, os);                                                     \
+  }                                                                                                                            \
+  static void tile_sc_##NAME(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc,       \
+                             const int32_t *ss, size_t scs, float *out, size_t os) {                                           \
+    NAME##s_tiles[nw - 1][na - 1](n, w, ws, a, as, sc, ss, scs, out, os);                                                      \
+  }
+ENTRY(q4_0)
+ENTRY(q5_0)
+ENTRY(q4_1)
+ENTRY(q8_0)
 // Activation quantizers: the shared scalar ones of dot.c (a few thousand elements per token,
 // negligible next to the weight stream), identical on every ISA.
 // Activation quantizers, vectorised: the same bytes as ll_act_quantize_q8_0/_q8_1 in dot.c
@@ -536,10 +702,10 @@ static void from_f16(const float *x, void *vy, int64_t n) {
 static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
     [LL_TYPE_F32] = {LL_TYPE_F32, from_f32, dot_f32, "avx2", NULL},
     [LL_TYPE_F16] = {LL_TYPE_F16, from_f16, dot_f16, "avx2", NULL},
-    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2", tile_q4_0},
-    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q4_1_q8_1, "avx2", tile_q4_1},
-    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0},
-    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q5_0_q8_0, "avx2", NULL},
+    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2", tile_q4_0, 8, tile_sc_q4_0},
+    [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q4_1_q8_1, "avx2", tile_q4_1, 8, tile_sc_q4_1},
+    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0, 8, tile_sc_q8_0},
+    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q5_0_q8_0, "avx2", tile_q5_0, 8, tile_sc_q5_0},
     [LL_TYPE_Q5_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q5_1_q8_1, "avx2", NULL},
     [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q4_K_q8_K, "avx2", tile_q4_K, 8},
     [LL_TYPE_Q5_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q5_K_q8_K, "avx2", tile_q5_K, 8},
