@@ -3,6 +3,9 @@
 # clients x 32 tokens all complete and every greedy output equals the same request run alone;
 # CHAT renders the model's ChatML template (same tokens as `llsrv generate --chat`); text is
 # valid UTF-8 line by line and the TOK texts concatenate to the generated text.
+# LL_TEST_DEVICE=opencl:P:D serves on that OpenCL device; the `llsrv generate` references then
+# run on the CPU backend, so the checks also say the OpenCL server's greedy outputs (alone and
+# among 64 concurrent clients) equal the CPU's.
 import os
 import subprocess
 import sys
@@ -18,7 +21,9 @@ model = sys.argv[1] if len(sys.argv) > 1 else subprocess.run(
 check = Checker()
 tmp = tempfile.mkdtemp(prefix="llsrv-smol-")
 os.chmod(tmp, 0o700)
-srv = Server(tmp, ["--model", model, "--parallel", "8", "--ctx", "512", "--threads", "2"])
+DEV = os.environ.get("LL_TEST_DEVICE")
+srv = Server(tmp, ["--model", model, "--parallel", "8", "--ctx", "512", "--threads", "2"] + (["--device", DEV] if DEV else []))
+GEN_DEV = ["--device", "cpu"] if DEV else []
 
 prompts = ["The capital of France is", "Once upon a time, there was a", "def fibonacci(n):", "Les chats sont",
            "1, 2, 3, 4,", "The best way to learn C is", "日本の首都は", "Q: What is 2+2?\nA:"]
@@ -31,7 +36,7 @@ for p in prompts:
     single[p] = t
 
 # The server's text equals `llsrv generate` (greedy, same context) for the first prompt.
-r = subprocess.run([BIN, "generate", "--model", model, "-p", prompts[0], "-n", "32", "--temp", "0", "--ctx", "512", "-t", "2"],
+r = subprocess.run([BIN, "generate", "--model", model, "-p", prompts[0], "-n", "32", "--temp", "0", "--ctx", "512", "-t", "2"] + GEN_DEV,
                    capture_output=True, timeout=300)
 check(r.stdout.rstrip(b"\n") == single[prompts[0]].rstrip(b"\n"), "server text equals llsrv generate: %r vs %r" %
       (single[prompts[0]], r.stdout))
@@ -52,7 +57,7 @@ print("64 clients: %d tokens in %.1f s (%.1f tok/s aggregate)" % (toks, dt, toks
 c = srv.conn()
 t, e, _ = c.generate('CHAT max_tokens=24 temperature=0 :[{"role":"user","content":"What is the capital of France?"}]')
 r = subprocess.run([BIN, "generate", "--model", model, "--chat", "-p", "What is the capital of France?", "-n", "24", "--temp", "0",
-                    "--ctx", "512", "-t", "2"], capture_output=True, timeout=300)
+                    "--ctx", "512", "-t", "2"] + GEN_DEV, capture_output=True, timeout=300)
 check(t is not None and t.rstrip(b"\n") == r.stdout.rstrip(b"\n"), "CHAT equals generate --chat: %r vs %r" % (t, r.stdout))
 check(b"Paris" in (t or b""), "the model answers Paris: %r" % t)
 # Plain text CHAT is one user message: same as the JSON form.
