@@ -408,7 +408,7 @@ static void draw_header(int W) {
 static void draw_memory(int y, int h, int W) {
   const struct lt_snapshot *s = &g_m.snap;
   int iw = W, x = 0, r = y + 1;
-  char a[32], b[32], c[32], d[32], e[32], f[32], ttl[240];
+  char a[32], b[32], c[32], d[32], e[32], ttl[240];
   lt_fmt_int(a, sizeof a, s->dev_cu);
   lt_fmt_int(b, sizeof b, s->dev_threads);
   lt_fmt(ttl, sizeof ttl, "Device %s: %s, backend %s, %s compute units, %s threads", s->dev_name.known ? s->dev_name.s : "N/A",
@@ -456,7 +456,6 @@ static void draw_memory(int y, int h, int W) {
     putf(r, x + lab, bw, "[N/A]");
   }
   put(r, x + lab + bw, iw - lab - bw, tail);
-  (void)f;
 }
 
 static void draw_serving(int y, int h, int W, int spark, int table) {
@@ -829,8 +828,6 @@ static void draw(void) {
     chart_h += extra;
   } else if (events) {
     ev_h += extra;
-  } else if (!table) {
-    train_h += 0;
   }
   if (g_dim) attron(A_DIM);
   int y = 1;
@@ -1094,12 +1091,10 @@ static int run_tui(void) {
     if (dirty) next_draw = 0;
   }
   restore_terminal();
+  // A signal exits 128+N (as a shell reports it); the flag handler stays installed, so a second
+  // signal during the exit (a hangup of the closing terminal) cannot cut the exit short.
   int sig = g_quit_sig;
-  if (sig > 0) {
-    signal(sig, SIG_DFL);
-    return 128 + sig;
-  }
-  return 0;
+  return sig > 0 ? 128 + sig : 0;
 }
 
 int main(int argc, char **argv) {

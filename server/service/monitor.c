@@ -325,8 +325,17 @@ static void on_mon_timer(uv_timer_t *t) {
   struct ll_server *s = t->data;
   if (!s->mconns) return;
   json_t *j = snapshot_json(s);
-  for (struct ll_mconn *m = s->mconns; m; m = m->next) send_json(m, j);
+  char *txt = json_dumps(j, JSON_COMPACT); // serialized once for every client
   json_decref(j);
+  size_t n = txt ? strlen(txt) : 0;
+  char *line = txt ? realloc(txt, n + 2) : NULL;
+  if (!line) {
+    free(txt);
+    return;
+  }
+  line[n] = '\n';
+  for (struct ll_mconn *m = s->mconns; m; m = m->next) msend(m, line, n + 1);
+  free(line);
 }
 
 void ll_monitor_event(struct ll_server *s, const char *line, size_t len) {
