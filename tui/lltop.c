@@ -442,6 +442,8 @@ static void draw_memory(int y, int h, int W) {
   lt_fmt_bytes(e, sizeof e, s->mem_train);
   lab = putf(r, x, iw, narrow ? " RSS " : " Host RSS   ");
   lt_fmt(tail, sizeof tail, " %s: weights %s, KV %s, training %s", a, c, d, e);
+  if (iw - lab - (int)strlen(tail) < 12) // too narrow for the words and a bar: the short labels
+    lt_fmt(tail, sizeof tail, " %s: wts %s, KV %s, train %s", a, c, d, e);
   bw = iw - lab - (int)strlen(tail);
   if (bw < 12) bw = 12 < iw - lab ? 12 : iw - lab;
   if (bw > 40) bw = 40;

@@ -586,14 +586,34 @@ static void *compute_main(void *arg) {
     // (that wait hung 55 queued requests forever in a test run). wait_head is this thread's.
     if (s->bg_wake) s->bg_more = 1, s->bg_wake = 0;
     while (!s->quit && s->n_in == 0 && !s->cancels && n_active == 0 && !s->wait_head && !(s->bg_fn && s->bg_more)) {
-      if (s->decode_tps != 0 || s->prefill_tps != 0) { // idle: rates fall to 0
-        s->decode_tps = s->prefill_tps = 0;
-        s->stats.decode_tps = s->stats.prefill_tps = 0;
+      // Idle. The rate window runs on through short gaps (clients that send their next request
+      // after each END leave the thread idle many times a second: restarting the window at
+      // every wake kept it from ever closing, and the rates read 0 while tokens streamed). A
+      // window that ends while idle publishes what it counted; the next, empty one, 0.
+      double t = now_ms();
+      if (t - s->win_t0 >= 1000.0) {
+        double dt = (t - s->win_t0) / 1000.0;
+        s->decode_tps = s->win_gen / dt;
+        s->prefill_tps = s->win_prefill / dt;
+        s->stats.decode_tps = s->decode_tps;
+        s->stats.prefill_tps = s->prefill_tps;
+        s->win_gen = s->win_prefill = 0;
+        s->win_t0 = t;
       }
-      pthread_cond_wait(&s->cv, &s->mu);
+      if (s->decode_tps != 0 || s->prefill_tps != 0) { // wake again to close the window
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long long ns = ts.tv_nsec + (long long)((1000.0 - (t - s->win_t0)) * 1e6) + 1000000;
+        ts.tv_sec += (time_t)(ns / 1000000000LL);
+        ts.tv_nsec = (long)(ns % 1000000000LL);
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+      } else {
+        pthread_cond_wait(&s->cv, &s->mu);
+        // After an idle spell with rates at 0, a new window starts with the work.
+        s->win_t0 = now_ms();
+        s->win_gen = s->win_prefill = 0;
+      }
       if (s->bg_wake) s->bg_more = 1, s->bg_wake = 0;
-      s->win_t0 = now_ms();
-      s->win_gen = s->win_prefill = 0;
     }
     if (s->quit) {
       pthread_mutex_unlock(&s->mu);

@@ -26,7 +26,8 @@ if [ -f "$STORIES" ]; then
   echo "stories260K cpu:    $a"; echo "stories260K opencl: $b"
   [ -n "$a" ] && [ "$a" = "$b" ]; check $? "stories260K: OpenCL ids differ from the CPU's"
 else
-  check 1 "stories260K not found at $STORIES"
+  # ../shared is the project's test data, absent from a user's clone: only this part is skipped.
+  echo "skipped: stories260K comparison ($STORIES absent)"
 fi
 if [ -f "$SMOL" ]; then
   while IFS= read -r p; do
@@ -39,7 +40,7 @@ else
   check 1 "SmolLM2 not cached at $SMOL"
 fi
 # The second start loads the kernels from the binary cache.
-"$LLSRV" generate --model "$STORIES" --ids -n 1 --temp 0 --device "$DEV" 2>&1 | grep -q "kernels from the binary cache"
+"$LLSRV" generate --model "$SMOL" --ids -n 1 --temp 0 --device "$DEV" 2>&1 | grep -q "kernels from the binary cache"
 check $? "second start did not use the binary cache"
 # llsrv plan: a plan that fits as configured; one that must adapt (the device capped with
 # LL_OPENCL_MEM_LIMIT) halves parallel first, then ctx, and says so; nothing fits -> CPU.
