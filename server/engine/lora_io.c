@@ -410,8 +410,11 @@ int ll_lora_load(struct ll_lora **out, const char *path, const struct ll_lora_di
     while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
     const char *base = strrchr(tmp, '/');
     base = base ? base + 1 : tmp;
-    char stem[64];
-    snprintf(stem, sizeof stem, "%s", base);
+    char stem[64]; // the adapter's name: the file's stem, cut to the name's size
+    size_t bl = strlen(base);
+    if (bl >= sizeof stem) bl = sizeof stem - 1;
+    memcpy(stem, base, bl);
+    stem[bl] = 0;
     char *dot = strrchr(stem, '.');
     if (dot && dot != stem) *dot = 0;
     snprintf((*out)->name, sizeof (*out)->name, "%s", stem);
