@@ -64,7 +64,7 @@ test)
   echo "== 2/3 ASan+UBSan build + suite (without label 'slow')"
   build build-asan -DLL_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS=-O1
   ctest --test-dir build-asan --output-on-failure -j"$JOBS" -LE slow --timeout 900
-  echo "== 3/3 libFuzzer targets, ${LL_FUZZ_SECONDS:-30} s each"
+  echo "== 3/3 libFuzzer targets, ${LL_FUZZ_SECONDS:-15} s each"
   CC=clang build build-fuzz -DLL_FUZZ=ON -DCMAKE_C_COMPILER=clang -DLL_WERROR=OFF
   nf=0
   for f in build-fuzz/tests/fuzz_*; do
@@ -72,7 +72,7 @@ test)
     name=$(basename "$f"); short=${name#fuzz_}
     corpus=$(mktemp -d); seeds=tests/fuzz/corpus/$short
     echo "-- $name"
-    "$f" -max_total_time="${LL_FUZZ_SECONDS:-30}" -rss_limit_mb=2048 -timeout=10 \
+    "$f" -max_total_time="${LL_FUZZ_SECONDS:-15}" -rss_limit_mb=2048 -timeout=10 \
          -artifact_prefix=build-fuzz/"$name"- "$corpus" $( [ -d "$seeds" ] && echo "$seeds" ) 2>&1 | tail -n 3
     rm -rf "$corpus"
     nf=$((nf + 1))
