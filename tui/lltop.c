@@ -2,9 +2,10 @@
 // its JSON lines into the model (lt_model.c) and draws it with ncursesw. One thread, one
 // poll() over the socket and the keyboard; signals only set flags (SIGWINCH -> redraw at the
 // new size, SIGINT/SIGTERM/SIGHUP -> restore the terminal and leave). Every string from the
-// server is sanitized by the parser and again clipped per character here (a character that is
-// not one printable column is drawn as '?'), so nothing the server sends reaches the terminal
-// raw. Panels, keys and the drop order for small terminals: man/lltop.1.
+// server is sanitized by the parser and again clipped per character here (put(): controls,
+// bidi controls and what the locale cannot print are drawn as '?', wide characters take their
+// columns), so nothing the server sends reaches the terminal raw. Panels, keys and the drop
+// order for small terminals: man/lltop.1.
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -236,33 +237,69 @@ static int g_dim; // draw data dimmed (disconnected / stale)
 
 static attr_t A(int pair) { return g_color ? COLOR_PAIR(pair) : 0; }
 
-// Draws untrusted or local UTF-8 text at (y, x) in at most maxw columns: every character that
-// is not exactly one printable column here (controls, wide, combining, or anything outside
-// the locale) becomes '?'. Returns the columns used.
+// Bidirectional controls (marks, embeddings, overrides, isolates): drawn as '?' like the
+// parser does, so nothing reorders what follows them on the terminal.
+static int bidi_control(wchar_t c) {
+  return c == 0x061C || c == 0x200E || c == 0x200F || (c >= 0x202A && c <= 0x202E) || (c >= 0x2066 && c <= 0x2069);
+}
+
+// Zero-width characters that format rather than combine: dropped. Terminals disagree about the
+// width of a ZWJ emoji sequence and of a base followed by a variation selector; without them
+// every character takes its wcwidth() columns, the columns the layout counts.
+static int zero_width_format(wchar_t c) {
+  return c == 0x034F || c == 0x180E || (c >= 0x200B && c <= 0x200D) || (c >= 0x2060 && c <= 0x2064) ||
+         (c >= 0xFE00 && c <= 0xFE0F) || (c >= 0xE0000 && c <= 0xE007F) || (c >= 0xE0100 && c <= 0xE01EF);
+}
+
+// Draws untrusted or local UTF-8 text at (y, x) in at most maxw columns. In a UTF-8 locale a
+// printable character takes its wcwidth() columns (CJK and emoji two); a double-width one that
+// would cross the edge is cut before it (the column stays blank), combining marks go with the
+// character before them (at most CCHARW_MAX - 1, none at the start), zero-width formatting
+// characters are dropped. Controls, bidi controls, invalid UTF-8 and anything the locale
+// cannot print become '?'; outside UTF-8 everything but printable ASCII does. Returns the
+// columns used.
 static int put(int y, int x, int maxw, const char *s) {
-  if (maxw <= 0 || y < 0 || y >= LINES || x >= COLS) return 0;
+  if (maxw <= 0 || y < 0 || y >= LINES || x < 0 || x >= COLS) return 0;
   if (x + maxw > COLS) maxw = COLS - x;
-  wchar_t w[512];
-  int k = 0;
+  wchar_t w[1024];
+  int k = 0, cols = 0, marks = -1; // marks on the last character; -1: no character to carry them
   mbstate_t st;
   memset(&st, 0, sizeof st);
   size_t n = strlen(s);
-  while (n && k < maxw && k < (int)(sizeof w / sizeof w[0])) {
+  while (n && k < (int)(sizeof w / sizeof w[0])) {
     wchar_t c;
-    size_t r = mbrtowc(&c, s, n, &st);
-    if (r == (size_t)-1 || r == (size_t)-2 || r == 0) {
+    int cw = 1;
+    size_t r = 1;
+    if (!g_utf8) { // ASCII; a UTF-8 sequence (all strings are UTF-8) is one '?'
+      unsigned char b = (unsigned char)*s;
+      c = b < 0x20 || b > 0x7e ? L'?' : (wchar_t)b;
+      if (b >= 0xC0)
+        while (r < n && r < 4 && ((unsigned char)s[r] & 0xC0) == 0x80) r++;
+    } else if ((r = mbrtowc(&c, s, n, &st)) == (size_t)-1 || r == (size_t)-2 || r == 0) {
       c = L'?';
       r = 1;
       memset(&st, 0, sizeof st);
-    } else if (wcwidth(c) != 1 || (!g_utf8 && c > 0x7e)) {
+    } else if (c < 0x20 || (c >= 0x7f && c <= 0x9f) || bidi_control(c) || c == 0x2028 || c == 0x2029) {
       c = L'?';
+    } else if (zero_width_format(c)) {
+      cw = -2; // dropped
+    } else if ((cw = wcwidth(c)) < 0 || cw > 2) {
+      c = L'?', cw = 1;
     }
-    w[k++] = c;
     s += r;
     n -= r;
+    if (cw == -2) continue;
+    if (cw == 0) { // a combining mark: it rides on the character before it
+      if (marks >= 0 && marks < CCHARW_MAX - 1) w[k++] = c, marks++;
+      continue;
+    }
+    if (cols + cw > maxw) break;
+    w[k++] = c;
+    cols += cw;
+    marks = 0;
   }
   mvaddnwstr(y, x, w, k);
-  return k;
+  return cols;
 }
 
 static int putf(int y, int x, int maxw, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -528,17 +565,17 @@ static void draw_serving(int y, int h, int W, int spark, int table) {
   }
   for (int i = 0; i < rows && scroll_req + i < n; i++) {
     const struct lt_req *q = &s->reqs[scroll_req + i];
-    char pt[24], gen[40], ts[24], age[24], cl[24], id[16], ad[24];
+    char pt[24], gen[40], ts[24], age[24];
     lt_fmt_int(pt, sizeof pt, q->prompt_tokens);
     lt_fmt_int(a, sizeof a, q->tokens);
     lt_fmt_int(b, sizeof b, q->max_tokens);
     lt_fmt(gen, sizeof gen, "%s/%s", a, b);
     lt_fmt_num(ts, sizeof ts, q->tok_s, 1);
     lt_fmt_dur(age, sizeof age, q->age_s);
-    // Cut strings to their columns by characters (put() clips; here only the padding).
-    lt_fmt(id, sizeof id, "%s", q->id.known ? q->id.s : "N/A");
-    lt_fmt(cl, sizeof cl, "%s", q->client.known ? q->client.s : "N/A");
-    lt_fmt(ad, sizeof ad, "%s", q->adapter.known ? q->adapter.s : "N/A");
+    // put() cuts each string to its column by display width (a byte-sized copy could split a
+    // multi-byte character); the next column starts at a fixed x whatever was drawn.
+    const char *id = q->id.known ? q->id.s : "N/A", *cl = q->client.known ? q->client.s : "N/A",
+               *ad = q->adapter.known ? q->adapter.s : "N/A";
     mvhline(r + i, x, ' ', iw);
     int cx = x + 1;
     put(r + i, cx, 10, id);
@@ -739,13 +776,27 @@ static void draw_chart(int y, int h, int W) {
   }
 }
 
+// The event tail's scroll counts lines back from the newest. Scrolled back, it moves with the
+// lines that arrived since (the view stays on the same events, as in less +F stopped); at the
+// bottom it follows the new ones.
+static unsigned ev_seq_seen;
+static void ev_anchor(void) {
+  unsigned d = g_m.ev_seq - ev_seq_seen;
+  ev_seq_seen = g_m.ev_seq;
+  if (scroll_ev > 0) scroll_ev = d > LT_EVENTS ? g_m.n_ev : scroll_ev + (int)d;
+}
+
 static void draw_events(int y, int h, int W) {
-  rule_at(y, W, "Events", focus == 1, NULL);
   int iw = W, rows = h - 1;
+  ev_anchor();
   vis_ev_rows = rows;
   if (scroll_ev > g_m.n_ev - rows) scroll_ev = g_m.n_ev - rows;
   if (scroll_ev < 0) scroll_ev = 0;
   int nshow = g_m.n_ev - scroll_ev < rows ? g_m.n_ev - scroll_ev : rows; // newest at the bottom
+  char pos[48] = "";
+  if (g_m.n_ev > rows) // numbered from the oldest line kept
+    lt_fmt(pos, sizeof pos, "lines %d-%d of %d", g_m.n_ev - scroll_ev - nshow + 1, g_m.n_ev - scroll_ev, g_m.n_ev);
+  rule_at(y, W, "Events", focus == 1, pos);
   for (int i = 0; i < nshow; i++) {
     const struct lt_event *e = lt_model_event(&g_m, scroll_ev + nshow - 1 - i);
     if (!e) break;
@@ -831,6 +882,9 @@ static void draw(void) {
   } else if (events) {
     ev_h += extra;
   }
+  // The focus goes to a panel that is on screen (before drawing: the titles show it).
+  if (focus == 0 && !table && events) focus = 1;
+  if (focus == 1 && !events) focus = 0;
   if (g_dim) attron(A_DIM);
   int y = 1;
   if (y + mem_h > H - 1) mem_h = H - 1 - y;
@@ -846,8 +900,6 @@ static void draw(void) {
   if (chart && chart_h >= 5) draw_chart(y, chart_h, W);
   y += chart_h;
   if (events && ev_h >= 2) draw_events(y, ev_h, W);
-  if (focus == 0 && !table) focus = events ? 1 : 0;
-  if (focus == 1 && !events) focus = 0;
   if (g_dim) attroff(A_DIM);
   // status line
   mvhline(H - 1, 0, ' ', W);
@@ -890,9 +942,14 @@ static void on_key(int ch) {
     return;
   }
   const char *st = g_m.snap.tr_state.known ? g_m.snap.tr_state.s : "";
+  if (focus == 1) ev_anchor();
   int *sc = focus == 0 ? &scroll_req : &scroll_ev;
   int page = (focus == 0 ? vis_req_rows : vis_ev_rows);
   if (page < 1) page = 1;
+  // The farthest scroll with the rows last drawn: each key stops at the ends at once (keys read
+  // in one batch are not drawn in between; drawing clamps again when a table shrinks).
+  int last = focus == 0 ? g_m.snap.n_reqs - vis_req_rows : g_m.n_ev - vis_ev_rows;
+  if (last < 0) last = 0;
   switch (ch) {
   case 'q':
   case 'Q': g_quit_sig = -1; break;
@@ -915,10 +972,11 @@ static void on_key(int ch) {
   case KEY_DOWN: *sc += focus ? -1 : 1; break;
   case KEY_PPAGE: *sc += focus ? page : -page; break;
   case KEY_NPAGE: *sc += focus ? -page : page; break;
-  case KEY_HOME: *sc = focus ? 1 << 20 : 0; break;
-  case KEY_END: *sc = focus ? 0 : 1 << 20; break;
+  case KEY_HOME: *sc = focus ? last : 0; break;
+  case KEY_END: *sc = focus ? 0 : last; break;
   default: break;
   }
+  if (*sc > last) *sc = last;
   if (*sc < 0) *sc = 0;
 }
 

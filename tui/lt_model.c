@@ -498,6 +498,7 @@ void lt_model_add_event(struct lt_model *m, double now, int level, const char *t
   lt_sanitize(text, strlen(text), e->text, sizeof e->text);
   m->ev_head = (m->ev_head + 1) % LT_EVENTS;
   if (m->n_ev < LT_EVENTS) m->n_ev++;
+  m->ev_seq++;
 }
 
 const struct lt_event *lt_model_event(const struct lt_model *m, int i) {

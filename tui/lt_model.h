@@ -119,6 +119,7 @@ struct lt_model {
   // event tail, ring
   struct lt_event ev[LT_EVENTS];
   int n_ev, ev_head;
+  unsigned ev_seq;          // events added since init (wraps): a scrolled-back view stays anchored
   // the last reply
   char reply[256];
   int reply_ok, have_reply;

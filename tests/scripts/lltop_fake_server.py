@@ -7,6 +7,13 @@
 #   lltop_fake_server.py SOCKET RECORD hostile   valid snapshots between hostile lines (bad
 #                                                JSON, a 10 MB line, escape sequences and control
 #                                                characters in strings, huge numbers, deep nesting)
+#   lltop_fake_server.py SOCKET RECORD busy      30 active requests (ids req-01..req-30) and 40
+#                                                events (busy-ev-01..40) on attach, then live
+#                                                snapshots; the file RECORD.nreq (a number) sets
+#                                                the request count, RECORD.more (a number) sends
+#                                                that many more events (busy-late-NN) once
+#   lltop_fake_server.py SOCKET RECORD wide      double-width and combining characters: a CJK
+#                                                model name, emoji request ids, a CJK event
 # Every control command received is appended to RECORD, one per line. `pause` is accepted
 # (state becomes paused), `resume` likewise; `save` and `train ...` are refused with a reason.
 import json
@@ -58,6 +65,41 @@ def snapshot(tail, device="FakeGPU 9000", model="fake-model"):
                      "last_checkpoint": "/x/run/step-000250.ckpt", "skipped_steps": 0, "run_dir": "/x/run",
                      "history": history(step, tail), "history_tail": tail},
     }
+
+
+WIDE_MODEL = "模型名称大语言模型测试用的很长的名字一二三四五六七八九十百千万"  # 31 CJK: 93 bytes
+WIDE_IDS = ["😀日本-1",              # fits its 10 columns: emoji, CJK
+            "a🚀🚀🚀🚀🚀z",  # 1+10+1 columns: cut before the 5th rocket
+            "éx‍y️z",                # combining acute, ZWJ and VS16 (dropped)
+            "bidi‮X"]                           # an override: '?'
+
+
+def wide_snapshot(tail):
+    s = snapshot(tail, model=WIDE_MODEL)
+    r0 = s["serving"]["requests"][0]
+    s["serving"]["requests"] = [dict(r0, id=i, client="127.0.0.1:%d" % (6000 + k)) for k, i in enumerate(WIDE_IDS)]
+    s["serving"]["active"] = len(WIDE_IDS)
+    return s
+
+
+def busy_snapshot(tail, n):
+    s = snapshot(tail)
+    r0 = s["serving"]["requests"][0]
+    s["serving"]["requests"] = [dict(r0, id="req-%02d" % (k + 1), client="127.0.0.1:%d" % (7000 + k), tokens=k)
+                                for k in range(n)]
+    s["serving"]["active"] = n
+    s["serving"]["parallel"] = 32
+    return s
+
+
+def read_number(p):
+    """The number in file p (written by the test), or None."""
+    try:
+        with open(p) as f:
+            v = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return v
 
 
 def line(obj):
@@ -139,6 +181,30 @@ def handle(c):
                 big = evil_snapshot(True)
                 big["pad"] = "x" * 150000  # valid lines longer than one read of the client
                 c.sendall(line(big))
+        if mode == "wide":
+            c.sendall(line(wide_snapshot(False)))
+            c.sendall(line({"type": "event", "event": "warning", "message": "学习率 🔥 é wide"}))
+            while True:
+                time.sleep(0.2)
+                c.sendall(line(wide_snapshot(True)))
+        if mode == "busy":
+            nreq = 30
+            c.sendall(line(busy_snapshot(False, nreq)))
+            for k in range(1, 41):
+                c.sendall(line({"type": "event", "event": "warning", "message": "busy-ev-%02d" % k}))
+            late = 0
+            while True:
+                time.sleep(0.2)
+                v = read_number(record + ".nreq")
+                if v is not None:
+                    nreq = max(0, min(v, 300))
+                more = read_number(record + ".more")
+                if more:
+                    os.unlink(record + ".more")
+                    for _ in range(min(more, 100)):
+                        late += 1
+                        c.sendall(line({"type": "event", "event": "warning", "message": "busy-late-%02d" % late}))
+                c.sendall(line(busy_snapshot(True, nreq)))
         while True:
             time.sleep(0.2)
             with lock:

@@ -12,6 +12,10 @@
 #     status messages, strings drawn sanitized, no escape sequence reaches the pane
 #     a training run -> chart with labelled axes, step increasing, `l` log scale, `p`/`s`
 #     send pause/save after confirmation and the server's answers (ok / refusal) are shown
+#     30 requests and 40 events -> Tab focus (reverse-video title), Up/Down/PgUp/PgDn/Home/End
+#     in the table ("rows A-B of N") and the event tail ("lines A-B of N"), stops at the ends,
+#     a shrinking table clamps, a scrolled-back tail stays put as events arrive
+#     CJK/emoji strings -> drawn with their widths at 80 columns, columns and edges aligned
 #   every exit path restores the terminal (q, SIGTERM, SIGINT, SIGHUP: alternate screen off).
 # All waits poll with generous deadlines; everything started is stopped on every exit path.
 import atexit
@@ -25,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import unicodedata
 
 sys.path.insert(0, os.path.dirname(__file__))
 from llsrv_client import Checker, Conn, Server  # noqa: E402
@@ -459,5 +464,207 @@ body = "\n".join(scr.split("\n")[1:])
 check(not re.search(r"[\u2800-\u28ff\u2580-\u259f·]", body), "C locale: no braille or block glyphs")
 check(re.search(r"Device mem \[#+\.+\]", scr) is not None, "C locale: ASCII bars")
 tmux("kill-session", "-t", "mono")
+
+
+
+def start_fake(name, mode):
+    sock, rec = os.path.join(tmp, name + ".sock"), os.path.join(tmp, name + ".rec")
+    procs.append(subprocess.Popen([sys.executable, FAKE, sock, rec, mode]))
+    t_end = time.time() + DEADLINE
+    while time.time() < t_end and not os.path.exists(sock):
+        time.sleep(0.1)
+    return sock, rec
+
+
+def write_trigger(path, value):
+    """A number for the fake server, written whole (it polls the file)."""
+    with open(path + ".tmp", "w") as f:
+        f.write("%d\n" % value)
+    os.replace(path + ".tmp", path)
+
+
+def dw(s):
+    """Display columns of s as a terminal counts them (wide 2, combining and format 0)."""
+    n = 0
+    for ch in s:
+        if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+            continue
+        n += 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+    return n
+
+
+def reversed_title(esc_screen, title):
+    """Whether " title " on its rule is drawn in reverse video (SGR 7), from capture-pane -e."""
+    for ln in esc_screen.split("\n"):
+        i = ln.find(" %s " % title)
+        if i < 0 or not re.sub(r"\x1b\[[0-9;:]*m", "", ln).startswith("── %s " % title):
+            continue
+        on = False
+        for m in re.finditer(r"\x1b\[([0-9;:]*)m", ln[:i]):
+            for p in (m.group(1) or "0").split(";"):
+                if p in ("0", ""):
+                    on = False
+                elif p == "7":
+                    on = True
+                elif p == "27":
+                    on = False
+        return on
+    return None
+
+
+def rows_of(s):
+    m = re.search(r"── Serving .* rows (\d+)-(\d+) of (\d+) ─", s)
+    return tuple(int(g) for g in m.groups()) if m else None
+
+
+def lines_of(s):
+    m = re.search(r"── Events .* lines (\d+)-(\d+) of (\d+) ─", s)
+    return tuple(int(g) for g in m.groups()) if m else None
+
+
+def event_lines(s, h=34):
+    """The event tail's lines: below its rule, above the status line (the last of h rows)."""
+    ls = s.split("\n")
+    i = next(k for k, ln in enumerate(ls) if ln.startswith("── Events"))
+    return [ln for ln in ls[i + 1:h - 1] if ln.strip()]
+
+
+def first_req(s):
+    m = re.search(r"^ (req-\d\d) ", s, re.M)
+    return m.group(1) if m else None
+
+
+# ---- scrolling: Tab focus, arrows, PgUp/PgDn, Home/End (fake busy server) ----
+print("-- scrolling (fake server with 30 requests and 40 events)", flush=True)
+bs, brec = start_fake("busy", "busy")
+start_lltop("busy", bs, 100, 34)
+scr = wait_for("busy", lambda s: rows_of(s)[0] == 1 and rows_of(s)[2] == 30 and "busy-ev-40" in s,
+               "30 requests: the Serving rule shows rows 1-R of 30")
+R = rows_of(scr)[1]
+check(2 <= R < 15, "the table shows part of the 30 rows at 100x34 (R=%d)" % R)
+check(first_req(scr) == "req-01" and " req-%02d " % (R + 1) not in scr, "rows 1-%d: req-01 first, req-%02d not drawn" % (R, R + 1))
+esc = capture("busy", escapes=True)
+check(reversed_title(esc, "Serving") is True and reversed_title(esc, "Events") is False,
+      "focus starts on the request table (its title in reverse video, the event tail's not)")
+
+
+def key_rows(keys, first, what):
+    tmux("send-keys", "-t", "busy", *keys)
+    last = min(first + R - 1, 30)
+    return wait_for("busy", lambda s: rows_of(s) == (first, last, 30) and first_req(s) == "req-%02d" % first,
+                    "%s: rows %d-%d of 30, req-%02d first" % (what, first, last, first))
+
+
+key_rows(["Down"], 2, "Down")
+pg = min(2 + R, 31 - R)
+key_rows(["NPage"], pg, "PgDn scrolls a page")
+key_rows(["PPage"], max(1, pg - R), "PgUp scrolls a page back")
+key_rows(["End"], 31 - R, "End")
+check(" req-30 " in capture("busy"), "End shows the last request id (req-30)")
+key_rows(["Down", "Up"], 30 - R, "Down at the end stays there (then Up moves one back)")
+key_rows(["Home"], 1, "Home")
+key_rows(["Up", "Down"], 2, "Up at the top stays there (then Down moves one on)")
+# A table that shrinks under a scrolled view: the scroll clamps to the rows that are left.
+key_rows(["End"], 31 - R, "End again")
+write_trigger(brec + ".nreq", R + 3)
+wait_for("busy", lambda s: rows_of(s) == (4, R + 3, R + 3) and first_req(s) == "req-04" and " req-%02d " % (R + 3) in s,
+         "the table shrinks to %d rows while at its end: rows 4-%d of %d" % (R + 3, R + 3, R + 3))
+write_trigger(brec + ".nreq", 5)
+wait_for("busy", lambda s: re.search(r"── Serving ─+ 5 requests ─", s) and first_req(s) == "req-01" and " req-05 " in s,
+         "shrunk to 5 rows (all on screen): no position, req-01 first")
+write_trigger(brec + ".nreq", 30)
+wait_for("busy", lambda s: rows_of(s) == (1, R, 30) and first_req(s) == "req-01", "grown back to 30: rows 1-%d of 30" % R)
+
+# Tab: the event tail (newest at the bottom; up goes back in time).
+tmux("send-keys", "-t", "busy", "Tab")
+t_end = time.time() + DEADLINE
+while time.time() < t_end:
+    esc = capture("busy", escapes=True)
+    if reversed_title(esc, "Events") is True and reversed_title(esc, "Serving") is False:
+        break
+    time.sleep(0.2)
+check(reversed_title(esc, "Events") is True and reversed_title(esc, "Serving") is False,
+      "Tab moves the focus to the event tail (its title in reverse video, Serving's not)")
+scr = capture("busy")
+pos = lines_of(scr)
+check(pos is not None and pos[1] == pos[2], "the event tail at its newest lines: %r" % (pos,))
+N = pos[2] if pos else 42
+E = pos[1] - pos[0] + 1 if pos else 2
+ev0 = N - 40  # busy-ev-k is line ev0 + k (lltop's own notes come first)
+
+
+def ev_name(line_no):
+    return "busy-ev-%02d" % (line_no - ev0) if 1 <= line_no - ev0 <= 40 else None
+
+
+check(event_lines(scr)[-1].endswith("busy-ev-40") and "busy-ev-%02d" % (40 - E) not in scr,
+      "newest event at the bottom, busy-ev-%02d not on screen" % (40 - E))
+
+
+def key_lines(keys, first, what, n=None):
+    if keys:
+        tmux("send-keys", "-t", "busy", *keys)
+    n = n or N
+    want = (first, first + E - 1, n)
+    name = ev_name(first)
+    return wait_for("busy", lambda s: lines_of(s) == want and (name is None or name in event_lines(s)[0]),
+                    "%s: lines %d-%d of %d%s" % (what, want[0], want[1], n, (", %s at the top" % name) if name else ""))
+
+
+scr = key_lines(["Up"], N - E, "Up goes back one line")
+check("busy-ev-%02d" % (40 - E) in scr and "busy-ev-40" not in scr, "Up shows busy-ev-%02d, which was not on screen" % (40 - E))
+scr = key_lines(["PPage"], N - 2 * E, "PgUp goes back a page")
+check("busy-ev-%02d" % (40 - 2 * E) in scr, "PgUp shows older events")
+scr = key_lines(["Home"], 1, "Home: the oldest lines")
+check("attaching to" in event_lines(scr)[0], "Home shows the first line kept (lltop's own note)")
+key_lines(["Up", "Down"], 2, "Up at the oldest stays there (then Down moves one on)")
+write_trigger(brec + ".more", 3)
+key_lines([], 2, "3 new events arrive: a scrolled-back view stays on the same lines", n=N + 3)
+scr = key_lines(["End"], N + 3 - E + 1, "End: back to the newest", n=N + 3)
+check(event_lines(scr)[-1].endswith("busy-late-03"), "End shows the newest event (busy-late-03)")
+tmux("send-keys", "-t", "busy", "Tab")
+t_end = time.time() + DEADLINE
+while time.time() < t_end and reversed_title(capture("busy", escapes=True), "Serving") is not True:
+    time.sleep(0.2)
+check(reversed_title(capture("busy", escapes=True), "Serving") is True, "Tab again: focus back on the request table")
+key_rows(["Down"], 2, "Down scrolls the table again")
+tmux("kill-session", "-t", "busy")
+
+# ---- double-width and combining characters (fake wide server) ----
+print("-- wide characters (CJK model name, emoji request ids) at 80 columns", flush=True)
+ws, _ = start_fake("wide", "wide")
+start_lltop("wide", ws, 80, 34)
+MODEL = "\u6a21\u578b\u540d\u79f0\u5927\u8bed\u8a00\u6a21\u578b\u6d4b"
+scr = wait_for("wide", lambda s: MODEL in s and "127.0.0.1:6003" in s and "\u5b66\u4e60\u7387" in s,
+               "CJK model name, the four request rows and the CJK event drawn")
+lines = scr.split("\n")
+check(all(dw(ln) <= 80 for ln in lines), "no line wider than 80 columns: %r" % [dw(ln) for ln in lines])
+rules = [ln for ln in lines if ln.startswith("── ")]
+check(len(rules) >= 4 and all(dw(ln) == 80 for ln in rules), "every title rule ends at column 80: %r" % [dw(ln) for ln in rules])
+head = lines[0]
+check("?" not in head and head.rstrip().endswith(" live") and dw(head.rstrip()) == 79,
+      "header: the long CJK name cut before the connection state, which stays at the right edge: %r" % head)
+hdr = next((ln for ln in lines if ln.startswith(" ID ")), "")
+rows = {ln.split("127.0.0.1:")[1][:4]: ln for ln in lines if "127.0.0.1:600" in ln}
+check(len(rows) == 4, "four request rows: %r" % rows)
+
+
+def col_of(ln, text):
+    i = ln.find(text)
+    return dw(ln[:i]) if i >= 0 else -1
+
+
+for port, ln in sorted(rows.items()):
+    check(col_of(ln, "127.0.0.1:") == col_of(hdr, "CLIENT") and col_of(ln, "decode") == col_of(hdr, "STATE")
+          and dw(ln) == dw(rows["6000"]), "row %s: columns aligned with the header (client %d/%d, state %d/%d): %r"
+          % (port, col_of(ln, "127.0.0.1:"), col_of(hdr, "CLIENT"), col_of(ln, "decode"), col_of(hdr, "STATE"), ln))
+check(rows.get("6000", "").startswith(" \U0001F600\u65e5\u672c-1 "), "emoji + CJK request id drawn whole: %r" % rows.get("6000"))
+check(rows.get("6001", "").startswith(" a" + "\U0001F680" * 4 + "  127.0.0.1"),
+      "an id one column too wide for its 10: cut before the double-width character (4 of 5 rockets, a blank): %r" % rows.get("6001"))
+check(unicodedata.normalize("NFC", rows.get("6002", "")).startswith(" \u00e9xyz "),
+      "combining accent kept on its letter, ZWJ and VS16 dropped: %r" % rows.get("6002"))
+check(rows.get("6003", "").startswith(" bidi?X "), "a bidi override in an id still drawn as '?': %r" % rows.get("6003"))
+check("\u5b66\u4e60\u7387 \U0001F525 \u00e9 wide" in unicodedata.normalize("NFC", scr), "CJK, emoji and a combining accent in an event")
+tmux("kill-session", "-t", "wide")
 
 sys.exit(check.summary())
