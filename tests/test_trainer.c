@@ -402,7 +402,101 @@ static void test_bad_params(struct ll_engine *e) {
   ll_trainer_free(tr);
 }
 
-int main(void) {
+// `test_trainer --gradcheck MODEL [S]`: the adapter gradients of a real (quantized) model against
+// central differences, one sequence of S tokens (S > 64: attention in several blocks), B set to
+// small random values so A gets gradients too. Not a ctest (minutes on SmolLM2); it is how the
+// LoRA backward on a quantized base was checked (docs/PERFORMANCE.md, training).
+static int gradcheck_model(const char *model, int S) {
+  snprintf(g_model, sizeof g_model, "%s", model);
+  struct ll_engine_params ep;
+  ll_engine_params_default(&ep);
+  ep.model_path = g_model;
+  ep.n_threads = 2;
+  ep.n_ctx = 512;
+  ep.device = "cpu";
+  struct ll_engine *e = NULL;
+  char err[256];
+  if (ll_engine_open(&e, &ep, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  struct ll_trainer_params p;
+  ll_trainer_params_init(&p);
+  p.batch = 1, p.seq_len = S;
+  struct ll_trainer *tr = NULL;
+  if (ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  const struct ll_lora *lo = ll_trainer_lora(tr);
+  uint64_t rs = 99;
+  for (int l = 0; l < lo->n_layer; l++)
+    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+      struct ll_lora_pair *pr = ll_lora_at(lo, l, t);
+      float *b = (float *)pr->b.data;
+      for (int64_t i = 0; i < pr->b.k * pr->b.n; i++) b[i] = 0.01f * ll_test_randf(&rs);
+    }
+  const int n_vocab = ll_engine_model(e)->n_vocab;
+  int32_t *ids = malloc((size_t)S * sizeof *ids), *tg = malloc((size_t)S * sizeof *tg);
+  for (int i = 0; i < S; i++) ids[i] = (int32_t)(ll_test_rand(&rs) % 2000), tg[i] = (int32_t)(ll_test_rand(&rs) % 2000);
+  for (int i = 0; i + 1 < S; i++) tg[i] = ids[i + 1]; // a real next-token task
+  float *P, *G;
+  int64_t n;
+  ll_trainer_vectors(tr, &P, &G, &n);
+  ll_trainer_zero_grad(tr);
+  double loss, lp, lm;
+  int rc = ll_trainer_forward_backward(tr, ids, tg, 1, 1, 1.0f, &loss, NULL, err, sizeof err);
+  float *g = malloc((size_t)n * sizeof *g);
+  memcpy(g, G, (size_t)n * sizeof *g);
+  printf("loss %.4f (summed over %d tokens, vocabulary %d), %lld parameters\n", loss, S, n_vocab, (long long)n);
+  // Directional derivatives: L(P + e·d) - L(P - e·d) over 2e against g·d. One parameter at a
+  // time drowns in the forward's own noise (activations are quantized to Q8_1 before the
+  // integer dots, a step function of the adapter); along the gradient the signal is |g|·e.
+  double gg = 0;
+  for (int64_t i = 0; i < n; i++) gg += (double)g[i] * g[i];
+  float *keep = malloc((size_t)n * sizeof *keep), *d = malloc((size_t)n * sizeof *d);
+  memcpy(keep, P, (size_t)n * sizeof *keep);
+  for (int dir = 0; dir < 3 && rc == 0; dir++) {
+    // dir 0: the gradient; 1: a random direction; 2: the gradient of the lora_b half only
+    double gd = 0, dd = 0;
+    for (int64_t i = 0; i < n; i++) {
+      d[i] = dir == 0 ? g[i] : dir == 1 ? ll_test_randf(&rs) : 0.0f;
+      dd += (double)d[i] * d[i];
+    }
+    if (dir == 2) {
+      for (int l = 0; l < lo->n_layer; l++)
+        for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+          struct ll_lora_pair *pr = ll_lora_at(lo, l, t);
+          const int64_t off = (const float *)pr->b.data - P;
+          for (int64_t i = 0; i < pr->b.k * pr->b.n; i++) d[off + i] = g[off + i];
+        }
+      dd = 0;
+      for (int64_t i = 0; i < n; i++) dd += (double)d[i] * d[i];
+    }
+    const double nd = sqrt(dd);
+    for (int64_t i = 0; i < n; i++) d[i] = (float)(d[i] / nd), gd += (double)g[i] * d[i];
+    for (int k = 0; k < 3; k++) {
+      const double eps = k == 0 ? 1e-1 : k == 1 ? 3e-2 : 1e-2;
+      for (int64_t i = 0; i < n; i++) P[i] = keep[i] + (float)eps * d[i];
+      rc |= ll_trainer_forward_backward(tr, ids, tg, 1, 0, 1.0f, &lp, NULL, err, sizeof err);
+      for (int64_t i = 0; i < n; i++) P[i] = keep[i] - (float)eps * d[i];
+      rc |= ll_trainer_forward_backward(tr, ids, tg, 1, 0, 1.0f, &lm, NULL, err, sizeof err);
+      memcpy(P, keep, (size_t)n * sizeof *keep);
+      printf("direction %s eps %.0e: g.d %+.5f  finite differences %+.5f  (L+ %.4f L- %.4f)\n", dir == 0 ? "grad " : dir == 1 ? "random" : "grad_B",
+             eps, gd, (lp - lm) / (2 * eps), lp, lm);
+      fflush(stdout);
+    }
+  }
+  printf("|g| %.5f\n", sqrt(gg));
+  free(keep), free(d);
+  free(g), free(ids), free(tg);
+  ll_trainer_free(tr);
+  ll_engine_close(e);
+  return rc != 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 3 && !strcmp(argv[1], "--gradcheck")) return gradcheck_model(argv[2], argc >= 4 ? atoi(argv[3]) : 80);
   ll_test_seed();
   if (!ll_test_tmpdir(g_dir, sizeof g_dir)) return 1;
   snprintf(g_model, sizeof g_model, "%s/tiny.ckpt", g_dir);
