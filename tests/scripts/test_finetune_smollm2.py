@@ -173,7 +173,7 @@ try:
         val_by_step.update(vals(s))
         v = [val_by_step[k] for k in sorted(val_by_step) if k <= 200]
         return (v and v[-1] <= 0.8 * v0) or s["training"]["state"] in ("done", "error")
-    wait_until(reached, "validation loss 0.8 x the first", 1800, step=0.5)
+    wait_until(reached, "validation loss 0.8 x the first", 1800, step=0.01)  # snapshots queue up: read them as they come
     curve = sorted(val_by_step.items())
     print("validation loss by step: %s" % ", ".join("%d: %.4f" % kv for kv in curve), flush=True)
     best = min(v for s, v in curve if s <= 200)
