@@ -424,7 +424,7 @@ struct doc {
 // The document starting at off: 1 with it, 0 at the end of the file, or a negative code.
 static int doc_read(struct ll_data *d, struct rfile *rf, int64_t off, uint64_t index, struct doc *out, char *err,
                     size_t errlen) {
-  const char *b;
+  const char *b = NULL; // set by rf_get whenever it returns > 0 (gcc -O3 cannot see that)
   const struct ll_data_file *f = &d->fl.v[rf->fi];
   if (f->jsonl) {
     size_t need = 64 << 10;
