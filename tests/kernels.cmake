@@ -5,6 +5,11 @@ ll_test(NAME test_train_kernels SOURCES test_train_kernels.c LIBS ll_kernels LAB
 # not a test: GFLOP/s of the training members at SmolLM2's shapes next to sgemm's peak
 add_executable(train_kernels_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/train_kernels_bench.c)
 target_link_libraries(train_kernels_bench PRIVATE ll_kernels)
+# not a test: the machine's read bandwidth (1..N threads), named beside every speed figure
+add_executable(readbw ${CMAKE_CURRENT_SOURCE_DIR}/bench/readbw.c)
+target_link_libraries(readbw PRIVATE Threads::Threads)
+# `make bench` builds what the benchmarks under tests/bench/ run (see docs/PERFORMANCE.md)
+add_custom_target(bench DEPENDS llsrv train_kernels_bench readbw)
 # test_kernels again with the AVX2 kernels pinned (LL_CPU_ISA=avx2): on AVX-512 machines the backend's
 # batched matmuls (tiles, side tables, ragged tails) otherwise never reach the AVX2 tiles.
 add_test(NAME test_kernels_avx2 COMMAND test_kernels)

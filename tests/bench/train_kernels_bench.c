@@ -78,13 +78,14 @@ static void fwd_task(void *vctx, int task, int thread) {
 }
 
 int main(int argc, char **argv) {
-  int nt = 2, quick = 0;
+  int nt = 2, quick = 0, peak_only = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-t") && i + 1 < argc) nt = atoi(argv[++i]);
     else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--quick")) quick = 1;
+    else if (!strcmp(argv[i], "--peak")) peak_only = 1; // the sgemm line only (tests/bench/train_vs_peft.sh)
     else {
-      fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [--quick]\n", argv[0]);
+      fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [--quick] [--peak]\n", argv[0]);
       return 2;
     }
   }
@@ -126,6 +127,10 @@ int main(int argc, char **argv) {
     printf("sgemm peak: 1024^3 1 thread %.1f GFLOP/s, %d threads (OpenBLAS's) %.1f GFLOP/s; 256x1536x576 1 thread %.1f GFLOP/s\n",
            fl / t1 * 1e-9, nt, fl / tn * 1e-9, 2.0 * 256 * 1536 * 576 / ts * 1e-9);
     free(A), free(B), free(Cm);
+  }
+  if (peak_only) {
+    ll_backend_free(b);
+    return 0;
   }
 
   // ---- products at SmolLM2's shapes

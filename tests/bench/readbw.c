@@ -1,0 +1,129 @@
+// readbw.c - the machine's read bandwidth, the ceiling of token generation (each decoded token
+// streams every weight once): a buffer far larger than the caches, read by 1..N threads with
+// the widest loads the CPU has (AVX-512, else AVX2, else 8-byte words), best of several passes.
+// Every speed figure in docs/PERFORMANCE.md names this measurement, taken the same minute.
+//
+//   build/tests/readbw [-t MAX_THREADS] [-m MIB] [-r PASSES]
+//
+// Prints one line per thread count: "read bandwidth: T threads X.X GB/s (isa, MIB MiB, best of R)".
+// Not a test: numbers only.
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Each reader sums its slice (so the loads are not optimized away) and returns the sum.
+static uint64_t read_scalar(const uint64_t *p, size_t n) {
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (size_t i = 0; i + 4 <= n; i += 4) a ^= p[i], b ^= p[i + 1], c ^= p[i + 2], d ^= p[i + 3];
+  return a ^ b ^ c ^ d;
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static uint64_t read_avx2(const uint64_t *p, size_t n) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 16 <= n; i += 16) {
+    a = _mm256_xor_si256(a, _mm256_load_si256((const __m256i *)(p + i)));
+    b = _mm256_xor_si256(b, _mm256_load_si256((const __m256i *)(p + i + 4)));
+    c = _mm256_xor_si256(c, _mm256_load_si256((const __m256i *)(p + i + 8)));
+    d = _mm256_xor_si256(d, _mm256_load_si256((const __m256i *)(p + i + 12)));
+  }
+  a = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d));
+  return (uint64_t)_mm256_extract_epi64(a, 0) ^ (uint64_t)_mm256_extract_epi64(a, 3);
+}
+__attribute__((target("avx512f"))) static uint64_t read_avx512(const uint64_t *p, size_t n) {
+  __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    a = _mm512_xor_si512(a, _mm512_load_si512(p + i));
+    b = _mm512_xor_si512(b, _mm512_load_si512(p + i + 8));
+    c = _mm512_xor_si512(c, _mm512_load_si512(p + i + 16));
+    d = _mm512_xor_si512(d, _mm512_load_si512(p + i + 24));
+  }
+  a = _mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(c, d));
+  return (uint64_t)_mm512_reduce_or_epi64(a);
+}
+#endif
+
+typedef uint64_t (*read_fn)(const uint64_t *, size_t);
+static read_fn g_read = read_scalar;
+static const char *g_isa = "scalar";
+
+struct job {
+  const uint64_t *p;
+  size_t n;
+  uint64_t sum;
+  pthread_barrier_t *bar;
+};
+
+static void *reader(void *u) {
+  struct job *j = u;
+  pthread_barrier_wait(j->bar); // all start together
+  j->sum = g_read(j->p, j->n);
+  pthread_barrier_wait(j->bar);
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  int max_t = 2, reps = 7;
+  size_t mib = 512;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-t") && i + 1 < argc) max_t = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "-m") && i + 1 < argc) mib = (size_t)atol(argv[++i]);
+    else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+    else {
+      fprintf(stderr, "usage: %s [-t MAX_THREADS] [-m MIB] [-r PASSES]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (max_t < 1 || max_t > 256 || mib < 64 || mib > 65536 || reps < 1 || reps > 1000) {
+    fprintf(stderr, "readbw: -t in 1..256, -m in 64..65536, -r in 1..1000\n");
+    return 2;
+  }
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) g_read = read_avx512, g_isa = "avx512";
+  else if (__builtin_cpu_supports("avx2")) g_read = read_avx2, g_isa = "avx2";
+#endif
+  const size_t bytes = mib << 20, n = bytes / 8;
+  uint64_t *buf = aligned_alloc(64, bytes);
+  if (!buf) return fprintf(stderr, "readbw: cannot allocate %zu MiB\n", mib), 1;
+  for (size_t i = 0; i < n; i++) buf[i] = i * 0x9E3779B97F4A7C15ull; // touch every page
+  uint64_t sink = 0;
+  for (int t = 1; t <= max_t; t++) {
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+      pthread_barrier_t bar;
+      pthread_barrier_init(&bar, NULL, (unsigned)t + 1);
+      struct job js[256];
+      pthread_t th[256];
+      const size_t per = (n / (size_t)t) & ~(size_t)31; // whole 256-byte groups per thread
+      for (int k = 0; k < t; k++) {
+        js[k] = (struct job){buf + (size_t)k * per, per, 0, &bar};
+        pthread_create(&th[k], NULL, reader, &js[k]);
+      }
+      pthread_barrier_wait(&bar);
+      const double t0 = now();
+      pthread_barrier_wait(&bar);
+      const double dt = now() - t0;
+      for (int k = 0; k < t; k++) pthread_join(th[k], NULL), sink ^= js[k].sum;
+      pthread_barrier_destroy(&bar);
+      if (dt < best) best = dt;
+    }
+    const size_t per = (n / (size_t)t) & ~(size_t)31;
+    printf("read bandwidth: %d thread%s %.1f GB/s (%s loads, %zu MiB, best of %d)\n", t, t > 1 ? "s" : "", (double)per * 8 * t / best * 1e-9,
+           g_isa, mib, reps);
+  }
+  free(buf);
+  return sink == 0x1234567 ? 3 : 0; // keeps the sums alive
+}
