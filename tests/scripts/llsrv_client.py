@@ -2,6 +2,7 @@
 # the server tests and the serving benchmark. Standard library only.
 import atexit
 import ctypes
+import json
 import os
 import re
 import signal
@@ -245,6 +246,60 @@ class Server:
     def rss(self):
         with open("/proc/%d/statm" % self.p.pid) as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Monitor:
+    """A client of the monitor socket (man 7 llsrv-protocol): JSON lines of snapshots, events
+    and replies. Events are kept as they arrive, so a wait sees one that came while the test
+    was reading snapshots."""
+
+    def __init__(self, path, timeout=60):
+        self.s = socket.socket(socket.AF_UNIX)
+        self.s.connect(path)
+        self.s.settimeout(timeout)
+        self.f = self.s.makefile()
+        self.events = []
+
+    def msg(self):
+        line = self.f.readline()
+        if not line:
+            raise RuntimeError("monitor closed")
+        j = json.loads(line)
+        if j.get("type") == "event":
+            self.events.append(j)
+        return j
+
+    def snapshot(self):
+        while True:
+            j = self.msg()
+            if j.get("type") == "snapshot":
+                return j
+
+    def cmd(self, c):
+        self.s.sendall((c + "\n").encode())
+        while True:
+            j = self.msg()
+            if j.get("type") == "reply":
+                return j
+
+    def wait_event(self, which, timeout=120):
+        """The first kept or coming event named `which` (or for which `which(event)` is true),
+        removed from the kept ones; None after `timeout` seconds."""
+        pred = which if callable(which) else (lambda e: e.get("event") == which)
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            for e in self.events:
+                if pred(e):
+                    self.events.remove(e)
+                    return e
+            self.msg()
+        return None
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
 
 
 def concurrent_generate(srv, lines, timeout=600):

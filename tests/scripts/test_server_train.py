@@ -5,17 +5,15 @@
 # answered while it trains, train pause|resume|stop and save do what they say (and refuse what
 # does not fit the state), SIGTERM saves a checkpoint, and a restart resumes from it at that
 # step (kill -9 then restarts from the last periodic checkpoint).
-import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from llsrv_client import Checker, Server, wait_until  # noqa: E402
+from llsrv_client import Checker, Monitor, Server, wait_until  # noqa: E402
 
 check = Checker()
 tmp = tempfile.mkdtemp(prefix="llsrv-train-")
@@ -25,46 +23,6 @@ args = ["--config", os.path.join(os.environ["LL_SOURCE_DIR"], "configs", "demo.y
         "--train-batch", "2", "--train-eval-every", "5", "--train-eval-seqs", "4", "--train-checkpoint-every", "10", "--train-steps", "100000",
         "--train-lr", "3e-3", "--train-warmup", "2", "--parallel", "2", "--threads", "2"]
 
-
-class Monitor:
-    def __init__(self, path):
-        self.s = socket.socket(socket.AF_UNIX)
-        self.s.connect(path)
-        self.s.settimeout(60)
-        self.f = self.s.makefile()
-        self.events = []
-
-    def msg(self):
-        line = self.f.readline()
-        if not line:
-            raise RuntimeError("monitor closed")
-        j = json.loads(line)
-        if j.get("type") == "event":
-            self.events.append(j)
-        return j
-
-    def snapshot(self):
-        while True:
-            j = self.msg()
-            if j.get("type") == "snapshot":
-                return j
-
-    def cmd(self, c):
-        self.s.sendall((c + "\n").encode())
-        while True:
-            j = self.msg()
-            if j.get("type") == "reply":
-                return j
-
-    def wait_event(self, name, timeout=120):
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            for e in self.events:
-                if e.get("event") == name:
-                    self.events.remove(e)
-                    return e
-            self.msg()
-        return None
 
 
 srv = Server(tmp, args)
