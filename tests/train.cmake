@@ -6,6 +6,9 @@ ll_script_test(NAME train_cli COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/t
 # Training in the server: monitor fields, history and events, requests served meanwhile, train
 # pause/resume/stop/save, SIGTERM checkpoint and resume, kill -9 restart.
 ll_script_test(NAME server_train COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_train.py LABELS integration TIMEOUT 300)
+# A full disk during a checkpoint (an injected EFBIG) and the data vanishing mid-run: clear
+# errors, requests answered, last.ckpt intact, training goes on once the fault is gone.
+ll_script_test(NAME server_train_faults COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_train_faults.py LABELS integration TIMEOUT 300)
 # Issue 11's acceptance run on SmolLM2 Q4_1: the server fine-tunes LoRA on man/ + docs/ while it
 # answers GEN requests, the validation loss falls by 20% within 200 steps on the monitor stream,
 # kill -9 + restart resumes on the same curve, the exported adapter gives llama.cpp's greedy ids.

@@ -252,6 +252,7 @@ int ll_cmd_serve(int argc, char **argv) {
   uv_signal_start(&srv.sig_int, on_signal, SIGINT);
   uv_signal_start(&srv.sig_term, on_signal, SIGTERM);
   signal(SIGPIPE, SIG_IGN);
+  signal(SIGXFSZ, SIG_IGN); // a file-size limit (ulimit -f) fails a checkpoint's write with EFBIG, as a full disk does, not the server
 
   // One start-up summary.
   const struct ll_engine_info *in = &srv.info;
@@ -296,9 +297,10 @@ int ll_cmd_serve(int argc, char **argv) {
   exit_code = 0;
   ll_log(LL_LOG_INFO, "stopped");
 out:
+  ll_trainjob_stop(srv.job); // joins the training thread; saves a running job's checkpoint (SIGTERM keeps the work)
   ll_sched_destroy(srv.sched); // joins the compute thread before the engine goes
   srv.sched = NULL;
-  ll_trainjob_destroy(srv.job); // saves a running job's checkpoint (SIGTERM keeps the work)
+  ll_trainjob_destroy(srv.job); // after the compute thread: requests may still have read its adapter
   srv.job = NULL;
   for (int i = 0; i < n_adapters; i++) ll_lora_free(adapters[i]); // before the engine's backend goes
   if (srv.mon_path[0]) unlink(srv.mon_path);

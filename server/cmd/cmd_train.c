@@ -138,6 +138,10 @@ int ll_cmd_train(int argc, char **argv) {
           info.backend, info.device_name, info.n_threads);
   struct ll_train_run_opts ro = {run_dir ? run_dir : "(dry run)", c.train_data, c.model, info.arch, c.train_checkpoint_every, c.train_eval_every,
                                  c.train_eval_seqs, c.train_keep, c.train_val_fraction, restart || dry};
+  // This backend serves nothing else: quantized products of training batches may take
+  // dequantize + sgemm where that beats the integer tiles (ll_backend.train_sgemm; CPUs without
+  // AVX-512 VNNI). The server leaves it off: its backend is shared with batch-invariant decoding.
+  ll_engine_backend(e)->train_sgemm = 1;
   rc = ll_train_run_open(&run, ll_engine_model(e), ll_engine_backend(e), ll_engine_tokenizer(e), &tp, &ro, err, sizeof err);
   if (rc) {
     fprintf(stderr, "llsrv train: %s\n", err);
@@ -182,6 +186,7 @@ int ll_cmd_train(int argc, char **argv) {
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  signal(SIGXFSZ, SIG_IGN); // a file-size limit fails a checkpoint's write (EFBIG), handled as a full disk is
   const int tty = isatty(STDOUT_FILENO);
   double val = NAN;
   if (ll_train_run_resumed_from(run) < 0 && c.train_eval_every > 0) { // where the curve starts
@@ -196,12 +201,17 @@ int ll_cmd_train(int argc, char **argv) {
   struct ll_train_run_event ev;
   double t_start = now_s();
   int64_t tokens = 0, steps_done = 0;
+  int save_failed = 0; // the latest checkpoint failed
   struct ll_trainer_state st;
   while (!ll_train_run_done(run) && !g_stop) {
     if ((rc = ll_train_run_step(run, &ev, err, sizeof err))) {
       fprintf(stderr, "%sllsrv train: %s\n", tty ? "\n" : "", err);
       goto out;
     }
+    if (ev.save_failed) // the step stands and the last good checkpoint is intact; the next one retries
+      fprintf(stderr, "%sllsrv train: warning: checkpoint at step %lld failed: %s (training goes on)\n", tty ? "\n" : "",
+              (long long)ev.info.step, ev.save_error);
+    save_failed = ev.save_failed;
     tokens += ev.info.tokens, steps_done++;
     if (ev.evaluated) val = ev.val_loss;
     const double el = now_s() - t_start, tps = tokens / el;
@@ -225,6 +235,10 @@ int ll_cmd_train(int argc, char **argv) {
       goto out;
     }
     printf("\nstopped by signal %d at step %lld; saved %s (run the same command to resume)\n", (int)g_stop, (long long)st.step, ev.path);
+  } else if (save_failed) {
+    fprintf(stderr, "llsrv train: finished at step %lld but its checkpoint failed (see above); %s/last.ckpt is the last good one\n",
+            (long long)st.step, run_dir);
+    goto out;
   } else {
     const double el = now_s() - t_start;
     printf("done: %lld steps in %.1f s, %.1f tokens/s, %lld skipped, last loss %.4f, val %.4f, best val %.4f; %s/last.ckpt, %s/best.ckpt\n",

@@ -87,8 +87,8 @@ const struct ll_option ll_options[] = {
     {"train.keep", LL_OPT_INT, 0, 1e6, "3", NULL, OFF(train_keep), "N", "Step checkpoints kept besides last.ckpt and best.ckpt."},
     {"train.recompute", LL_OPT_BOOL, 0, 1, "false", NULL, OFF(train_recompute), NULL,
      "Recompute each layer's activations in the backward pass (less memory, more compute)."},
-    {"train.share", LL_OPT_FLOAT, 0.01, 1, "0.5", NULL, OFF(train_share), "X",
-     "Server: the largest share of compute time training takes while requests are served."},
+    {"train.share", LL_OPT_FLOAT, 0.01, 1, "0.25", NULL, OFF(train_share), "X",
+     "Server: about the share of the CPU training gets while requests want it too (its threads run at nice 5 for 0.25, 0 for 0.5 or more); with no requests it takes all idle compute."},
     {NULL, 0, 0, 0, NULL, NULL, 0, NULL, NULL},
 };
 

@@ -107,7 +107,8 @@ int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct
 int ll_sched_adapter_default(struct ll_sched *s, const char *name);
 
 // ---- background work (training) on the compute thread ----
-// fn(user, busy) runs one unit of background work (one training step) on the compute thread
+// fn(user, busy) runs one unit of background work (the training job's: its optimizer update, its
+// events; the steps themselves run on the job's own thread, trainjob.c) on the compute thread
 // between decode steps and returns 1 when it has more to do, 0 when it has nothing (then the
 // thread sleeps until a request or ll_sched_wake). Generation has priority: with requests in
 // flight (busy = 1) a unit runs only while background time stays under `share` of the

@@ -1,12 +1,16 @@
-// ll_trainjob.h - the server's background training job: a training run (ll_train_run.h) driven
-// one step at a time on the scheduler's compute thread (ll_sched_set_background), controlled
-// from the monitor socket (train start|pause|resume|stop, save) and reported in the monitor's
-// `training` object, its history and its events (man 7 llsrv-protocol, MONITOR SOCKET).
+// ll_trainjob.h - the server's background training job: a training run (ll_train_run.h) on a
+// thread of its own with its own CPU backend, controlled from the monitor socket (train
+// start|pause|resume|stop, save) and reported in the monitor's `training` object, its history
+// and its events (man 7 llsrv-protocol, MONITOR SOCKET).
 //
-// Threads: create/destroy on the main thread (destroy after the scheduler has stopped: it saves
-// a last checkpoint of a running job then, which is how SIGTERM keeps the work); control and
-// json from the loop thread (they only set flags and read a snapshot under a mutex, never
-// waiting on training); everything else runs on the compute thread.
+// Threads: create/stop/destroy on the main thread (stop before the scheduler stops: it joins
+// the training thread and saves a last checkpoint of a running job, which is how SIGTERM keeps
+// the work; destroy after); control and json from the loop thread (they only set flags and read
+// a snapshot under a mutex, never waiting on training). The training thread runs at a lower
+// priority (nice from train.share), so requests come first; what requests read (the live
+// adapter, or the model in full mode) is written only on the scheduler's compute thread,
+// between decode steps (the optimizer update, handed over through ll_sched_set_background),
+// and its events are emitted there. Checkpoints and evaluations run on the training thread.
 #ifndef LL_TRAINJOB_H
 #define LL_TRAINJOB_H
 
@@ -25,7 +29,8 @@ struct ll_trainjob;
 // run_dir: where checkpoints go; data: the corpus. autostart: begin at once (train.enabled).
 int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_sched *s, const struct ll_config *cfg, const char *model_path,
                        const char *data, const char *run_dir, int autostart, char *err, size_t errlen);
-void ll_trainjob_destroy(struct ll_trainjob *j); // accepts NULL
+void ll_trainjob_stop(struct ll_trainjob *j);    // accepts NULL; before the scheduler stops
+void ll_trainjob_destroy(struct ll_trainjob *j); // accepts NULL; stops it first if need be
 
 // "start", "pause", "resume", "stop", "save": 0, or a negative code with the reason in msg.
 int ll_trainjob_control(struct ll_trainjob *j, const char *cmd, char *msg, size_t cap);

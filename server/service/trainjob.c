@@ -6,7 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ll_config.h"
 #include "ll_engine.h"
@@ -16,6 +19,7 @@
 #include "ll_model.h"
 #include "ll_sched.h"
 #include "ll_train_run.h"
+#include "ll_trainer.h"
 
 enum job_state { ST_OFF, ST_RUNNING, ST_PAUSED, ST_STOPPED, ST_DONE, ST_ERROR };
 static const char *const state_names[] = {"off", "running", "paused", "stopped", "done", "error"};
@@ -33,9 +37,23 @@ struct ll_trainjob {
   struct ll_trainer_params tp;
   struct ll_train_run_opts ro;
   char model_path[1024], data[1024], run_dir[1024], arch[32];
-  struct ll_train_run *run; // compute thread (and destroy)
+  struct ll_train_run *run;  // the training thread's (destroy's once it has been joined)
+  struct ll_backend *be;     // the training thread's own CPU backend (its pool, its scratch)
+  int n_threads, nice;
+  pthread_t th;
+  int th_started;
 
   pthread_mutex_t mu; // guards what follows (the loop thread reads it)
+  pthread_cond_t cv;  // the training thread waits here: commands, quit, a compute job done
+  int quit, init_done, init_rc;
+  char init_err[256];
+  // A job for the compute thread: the writes to what requests read (the optimizer update, the
+  // trained weights' publication), run between decode steps; the training thread waits.
+  int (*cjob)(void *arg);
+  void *cjob_arg;
+  int cjob_rc, cjob_done;
+  char **evq; // events for the compute thread to emit (the scheduler's output is its own)
+  int n_evq, cap_evq;
   int state, cmds;
   int64_t step, total, epoch, skipped, bytes;
   double loss, val, lr, gnorm, tps, eta;
@@ -70,15 +88,41 @@ static void hist_add(struct ll_trainjob *j, int64_t step, double loss, double va
   j->hist[j->n_hist++] = (struct point){step, loss, val};
 }
 
-// ---------------------------------------------------------------- events (compute thread)
+// ---------------------------------------------------------------- events (training thread)
 
+// Queued for the compute thread, which emits them with the next step's output.
 static void event_json(struct ll_trainjob *j, json_t *ev) {
   json_object_set_new(ev, "type", json_string("event"));
   char *txt = json_dumps(ev, JSON_COMPACT);
   json_decref(ev);
-  if (txt) ll_sched_emit_event(j->s, txt);
+  if (!txt) return;
+  pthread_mutex_lock(&j->mu);
+  if (j->n_evq == j->cap_evq && j->n_evq < 4096) {
+    int cap = j->cap_evq ? 2 * j->cap_evq : 16;
+    char **q = realloc(j->evq, (size_t)cap * sizeof *q);
+    if (q) j->evq = q, j->cap_evq = cap;
+  }
+  if (j->n_evq < j->cap_evq) j->evq[j->n_evq++] = txt, txt = NULL; // else dropped (a monitor that stalls the loop)
+  pthread_mutex_unlock(&j->mu);
   free(txt);
+  ll_sched_wake(j->s);
 }
+
+// Runs fn(arg) on the compute thread between decode steps and returns its result (the
+// training thread waits). The scheduler runs until the job's thread has been joined.
+static int on_compute(struct ll_trainjob *j, int (*fn)(void *), void *arg) {
+  pthread_mutex_lock(&j->mu);
+  j->cjob = fn, j->cjob_arg = arg, j->cjob_done = 0;
+  pthread_mutex_unlock(&j->mu);
+  ll_sched_wake(j->s);
+  pthread_mutex_lock(&j->mu);
+  while (!j->cjob_done) pthread_cond_wait(&j->cv, &j->mu);
+  int rc = j->cjob_rc;
+  pthread_mutex_unlock(&j->mu);
+  return rc;
+}
+
+static int update_hook(void *user, int (*update)(void *), void *arg) { return on_compute(user, update, arg); }
 
 static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
@@ -126,10 +170,18 @@ static int save(struct ll_trainjob *j, int emit) {
   return 0;
 }
 
+// Compute thread: requests see the trained weights from the next step on.
+static int publish_weights(void *arg) {
+  struct ll_trainjob *j = arg;
+  struct ll_trainer *tr = ll_train_run_trainer(j->run);
+  // What requests see: adapter=live (LoRA), or the model itself (full-parameter).
+  if (ll_trainer_lora(tr)) return ll_sched_adapter_register(j->s, "live", ll_trainer_lora(tr));
+  return ll_trainer_model(tr) ? ll_engine_use_weights(j->e, ll_trainer_model(tr)) : 0;
+}
+
 static int open_run(struct ll_trainjob *j) {
   char err[1024], desc[4096];
-  int rc = ll_train_run_open(&j->run, ll_engine_model(j->e), ll_engine_backend(j->e), ll_engine_tokenizer(j->e), &j->tp, &j->ro, err,
-                             sizeof err);
+  int rc = ll_train_run_open(&j->run, ll_engine_model(j->e), j->be, ll_engine_tokenizer(j->e), &j->tp, &j->ro, err, sizeof err);
   if (rc) {
     fail(j, err);
     return rc;
@@ -137,9 +189,8 @@ static int open_run(struct ll_trainjob *j) {
   ll_train_run_describe(j->run, desc, sizeof desc);
   for (char *line = strtok(desc, "\n"); line; line = strtok(NULL, "\n")) ll_log(LL_LOG_INFO, "training: %s", line);
   struct ll_trainer *tr = ll_train_run_trainer(j->run);
-  // What requests see: adapter=live (LoRA), or the model itself (full-parameter).
-  if (ll_trainer_lora(tr)) ll_sched_adapter_register(j->s, "live", ll_trainer_lora(tr));
-  else if (ll_trainer_model(tr)) ll_engine_use_weights(j->e, ll_trainer_model(tr));
+  ll_trainer_set_update_hook(tr, update_hook, j);
+  on_compute(j, publish_weights, j);
   struct ll_train_memory mem;
   ll_trainer_memory(tr, &mem);
   struct ll_trainer_state st;
@@ -157,13 +208,34 @@ static int open_run(struct ll_trainjob *j) {
   return 0;
 }
 
-// One unit of background work (ll_sched_bg_fn).
-static int slice(void *user, int busy) {
+// The compute thread's part (ll_sched_bg_fn): the training thread's events and its job.
+static int compute_slice(void *user, int busy) {
   (void)busy;
   struct ll_trainjob *j = user;
   pthread_mutex_lock(&j->mu);
-  int cmds = j->cmds, state = j->state;
-  j->cmds = 0;
+  char **q = j->evq;
+  int n = j->n_evq;
+  int (*fn)(void *) = j->cjob;
+  void *arg = j->cjob_arg;
+  j->evq = NULL, j->n_evq = j->cap_evq = 0, j->cjob = NULL;
+  pthread_mutex_unlock(&j->mu);
+  for (int i = 0; i < n; i++) ll_sched_emit_event(j->s, q[i]), free(q[i]);
+  free(q);
+  if (fn) {
+    int rc = fn(arg);
+    pthread_mutex_lock(&j->mu);
+    j->cjob_rc = rc, j->cjob_done = 1;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+  }
+  return 0;
+}
+
+// One round of the training thread: commands, then one step when running. Returns 1 when it
+// ran a step that did not finish the run.
+static int slice(struct ll_trainjob *j, int cmds) {
+  pthread_mutex_lock(&j->mu);
+  int state = j->state;
   pthread_mutex_unlock(&j->mu);
   if ((cmds & CMD_START) && state != ST_RUNNING && state != ST_PAUSED) {
     if (!j->run && open_run(j) != 0) return 0;
@@ -230,6 +302,17 @@ static int slice(void *user, int busy) {
     json_object_set_new(e, "path", json_string(ev.path));
     event_json(j, e);
   }
+  if (ev.save_failed) {
+    // The step stands; last.ckpt still names the previous good checkpoint; the next one retries.
+    ll_log(LL_LOG_WARN, "training: checkpoint at step %lld failed: %s (training goes on; the last good checkpoint is %s)",
+           (long long)ev.info.step, ev.save_error, j->last_ckpt[0] ? j->last_ckpt : "none yet");
+    json_t *w = json_object();
+    json_object_set_new(w, "event", json_string("warning"));
+    char m[700];
+    snprintf(m, sizeof m, "checkpoint at step %lld failed: %s", (long long)ev.info.step, ev.save_error);
+    json_object_set_new(w, "message", json_string(m));
+    event_json(j, w);
+  }
   if (ev.finished) {
     json_t *e = json_object();
     json_object_set_new(e, "event", json_string("train_finished"));
@@ -241,6 +324,38 @@ static int slice(void *user, int busy) {
     return 0;
   }
   return 1;
+}
+
+// The training thread: its own CPU backend (created here, so that its pool's workers share
+// this thread's lower priority), then commands and steps until ll_trainjob_stop.
+static void *train_main(void *arg) {
+  struct ll_trainjob *j = arg;
+  if (j->nice > 0 && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), j->nice) != 0)
+    ll_log(LL_LOG_DEBUG, "training: cannot lower the training thread's priority (nice %d)", j->nice);
+  char err[256];
+  int rc = ll_backend_cpu_create(&j->be, j->n_threads, err, sizeof err);
+  if (rc == 0) { // the same arithmetic as the serving backend's (ll_backend.h)
+    const struct ll_backend *sb = ll_engine_backend(j->e);
+    j->be->ggml_math = sb->ggml_math;
+    j->be->batch_invariant = sb->batch_invariant;
+  }
+  pthread_mutex_lock(&j->mu);
+  j->init_rc = rc;
+  if (rc) snprintf(j->init_err, sizeof j->init_err, "%s", err);
+  j->init_done = 1;
+  pthread_cond_broadcast(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+  if (rc) return NULL;
+  for (;;) {
+    pthread_mutex_lock(&j->mu);
+    while (!j->quit && !j->cmds && j->state != ST_RUNNING) pthread_cond_wait(&j->cv, &j->mu);
+    const int quit = j->quit, cmds = j->cmds;
+    j->cmds = 0;
+    pthread_mutex_unlock(&j->mu);
+    if (quit) break;
+    slice(j, cmds);
+  }
+  return NULL;
 }
 
 // ---------------------------------------------------------------- API
@@ -271,21 +386,63 @@ int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_
   j->loss = j->val = j->lr = j->gnorm = j->tps = j->eta = NAN;
   j->bytes = -1;
   j->cmds = autostart ? CMD_START : 0;
-  ll_sched_set_background(s, slice, j, cfg->train_share);
+  j->n_threads = info.n_threads > 0 ? info.n_threads : 1;
+  // Generation first: the training threads run at a lower priority, so that when both want the
+  // CPU the scheduler gives training about train.share of it (CFS weights fall 1.25x per nice
+  // level); with no requests they take all the idle compute.
+  const double sh = cfg->train_share;
+  j->nice = sh >= 0.5 ? 0 : (int)lround(log((1.0 - sh) / sh) / log(1.25));
+  if (j->nice > 19) j->nice = 19;
+  pthread_cond_init(&j->cv, NULL);
+  if (pthread_create(&j->th, NULL, train_main, j) != 0) {
+    rc = ll_errf(err, errlen, LL_ENOMEM, "training: cannot start its thread");
+  } else {
+    pthread_mutex_lock(&j->mu);
+    while (!j->init_done) pthread_cond_wait(&j->cv, &j->mu);
+    rc = j->init_rc;
+    pthread_mutex_unlock(&j->mu);
+    if (rc) {
+      pthread_join(j->th, NULL);
+      rc = ll_errf(err, errlen, rc, "training: %s", j->init_err);
+    } else {
+      j->th_started = 1;
+    }
+  }
+  if (rc) {
+    ll_trainjob_destroy(j);
+    return rc;
+  }
+  ll_sched_set_background(s, compute_slice, j, 1.0);
   *out = j;
   return 0;
 }
 
-void ll_trainjob_destroy(struct ll_trainjob *j) {
-  if (!j) return;
-  // The scheduler has stopped: this thread owns the run now. A running job keeps its work.
+void ll_trainjob_stop(struct ll_trainjob *j) {
+  if (!j || !j->th_started) return;
+  pthread_mutex_lock(&j->mu);
+  j->quit = 1;
+  pthread_cond_broadcast(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+  pthread_join(j->th, NULL); // ends after its current step (whose update the compute thread runs)
+  j->th_started = 0;
+  // This thread owns the run now. A running job keeps its work.
   if (j->run && (j->state == ST_RUNNING || j->state == ST_PAUSED)) {
     char err[512];
     struct ll_train_run_event ev;
     if (ll_train_run_save(j->run, &ev, err, sizeof err) == 0) ll_log(LL_LOG_INFO, "training: saved %s at shutdown", ev.path);
     else ll_log(LL_LOG_ERROR, "training: the shutdown checkpoint failed: %s", err);
   }
+  ll_sched_set_background(j->s, NULL, NULL, 0);
+}
+
+void ll_trainjob_destroy(struct ll_trainjob *j) {
+  if (!j) return;
+  ll_trainjob_stop(j);
   ll_train_run_close(j->run);
+  ll_backend_free(j->be);
+  for (int i = 0; i < j->n_evq; i++) free(j->evq[i]);
+  free(j->evq);
+  pthread_cond_destroy(&j->cv);
   pthread_mutex_destroy(&j->mu);
   free(j);
 }
@@ -305,8 +462,8 @@ int ll_trainjob_control(struct ll_trainjob *j, const char *cmd, char *msg, size_
     rc = ll_errf(msg, cap, LL_ESTATE, "training is %s", state_names[st]);
   else if (bit == CMD_SAVE && st == ST_OFF && !pending_start) rc = ll_errf(msg, cap, LL_ESTATE, "no training run to save (train start first)");
   if (rc == 0) j->cmds |= bit;
+  pthread_cond_broadcast(&j->cv);
   pthread_mutex_unlock(&j->mu);
-  if (rc == 0) ll_sched_wake(j->s);
   return rc;
 }
 

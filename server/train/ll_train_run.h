@@ -39,6 +39,10 @@ struct ll_train_run_event {
   char path[4160];
   int best;                     // ... and it is the new best.ckpt
   int finished;                 // the run reached its last step
+  // The step's checkpoint failed (full disk, I/O error): the step itself stands and the
+  // previous checkpoints are intact; the next checkpoint tries again.
+  int save_failed;
+  char save_error[512];
 };
 
 // Trainer parameters from the config's train: section (targets parsed, names checked).

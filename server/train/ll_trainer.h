@@ -147,4 +147,13 @@ int ll_trainer_resume(struct ll_trainer *tr, const char *path, struct ll_train_s
 // Tests: the next step's gradient gets a NaN (exercises the skip path on real data).
 void ll_trainer_inject_nan(struct ll_trainer *tr);
 
+// Where the optimizer update runs. The update (AdamW on the parameters and moments) is the only
+// write to the trained weights, which a server also reads while it serves them (adapter=live, or
+// the model itself in full mode). With a hook, ll_trainer_step hands the update to fn, which must
+// call update(arg) exactly once, on whatever thread serves those weights, and return what it
+// returned; the trainer's thread waits meanwhile, so nothing else touches its backend. NULL
+// (the default): in place. The arithmetic is the same either way.
+typedef int (*ll_trainer_update_fn)(void *user, int (*update)(void *arg), void *arg);
+void ll_trainer_set_update_hook(struct ll_trainer *tr, ll_trainer_update_fn fn, void *user);
+
 #endif

@@ -68,22 +68,6 @@ int ll_train_params_from_config(const struct ll_config *c, struct ll_trainer_par
   return 0;
 }
 
-// ---------------------------------------------------------------- data source over ll_data
-
-static int src_next(void *u, int32_t *ids, int32_t *tg, char *err, size_t errlen) { return ll_data_next(u, ids, tg, err, errlen); }
-static int src_val_next(void *u, int32_t *ids, int32_t *tg, char *err, size_t errlen) { return ll_data_val_next(u, ids, tg, err, errlen); }
-static void src_val_reset(void *u) { ll_data_val_reset(u); }
-static void src_cursor_get(void *u, uint64_t w[LL_TRAIN_CURSOR_WORDS]) {
-  struct ll_data_cursor c;
-  ll_data_cursor_get(u, &c);
-  ll_data_cursor_to_words(&c, w);
-}
-static int src_cursor_set(void *u, const uint64_t w[LL_TRAIN_CURSOR_WORDS], char *err, size_t errlen) {
-  struct ll_data_cursor c;
-  ll_data_cursor_from_words(&c, w);
-  return ll_data_cursor_set(u, &c, err, errlen);
-}
-
 // ---------------------------------------------------------------- files
 
 static int mkdir_p(const char *path, char *err, size_t errlen) {
@@ -151,7 +135,7 @@ int ll_train_run_open(struct ll_train_run **out, const struct ll_model *m, struc
   dp.seed = p->seed;
   int rc = ll_data_open(&r->data, &dp, tok, err, errlen);
   if (rc == 0) {
-    r->src = (struct ll_train_source){r->data, src_next, src_val_next, src_val_reset, src_cursor_get, src_cursor_set};
+    ll_data_train_source(r->data, &r->src);
     struct ll_trainer_params tp = *p;
     tp.arch = o->arch;
     tp.model_path = o->model_path;
@@ -300,6 +284,12 @@ int ll_train_run_step(struct ll_train_run *r, struct ll_train_run_event *ev, cha
     }
     rc = 0;
   }
-  if ((r->o.checkpoint_every > 0 && step % r->o.checkpoint_every == 0) || ev->finished) rc = save_now(r, ev, err, errlen);
-  return rc;
+  if ((r->o.checkpoint_every > 0 && step % r->o.checkpoint_every == 0) || ev->finished) {
+    char serr[sizeof ev->save_error];
+    if (save_now(r, ev, serr, sizeof serr) != 0) {
+      ev->save_failed = 1;
+      snprintf(ev->save_error, sizeof ev->save_error, "%s", serr);
+    }
+  }
+  return 0;
 }

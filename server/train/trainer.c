@@ -83,6 +83,8 @@ struct ll_trainer {
   int64_t step, opt_step, skipped, micro;
   double best_val, last_loss, last_val;
   int inject_nan;
+  ll_trainer_update_fn update_fn; // (optional) where the optimizer update runs
+  void *update_user;
   void *bufs[MAX_BUFS];
   int n_bufs;
   int64_t act_bytes;
@@ -639,6 +641,31 @@ void ll_trainer_vectors(struct ll_trainer *tr, float **params, float **grads, in
 }
 void ll_trainer_zero_grad(struct ll_trainer *tr) { zero(tr->G, tr->n_par); }
 void ll_trainer_inject_nan(struct ll_trainer *tr) { tr->inject_nan = 1; }
+
+void ll_trainer_set_update_hook(struct ll_trainer *tr, ll_trainer_update_fn fn, void *user) {
+  tr->update_fn = fn;
+  tr->update_user = user;
+}
+
+// The optimizer update of one step: AdamW over the decayed parameters, then the rest without
+// decay (elementwise: the same bits on whichever thread runs it).
+struct update_args {
+  struct ll_trainer *tr;
+  float lr;
+  int st;
+};
+static int update_run(void *arg) {
+  const struct update_args *u = arg;
+  struct ll_trainer *tr = u->tr;
+  const struct ll_backend_i *B = &tr->ops;
+  struct ll_backend *be = tr->be;
+  const float b1 = (float)tr->p.beta1, b2 = (float)tr->p.beta2, eps = (float)tr->p.adam_eps;
+  int rc = B->adamw(be, tr->P, tr->G, tr->M, tr->V, tr->n_decay, u->lr, b1, b2, eps, (float)tr->p.weight_decay, u->st);
+  if (rc == 0 && tr->n_par > tr->n_decay)
+    rc = B->adamw(be, tr->P + tr->n_decay, tr->G + tr->n_decay, tr->M + tr->n_decay, tr->V + tr->n_decay, tr->n_par - tr->n_decay, u->lr, b1,
+                  b2, eps, 0.0f, u->st);
+  return rc;
+}
 void ll_trainer_set_best_val(struct ll_trainer *tr, double v) { tr->best_val = v; }
 void ll_trainer_state(const struct ll_trainer *tr, struct ll_trainer_state *st) {
   st->step = tr->step, st->opt_step = tr->opt_step, st->skipped = tr->skipped, st->micro = tr->micro;
@@ -711,13 +738,8 @@ int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct l
   } else {
     if (tr->p.clip > 0 && info->grad_norm > tr->p.clip) BK(B->scale(be, tr->G, (float)(tr->p.clip / info->grad_norm), tr->n_par), "scale");
     tr->opt_step++;
-    const float lr = (float)info->lr, b1 = (float)tr->p.beta1, b2 = (float)tr->p.beta2, eps = (float)tr->p.adam_eps;
-    const int st = (int)(tr->opt_step > 0x7fffffff ? 0x7fffffff : tr->opt_step);
-    BK(B->adamw(be, tr->P, tr->G, tr->M, tr->V, tr->n_decay, lr, b1, b2, eps, (float)tr->p.weight_decay, st), "adamw");
-    if (tr->n_par > tr->n_decay)
-      BK(B->adamw(be, tr->P + tr->n_decay, tr->G + tr->n_decay, tr->M + tr->n_decay, tr->V + tr->n_decay, tr->n_par - tr->n_decay, lr, b1, b2, eps,
-                  0.0f, st),
-         "adamw");
+    struct update_args u = {tr, (float)info->lr, (int)(tr->opt_step > 0x7fffffff ? 0x7fffffff : tr->opt_step)};
+    BK(tr->update_fn ? tr->update_fn(tr->update_user, update_run, &u) : update_run(&u), "adamw");
     tr->last_loss = loss;
   }
   zero(tr->G, tr->n_par);

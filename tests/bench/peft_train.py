@@ -34,7 +34,7 @@ torch.set_num_threads(a.threads)
 d, f = os.path.split(os.path.abspath(a.gguf))
 t0 = time.time()
 tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32)
+model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
 load_s = time.time() - t0
 cfg = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
@@ -62,7 +62,7 @@ for step in range(a.steps):
     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    losses.append(float(out.loss))
+    losses.append(out.loss.detach().item())
 train_s = time.time() - t_start
 train_tps = (a.steps - a.warmup) * S / train_s
 

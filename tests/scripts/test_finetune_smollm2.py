@@ -20,11 +20,9 @@
 #     (OPENBLAS_CORETYPE, Debian 12's libopenblas0-pthread 0.3.21); on a machine with another
 #     OpenBLAS build the sha256 check fails and says so (it does not skip).
 import hashlib
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +30,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from llsrv_client import BIN, Checker, Server, escape, wait_until  # noqa: E402
+from llsrv_client import BIN, Checker, Monitor, Server, escape, wait_until  # noqa: E402
 
 SHA = "f805c452113b68e1090b026c9d4c085f848f7fb7545ce11da32b9a63fc09c5f2"
 check = Checker()
@@ -53,42 +51,12 @@ CKPT_STEP = 20
 args = ["--model", model, "--parallel", "2", "--ctx", "512", "--threads", "2", "--train-enabled", "--train-data", corpus,
         "--train-checkpoint-dir", run_dir, "--train-seq-len", "64", "--train-batch", "1", "--train-lora-rank", "16",
         "--train-lora-alpha", "32", "--train-lr", "3e-3", "--train-warmup", "5", "--train-steps", "200", "--train-eval-every", "10",
-        "--train-eval-seqs", "8", "--train-checkpoint-every", str(CKPT_STEP), "--train-keep", "3", "--train-seed", "42"]
+        "--train-eval-seqs", "8", "--train-checkpoint-every", str(CKPT_STEP), "--train-keep", "3", "--train-seed", "42",
+        # the training thread at the requests' priority (nice 0): a suite running beside it on
+        # two cores would otherwise leave it a quarter of a core (the default share, nice 5)
+        "--train-share", "0.5"]
 env = {"LL_CPU_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_NUM_THREADS": "1"}
 
-
-class Monitor:
-    def __init__(self, path):
-        self.s = socket.socket(socket.AF_UNIX)
-        self.s.connect(path)
-        self.s.settimeout(300)
-        self.f = self.s.makefile()
-        self.events = []
-
-    def msg(self):
-        line = self.f.readline()
-        if not line:
-            raise RuntimeError("monitor closed")
-        j = json.loads(line)
-        if j.get("type") == "event":
-            self.events.append(j)
-        return j
-
-    def snapshot(self):
-        while True:
-            j = self.msg()
-            if j.get("type") == "snapshot":
-                return j
-
-    def wait_event(self, pred, timeout=900):
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            for e in self.events:
-                if pred(e):
-                    self.events.remove(e)
-                    return e
-            self.msg()
-        return None
 
 
 class Requests(threading.Thread):
@@ -130,8 +98,8 @@ try:
     srv = Server(tmp, args, env=env, name="srv1")
     req = Requests(srv)
     req.start()
-    mon = Monitor(srv.sock)
-    ck = mon.wait_event(lambda e: e.get("event") == "checkpoint_saved" and e.get("step") == CKPT_STEP)
+    mon = Monitor(srv.sock, timeout=300)
+    ck = mon.wait_event(lambda e: e.get("event") == "checkpoint_saved" and e.get("step") == CKPT_STEP, timeout=900)
     check(ck is not None and os.path.exists(ck["path"]), "checkpoint at step %d: %r" % (CKPT_STEP, ck))
     snap = wait_until(lambda: (lambda s: s if (s["training"]["step"] or 0) >= CKPT_STEP + 4 else None)(mon.snapshot()), "4 steps past it", 600)
     tr = snap["training"]
@@ -155,7 +123,7 @@ try:
     srv = Server(tmp, args, env=env, name="srv2")
     req = Requests(srv)
     req.start()
-    mon = Monitor(srv.sock)
+    mon = Monitor(srv.sock, timeout=300)
     check(wait_until(lambda: "resumed" in srv.output(), "resume logged", 300) and ("at step %d" % CKPT_STEP) in srv.output(),
           "resumed from the step-%d checkpoint: %s" % (CKPT_STEP, srv.output()[-400:]))
     snap = wait_until(lambda: (lambda s: s if (s["training"]["step"] or 0) >= max(after) else None)(mon.snapshot()), "past the kill", 600)
