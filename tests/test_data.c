@@ -65,7 +65,8 @@ static char *sub(const char *a, const char *b) { // a/b in a static ring
   static char bufs[8][1024];
   static int k;
   char *p = bufs[k++ & 7];
-  snprintf(p, 1024, "%s/%s", a, b);
+  // a is a temporary directory's path (short); a longer one is a test set-up error, and says so
+  if ((size_t)snprintf(p, 1024, "%s/%s", a, b) >= 1024) fprintf(stderr, "test_data: path too long: %s/%s\n", a, b), abort();
   return p;
 }
 
