@@ -12,7 +12,6 @@
 #       [--requests 15] [--max-tokens 32] [--threads 2] [--seq-len 256] [--window 60] [--share 0.25]
 import argparse
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -23,6 +22,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SRC, "tests", "scripts"))
+sys.path.insert(0, HERE)
+import benchlib  # noqa: E402
+from benchlib import load, machine  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--build", required=True)
@@ -42,24 +44,8 @@ S, T = a.seq_len, a.threads
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def fibonacci(n):", "Explain what a LoRA adapter is."]
 
 
-def machine():
-    cpu = flags = "?"
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name") and cpu == "?":
-            cpu = line.split(":", 1)[1].strip()
-        if line.startswith("flags") and flags == "?":
-            fl = line.split()
-            flags = "avx512f+vnni" if "avx512_vnni" in fl else "avx512f" if "avx512f" in fl else "avx2" if "avx2" in fl else "sse"
-    return cpu, flags
-
-
-def load():
-    return " ".join(open("/proc/loadavg").read().split()[:3])
-
-
 def readbw():
-    out = subprocess.run([os.path.join(a.build, "tests", "readbw"), "-t", str(T), "-r", "5"], capture_output=True, text=True).stdout
-    return " / ".join(re.findall(r"([\d.]+) GB/s", out))
+    return benchlib.readbw(a.build, T)
 
 
 def latencies(srv, n):
@@ -77,11 +63,7 @@ def latencies(srv, n):
 
 
 tmp = tempfile.mkdtemp(prefix="llsrv-swt-")
-corpus = os.path.join(tmp, "corpus")
-os.makedirs(corpus)
-for d in ("man", "docs"):
-    for f in sorted(os.listdir(os.path.join(SRC, d))):
-        shutil.copy(os.path.join(SRC, d, f), os.path.join(corpus, d + "_" + f))
+corpus, _ = benchlib.corpus(tmp)
 train = ["--train-data", corpus, "--train-seq-len", str(S), "--train-batch", "1", "--train-lora-rank", "16", "--train-lora-alpha", "32",
          "--train-lr", "1e-4", "--train-eval-every", "0", "--train-checkpoint-every", "0", "--train-steps", "100000"]
 if a.share is not None:
@@ -118,12 +100,10 @@ steps = max(5, int(a.window * srv_tps / S) + 3)
 out = subprocess.run([LLSRV, "train", "--model", a.model, "--data", corpus, "--seq-len", str(S), "--batch", "1", "--steps", str(steps),
                       "--lora-rank", "16", "--lora-alpha", "32", "--lr", "1e-4", "--eval-every", "0", "--checkpoint-every", "0", "-t", str(T),
                       "--log-every", "1", "--restart", "-o", rd], capture_output=True, text=True)
-el = {int(m.group(1)): int(m.group(1)) * S / float(m.group(2)) for m in re.finditer(r"^step (\d+)/\d+ .*? (\d+) tok/s", out.stdout, re.M)
-      if float(m.group(2)) > 0}
 k0, k1 = 2, steps - 1
-if out.returncode != 0 or k0 not in el or k1 not in el:
+alone_tps = benchlib.train_tps(out.stdout, S, k0, k1)
+if out.returncode != 0 or alone_tps is None:
     sys.exit("llsrv train failed:\n" + out.stdout[-1500:] + out.stderr[-1500:])
-alone_tps = (k1 - k0) * S / (el[k1] - el[k0])
 print("# after: load %s; read bandwidth %s GB/s" % (load(), readbw()), flush=True)
 p50i, p50b = statistics.median(idle), statistics.median(busy)
 print()

@@ -38,7 +38,10 @@ ap.add_argument("--no-peer", action="store_true", help="llsrv only (no PyTorch)"
 a = ap.parse_args()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import benchlib  # noqa: E402
+from benchlib import load, machine  # noqa: E402
+
 LLSRV = os.path.join(a.build, "server", "llsrv")
 S, T = a.seq_len, a.threads
 
@@ -57,24 +60,8 @@ def run(cmd, env_extra=None, check=True):
     return out, ru.ru_maxrss / 1024.0, time.time() - t0
 
 
-def machine():
-    cpu = flags = "?"
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name") and cpu == "?":
-            cpu = line.split(":", 1)[1].strip()
-        if line.startswith("flags") and flags == "?":
-            fl = line.split()
-            flags = "avx512f+vnni" if "avx512_vnni" in fl else "avx512f" if "avx512f" in fl else "avx2" if "avx2" in fl else "sse"
-    return cpu, flags
-
-
-def load():
-    return open("/proc/loadavg").read().split()[:3]
-
-
 def readbw():
-    out, _, _ = run([os.path.join(a.build, "tests", "readbw"), "-t", str(T), "-m", "512", "-r", "5"])
-    return [float(x) for x in re.findall(r"([\d.]+) GB/s", out)]
+    return [float(x) for x in benchlib.readbw(a.build, T).split(" / ") if x]
 
 
 def sgemm_peak(env):
@@ -90,13 +77,7 @@ for i in isas:
         sys.exit("--isa: native or avx2")
 
 tmp = tempfile.mkdtemp(prefix="llsrv-trainbench-")
-corpus = os.path.join(tmp, "corpus")
-os.makedirs(corpus)
-files = []
-for d in ("man", "docs"):
-    for f in sorted(os.listdir(os.path.join(SRC, d))):
-        shutil.copy(os.path.join(SRC, d, f), os.path.join(corpus, d + "_" + f))
-        files.append(os.path.join(corpus, d + "_" + f))
+corpus, files = benchlib.corpus(tmp)
 
 
 def llsrv_train(env, recompute=False):
@@ -108,18 +89,11 @@ def llsrv_train(env, recompute=False):
     if recompute:
         cmd.append("--recompute")
     out, rss, _ = run(cmd, env)
-    # progress lines: "step k/N ... X tok/s" with X the average since the first step: k*S/X is
-    # the time to step k; the steady rate is over steps warmup+1 .. N-1 (the last one saves).
-    el = {}
-    for m in re.finditer(r"^step (\d+)/\d+ .*? (\d+) tok/s", out, re.M):
-        k, x = int(m.group(1)), float(m.group(2))
-        if x > 0:
-            el[k] = k * S / x
-    k0, k1 = a.warmup, a.steps - 1
-    if k0 not in el or k1 not in el or el[k1] <= el[k0]:
+    tps = benchlib.train_tps(out, S, a.warmup, a.steps - 1)  # the last step also saves
+    if tps is None:
         sys.exit("llsrv train: no progress lines to time\n" + out[-2000:])
     m = re.search(r"\(llama, \S+, (\d+) parameters\)", out)
-    return (k1 - k0) * S / (el[k1] - el[k0]), rss, int(m.group(1)) if m else None
+    return tps, rss, int(m.group(1)) if m else None
 
 
 def llsrv_forward(env):
