@@ -513,7 +513,12 @@ static void draw_serving(int y, int h, int W, int spark, int table) {
   char dn[32], gn[32];
   lt_fmt_int(dn, sizeof dn, s->req_done);
   lt_fmt_count(gn, sizeof gn, s->tok_gen);
-  int k = putf(r, x, iw, " clients %s  active %s/%s  queued %s  done %s  generated %s tok  KV %s/%s ", a, b, c, d, dn, gn, e, f);
+  // A busy server's counts grow: when the full labels would leave no room for the KV bar, the
+  // short ones do (80 columns with thousands of requests done).
+  char line[512];
+  snprintf(line, sizeof line, " clients %s  active %s/%s  queued %s  done %s  generated %s tok  KV %s/%s ", a, b, c, d, dn, gn, e, f);
+  if ((int)strlen(line) + 7 > iw) snprintf(line, sizeof line, " clients %s active %s/%s queued %s done %s generated %s tok KV %s/%s ", a, b, c, d, dn, gn, e, f);
+  int k = putf(r, x, iw, "%s", line);
   if (s->kv_used.known && s->kv_total.known && iw - k >= 7) { // the KV bar takes what is left
     struct seg sg = {s->kv_used.v, CP_KV, "\xe2\x96\x88", "#"};
     int bw = iw - k - 1;
