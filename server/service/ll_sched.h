@@ -116,6 +116,8 @@ int ll_sched_adapter_default(struct ll_sched *s, const char *name);
 typedef int (*ll_sched_bg_fn)(void *user, int busy);
 void ll_sched_set_background(struct ll_sched *s, ll_sched_bg_fn fn, void *user, double share);
 void ll_sched_wake(struct ll_sched *s); // any thread: the background has work again
+// Any thread: 1 while requests are admitted, queued or generating (read without a lock).
+int ll_sched_busy(const struct ll_sched *s);
 // Compute thread (from fn): one monitor event line (JSON text without '\n').
 void ll_sched_emit_event(struct ll_sched *s, const char *json);
 

@@ -10,6 +10,7 @@
 #include <ctype.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +98,7 @@ struct ll_sched {
   double bg_share;
   int bg_more, bg_wake;
   double bg_ms, fg_ms; // compute time spent on each, decayed (a ~10 s window)
+  atomic_int busy;     // requests in flight (ll_sched_busy)
 };
 
 // ---- output ----
@@ -586,6 +588,7 @@ static void *compute_main(void *arg) {
     // (that wait hung 55 queued requests forever in a test run). wait_head is this thread's.
     if (s->bg_wake) s->bg_more = 1, s->bg_wake = 0;
     while (!s->quit && s->n_in == 0 && !s->cancels && n_active == 0 && !s->wait_head && !(s->bg_fn && s->bg_more)) {
+      atomic_store(&s->busy, 0);
       // Idle. The rate window runs on through short gaps (clients that send their next request
       // after each END leave the thread idle many times a second: restarting the window at
       // every wake kept it from ever closing, and the rates read 0 while tokens streamed). A
@@ -615,6 +618,7 @@ static void *compute_main(void *arg) {
       }
       if (s->bg_wake) s->bg_more = 1, s->bg_wake = 0;
     }
+    atomic_store(&s->busy, s->n_in > 0 || n_active > 0 || s->wait_head != NULL);
     if (s->quit) {
       pthread_mutex_unlock(&s->mu);
       break;
@@ -736,6 +740,8 @@ void ll_sched_set_background(struct ll_sched *s, ll_sched_bg_fn fn, void *user, 
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
 }
+
+int ll_sched_busy(const struct ll_sched *s) { return atomic_load(&((struct ll_sched *)s)->busy); }
 
 void ll_sched_wake(struct ll_sched *s) {
   pthread_mutex_lock(&s->mu);

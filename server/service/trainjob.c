@@ -40,6 +40,8 @@ struct ll_trainjob {
   struct ll_train_run *run;  // the training thread's (destroy's once it has been joined)
   struct ll_backend *be;     // the training thread's own CPU backend (its pool, its scratch)
   int n_threads, nice;
+  double share;  // train.share
+  double y_last; // when the training thread last passed a yield point (train_yield)
   pthread_t th;
   int th_started;
 
@@ -124,6 +126,25 @@ static int on_compute(struct ll_trainjob *j, int (*fn)(void *), void *arg) {
 
 static int update_hook(void *user, int (*update)(void *), void *arg) { return on_compute(user, update, arg); }
 
+// Before each layer (ll_trainer_set_yield_hook). With requests in flight, training takes at most
+// train.share of the wall time: after running t seconds since the last layer it pauses
+// t·(1 - share)/share, or until the requests are done, so decoding has the CPU to itself most
+// of the time (its lower priority alone still leaves two-threaded decode steps waiting on a
+// preempted worker). Idle: no pause.
+static void train_yield(void *user) {
+  struct ll_trainjob *j = user;
+  const double t = now_s();
+  const double ran = j->y_last > 0 ? t - j->y_last : 0;
+  if (ran > 0 && j->share < 1 && ll_sched_busy(j->s)) {
+    double pause = ran * (1.0 - j->share) / j->share;
+    if (pause > 0.25) pause = 0.25; // after a long gap (an evaluation, a checkpoint): one short pause
+    const double until = t + pause;
+    const struct timespec ms = {0, 1000000};
+    while (now_s() < until && ll_sched_busy(j->s) && !__atomic_load_n(&j->quit, __ATOMIC_RELAXED)) nanosleep(&ms, NULL);
+  }
+  j->y_last = now_s();
+}
+
 static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 static void fail(struct ll_trainjob *j, const char *msg) {
@@ -190,6 +211,7 @@ static int open_run(struct ll_trainjob *j) {
   for (char *line = strtok(desc, "\n"); line; line = strtok(NULL, "\n")) ll_log(LL_LOG_INFO, "training: %s", line);
   struct ll_trainer *tr = ll_train_run_trainer(j->run);
   ll_trainer_set_update_hook(tr, update_hook, j);
+  ll_trainer_set_yield_hook(tr, train_yield, j);
   on_compute(j, publish_weights, j);
   struct ll_train_memory mem;
   ll_trainer_memory(tr, &mem);
@@ -390,7 +412,7 @@ int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_
   // Generation first: the training threads run at a lower priority, so that when both want the
   // CPU the scheduler gives training about train.share of it (CFS weights fall 1.25x per nice
   // level); with no requests they take all the idle compute.
-  const double sh = cfg->train_share;
+  const double sh = j->share = cfg->train_share;
   j->nice = sh >= 0.5 ? 0 : (int)lround(log((1.0 - sh) / sh) / log(1.25));
   if (j->nice > 19) j->nice = 19;
   pthread_cond_init(&j->cv, NULL);
@@ -420,7 +442,7 @@ int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_
 void ll_trainjob_stop(struct ll_trainjob *j) {
   if (!j || !j->th_started) return;
   pthread_mutex_lock(&j->mu);
-  j->quit = 1;
+  __atomic_store_n(&j->quit, 1, __ATOMIC_RELAXED); // train_yield reads it without the lock
   pthread_cond_broadcast(&j->cv);
   pthread_mutex_unlock(&j->mu);
   pthread_join(j->th, NULL); // ends after its current step (whose update the compute thread runs)

@@ -155,5 +155,9 @@ void ll_trainer_inject_nan(struct ll_trainer *tr);
 // (the default): in place. The arithmetic is the same either way.
 typedef int (*ll_trainer_update_fn)(void *user, int (*update)(void *arg), void *arg);
 void ll_trainer_set_update_hook(struct ll_trainer *tr, ll_trainer_update_fn fn, void *user);
+// fn(user) is called before each layer of the forward and of the backward pass (every ~1/60 of
+// a SmolLM2 step): where a server lets training pause for requests. It may sleep; it must not
+// touch the trainer. NULL (the default): none.
+void ll_trainer_set_yield_hook(struct ll_trainer *tr, void (*fn)(void *user), void *user);
 
 #endif

@@ -85,6 +85,8 @@ struct ll_trainer {
   int inject_nan;
   ll_trainer_update_fn update_fn; // (optional) where the optimizer update runs
   void *update_user;
+  void (*yield_fn)(void *user);   // (optional) called before each layer, forward and backward
+  void *yield_user;
   void *bufs[MAX_BUFS];
   int n_bufs;
   int64_t act_bytes;
@@ -309,7 +311,10 @@ int ll_trainer_forward_backward(struct ll_trainer *tr, const int32_t *ids, const
   int rc = 0;
   // forward
   BK(B->get_rows(be, tr->xs[0], &m->tok_embd, id, tr->T), "get_rows"); // x0 (T, C)
-  for (int l = 0; l < L && !rc; l++) rc = layer_forward(tr, l, tr->xs[l], tr->xs[l + 1], &tr->acts[tr->n_acts > 1 ? l : 0], err, errlen);
+  for (int l = 0; l < L && !rc; l++) {
+    if (tr->yield_fn) tr->yield_fn(tr->yield_user);
+    rc = layer_forward(tr, l, tr->xs[l], tr->xs[l + 1], &tr->acts[tr->n_acts > 1 ? l : 0], err, errlen);
+  }
   tr->train = saved_train;
   if (rc) return rc;
   BK(B->rmsnorm(be, tr->xf, tr->xs[L], m->output_norm, tr->T, C, m->eps), "rmsnorm");     // xf (T, C)
@@ -325,6 +330,7 @@ int ll_trainer_forward_backward(struct ll_trainer *tr, const int32_t *ids, const
   zero(tr->dx, (int64_t)tr->T * C);
   BK(B->rmsnorm_backward(be, tr->dx, tr->g_onorm, tr->dn, tr->xs[L], m->output_norm, tr->T, C, m->eps), "rmsnorm_backward");
   for (int l = L - 1; l >= 0; l--) {
+    if (tr->yield_fn) tr->yield_fn(tr->yield_user);
     struct lacts *a = &tr->acts[tr->n_acts > 1 ? l : 0];
     // Recomputation: the layer's activations again from its saved input (same dropout masks);
     // its output goes to xf, which the backward no longer needs.
@@ -645,6 +651,11 @@ void ll_trainer_inject_nan(struct ll_trainer *tr) { tr->inject_nan = 1; }
 void ll_trainer_set_update_hook(struct ll_trainer *tr, ll_trainer_update_fn fn, void *user) {
   tr->update_fn = fn;
   tr->update_user = user;
+}
+
+void ll_trainer_set_yield_hook(struct ll_trainer *tr, void (*fn)(void *user), void *user) {
+  tr->yield_fn = fn;
+  tr->yield_user = user;
 }
 
 // The optimizer update of one step: AdamW over the decayed parameters, then the rest without

@@ -48,6 +48,16 @@ def readbw():
     return benchlib.readbw(a.build, T)
 
 
+def training_now(srv):
+    """The training object of a snapshot taken now (a monitor connection's first; one kept open
+    queues snapshots that a reader which sleeps would read late)."""
+    m = Monitor(srv.sock, timeout=600)
+    try:
+        return m.snapshot()["training"]
+    finally:
+        m.close()
+
+
 def latencies(srv, n):
     out = []
     for i in range(n):
@@ -77,19 +87,19 @@ try:
     idle = latencies(srv, a.requests)
     mon = Monitor(srv.sock, timeout=600)
     r = mon.cmd("train start")
+    mon.close()
     if not r["ok"]:
         sys.exit("train start: %r" % r)
-    wait_until(lambda: (mon.snapshot()["training"]["step"] or 0) >= 2, "two training steps", 600)
+    wait_until(lambda: (training_now(srv)["step"] or 0) >= 2, "two training steps", 600, step=0.5)
     busy = latencies(srv, a.requests)
-    s_busy = mon.snapshot()["training"]["step"]
+    s_busy = training_now(srv)["step"]
     # training alone in the server: steps over a window without requests
-    wait_until(lambda: mon.snapshot()["training"]["step"] > s_busy + 1, "a step without requests", 600)
-    t0, s0 = time.time(), mon.snapshot()["training"]["step"]
+    wait_until(lambda: training_now(srv)["step"] > s_busy + 1, "a step without requests", 600, step=0.2)
+    t0, s0 = time.time(), training_now(srv)["step"]
     time.sleep(a.window)
-    s1 = mon.snapshot()["training"]["step"]
+    s1 = training_now(srv)["step"]
     t1 = time.time()
     srv_tps = (s1 - s0) * S / (t1 - t0)
-    mon.close()
 finally:
     srv.stop()
 print("# server done; load %s" % load(), flush=True)

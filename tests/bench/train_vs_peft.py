@@ -116,7 +116,7 @@ def peer(env):
 cpu, flags = machine()
 print("# %s UTC, %s (%s), %d threads, seq %d, batch 1, LoRA r16 alpha32 on q,k,v,o,gate,up,down, %d steps (%d warm-up)" %
       (time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), cpu, flags, T, S, a.steps, a.warmup), flush=True)
-print("# load %s; read bandwidth %s GB/s (1..%d threads)" % (" ".join(load()), " / ".join("%.1f" % x for x in readbw()), T), flush=True)
+print("# load %s; read bandwidth %s GB/s (1..%d threads)" % (load(), " / ".join("%.1f" % x for x in readbw()), T), flush=True)
 weights_mib = os.path.getsize(a.model) / 1048576.0
 res = {i: {"ll": [], "fwd": [], "rss": [], "rss_rc": [], "peer": []} for i in isas}
 n_params = None
@@ -133,9 +133,9 @@ for r in range(a.rounds):
         if not a.no_peer:
             res[i]["peer"].append(peer(env))
         print("# round %d %s: llsrv %.1f tok/s (forward %.1f), peer %s; load %s" %
-              (r + 1, i, tps, res[i]["fwd"][-1], res[i]["peer"][-1]["train_tok_s"] if res[i]["peer"] else "-", " ".join(load())), flush=True)
+              (r + 1, i, tps, res[i]["fwd"][-1], res[i]["peer"][-1]["train_tok_s"] if res[i]["peer"] else "-", load()), flush=True)
 peak = {i: sgemm_peak(ISA_ENV[i]) for i in isas}
-print("# after: load %s; read bandwidth %s GB/s" % (" ".join(load()), " / ".join("%.1f" % x for x in readbw())), flush=True)
+print("# after: load %s; read bandwidth %s GB/s" % (load(), " / ".join("%.1f" % x for x in readbw())), flush=True)
 
 # FLOPs per trained token: the frozen base's products forward (2 per weight) and their
 # activation gradients backward (2 per weight; no weight gradients), + 2 more with --recompute;
