@@ -88,7 +88,7 @@ const struct ll_option ll_options[] = {
     {"train.recompute", LL_OPT_BOOL, 0, 1, "false", NULL, OFF(train_recompute), NULL,
      "Recompute each layer's activations in the backward pass (less memory, more compute)."},
     {"train.share", LL_OPT_FLOAT, 0.01, 1, "0.25", NULL, OFF(train_share), "X",
-     "Server: about the share of the CPU training gets while requests want it too (its threads run at nice 5 for 0.25, 0 for 0.5 or more); with no requests it takes all idle compute."},
+     "Server: the share of the time training runs while requests are in flight (it pauses between layers for the rest; its threads also run at a lower priority, nice 5 at 0.25, 0 from 0.5); with no requests it takes all idle compute."},
     {NULL, 0, 0, 0, NULL, NULL, 0, NULL, NULL},
 };
 
