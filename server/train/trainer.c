@@ -45,7 +45,7 @@ struct ptensor {
 
 // One layer's saved activations (all layers, or one with recomputation).
 struct lacts {
-  float *n1, *q, *k, *v, *att, *a, *m, *n2, *g, *u, *h; // see the forward above
+  float *n1, *q, *k, *v, *att, *a, *m, *n2, *g, *u, *h; // see the forward above (n1, n2, h: all tr->nh, recomputed)
   float *axs[LL_LORA_N_TARGETS];                         // (T, r) scale·drop(x)·A^T
 };
 
@@ -78,6 +78,7 @@ struct ll_trainer {
   int n_acts;
   float *xf, *logits;     // (T, C), (T, V)
   float *dx, *dn, *da, *dq, *dk, *dv, *dh, *dg, *du, *dax, *dxd, *xd; // backward scratch
+  float *nh;              // (T, max(C, F)) every layer's n1, n2 and h, one after another (not saved)
   int train;              // 1: dropout on (training), 0: evaluation
   uint64_t seed_now;      // dropout seed base of the current micro-batch
   int64_t step, opt_step, skipped, micro;
@@ -248,12 +249,16 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   const int T = tr->T, S = tr->S, C = m->C, kvd = m->kvd, F = m->F;
   const float scale = 1.0f / sqrtf((float)m->hd);
   int rc;
+  // n1, n2 and h are not saved (they share one buffer, tr->nh): each is recomputed from what is
+  // saved (x, m, g and u) with the forward's kernel, so it has the same bits, just before its use.
   // x' = m + down(h)
+  BK(B->swiglu(be, a->h, a->g, a->u, (int64_t)T * F), "swiglu");
   zero(tr->dh, (int64_t)T * F);
   if ((rc = lin_backward(tr, tr->dh, dx, a->h, &y->down, gw->down, l, LL_LORA_DOWN, a->axs[LL_LORA_DOWN], err, errlen))) return rc;
   // h = silu(g)·u
   BK(B->swiglu_backward(be, tr->dg, tr->du, tr->dh, a->g, a->u, (int64_t)T * F), "swiglu_backward");
   // g, u = gate(n2), up(n2)
+  BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");
   zero(tr->dn, (int64_t)T * C);
   if ((rc = lin_backward(tr, tr->dn, tr->dg, a->n2, &y->gate, gw->gate, l, LL_LORA_GATE, a->axs[LL_LORA_GATE], err, errlen)) ||
       (rc = lin_backward(tr, tr->dn, tr->du, a->n2, &y->up, gw->up, l, LL_LORA_UP, a->axs[LL_LORA_UP], err, errlen)))
@@ -273,6 +278,7 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   BK(B->rope_backward(be, tr->dq, tr->pos, T, m->H, m->hd, &m->rope), "rope_backward q");
   BK(B->rope_backward(be, tr->dk, tr->pos, T, m->Hkv, m->hd, &m->rope), "rope_backward k");
   // q, k, v = lin(n1)   (biases are frozen: no gradient)
+  BK(B->rmsnorm(be, a->n1, x, y->attn_norm, T, C, m->eps), "rmsnorm");
   zero(tr->dn, (int64_t)T * C);
   if ((rc = lin_backward(tr, tr->dn, tr->dq, a->n1, &y->wq, gw->wq, l, LL_LORA_Q, a->axs[LL_LORA_Q], err, errlen)) ||
       (rc = lin_backward(tr, tr->dn, tr->dk, a->n1, &y->wk, gw->wk, l, LL_LORA_K, a->axs[LL_LORA_K], err, errlen)) ||
@@ -347,10 +353,11 @@ static int64_t act_floats(const struct ll_model *m, const struct ll_trainer_para
   const int64_t T = (int64_t)p->batch * p->seq_len, C = m->C, kvd = m->kvd, F = m->F, S = p->seq_len;
   int64_t r = p->mode == LL_TRAIN_LORA ? p->rank : 0, nt = 0;
   for (int t = 0; t < LL_LORA_N_TARGETS; t++) nt += p->mode == LL_TRAIN_LORA && ((p->targets >> t) & 1);
-  *per_layer = T * (5 * C + 2 * kvd + 3 * F) + (int64_t)p->batch * m->H * S * S + nt * T * r;
+  // saved per layer: q, a, m (T, C), k, v (T, kvd), g, u (T, F), probabilities, LoRA x·A^T
+  *per_layer = T * (3 * C + 2 * kvd + 2 * F) + (int64_t)p->batch * m->H * S * S + nt * T * r;
   const int64_t maxin = C > F ? C : F;
   *fixed = T * C * (int64_t)(m->L + 1) /* xs */ + T * C /* xf */ + T * m->n_vocab /* logits */ +
-           T * (4 * C + 2 * kvd + 3 * F) /* dx dn da dq dk dv dh dg du */ + T * (r > 0 ? r : 1) + 2 * T * maxin;
+           T * (4 * C + 2 * kvd + 3 * F) /* dx dn da dq dk dv dh dg du */ + T * (r > 0 ? r : 1) + 3 * T * maxin /* dxd xd nh */;
   return *fixed + *per_layer * (p->recompute ? 1 : m->L);
 }
 
@@ -600,25 +607,27 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   float *xs = balloc(tr, T * C * (mm->L + 1));
   if (!xs) goto oom;
   for (int l = 0; l <= mm->L; l++) tr->xs[l] = xs + (size_t)l * T * C;
-  float *scr = balloc(tr, T * C + T * mm->n_vocab + T * (4 * C + 2 * kvd + 3 * F) + T * r + 2 * T * maxin);
+  float *scr = balloc(tr, T * C + T * mm->n_vocab + T * (4 * C + 2 * kvd + 3 * F) + T * r + 3 * T * maxin);
   if (!scr) goto oom;
   float *s = scr;
 #define TAKE(ptr, cnt) (ptr = s, s += (cnt))
   TAKE(tr->xf, T * C); TAKE(tr->logits, T * mm->n_vocab);
   TAKE(tr->dx, T * C); TAKE(tr->dn, T * C); TAKE(tr->da, T * C); TAKE(tr->dq, T * C); TAKE(tr->dk, T * kvd); TAKE(tr->dv, T * kvd);
   TAKE(tr->dh, T * F); TAKE(tr->dg, T * F); TAKE(tr->du, T * F); TAKE(tr->dax, T * r); TAKE(tr->dxd, T * maxin); TAKE(tr->xd, T * maxin);
+  TAKE(tr->nh, T * maxin);
   for (int l = 0; l < tr->n_acts; l++) {
     float *blk = l < MAX_BUFS - 8 ? balloc(tr, pl) : NULL;
     if (!blk) goto oom;
     s = blk;
     struct lacts *a = &tr->acts[l];
-    TAKE(a->n1, T * C); TAKE(a->q, T * C); TAKE(a->k, T * kvd); TAKE(a->v, T * kvd); TAKE(a->att, (int64_t)p->batch * mm->H * tr->S * tr->S);
-    TAKE(a->a, T * C); TAKE(a->m, T * C); TAKE(a->n2, T * C); TAKE(a->g, T * F); TAKE(a->u, T * F); TAKE(a->h, T * F);
+    a->n1 = a->n2 = a->h = tr->nh;
+    TAKE(a->q, T * C); TAKE(a->k, T * kvd); TAKE(a->v, T * kvd); TAKE(a->att, (int64_t)p->batch * mm->H * tr->S * tr->S);
+    TAKE(a->a, T * C); TAKE(a->m, T * C); TAKE(a->g, T * F); TAKE(a->u, T * F);
     for (int t = 0; t < LL_LORA_N_TARGETS; t++)
       if (tr->lora && ((p->targets >> t) & 1)) TAKE(a->axs[t], T * r);
   }
 #undef TAKE
-  tr->act_bytes = 4 * (T * C * (mm->L + 1) + (T * C + T * mm->n_vocab + T * (4 * C + 2 * kvd + 3 * F) + T * r + 2 * T * maxin) + pl * tr->n_acts);
+  tr->act_bytes = 4 * (T * C * (mm->L + 1) + (T * C + T * mm->n_vocab + T * (4 * C + 2 * kvd + 3 * F) + T * r + 3 * T * maxin) + pl * tr->n_acts);
   tr->train = 1;
   *out = tr;
   return 0;
