@@ -262,6 +262,31 @@ static void test_dots(void) {
     }
   }
   CHECKF(vbad == 0, "softmax/swiglu/rope: scalar and SIMD differ in %d trials", vbad);
+  // Dequantization into sgemm panels (training): SIMD and ll_dequantize_row the same bits, over
+  // random bytes (every nibble and int8) with random finite scales of both signs, subnormal too.
+  {
+    int dbad = 0, dn = 0;
+    const int dtypes[] = {LL_TYPE_Q4_0, LL_TYPE_Q4_1, LL_TYPE_Q8_0, LL_TYPE_Q4_K};
+    for (int trial = 0; trial < 200; trial++) {
+      const int type = dtypes[trial % 4], unit = ll_type_traits_get(type)->blck_size;
+      const int n = unit * (1 + (int)(ll_test_rand(&rs) % 24));
+      const size_t rsz = ll_row_size(type, n), bs = ll_type_traits_get(type)->type_size;
+      unsigned char *row = malloc(rsz);
+      float *y1 = malloc((size_t)n * 4), *y2 = malloc((size_t)n * 4);
+      for (size_t i = 0; i < rsz; i++) row[i] = (unsigned char)ll_test_rand(&rs);
+      for (size_t o = 0; o < rsz; o += bs)
+        for (int h = 0; h < (type == LL_TYPE_Q4_1 || type == LL_TYPE_Q4_K ? 2 : 1); h++) {
+          ll_fp16 hf = (ll_fp16)(ll_test_rand(&rs) & 0xffff);
+          if ((hf & 0x7c00) == 0x7c00) hf &= 0x83ff; // Inf/NaN -> subnormal
+          memcpy(row + o + 2 * h, &hf, 2);
+        }
+      const int r1 = ll_dequantize_row(type, row, y1, n), r2 = vf->dequant_row(type, row, y2, n);
+      dbad += r1 != 0 || r2 != 0 || memcmp(y1, y2, (size_t)n * 4) != 0;
+      dn++;
+      free(row), free(y1), free(y2);
+    }
+    CHECKF(dbad == 0 && dn == 200, "dequant_row: SIMD and reference differ in %d of %d rows", dbad, dn);
+  }
   // llama.cpp's F32 dot orders (LoRA factors): scalar and SIMD the same bits for every length
   // (tails of 0..31, 8/4-groups and fused singles), each within float rounding of a double sum,
   // and the two orders really are different orders (else the test could not tell them apart).

@@ -156,7 +156,7 @@ static void blas_task(void *vctx, int task, int thread) {
     if (j->w->type == LL_TYPE_F32) {
       wb = (const float *)j->w->data + (size_t)r0 * j->K;
     } else {
-      for (int r = 0; r < nr; r++) ll_dequantize_row(j->w->type, (const char *)j->w->data + (size_t)(r0 + r) * rs, buf + (size_t)r * j->K, j->K);
+      for (int r = 0; r < nr; r++) ll_cpu_vec_ops()->dequant_row(j->w->type, (const char *)j->w->data + (size_t)(r0 + r) * rs, buf + (size_t)r * j->K, j->K);
       wb = buf;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, nr, j->K, 1.0f, j->x, j->K, wb, j->K, j->accumulate ? 1.0f : 0.0f,

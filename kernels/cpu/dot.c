@@ -433,7 +433,7 @@ static float ref_dot_f32_tile8(const float *x, const float *y, int n) {
 }
 float ll_cpu_ggml_f32_tail(const float *x, const float *y, int i, int n, float sum) { return ggml_f32_tail(x, y, i, n, sum); }
 
-static const struct ll_vec_ops vec_ref = {ref_softmax, ref_swiglu, ref_rope_pairs, ref_dot_f32_ggml, ref_dot_f32_tile8};
+static const struct ll_vec_ops vec_ref = {ref_softmax, ref_swiglu, ref_rope_pairs, ref_dot_f32_ggml, ref_dot_f32_tile8, ll_dequantize_row};
 const struct ll_vec_ops *ll_cpu_vec_ops_ref(void) { return &vec_ref; }
 const struct ll_vec_ops *ll_cpu_vec_ops(void) {
   const struct ll_vec_ops *o = have_avx2() ? ll_cpu_vec_ops_avx2() : NULL;

@@ -848,7 +848,45 @@ static float avx2_dot_f32_tile8(const float *x, const float *y, int n) {
   return _mm_cvtss_f32(h);
 }
 
-static const struct ll_vec_ops vec_avx2 = {avx2_softmax, avx2_swiglu, avx2_rope_pairs, avx2_dot_f32_ggml, avx2_dot_f32_tile8};
+// Dequantization for sgemm panels: the reference's (q - 8)·d, q·d + m and q·d. The products
+// are exact (a 4- or 8-bit integer times an fp16 value's 11-bit significand), so only the add
+// rounds, as in formats/quant.c: the same bits, fused or not. A Q4 block's 16 bytes hold elements 0..15 in their low nibbles, 16..31 in the high.
+static inline void dq4_block(float *y, const uint8_t *qs16, __m256 d, const __m256 *m, __m256i off) {
+  const __m128i qs = _mm_loadu_si128((const __m128i *)qs16), mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(qs, mask), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+  const __m128i v[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int k = 0; k < 4; k++) {
+    const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(v[k]), off)), d);
+    _mm256_storeu_ps(y + 8 * k, m ? _mm256_add_ps(p, *m) : p);
+  }
+}
+static int avx2_dequant_row(int type, const void *src, float *y, int64_t n) {
+  if ((type != LL_TYPE_Q4_0 && type != LL_TYPE_Q4_1 && type != LL_TYPE_Q8_0) || n < 0 || n % 32 != 0)
+    return ll_dequantize_row(type, src, y, n);
+  const int64_t nb = n / 32;
+  if (type == LL_TYPE_Q4_0) { // (q - 8)·d
+    const ll_block_q4_0 *b = src;
+    for (int64_t i = 0; i < nb; i++, y += 32) dq4_block(y, b[i].qs, _mm256_set1_ps(_cvtsh_ss(b[i].d)), NULL, _mm256_set1_epi32(8));
+  } else if (type == LL_TYPE_Q4_1) { // q·d + m
+    const ll_block_q4_1 *b = src;
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+      const __m256 m = _mm256_set1_ps(_cvtsh_ss(b[i].m));
+      dq4_block(y, b[i].qs, _mm256_set1_ps(_cvtsh_ss(b[i].d)), &m, _mm256_setzero_si256());
+    }
+  } else { // Q8_0: q·d
+    const ll_block_q8_0 *b = src;
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+      for (int k = 0; k < 4; k++) {
+        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[i].qs + 8 * k)));
+        _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+      }
+    }
+  }
+  return 0;
+}
+
+static const struct ll_vec_ops vec_avx2 = {avx2_softmax, avx2_swiglu, avx2_rope_pairs, avx2_dot_f32_ggml, avx2_dot_f32_tile8, avx2_dequant_row};
 const struct ll_vec_ops *ll_cpu_vec_ops_avx2(void) { return &vec_avx2; }
 
 static void avx2_dot_rows_f16(float *s, const float *q, const uint16_t *const *k, int rows, int n) {

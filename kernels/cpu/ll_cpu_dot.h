@@ -125,6 +125,10 @@ struct ll_vec_ops {
   //   into lane e % 8, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
   float (*dot_f32_ggml)(const float *x, const float *y, int n);
   float (*dot_f32_tile8)(const float *x, const float *y, int n);
+  // Dequantize n weights of one row (ll_dequantize_row's contract and bits: the reference is
+  // that function; Q4_0, Q4_1 and Q8_0 have SIMD versions, the other types go to it). Training
+  // dequantizes every frozen weight twice a step into sgemm panels (train.c, backend_cpu.c).
+  int (*dequant_row)(int type, const void *src, float *dst, int64_t n);
 };
 
 // llama.cpp's rotate_pairs (ggml-cpu/ops.cpp) is GNU C++ built with -mfma and the default

@@ -135,13 +135,14 @@ static void mmb_dx_q_task(void *vctx, int task, int thread) {
   float *panel = j->st->panel + (size_t)thread * j->panel_floats; // (MM_NR, nk)
   const size_t off = (size_t)(k0 / j->bs) * j->bsz;
   const int f32 = j->w->type == LL_TYPE_F32;
+  int (*const dq)(int, const void *, float *, int64_t) = ll_cpu_vec_ops()->dequant_row;
   for (int n0 = 0; n0 < j->N; n0 += MM_NR) {
     const int nr = j->N - n0 < MM_NR ? j->N - n0 : MM_NR;
     const float *wb = (const float *)j->w->data + (size_t)n0 * j->K + k0; // F32: in place
     int ldw = j->K;
     if (!f32) {
       for (int r = 0; r < nr; r++) {
-        const int rc = ll_dequantize_row(j->w->type, (const char *)j->w->data + (size_t)(n0 + r) * j->rs + off, panel + (size_t)r * nk, nk);
+        const int rc = dq(j->w->type, (const char *)j->w->data + (size_t)(n0 + r) * j->rs + off, panel + (size_t)r * nk, nk);
         if (rc) {
           atomic_store(&j->rc, rc);
           return;
