@@ -137,7 +137,7 @@ static void quant_task(void *vctx, int t, int thread) {
 // Each pool task takes a slice of the weight rows: F16/BF16 rows are widened into the
 // thread's buffer LL_BLAS_ROWS at a time, then out[:, slice] (+)= x · slice^T in one
 // single-threaded sgemm per block (OpenBLAS's own threads are off: our pool is the only one).
-#define LL_BLAS_ROWS 64
+#define LL_BLAS_ROWS 256
 struct blas_job {
   float *out;
   const float *x;
@@ -150,13 +150,17 @@ static void blas_task(void *vctx, int task, int thread) {
   const int n0 = task * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
   const size_t rs = ll_row_size(j->w->type, j->K);
   float *buf = j->c->wbuf + (size_t)thread * LL_BLAS_ROWS * j->K;
-  for (int r0 = n0; r0 < n1; r0 += LL_BLAS_ROWS) {
-    const int nr = n1 - r0 < LL_BLAS_ROWS ? n1 - r0 : LL_BLAS_ROWS;
+  int (*const dq)(int, const void *, float *, int64_t) = ll_cpu_vec_ops()->dequant_row;
+  // The slice in equal blocks of at most LL_BLAS_ROWS rows: sgemm packs x once per call, so
+  // blocks as large as the buffer allows, and no short last one.
+  const int nblk = (n1 - n0 + LL_BLAS_ROWS - 1) / LL_BLAS_ROWS, bl = (n1 - n0 + nblk - 1) / nblk;
+  for (int r0 = n0; r0 < n1; r0 += bl) {
+    const int nr = n1 - r0 < bl ? n1 - r0 : bl;
     const float *wb;
     if (j->w->type == LL_TYPE_F32) {
       wb = (const float *)j->w->data + (size_t)r0 * j->K;
     } else {
-      for (int r = 0; r < nr; r++) ll_cpu_vec_ops()->dequant_row(j->w->type, (const char *)j->w->data + (size_t)(r0 + r) * rs, buf + (size_t)r * j->K, j->K);
+      for (int r = 0; r < nr; r++) dq(j->w->type, (const char *)j->w->data + (size_t)(r0 + r) * rs, buf + (size_t)r * j->K, j->K);
       wb = buf;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, nr, j->K, 1.0f, j->x, j->K, wb, j->K, j->accumulate ? 1.0f : 0.0f,
@@ -166,8 +170,10 @@ static void blas_task(void *vctx, int task, int thread) {
 static int cpu_matmul_blas(struct cpu_ctx *c, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
   if (grow((void **)&c->wbuf, &c->wbuf_cap, (size_t)c->n_threads * LL_BLAS_ROWS * (size_t)w->k * sizeof(float))) return LL_ENOMEM;
   struct blas_job j = {out, x, w, c, T, (int)w->n, (int)w->k, accumulate, 0};
-  j.chunk = (int)((w->n + c->n_threads * 4 - 1) / (c->n_threads * 4));
-  j.chunk = (j.chunk + LL_BLAS_ROWS - 1) / LL_BLAS_ROWS * LL_BLAS_ROWS; // whole blocks
+  // Two slices per thread, in multiples of 16 rows: equal work (192 rows: 4 x 48, not 64 + 64 +
+  // 64 over two threads), and a thread that is preempted leaves the other something to take.
+  j.chunk = (int)((w->n + c->n_threads * 2 - 1) / (c->n_threads * 2));
+  j.chunk = (j.chunk + 15) / 16 * 16;
   ll_threadpool_run(c->pool, blas_task, &j, (int)((w->n + j.chunk - 1) / j.chunk));
   return 0;
 }
