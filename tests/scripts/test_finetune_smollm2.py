@@ -15,8 +15,9 @@
 #     refgen_lora program of tests/ref/README.md section 5) 64 greedy ids per prompt with that
 #     exported adapter, whose sha256 is checked first. What is compared: llsrv's and llama.cpp's
 #     inference with the same trained adapter bytes. Those bytes are reproducible only where the
-#     training arithmetic is: the test pins llsrv's kernels to AVX2 (LL_CPU_ISA=avx2; the
-#     AVX-512 tiles give the same bits anyway) and OpenBLAS's sgemm kernels to Haswell
+#     training arithmetic is: the test pins llsrv's kernels to AVX2 (LL_CPU_ISA=avx2: the
+#     trainer's products are then dequantize+sgemm, as on CPUs without AVX-512 VNNI) and
+#     OpenBLAS's sgemm kernels to Haswell
 #     (OPENBLAS_CORETYPE, Debian 12's libopenblas0-pthread 0.3.21); on a machine with another
 #     OpenBLAS build the sha256 check fails and says so (it does not skip).
 import hashlib
@@ -32,7 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from llsrv_client import BIN, Checker, Monitor, Server, escape, wait_until  # noqa: E402
 
-SHA = "f805c452113b68e1090b026c9d4c085f848f7fb7545ce11da32b9a63fc09c5f2"
+SHA = "dc605a0fe9a69acd9a57f69b4ab1ffa28a799082cde0f89a1ad8f3361ec186fd"
 check = Checker()
 src = os.environ["LL_SOURCE_DIR"]
 model = os.path.join(os.environ["LL_MODEL_CACHE"], "SmolLM2-135M-Instruct.Q4_1.gguf")
