@@ -76,7 +76,7 @@ struct ll_trainer {
   float **xs;             // (L+1) layer inputs (T, C)
   struct lacts *acts;
   int n_acts;
-  float *xf, *logits;     // (T, C), (T, V)
+  float *xf, *logits;     // (T, C), (XENT_ROWS, V): one chunk of rows of the head at a time
   float *dx, *dn, *da, *dq, *dk, *dv, *dh, *dg, *du, *dax, *dxd, *xd; // backward scratch
   float *nh;              // (T, max(C, F)) every layer's n1, n2 and h, one after another (not saved)
   int train;              // 1: dropout on (training), 0: evaluation
@@ -138,6 +138,8 @@ static uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
+
+#define XENT_ROWS 64 // rows of the output head and the loss per chunk (forward_backward)
 
 #define BK(call, what)                                                                                                       \
   do {                                                                                                                       \
@@ -324,15 +326,25 @@ int ll_trainer_forward_backward(struct ll_trainer *tr, const int32_t *ids, const
   tr->train = saved_train;
   if (rc) return rc;
   BK(B->rmsnorm(be, tr->xf, tr->xs[L], m->output_norm, tr->T, C, m->eps), "rmsnorm");     // xf (T, C)
-  BK(B->matmul(be, tr->logits, tr->xf, &m->output, tr->T, 0), "matmul output");          // logits (T, V)
+  // The head, the loss and the head's backward, XENT_ROWS rows at a time: the whole (T, V)
+  // logits would be the largest buffer (48 MiB at T = 256, V = 49152), a chunk's is 1/4 of it.
+  // Each row's logits, gradient and dn row are the same whatever the chunk (row-wise ops).
+  //   logits_c = xf_c·Wout^T (Tc, V);  dlogits_c in place;  dn_c = dlogits_c·Wout (Tc, C)
   double loss = 0;
-  BK(B->softmax_xent(be, &loss, grad ? tr->logits : NULL, tr->logits, tg, tr->T, m->n_vocab, grad_scale), "softmax_xent"); // dlogits in place
+  if (grad) zero(tr->dn, (int64_t)tr->T * C);
+  for (int t0 = 0; t0 < tr->T; t0 += XENT_ROWS) {
+    const int nt = tr->T - t0 < XENT_ROWS ? tr->T - t0 : XENT_ROWS;
+    const float *xf = tr->xf + (size_t)t0 * C;
+    double part = 0;
+    BK(B->matmul(be, tr->logits, xf, &m->output, nt, 0), "matmul output"); // logits (Tc, V)
+    BK(B->softmax_xent(be, &part, grad ? tr->logits : NULL, tr->logits, tg + t0, nt, m->n_vocab, grad_scale), "softmax_xent");
+    loss += part;
+    if (grad) BK(B->matmul_backward(be, tr->dn + (size_t)t0 * C, tr->g_out, tr->logits, xf, &m->output, nt), "matmul_backward output");
+  }
   *loss_sum = loss;
   if (n_counted) *n_counted = cnt;
   if (!grad) return 0;
-  // backward: logits = xf·Wout^T;  xf = rmsnorm(x_L)
-  zero(tr->dn, (int64_t)tr->T * C);
-  BK(B->matmul_backward(be, tr->dn, tr->g_out, tr->logits, tr->xf, &m->output, tr->T), "matmul_backward output");
+  // backward: xf = rmsnorm(x_L)
   zero(tr->dx, (int64_t)tr->T * C);
   BK(B->rmsnorm_backward(be, tr->dx, tr->g_onorm, tr->dn, tr->xs[L], m->output_norm, tr->T, C, m->eps), "rmsnorm_backward");
   for (int l = L - 1; l >= 0; l--) {
@@ -356,7 +368,7 @@ static int64_t act_floats(const struct ll_model *m, const struct ll_trainer_para
   // saved per layer: q, a, m (T, C), k, v (T, kvd), g, u (T, F), probabilities, LoRA x·A^T
   *per_layer = T * (3 * C + 2 * kvd + 2 * F) + (int64_t)p->batch * m->H * S * S + nt * T * r;
   const int64_t maxin = C > F ? C : F;
-  *fixed = T * C * (int64_t)(m->L + 1) /* xs */ + T * C /* xf */ + T * m->n_vocab /* logits */ +
+  *fixed = T * C * (int64_t)(m->L + 1) /* xs */ + T * C /* xf */ + (T < XENT_ROWS ? T : XENT_ROWS) * m->n_vocab /* logits */ +
            T * (4 * C + 2 * kvd + 3 * F) /* dx dn da dq dk dv dh dg du */ + T * (r > 0 ? r : 1) + 3 * T * maxin /* dxd xd nh */;
   return *fixed + *per_layer * (p->recompute ? 1 : m->L);
 }
@@ -607,11 +619,12 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   float *xs = balloc(tr, T * C * (mm->L + 1));
   if (!xs) goto oom;
   for (int l = 0; l <= mm->L; l++) tr->xs[l] = xs + (size_t)l * T * C;
-  float *scr = balloc(tr, T * C + T * mm->n_vocab + T * (4 * C + 2 * kvd + 3 * F) + T * r + 3 * T * maxin);
+  const int64_t TV = (T < XENT_ROWS ? T : XENT_ROWS) * (int64_t)mm->n_vocab;
+  float *scr = balloc(tr, T * C + TV + T * (4 * C + 2 * kvd + 3 * F) + T * r + 3 * T * maxin);
   if (!scr) goto oom;
   float *s = scr;
 #define TAKE(ptr, cnt) (ptr = s, s += (cnt))
-  TAKE(tr->xf, T * C); TAKE(tr->logits, T * mm->n_vocab);
+  TAKE(tr->xf, T * C); TAKE(tr->logits, TV);
   TAKE(tr->dx, T * C); TAKE(tr->dn, T * C); TAKE(tr->da, T * C); TAKE(tr->dq, T * C); TAKE(tr->dk, T * kvd); TAKE(tr->dv, T * kvd);
   TAKE(tr->dh, T * F); TAKE(tr->dg, T * F); TAKE(tr->du, T * F); TAKE(tr->dax, T * r); TAKE(tr->dxd, T * maxin); TAKE(tr->xd, T * maxin);
   TAKE(tr->nh, T * maxin);
