@@ -906,6 +906,10 @@ int ll_trainer_save(struct ll_trainer *tr, const char *path, struct ll_train_sou
     ll_ckpt_write_opts_init(&o);
     struct ll_ckpt_training t = {1, (uint64_t)tr->step, lr_at(&tr->p, tr->step), tr->p.seed, cur[7]};
     o.training = &t;
+    // Shards of 4 MiB: the writer holds about two shards raw and compressed at once, and a
+    // LoRA run's state is tens of MiB of f32 that zstd barely shrinks: 16 MiB shards (the
+    // model default) made the save the peak of a --recompute run's resident memory.
+    o.shard_target = 4u << 20;
     o.source_format = "llsrv-train";
     o.note = cfg;
     rc = ll_ckpt_write(path, &mf, &o, err, errlen);
