@@ -153,6 +153,20 @@ static void grad_check(struct ll_trainer *tr, const char *what, int S, int n_che
   free(g);
 }
 
+// Every adapter's B uniform in +-amp (seed 99): LoRA's B starts at zero, and then every A
+// gradient is zero too. Returns the generator's state, for the caller to go on drawing.
+static uint64_t set_lora_b(struct ll_trainer *tr, float amp) {
+  const struct ll_lora *lo = ll_trainer_lora(tr);
+  uint64_t rs = 99;
+  for (int l = 0; l < lo->n_layer; l++)
+    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+      struct ll_lora_pair *pr = ll_lora_at(lo, l, t);
+      float *b = (float *)pr->b.data;
+      for (int64_t i = 0; i < pr->b.k * pr->b.n; i++) b[i] = amp * ll_test_randf(&rs);
+    }
+  return rs;
+}
+
 static void test_lora_grads(struct ll_engine *e, float dropout) {
   struct ll_trainer_params p;
   base_params(&p);
@@ -162,15 +176,7 @@ static void test_lora_grads(struct ll_engine *e, float dropout) {
   int rc = ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err);
   CHECKF(rc == 0, "%s", err);
   if (rc) return;
-  // B starts at zero (then every A gradient is zero): give it values first.
-  const struct ll_lora *lo = ll_trainer_lora(tr);
-  uint64_t rs = 99;
-  for (int l = 0; l < lo->n_layer; l++)
-    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
-      struct ll_lora_pair *pr = ll_lora_at(lo, l, t);
-      float *b = (float *)pr->b.data;
-      for (int64_t i = 0; i < pr->b.k * pr->b.n; i++) b[i] = 0.3f * ll_test_randf(&rs);
-    }
+  set_lora_b(tr, 0.3f); // B starts at zero (then every A gradient is zero): give it values first
   grad_check(tr, dropout > 0 ? "lora+dropout" : "lora", 8, 120, 1e-2, 2e-3, 3e-2);
   ll_trainer_free(tr);
 }
@@ -438,14 +444,8 @@ static int gradcheck_model(const char *model, int S) {
     fprintf(stderr, "%s\n", err);
     return 1;
   }
+  uint64_t rs = set_lora_b(tr, 0.01f);
   const struct ll_lora *lo = ll_trainer_lora(tr);
-  uint64_t rs = 99;
-  for (int l = 0; l < lo->n_layer; l++)
-    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
-      struct ll_lora_pair *pr = ll_lora_at(lo, l, t);
-      float *b = (float *)pr->b.data;
-      for (int64_t i = 0; i < pr->b.k * pr->b.n; i++) b[i] = 0.01f * ll_test_randf(&rs);
-    }
   const int n_vocab = ll_engine_model(e)->n_vocab;
   int32_t *ids = malloc((size_t)S * sizeof *ids), *tg = malloc((size_t)S * sizeof *tg);
   for (int i = 0; i < S; i++) ids[i] = (int32_t)(ll_test_rand(&rs) % 2000), tg[i] = (int32_t)(ll_test_rand(&rs) % 2000);

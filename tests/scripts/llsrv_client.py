@@ -341,3 +341,27 @@ class Checker:
     def summary(self):
         print("%d passed, %d failed" % (self.passed, self.failed), flush=True)
         return 1 if self.failed else 0
+
+
+def lora_ids_vs_llamacpp(check, model, adapter, ref_name):
+    """`llsrv generate --adapter ADAPTER --ids` (64 greedy ids, 2 threads) on each prompt of
+    tests/ref/smollm2_prompts.txt that tests/ref/REF_NAME lists, against llama.cpp --lora's ids
+    there. Checks all 64 equal per prompt; returns how many of llama.cpp's ids differ from its
+    base-model ids (tests/ref/smollm2_greedy64.tsv), per prompt: > 0 shows the adapter matters."""
+    ref_dir = os.path.join(os.environ["LL_SOURCE_DIR"], "tests", "ref")
+    rows = lambda name: [l.rstrip("\n").split("\t") for l in open(os.path.join(ref_dir, name))][1:]  # noqa: E731
+    prompts = [l.rstrip("\n").encode().decode("unicode_escape") for l in open(os.path.join(ref_dir, "smollm2_prompts.txt"))]
+    base = {r[1]: r[3].split() for r in rows("smollm2_greedy64.tsv") if r[0] == "fa_off_f16kv"}
+    changed = []
+    for r in rows(ref_name):
+        i = int(r[0])
+        out = subprocess.run([BIN, "generate", "--model", model, "-p", prompts[i], "--temp", "0", "-n", "64", "--ids", "--ignore-eos", "-t", "2",
+                              "--adapter", adapter], capture_output=True, text=True, timeout=600).stdout.split()
+        want = r[2].split()
+        n = 0
+        while n < min(len(out), len(want)) and out[n] == want[n]:
+            n += 1
+        changed.append(sum(1 for a, b in zip(want, base[r[0]]) if a != b))
+        print("prompt %d: %d/64 greedy ids equal llama.cpp --lora's (the adapter changes %d of 64 vs the base)" % (i, n, changed[-1]), flush=True)
+        check(n == 64, "prompt %d: only %d of 64 ids equal llama.cpp's" % (i, n))
+    return changed
