@@ -212,7 +212,9 @@ static int open_run(struct ll_trainjob *j) {
   struct ll_trainer *tr = ll_train_run_trainer(j->run);
   ll_trainer_set_update_hook(tr, update_hook, j);
   ll_trainer_set_yield_hook(tr, train_yield, j);
-  on_compute(j, publish_weights, j);
+  if ((rc = on_compute(j, publish_weights, j)) != 0) // training goes on; requests just cannot see it
+    ll_log(LL_LOG_WARN, "training: the trained %s cannot be served: %s", ll_trainer_lora(tr) ? "adapter (adapter=live)" : "weights",
+           ll_strerror(rc));
   struct ll_train_memory mem;
   ll_trainer_memory(tr, &mem);
   struct ll_trainer_state st;
