@@ -87,7 +87,11 @@ static void mm_task(void *vctx, int task, int thread) {
       enum { PD = 4 };
       const size_t g = 4 * j->w_row, here = (size_t)n * j->w_row, stop = (size_t)n1 * j->w_row;
       const size_t to = here + (PD + 1) * g < stop ? here + (PD + 1) * g : stop;
-      for (size_t off = here + (n == n0 ? g : PD * g); off < to; off += 64) __builtin_prefetch((const char *)j->w + off, 0, 0);
+      // Into L2 (prefetcht1), not L1 as non-temporal (prefetchnta, before): measured 2026-11-23
+      // 21:25 UTC on the quiet 2-vCPU EPYC, 1 thread, tg64, AVX2 path: Q8_0 52-59 -> 103-123
+      // tok/s, Q4_0 69-78 -> 117-148, Q4_1 69 -> 131-149, Q4_K_M 70 -> 84-95; AVX-512 VNNI
+      // Q4_1 97-117 -> 116-126 (prefetcht0 and none: no better than nta).
+      for (size_t off = here + (n == n0 ? g : PD * g); off < to; off += 64) __builtin_prefetch((const char *)j->w + off, 0, 2);
       // 4 weight rows x up to 4 tokens per pass: weights unpacked once, independent chains.
       for (int t = 0; t < j->T; t += tna) {
         const int na = j->T - t >= tna ? tna : j->T - t;
