@@ -850,7 +850,8 @@ static float avx2_dot_f32_tile8(const float *x, const float *y, int n) {
 
 // Dequantization for sgemm panels: the reference's (q - 8)·d, q·d + m and q·d. The products
 // are exact (a 4- or 8-bit integer times an fp16 value's 11-bit significand), so only the add
-// rounds, as in formats/quant.c: the same bits, fused or not. A Q4 block's 16 bytes hold elements 0..15 in their low nibbles, 16..31 in the high.
+// rounds, as in formats/quant.c: the same bits, fused or not. A Q4 block's 16 bytes hold
+// elements 0..15 in their low nibbles, 16..31 in the high.
 static inline void dq4_block(float *y, const uint8_t *qs16, __m256 d, const __m256 *m, __m256i off) {
   const __m128i qs = _mm_loadu_si128((const __m128i *)qs16), mask = _mm_set1_epi8(0x0f);
   const __m128i lo = _mm_and_si128(qs, mask), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);

@@ -140,7 +140,8 @@ int ll_cmd_train(int argc, char **argv) {
                                  c.train_eval_seqs, c.train_keep, c.train_val_fraction, restart || dry};
   // This backend serves nothing else: quantized products of training batches may take
   // dequantize + sgemm where that beats the integer tiles (ll_backend.train_sgemm; CPUs without
-  // AVX-512 VNNI). The server leaves it off: its backend is shared with batch-invariant decoding.
+  // AVX-512 VNNI). The server's training thread sets it on its own backend too (trainjob.c); the
+  // serving backend never does: it decodes batch-invariantly.
   ll_engine_backend(e)->train_sgemm = 1;
   rc = ll_train_run_open(&run, ll_engine_model(e), ll_engine_backend(e), ll_engine_tokenizer(e), &tp, &ro, err, sizeof err);
   if (rc) {

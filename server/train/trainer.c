@@ -620,7 +620,8 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   if (!xs) goto oom;
   for (int l = 0; l <= mm->L; l++) tr->xs[l] = xs + (size_t)l * T * C;
   const int64_t TV = (T < XENT_ROWS ? T : XENT_ROWS) * (int64_t)mm->n_vocab;
-  float *scr = balloc(tr, T * C + TV + T * (4 * C + 2 * kvd + 3 * F) + T * r + 3 * T * maxin);
+  const int64_t scr_floats = T * C + TV + T * (4 * C + 2 * kvd + 3 * F) + T * r + 3 * T * maxin; // what TAKE hands out below
+  float *scr = balloc(tr, scr_floats);
   if (!scr) goto oom;
   float *s = scr;
 #define TAKE(ptr, cnt) (ptr = s, s += (cnt))
@@ -640,7 +641,7 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
       if (tr->lora && ((p->targets >> t) & 1)) TAKE(a->axs[t], T * r);
   }
 #undef TAKE
-  tr->act_bytes = 4 * (T * C * (mm->L + 1) + (T * C + T * mm->n_vocab + T * (4 * C + 2 * kvd + 3 * F) + T * r + 3 * T * maxin) + pl * tr->n_acts);
+  tr->act_bytes = 4 * (T * C * (mm->L + 1) + scr_floats + pl * tr->n_acts);
   tr->train = 1;
   *out = tr;
   return 0;
