@@ -11,6 +11,8 @@
 // get_rows 1e-12, rmsnorm 1e-10, rope 1e-12, swiglu 1e-10, attention 1e-8 (f32 cache) / 1e-6
 // (f16 cache: a probability rounded to f16 after a sum in another order may land one f16
 // step away); add exact.
+// The training members are compared with the CPU's scalar references (ll_cpu_train_ref()):
+// tolerances above test_matmul_backward.
 // The device-choice cases run in child processes started before this process touches
 // OpenCL, since the ICD loader reads OCL_ICD_VENDORS once per process.
 #define CL_TARGET_OPENCL_VERSION 120
@@ -24,6 +26,7 @@
 #include <unistd.h>
 
 #include "ll_backend.h"
+#include "ll_cpu_train.h"
 #include "ll_error.h"
 #include "ll_quant.h"
 #include "testutil.h"
@@ -231,6 +234,243 @@ static void test_attention(struct ll_backend *cpu, struct ll_backend *cl) {
   }
 }
 
+// ---- training members against the CPU's scalar references (kernels/cpu/train_ref.c)
+//
+// Tolerances (normalized MSE unless said otherwise). On an f64 device the kernels add every
+// sum in the reference's order (see kernels/opencl/train.cl): matmul_backward (dx for every
+// weight type, dw), rmsnorm_backward, rope_backward, attention_backward, adamw are asserted
+// bit-exact there, 1e-10 elsewhere (f32 instead of f64 sums; no quantization follows to
+// amplify it). Always exact (no sum, or one in the reference's order, and no f64 involved):
+// get_rows_backward, dropout, axpy, scale. Through the device's exp instead of libm's expf
+// (within a few ulps, 1e-7 relative): swiglu_backward 1e-11, attention_train out and att 1e-10,
+// softmax_xent dlogits 1e-11 and the loss (a sum of T logs) 1e-6 relative. sumsq: per-group
+// partials instead of the reference's one running sum, whose own rounding error over n
+// positive terms is bounded by (n - 1) 2^-53 relative (1.1e-11 for the n = 100003 here):
+// 3e-11 relative with f64, 1e-6 without.
+static const struct ll_backend_i *ref_i;
+
+static void fill_same(float *a, float *b, size_t n, float scale) {
+  randf(a, n, scale);
+  memcpy(b, a, n * 4);
+}
+
+static void test_matmul_backward(struct ll_backend *cl) {
+  static const struct {
+    int type, k;
+  } cases[] = {{LL_TYPE_Q4_0, 160}, {LL_TYPE_Q4_1, 160}, {LL_TYPE_Q5_0, 160}, {LL_TYPE_Q5_1, 160}, {LL_TYPE_Q8_0, 160}, {LL_TYPE_Q4_K, 256},
+               {LL_TYPE_Q5_K, 256}, {LL_TYPE_Q6_K, 256}, {LL_TYPE_F32, 77},   {LL_TYPE_F16, 77},   {LL_TYPE_BF16, 77},
+               // 1100 rows of 2080: two chunks of the dequantized scratch (8 MiB each)
+               {LL_TYPE_Q4_0, 2080}};
+  static const int Ts[] = {1, 3, 11};
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int K = cases[ci].k, type = cases[ci].type, N = K == 2080 ? 1100 : 37;
+    void *wd = make_weight(type, K, N);
+    struct ll_weight w = {type, K, N, wd, NULL}, wc = w;
+    CHECK(cl->i->weight_upload(cl, &w) == 0);
+    double worst = 0;
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+      const int T = Ts[ti];
+      float *dout = malloc((size_t)T * N * 4), *x = malloc((size_t)T * K * 4), *a = malloc((size_t)T * K * 4), *b = malloc((size_t)T * K * 4);
+      randf(dout, (size_t)T * N, 1.0f), randf(x, (size_t)T * K, 1.0f);
+      fill_same(a, b, (size_t)T * K, 1.0f); // dx accumulates
+      CHECK(ref_i->matmul_backward(NULL, a, NULL, dout, x, &wc, T) == 0);
+      // uploaded weight for T > 1, a per-call copy for T = 1 (both paths)
+      CHECK(cl->i->matmul_backward(cl, b, NULL, dout, x, T == 1 ? &wc : &w, T) == 0);
+      const double e = nmse(b, a, (size_t)T * K);
+      CHECKF(exact ? e == 0 : e < 1e-10, "matmul_backward dx %s K=%d N=%d T=%d: nmse %.3g", ll_type_name(type), K, N, T, e);
+      worst = e > worst ? e : worst;
+      if (type == LL_TYPE_F32) { // dw alone, then dx and dw in one call
+        float *ga = malloc((size_t)N * K * 4), *gb = malloc((size_t)N * K * 4);
+        fill_same(ga, gb, (size_t)N * K, 0.5f);
+        CHECK(ref_i->matmul_backward(NULL, NULL, ga, dout, x, &wc, T) == 0);
+        CHECK(cl->i->matmul_backward(cl, NULL, gb, dout, x, &w, T) == 0);
+        const double ew = nmse(gb, ga, (size_t)N * K);
+        CHECKF(exact ? ew == 0 : ew < 1e-10, "matmul_backward dw T=%d: nmse %.3g", T, ew);
+        CHECK(ref_i->matmul_backward(NULL, a, ga, dout, x, &wc, T) == 0);
+        CHECK(cl->i->matmul_backward(cl, b, gb, dout, x, &w, T) == 0);
+        const double e2 = nmse(b, a, (size_t)T * K), ew2 = nmse(gb, ga, (size_t)N * K);
+        CHECKF(exact ? e2 == 0 && ew2 == 0 : e2 < 1e-10 && ew2 < 1e-10, "matmul_backward dx+dw T=%d: nmse %.3g %.3g", T, e2, ew2);
+        printf("matmul_backward dw f32 T=%d: nmse %.3g\n", T, ew > ew2 ? ew : ew2);
+        free(ga), free(gb);
+      } else if (ti == 0) {
+        float g1[4];
+        CHECK(cl->i->matmul_backward(cl, NULL, g1, dout, x, &w, T) == LL_EINVAL); // dw only for F32 weights
+      }
+      free(dout), free(x), free(a), free(b);
+    }
+    printf("matmul_backward dx %-5s K=%d N=%d: worst nmse %.3g\n", ll_type_name(type), K, N, worst);
+    cl->i->weight_release(cl, &w);
+    free(wd);
+  }
+}
+
+static void test_train_ops(struct ll_backend *cl) {
+  // rmsnorm_backward: odd C, ragged T; dx and dg accumulate; either may be NULL
+  {
+    const int T = 7, C = 77;
+    float *x = malloc(T * C * 4), *g = malloc(C * 4), *d = malloc(T * C * 4), *a = malloc(T * C * 4), *b = malloc(T * C * 4);
+    float ga[C], gb[C];
+    randf(x, T * C, 3.0f), randf(g, C, 1.0f), randf(d, T * C, 1.0f);
+    for (int v = 0; v < 3; v++) {
+      fill_same(a, b, T * C, 1.0f), fill_same(ga, gb, C, 1.0f);
+      float *pa = v == 2 ? NULL : a, *pb = v == 2 ? NULL : b, *qa = v == 1 ? NULL : ga, *qb = v == 1 ? NULL : gb;
+      CHECK(ref_i->rmsnorm_backward(NULL, pa, qa, d, x, g, T, C, 1e-5f) == 0);
+      CHECK(cl->i->rmsnorm_backward(cl, pb, qb, d, x, g, T, C, 1e-5f) == 0);
+      const double e = nmse(b, a, T * C), eg = nmse(gb, ga, C);
+      printf("rmsnorm_backward (%s): nmse dx %.3g dg %.3g\n", v == 0 ? "dx, dg" : v == 1 ? "dx" : "dg", e, eg);
+      CHECK(exact ? e == 0 && eg == 0 : e < 1e-10 && eg < 1e-10);
+    }
+    free(x), free(g), free(d), free(a), free(b);
+  }
+  // rope_backward: normal and neox, partial rotation, odd pair count, freq_factors
+  for (int v = 0; v < 8; v++) {
+    const int T = 5, H = 3, hd = 20;
+    const float ff[9] = {1, 1.5f, 2, 4, 8, 1, 1, 3, 1};
+    struct ll_rope_params p = {(v & 1) ? LL_ROPE_NEOX : LL_ROPE_NORMAL, (v & 2) ? 18 : 20, 10000.0f, (v & 4) ? 0.5f : 1.0f, (v & 2) ? ff : NULL};
+    const int32_t pos[5] = {0, 7, 100, 3000, 1};
+    float a[5 * 3 * 20], b[5 * 3 * 20];
+    fill_same(a, b, T * H * hd, 1.0f);
+    CHECK(ref_i->rope_backward(NULL, a, pos, T, H, hd, &p) == 0);
+    CHECK(cl->i->rope_backward(cl, b, pos, T, H, hd, &p) == 0);
+    const double e = nmse(b, a, T * H * hd);
+    CHECKF(exact ? e == 0 : e < 1e-10, "rope_backward variant %d: nmse %.3g", v, e);
+  }
+  // swiglu_backward, ragged n
+  {
+    const int n = 1003;
+    float *g = malloc(n * 4), *u = malloc(n * 4), *d = malloc(n * 4), *a1 = malloc(n * 4), *a2 = malloc(n * 4), *b1 = malloc(n * 4),
+          *b2 = malloc(n * 4);
+    randf(g, n, 6.0f), randf(u, n, 2.0f), randf(d, n, 1.0f);
+    CHECK(ref_i->swiglu_backward(NULL, a1, a2, d, g, u, n) == 0);
+    CHECK(cl->i->swiglu_backward(cl, b1, b2, d, g, u, n) == 0);
+    const double e1 = nmse(b1, a1, n), e2 = nmse(b2, a2, n);
+    printf("swiglu_backward: nmse dgate %.3g dup %.3g\n", e1, e2);
+    CHECK(e1 < 1e-11 && e2 < 1e-11);
+    free(g), free(u), free(d), free(a1), free(a2), free(b1), free(b2);
+  }
+  // attention_train + attention_backward: S > the work-group (70), GQA 6/2, odd head_dim
+  {
+    const int S = 70, H = 6, Hkv = 2, hd = 37;
+    const size_t nq = (size_t)S * H * hd, nk = (size_t)S * Hkv * hd, na = (size_t)H * S * S;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *oa = malloc(nq * 4), *ob = malloc(nq * 4), *aa = malloc(na * 4),
+          *ab = malloc(na * 4);
+    randf(q, nq, 2.0f), randf(k, nk, 2.0f), randf(v, nk, 1.0f);
+    for (size_t i = 0; i < na; i++) ab[i] = 1.0f; // the op must write every entry, zeros included
+    CHECK(ref_i->attention_train(NULL, oa, aa, q, k, v, S, H, Hkv, hd, scale) == 0);
+    CHECK(cl->i->attention_train(cl, ob, ab, q, k, v, S, H, Hkv, hd, scale) == 0);
+    const double eo = nmse(ob, oa, nq), ea = nmse(ab, aa, na);
+    int upper_zero = 1;
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < S; i++)
+        for (int j = i + 1; j < S; j++) upper_zero &= ab[((size_t)h * S + i) * S + j] == 0.0f;
+    printf("attention_train: nmse out %.3g att %.3g\n", eo, ea);
+    CHECK(eo < 1e-10 && ea < 1e-10 && upper_zero);
+    // the backward from the same inputs (the reference's att): dq, dk, dv overwritten
+    float *d = malloc(nq * 4), *dqa = malloc(nq * 4), *dqb = malloc(nq * 4), *dka = malloc(nk * 4), *dkb = malloc(nk * 4),
+          *dva = malloc(nk * 4), *dvb = malloc(nk * 4);
+    randf(d, nq, 1.0f), randf(dqb, nq, 1.0f), randf(dkb, nk, 1.0f), randf(dvb, nk, 1.0f);
+    CHECK(ref_i->attention_backward(NULL, dqa, dka, dva, d, q, k, v, aa, S, H, Hkv, hd, scale) == 0);
+    CHECK(cl->i->attention_backward(cl, dqb, dkb, dvb, d, q, k, v, aa, S, H, Hkv, hd, scale) == 0);
+    const double eq = nmse(dqb, dqa, nq), ek = nmse(dkb, dka, nk), ev = nmse(dvb, dva, nk);
+    printf("attention_backward: nmse dq %.3g dk %.3g dv %.3g\n", eq, ek, ev);
+    CHECK(exact ? eq == 0 && ek == 0 && ev == 0 : eq < 1e-10 && ek < 1e-10 && ev < 1e-10);
+    CHECK(cl->i->attention_backward(cl, dqb, dkb, dvb, d, q, k, v, aa, S, 5, 2, hd, scale) == LL_EINVAL); // 5 % 2
+    free(q), free(k), free(v), free(oa), free(ob), free(aa), free(ab);
+    free(d), free(dqa), free(dqb), free(dka), free(dkb), free(dva), free(dvb);
+  }
+  // softmax_xent: odd V, masked rows, dlogits aliasing logits, and the loss alone
+  {
+    const int T = 9, V = 1001;
+    const int32_t tg[9] = {5, -1, 1000, 0, 17, -1, 999, 3, 500};
+    float *l = malloc(T * V * 4), *da = malloc(T * V * 4), *db = malloc(T * V * 4);
+    randf(l, T * V, 8.0f);
+    double la = 0, lb = 0, lc = 0;
+    CHECK(ref_i->softmax_xent(NULL, &la, da, l, tg, T, V, 0.25f) == 0);
+    memcpy(db, l, T * V * 4);
+    CHECK(cl->i->softmax_xent(cl, &lb, db, db, tg, T, V, 0.25f) == 0); // aliasing
+    CHECK(cl->i->softmax_xent(cl, &lc, NULL, l, tg, T, V, 0.25f) == 0);
+    const double e = nmse(db, da, T * V), rl = fabs(lb - la) / fabs(la);
+    printf("softmax_xent: loss %.9f (cpu %.9f, rel %.3g), nmse dlogits %.3g\n", lb, la, rl, e);
+    CHECK(rl < 1e-6 && lc == lb && e < 1e-11);
+    int zero = 1;
+    for (int j = 0; j < V; j++) zero &= db[1 * V + j] == 0.0f && db[5 * V + j] == 0.0f;
+    CHECK(zero);
+    const int32_t bad[1] = {V};
+    CHECK(cl->i->softmax_xent(cl, &lc, NULL, l, bad, 1, V, 1.0f) == LL_EINVAL);
+    free(l), free(da), free(db);
+  }
+  // get_rows_backward: repeated, out-of-order ids accumulate in t order (exact everywhere)
+  {
+    const int R = 50, C = 77, T = 13;
+    const int32_t ids[13] = {3, 49, 3, 0, 17, 3, 49, 8, 8, 0, 21, 3, 1};
+    float *d = malloc(T * C * 4), *a = malloc(R * C * 4), *b = malloc(R * C * 4);
+    randf(d, T * C, 1.0f), fill_same(a, b, R * C, 1.0f);
+    CHECK(ref_i->get_rows_backward(NULL, a, d, ids, T, C) == 0);
+    CHECK(cl->i->get_rows_backward(cl, b, d, ids, T, C) == 0);
+    CHECKF(memcmp(a, b, R * C * 4) == 0, "get_rows_backward: nmse %.3g", nmse(b, a, R * C));
+    const int32_t neg = -1;
+    CHECK(cl->i->get_rows_backward(cl, b, d, &neg, 1, C) == LL_EINVAL);
+    free(d), free(a), free(b);
+  }
+  // dropout: the CPU's mask bit for bit (and its scaling), two seeds, p = 0
+  {
+    const int64_t n = 10007;
+    float *x = malloc(n * 4), *a = malloc(n * 4), *b = malloc(n * 4);
+    randf(x, n, 1.0f);
+    const float ps[3] = {0.1f, 0.5f, 0.0f};
+    for (int i = 0; i < 3; i++) {
+      const uint64_t seed = 0x1234567890abcdefULL + (uint64_t)i * 7919;
+      CHECK(ref_i->dropout(NULL, a, x, ps[i], seed, n) == 0);
+      CHECK(cl->i->dropout(cl, b, x, ps[i], seed, n) == 0);
+      int64_t zeros = 0;
+      for (int64_t j = 0; j < n; j++) zeros += b[j] == 0.0f;
+      printf("dropout p=%.1f: %lld of %lld dropped\n", ps[i], (long long)zeros, (long long)n);
+      CHECK(memcmp(a, b, n * 4) == 0);
+    }
+    CHECK(cl->i->dropout(cl, b, x, 1.0f, 1, n) == LL_EINVAL);
+    free(x), free(a), free(b);
+  }
+  // sumsq, axpy (x aliasing out too), scale
+  {
+    const int64_t n = 100003;
+    float *x = malloc(n * 4), *a = malloc(n * 4), *b = malloc(n * 4);
+    randf(x, n, 2.0f);
+    double sa = 0, sb = 0;
+    CHECK(ref_i->sumsq(NULL, &sa, x, n) == 0);
+    CHECK(cl->i->sumsq(cl, &sb, x, n) == 0);
+    const double r = fabs(sb - sa) / sa;
+    printf("sumsq: %.17g (cpu %.17g, rel %.3g)\n", sb, sa, r);
+    CHECK(r < (exact ? 3e-11 : 1e-6));
+    CHECK(cl->i->sumsq(cl, &sb, x, 5) == 0 && ref_i->sumsq(NULL, &sa, x, 5) == 0 && fabs(sb - sa) <= 1e-12 * sa); // fewer than a group
+    fill_same(a, b, n, 1.0f);
+    CHECK(ref_i->axpy(NULL, a, x, -0.3f, n) == 0 && cl->i->axpy(cl, b, x, -0.3f, n) == 0);
+    CHECK(memcmp(a, b, n * 4) == 0);
+    CHECK(ref_i->axpy(NULL, a, a, 0.7f, n) == 0 && cl->i->axpy(cl, b, b, 0.7f, n) == 0);
+    CHECK(memcmp(a, b, n * 4) == 0);
+    CHECK(ref_i->scale(NULL, a, 1.0f / 3, n) == 0 && cl->i->scale(cl, b, 1.0f / 3, n) == 0);
+    CHECK(memcmp(a, b, n * 4) == 0);
+    free(x), free(a), free(b);
+  }
+  // adamw: three steps (bias correction changes), weight decay on
+  {
+    const int64_t n = 1003;
+    float *p1 = malloc(n * 4), *p2 = malloc(n * 4), *g = malloc(n * 4), *m1 = calloc(n, 4), *m2 = calloc(n, 4), *v1 = calloc(n, 4),
+          *v2 = calloc(n, 4);
+    fill_same(p1, p2, n, 1.0f);
+    for (int step = 1; step <= 3; step++) {
+      randf(g, n, 0.1f);
+      CHECK(ref_i->adamw(NULL, p1, g, m1, v1, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step) == 0);
+      CHECK(cl->i->adamw(cl, p2, g, m2, v2, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step) == 0);
+    }
+    const double ep = nmse(p2, p1, n), em = nmse(m2, m1, n), ev = nmse(v2, v1, n);
+    printf("adamw: nmse p %.3g m %.3g v %.3g\n", ep, em, ev);
+    CHECK(exact ? ep == 0 && em == 0 && ev == 0 : ep < 1e-10 && em < 1e-10 && ev < 1e-10);
+    CHECK(cl->i->adamw(cl, p2, g, m2, v2, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0) == LL_EINVAL);
+    free(p1), free(p2), free(g), free(m1), free(m2), free(v1), free(v2);
+  }
+}
+
 static void test_info(struct ll_backend *cl) {
   struct ll_backend_info in;
   cl->i->get_info(cl, &in);
@@ -380,6 +620,9 @@ int main(void) {
   test_matmul(cpu, cl);
   test_elementwise(cpu, cl);
   test_attention(cpu, cl);
+  ref_i = ll_cpu_train_ref();
+  test_matmul_backward(cl);
+  test_train_ops(cl);
   ll_backend_free(cl);
   // The second start loads the program from the binary cache.
   cl = NULL;

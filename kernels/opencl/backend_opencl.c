@@ -11,13 +11,21 @@
 //   uploads its inputs into device staging buffers that are reused across calls, runs its
 //   kernels and reads its output back. Device-resident activations (backend-owned buffers in
 //   the interface) are the next step; this is where the remaining transfers go.
+// - Training: every training member of the interface (matmul_backward with dx for every
+//   weight type the forward supports and dw for F32, rmsnorm/rope/swiglu backward, attention
+//   train + backward, softmax_xent, get_rows_backward, dropout, sumsq, axpy, scale, adamw) runs
+//   here too (kernels/opencl/train.cl), in the same host-pointer convention, so the trainer
+//   no longer falls back to the CPU's scalar references on this backend. A LoRA adapter or a
+//   fully trained weight (dev NULL: its host copy changes every step) is copied per call.
 // Every allocation is counted (mem_used) against the device's global memory, so get_info
 // reports what we hold, and an allocation that would not fit fails with LL_ENOMEM before the
 // driver is asked.
-// Numerics: see kernels/opencl/llsrv.cl (activations quantized as the CPU quantizes them).
+// Numerics: see kernels/opencl/llsrv.cl (activations quantized as the CPU quantizes them) and
+// train.cl (the training references' sums in their order).
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -28,6 +36,7 @@
 
 #include "ll_backend.h"
 #include "ll_cpu_dot.h"
+#include "ll_cpu_train.h"
 #include "ll_error.h"
 #include "ll_quant.h"
 
@@ -36,7 +45,9 @@ extern const char ll_opencl_source[]; // kernels/opencl/*.cl, embedded by cmake/
 #define WG 64 // as llsrv.cl
 #define TT 8
 
-enum { S_W, S_X, S_XQ, S_XS, S_OUT, S_A, S_B, S_POS, S_TAB, S_SEQ, S_TOFF, S_SNT, S_SCR, S_COUNT };
+// Staging buffers (device memory reused across calls; each op names what it puts where).
+// S_C .. S_F: the training ops' extra operands (attention_backward has nine).
+enum { S_W, S_X, S_XQ, S_XS, S_OUT, S_A, S_B, S_POS, S_TAB, S_SEQ, S_TOFF, S_SNT, S_SCR, S_C, S_D, S_E, S_F, S_COUNT };
 
 struct sbuf {
   cl_mem m;
@@ -64,6 +75,9 @@ struct ocl_ctx {
   cl_program prog;
   cl_kernel k_quant, k_round, k_mm[LL_TYPE_COUNT], k_mm_f, k_gr_f, k_gr_q, k_rmsnorm, k_rope, k_swiglu, k_add, k_kv_store,
       k_attention;
+  // training (train.cl)
+  cl_kernel k_deq, k_mm_dx, k_mm_dw, k_rms_bwd, k_rms_dg, k_rope_bwd, k_swiglu_bwd, k_attn_train, k_attn_bwd_q, k_attn_bwd_kv, k_xent,
+      k_gr_bwd, k_dropout, k_sumsq, k_axpy, k_scale, k_adamw;
   struct sbuf s[S_COUNT];
   struct ocl_weight **w; // every device weight (uploaded or copied on first use)
   int n_w, cap_w;
@@ -326,13 +340,10 @@ static int ocl_rmsnorm(struct ll_backend *b, float *out, const float *x, const f
   return get(c, S_OUT, out, xb);
 }
 
-static int ocl_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, int n_head, int head_dim, const struct ll_rope_params *p) {
-  struct ocl_ctx *c = CTX(b);
-  if (p->n_rot > head_dim || p->n_rot % 2 || p->n_rot < 0 || T < 0) return LL_EINVAL;
+// cos/sin tables (T, np) of positions pos, on the host exactly as the CPU backend computes them
+// (libm; ll_rope_angles), so the device rotates by the same angles (rope and rope_backward).
+static int rope_tables(struct ocl_ctx *c, const int32_t *pos, int T, const struct ll_rope_params *p, float **ct, float **st) {
   const int np = p->n_rot / 2;
-  if (T == 0 || np == 0) return 0;
-  // cos/sin tables on the host, exactly as the CPU backend computes them (libm), so the
-  // device rotates by the same angles.
   const size_t need = 2 * (size_t)T * np;
   if (need > c->rope_cap) {
     float *nt = realloc(c->rope_cs, need * sizeof *nt);
@@ -340,17 +351,28 @@ static int ocl_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, i
     c->rope_cs = nt, c->rope_cap = need;
   }
   const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
-  float *ct = c->rope_cs, *st = c->rope_cs + (size_t)T * np;
+  *ct = c->rope_cs, *st = c->rope_cs + (size_t)T * np;
   for (int t = 0; t < T; t++) {
     float theta = (float)pos[t];
     for (int i = 0; i < np; i++) {
       const float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
       const float th = p->freq_scale * (theta / ff);
-      ct[(size_t)t * np + i] = cosf(th);
-      st[(size_t)t * np + i] = sinf(th);
+      (*ct)[(size_t)t * np + i] = cosf(th);
+      (*st)[(size_t)t * np + i] = sinf(th);
       theta *= theta_scale;
     }
   }
+  return 0;
+}
+
+static int ocl_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, int n_head, int head_dim, const struct ll_rope_params *p) {
+  struct ocl_ctx *c = CTX(b);
+  if (p->n_rot > head_dim || p->n_rot % 2 || p->n_rot < 0 || T < 0) return LL_EINVAL;
+  const int np = p->n_rot / 2;
+  if (T == 0 || np == 0) return 0;
+  float *ct, *st;
+  int rc0 = rope_tables(c, pos, T, p, &ct, &st);
+  if (rc0) return rc0;
   const size_t xb = (size_t)T * n_head * head_dim * sizeof(float), tb = (size_t)T * np * sizeof(float);
   int rc;
   if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_A, ct, tb)) || (rc = put(c, S_B, st, tb))) return rc;
@@ -529,6 +551,399 @@ static int ocl_attention(struct ll_backend *b, float *out, const float *q, const
   return ocl_attention_multi(b, out, q, kv, pos, &t0, &T, 1, n_head, scale);
 }
 
+// ---------------------------------------------------------------- training ops (train.cl)
+// Same host-pointer convention as the forward ops: operands are uploaded into staging
+// buffers, the kernels run, results are read back (the last read blocking, so the caller's
+// memory may change once we return). Accumulating outputs (dx, dw, dg, ...) are uploaded too.
+
+// a * b floats in bytes, checked in int64 before any size_t use: negative counts are
+// LL_EINVAL, more than one device allocation LL_ENOMEM.
+static int fbytes(const struct ocl_ctx *c, int64_t a, int64_t b, size_t *out) {
+  if (a < 0 || b < 0) return LL_EINVAL;
+  if (a && b > INT64_MAX / 4 / a) return LL_ENOMEM;
+  const int64_t n = a * b * 4;
+  if (n > c->max_alloc) return LL_ENOMEM;
+  *out = (size_t)n;
+  return 0;
+}
+
+static int float_type(int type) { return type == LL_TYPE_F32 ? 0 : type == LL_TYPE_F16 ? 1 : type == LL_TYPE_BF16 ? 2 : -1; }
+
+// Rows of W dequantized per chunk of dx's product (f32 scratch of at most this many bytes).
+#define DEQ_CHUNK_BYTES ((size_t)8 << 20)
+
+static int ocl_matmul_backward(struct ll_backend *b, float *dx, float *dw, const float *dout, const float *x, const struct ll_weight *w,
+                               int T) {
+  struct ocl_ctx *c = CTX(b);
+  if (!w || !dout || T < 0 || w->k <= 0 || w->n <= 0 || w->k > INT_MAX || w->n > INT_MAX) return LL_EINVAL;
+  if (dw && (w->type != LL_TYPE_F32 || !x)) return LL_EINVAL;
+  const int K = (int)w->k, N = (int)w->n, fl = float_type(w->type);
+  if (fl < 0 && (act_type_mode(w->type) < 0 || K % 32)) return LL_EUNSUPPORTED;
+  if (T == 0 || (!dx && !dw)) return 0;
+  size_t ob, xb, wb;
+  int rc;
+  if ((rc = fbytes(c, T, N, &ob)) || (rc = fbytes(c, T, K, &xb)) || (rc = fbytes(c, N, K, &wb))) return rc;
+  if ((rc = put(c, S_B, dout, ob))) return rc; // (T, N)
+  cl_int e = 0;
+  if (dx) {
+    cl_mem wm;
+    if ((rc = weight_dev(c, w, &wm)) || (rc = put(c, S_A, dx, xb))) return rc; // dx (T, K) accumulates
+    cl_ulong rb = ll_row_size(w->type, w->k);
+    // F32 rows are read in place (one chunk of all N); other types are dequantized nc rows at a
+    // time into S_SCR, each chunk's product continuing the sums in dx (the reference's n order).
+    int nc = N;
+    if (fl != 0) {
+      const size_t per = DEQ_CHUNK_BYTES / ((size_t)K * 4);
+      nc = per < 1 ? 1 : per < (size_t)N ? (int)per : N;
+      if ((rc = stage(c, S_SCR, (size_t)nc * K * 4))) return rc;
+    }
+    const int wt = w->type;
+    for (int n0 = 0; n0 < N; n0 += nc) {
+      const int cnt = N - n0 < nc ? N - n0 : nc;
+      cl_mem wf = wm;
+      if (fl != 0) {
+        cl_kernel k = c->k_deq;
+        e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_SCR].m) | ARG(k, 3, K) | ARG(k, 4, n0) | ARG(k, 5, cnt) | ARG(k, 6, wt) | ARG(k, 7, fl);
+        const size_t g = fl > 0 ? (size_t)cnt * K : (size_t)cnt * (K / 32);
+        if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+        wf = c->s[S_SCR].m;
+      }
+      cl_kernel k = c->k_mm_dx;
+      e |= ARG(k, 0, c->s[S_A].m) | ARG(k, 1, c->s[S_B].m) | ARG(k, 2, wf) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K) | ARG(k, 6, n0);
+      e |= ARG(k, 7, cnt);
+      const size_t gl[2] = {(size_t)K, (size_t)T};
+      if (e || (rc = launch(c, k, 2, gl, NULL))) return e ? LL_EIO : rc;
+    }
+  }
+  if (dw) {
+    if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_C, dw, wb))) return rc; // x (T, K), dw (N, K) accumulates
+    cl_kernel k = c->k_mm_dw;
+    e |= ARG(k, 0, c->s[S_C].m) | ARG(k, 1, c->s[S_B].m) | ARG(k, 2, c->s[S_X].m) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K);
+    const size_t gl[2] = {(size_t)K, (size_t)N};
+    if (e || (rc = launch(c, k, 2, gl, NULL))) return e ? LL_EIO : rc;
+  }
+  if (dx && (rc = get(c, S_A, dx, xb))) return rc;
+  if (dw && (rc = get(c, S_C, dw, wb))) return rc;
+  return 0;
+}
+
+static int ocl_rmsnorm_backward(struct ll_backend *b, float *dx, float *dg, const float *dout, const float *x, const float *g, int T, int C,
+                                float eps) {
+  struct ocl_ctx *c = CTX(b);
+  if (!dout || !x || !g || T < 0 || C <= 0) return LL_EINVAL;
+  if (T == 0 || (!dx && !dg)) return 0;
+  size_t xb, gb, sb;
+  int rc;
+  if ((rc = fbytes(c, T, C, &xb)) || (rc = fbytes(c, C, 1, &gb)) || (rc = fbytes(c, T, 1, &sb))) return rc;
+  if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_B, dout, xb)) || (rc = put(c, S_C, g, gb)) || (rc = stage(c, S_D, sb))) return rc;
+  if (dx && (rc = put(c, S_A, dx, xb))) return rc;                                 // (T, C) accumulates
+  if (!dx && (rc = stage(c, S_A, 16))) return rc;                                  // unused argument
+  const int want_dx = dx != NULL;
+  cl_kernel k = c->k_rms_bwd;
+  cl_int e = ARG(k, 0, c->s[S_A].m) | ARG(k, 1, c->s[S_D].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, c->s[S_X].m) | ARG(k, 4, c->s[S_C].m);
+  e |= ARG(k, 5, C) | ARG(k, 6, eps) | ARG(k, 7, want_dx);
+  const size_t gl = (size_t)T * WG, lo = WG;
+  if (e || (rc = launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  if (dg) { // (C) accumulates; needs every row's s_t (S_D) from the kernel above
+    if ((rc = put(c, S_E, dg, gb))) return rc;
+    k = c->k_rms_dg;
+    e = ARG(k, 0, c->s[S_E].m) | ARG(k, 1, c->s[S_D].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, c->s[S_X].m) | ARG(k, 4, T) | ARG(k, 5, C);
+    const size_t g1 = (size_t)C;
+    if (e || (rc = launch(c, k, 1, &g1, NULL))) return e ? LL_EIO : rc;
+  }
+  if (dx && (rc = get(c, S_A, dx, xb))) return rc;
+  if (dg && (rc = get(c, S_E, dg, gb))) return rc;
+  return 0;
+}
+
+static int ocl_rope_backward(struct ll_backend *b, float *dx, const int32_t *pos, int T, int n_head, int head_dim,
+                             const struct ll_rope_params *p) {
+  struct ocl_ctx *c = CTX(b);
+  if (!dx || !pos || !p || T < 0 || n_head <= 0 || p->n_rot < 0 || p->n_rot % 2 || p->n_rot > head_dim) return LL_EINVAL;
+  const int np = p->n_rot / 2;
+  if (T == 0 || np == 0) return 0;
+  size_t xb, tb;
+  int rc;
+  if ((rc = fbytes(c, (int64_t)T * n_head, head_dim, &xb)) || (rc = fbytes(c, T, np, &tb))) return rc;
+  float *ct, *st;
+  if ((rc = rope_tables(c, pos, T, p, &ct, &st))) return rc;
+  if ((rc = put(c, S_X, dx, xb)) || (rc = put(c, S_A, ct, tb)) || (rc = put(c, S_B, st, tb))) return rc;
+  cl_kernel k = c->k_rope_bwd;
+  const int neox = p->mode == LL_ROPE_NEOX;
+  cl_int e = ARG(k, 0, c->s[S_X].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, T) | ARG(k, 4, n_head);
+  e |= ARG(k, 5, head_dim) | ARG(k, 6, np) | ARG(k, 7, neox);
+  const size_t g = (size_t)T * n_head * np;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return get(c, S_X, dx, xb);
+}
+
+static int ocl_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                               int64_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (!dgate || !dup || !dout || !gate || !up || n < 0) return LL_EINVAL;
+  if (n == 0) return 0;
+  size_t nb;
+  int rc;
+  if ((rc = fbytes(c, n, 1, &nb))) return rc;
+  // Outputs in their own buffers: dgate / dup may alias the inputs (element-wise).
+  if ((rc = put(c, S_A, gate, nb)) || (rc = put(c, S_B, up, nb)) || (rc = put(c, S_C, dout, nb)) || (rc = stage(c, S_D, nb)) ||
+      (rc = stage(c, S_E, nb)))
+    return rc;
+  cl_kernel k = c->k_swiglu_bwd;
+  cl_long ln = n;
+  cl_int e = ARG(k, 0, c->s[S_D].m) | ARG(k, 1, c->s[S_E].m) | ARG(k, 2, c->s[S_C].m) | ARG(k, 3, c->s[S_A].m) | ARG(k, 4, c->s[S_B].m);
+  e |= ARG(k, 5, ln);
+  const size_t g = (size_t)n;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  if ((rc = get(c, S_D, dgate, nb))) return rc;
+  return get(c, S_E, dup, nb);
+}
+
+static int attn_check(int S, int H, int Hkv, int hd) { return S < 0 || H <= 0 || Hkv <= 0 || hd <= 0 || H % Hkv ? LL_EINVAL : 0; }
+
+static int ocl_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S,
+                               int n_head, int n_head_kv, int head_dim, float scale) {
+  struct ocl_ctx *c = CTX(b);
+  if (!out || !att || !q || !k || !v || attn_check(S, n_head, n_head_kv, head_dim)) return LL_EINVAL;
+  if (S == 0) return 0;
+  size_t qb, kb, ab;
+  int rc;
+  if ((rc = fbytes(c, (int64_t)S * n_head, head_dim, &qb)) || (rc = fbytes(c, (int64_t)S * n_head_kv, head_dim, &kb)) ||
+      (rc = fbytes(c, (int64_t)n_head * S, S, &ab)))
+    return rc;
+  if ((rc = put(c, S_X, q, qb)) || (rc = put(c, S_A, k, kb)) || (rc = put(c, S_B, v, kb)) || (rc = stage(c, S_OUT, qb)) ||
+      (rc = stage(c, S_SCR, ab)))
+    return rc;
+  cl_kernel kk = c->k_attn_train;
+  cl_int e = ARG(kk, 0, c->s[S_OUT].m) | ARG(kk, 1, c->s[S_SCR].m) | ARG(kk, 2, c->s[S_X].m) | ARG(kk, 3, c->s[S_A].m) | ARG(kk, 4, c->s[S_B].m);
+  e |= ARG(kk, 5, S) | ARG(kk, 6, n_head) | ARG(kk, 7, n_head_kv) | ARG(kk, 8, head_dim) | ARG(kk, 9, scale);
+  const size_t gl = (size_t)S * n_head * WG, lo = WG;
+  if (e || (rc = launch(c, kk, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  if ((rc = get(c, S_OUT, out, qb))) return rc;
+  return get(c, S_SCR, att, ab);
+}
+
+static int ocl_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                                  const float *v, const float *att, int S, int n_head, int n_head_kv, int head_dim, float scale) {
+  struct ocl_ctx *c = CTX(b);
+  if (!dq || !dk || !dv || !dout || !q || !k || !v || !att || attn_check(S, n_head, n_head_kv, head_dim)) return LL_EINVAL;
+  if (S == 0) return 0;
+  size_t qb, kb, ab;
+  int rc;
+  if ((rc = fbytes(c, (int64_t)S * n_head, head_dim, &qb)) || (rc = fbytes(c, (int64_t)S * n_head_kv, head_dim, &kb)) ||
+      (rc = fbytes(c, (int64_t)n_head * S, S, &ab)))
+    return rc;
+  // dout (S, H, hd) in S_C, q in S_X, k, v (S, Hkv, hd) in S_A, S_B, att (H, S, S) in S_SCR;
+  // ds (H, S, S) scratch in S_D; dq, dk, dv (all overwritten) in S_OUT, S_E, S_F.
+  if ((rc = put(c, S_C, dout, qb)) || (rc = put(c, S_X, q, qb)) || (rc = put(c, S_A, k, kb)) || (rc = put(c, S_B, v, kb)) ||
+      (rc = put(c, S_SCR, att, ab)) || (rc = stage(c, S_D, ab)) || (rc = stage(c, S_OUT, qb)) || (rc = stage(c, S_E, kb)) ||
+      (rc = stage(c, S_F, kb)))
+    return rc;
+  cl_kernel kk = c->k_attn_bwd_q;
+  cl_int e = ARG(kk, 0, c->s[S_OUT].m) | ARG(kk, 1, c->s[S_D].m) | ARG(kk, 2, c->s[S_C].m) | ARG(kk, 3, c->s[S_X].m) | ARG(kk, 4, c->s[S_A].m);
+  e |= ARG(kk, 5, c->s[S_B].m) | ARG(kk, 6, c->s[S_SCR].m) | ARG(kk, 7, S) | ARG(kk, 8, n_head) | ARG(kk, 9, n_head_kv) | ARG(kk, 10, head_dim);
+  e |= ARG(kk, 11, scale);
+  const size_t gl = (size_t)S * n_head * WG, lo = WG;
+  if (e || (rc = launch(c, kk, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  kk = c->k_attn_bwd_kv;
+  e = ARG(kk, 0, c->s[S_E].m) | ARG(kk, 1, c->s[S_F].m) | ARG(kk, 2, c->s[S_D].m) | ARG(kk, 3, c->s[S_C].m) | ARG(kk, 4, c->s[S_X].m);
+  e |= ARG(kk, 5, c->s[S_SCR].m) | ARG(kk, 6, S) | ARG(kk, 7, n_head) | ARG(kk, 8, n_head_kv) | ARG(kk, 9, head_dim);
+  const size_t g2 = (size_t)S * n_head_kv * head_dim;
+  if (e || (rc = launch(c, kk, 1, &g2, NULL))) return e ? LL_EIO : rc;
+  if ((rc = get(c, S_OUT, dq, qb)) || (rc = get(c, S_E, dk, kb))) return rc;
+  return get(c, S_F, dv, kb);
+}
+
+static int ocl_softmax_xent(struct ll_backend *b, double *loss, float *dlogits, const float *logits, const int32_t *targets, int T, int V,
+                            float grad_scale) {
+  struct ocl_ctx *c = CTX(b);
+  if (!loss || !logits || !targets || T < 0 || V <= 0) return LL_EINVAL;
+  for (int t = 0; t < T; t++)
+    if (targets[t] >= V) return LL_EINVAL; // before anything is written
+  if (T == 0) {
+    *loss = 0;
+    return 0;
+  }
+  size_t lb, rb;
+  int rc;
+  if ((rc = fbytes(c, T, V, &lb)) || (rc = fbytes(c, T, 4, &rb))) return rc;
+  float *rs = malloc(rb); // (T, 4): per row max, sum as hi + lo
+  if (!rs) return LL_ENOMEM;
+  const int want_d = dlogits != NULL;
+  if ((rc = put(c, S_X, logits, lb)) || (rc = put(c, S_POS, targets, (size_t)T * 4)) || (rc = stage(c, S_OUT, want_d ? lb : 16)) ||
+      (rc = stage(c, S_TAB, rb))) {
+    clFinish(c->q);
+    free(rs);
+    return rc;
+  }
+  cl_kernel k = c->k_xent;
+  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_TAB].m) | ARG(k, 2, c->s[S_X].m) | ARG(k, 3, c->s[S_POS].m) | ARG(k, 4, V);
+  e |= ARG(k, 5, grad_scale) | ARG(k, 6, want_d);
+  const size_t gl = (size_t)T * WG, lo = WG;
+  if (e || (rc = launch(c, k, 1, &gl, &lo)) || (rc = get(c, S_TAB, rs, rb))) {
+    clFinish(c->q);
+    free(rs);
+    return e ? LL_EIO : rc;
+  }
+  // The loss on the host in double, as the reference: log Σ - (l_y - m) per counted row.
+  double total = 0;
+  for (int t = 0; t < T; t++) {
+    if (targets[t] < 0) continue;
+    const float m = rs[4 * t], ly = logits[(size_t)t * V + targets[t]];
+    total += log((double)rs[4 * t + 1] + (double)rs[4 * t + 2]) - ((double)ly - m);
+  }
+  free(rs);
+  // Read last: dlogits may alias logits, which the loss above still read.
+  if (want_d && (rc = get(c, S_OUT, dlogits, lb))) return rc;
+  *loss = total;
+  return 0;
+}
+
+static int cmp_pair(const void *a, const void *b) {
+  const int32_t *x = a, *y = b;
+  return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : (x[1] < y[1] ? -1 : x[1] > y[1]);
+}
+
+static int ocl_get_rows_backward(struct ll_backend *b, float *dw, const float *dout, const int32_t *ids, int T, int C) {
+  struct ocl_ctx *c = CTX(b);
+  if (!dw || !dout || !ids || T < 0 || C <= 0) return LL_EINVAL;
+  for (int t = 0; t < T; t++)
+    if (ids[t] < 0) return LL_EINVAL;
+  if (T == 0) return 0;
+  size_t ob;
+  int rc;
+  if ((rc = fbytes(c, T, C, &ob))) return rc;
+  // dw's row count is not in the interface: only the distinct rows ids name go to the device,
+  // (U, C) gathered here, slot[t] the row of token t, scattered back after.
+  int32_t *pr = malloc((size_t)T * 2 * sizeof *pr), *slot = malloc((size_t)T * sizeof *slot), *row_of = malloc((size_t)T * sizeof *row_of);
+  float *rows = malloc(ob);
+  if (!pr || !slot || !row_of || !rows) {
+    free(pr), free(slot), free(row_of), free(rows);
+    return LL_ENOMEM;
+  }
+  for (int t = 0; t < T; t++) pr[2 * t] = ids[t], pr[2 * t + 1] = t;
+  qsort(pr, (size_t)T, 2 * sizeof *pr, cmp_pair);
+  int U = 0;
+  for (int i = 0; i < T; i++) {
+    if (i == 0 || pr[2 * i] != pr[2 * i - 2]) row_of[U++] = pr[2 * i];
+    slot[pr[2 * i + 1]] = U - 1;
+  }
+  for (int u = 0; u < U; u++) memcpy(rows + (size_t)u * C, dw + (size_t)row_of[u] * C, (size_t)C * 4);
+  const size_t ub = (size_t)U * C * 4;
+  cl_kernel k = c->k_gr_bwd;
+  cl_int e = 0;
+  if (!(rc = put(c, S_A, rows, ub)) && !(rc = put(c, S_B, dout, ob)) && !(rc = put(c, S_POS, slot, (size_t)T * 4))) {
+    e = ARG(k, 0, c->s[S_A].m) | ARG(k, 1, c->s[S_B].m) | ARG(k, 2, c->s[S_POS].m) | ARG(k, 3, T) | ARG(k, 4, C);
+    const size_t g = (size_t)C;
+    if (e) rc = LL_EIO;
+    if (!rc) rc = launch(c, k, 1, &g, NULL);
+    if (!rc) rc = get(c, S_A, rows, ub);
+  }
+  clFinish(c->q); // the uploads read rows and slot: done before they are freed, on any path
+  if (!rc)
+    for (int u = 0; u < U; u++) memcpy(dw + (size_t)row_of[u] * C, rows + (size_t)u * C, (size_t)C * 4);
+  free(pr), free(slot), free(row_of), free(rows);
+  return rc;
+}
+
+static int ocl_dropout(struct ll_backend *b, float *out, const float *x, float p, uint64_t seed, int64_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (!out || !x || n < 0 || !(p >= 0.0f && p < 1.0f)) return LL_EINVAL;
+  if (n == 0) return 0;
+  size_t nb;
+  int rc;
+  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_A, x, nb)) || (rc = stage(c, S_OUT, nb))) return rc;
+  // The mask's parameters as the reference computes them (ll_cpu_train.h).
+  cl_ulong sm = ll_mix64(seed);
+  cl_uint th = ll_dropout_threshold(p);
+  const float sc = 1.0f / (1.0f - p);
+  cl_long ln = n;
+  cl_kernel k = c->k_dropout;
+  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, sm) | ARG(k, 3, th) | ARG(k, 4, sc) | ARG(k, 5, ln);
+  const size_t g = (size_t)n;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return get(c, S_OUT, out, nb);
+}
+
+#define SUMSQ_GROUPS 256 // partial sums read back (the host adds them in double)
+
+static int ocl_sumsq(struct ll_backend *b, double *out, const float *x, int64_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (!out || !x || n < 0) return LL_EINVAL;
+  if (n == 0) {
+    *out = 0;
+    return 0;
+  }
+  size_t nb;
+  int rc;
+  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_A, x, nb)) || (rc = stage(c, S_TAB, SUMSQ_GROUPS * 2 * sizeof(float)))) return rc;
+  const int64_t need = (n + WG - 1) / WG;
+  const size_t ng = need < SUMSQ_GROUPS ? (size_t)need : SUMSQ_GROUPS;
+  cl_long ln = n;
+  cl_kernel k = c->k_sumsq;
+  cl_int e = ARG(k, 0, c->s[S_TAB].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, ln);
+  const size_t gl = ng * WG, lo = WG;
+  float part[SUMSQ_GROUPS * 2];
+  if (e || (rc = launch(c, k, 1, &gl, &lo)) || (rc = get(c, S_TAB, part, ng * 2 * sizeof(float)))) return e ? LL_EIO : rc;
+  double s = 0;
+  for (size_t i = 0; i < ng; i++) s += (double)part[2 * i] + (double)part[2 * i + 1];
+  *out = s;
+  return 0;
+}
+
+static int ocl_axpy(struct ll_backend *b, float *out, const float *x, float alpha, int64_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (!out || !x || n < 0) return LL_EINVAL;
+  if (n == 0) return 0;
+  size_t nb;
+  int rc;
+  // x may be out: both are uploaded from the caller's memory before the kernel writes.
+  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_OUT, out, nb)) || (rc = put(c, S_A, x, nb))) return rc;
+  cl_long ln = n;
+  cl_kernel k = c->k_axpy;
+  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, alpha) | ARG(k, 3, ln);
+  const size_t g = (size_t)n;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return get(c, S_OUT, out, nb);
+}
+
+static int ocl_scale(struct ll_backend *b, float *x, float alpha, int64_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (!x || n < 0) return LL_EINVAL;
+  if (n == 0) return 0;
+  size_t nb;
+  int rc;
+  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_OUT, x, nb))) return rc;
+  cl_long ln = n;
+  cl_kernel k = c->k_scale;
+  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, alpha) | ARG(k, 2, ln);
+  const size_t g = (size_t)n;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return get(c, S_OUT, x, nb);
+}
+
+static int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
+                     float eps, float wd, int step) {
+  struct ocl_ctx *c = CTX(b);
+  if (!p || !g || !m || !v || n < 0 || step < 1) return LL_EINVAL;
+  if (n == 0) return 0;
+  size_t nb;
+  int rc;
+  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_X, p, nb)) || (rc = put(c, S_A, g, nb)) || (rc = put(c, S_B, m, nb)) ||
+      (rc = put(c, S_C, v, nb)))
+    return rc;
+  // Bias corrections on the host, as the reference computes them (pow in double).
+  const float bc1 = (float)(1.0 - pow(beta1, step)), bc2 = (float)(1.0 - pow(beta2, step));
+  cl_long ln = n;
+  cl_kernel k = c->k_adamw;
+  cl_int e = ARG(k, 0, c->s[S_X].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, c->s[S_C].m) | ARG(k, 4, ln);
+  e |= ARG(k, 5, lr) | ARG(k, 6, beta1) | ARG(k, 7, beta2) | ARG(k, 8, eps) | ARG(k, 9, wd) | ARG(k, 10, bc1) | ARG(k, 11, bc2);
+  const size_t gs = (size_t)n;
+  if (e || (rc = launch(c, k, 1, &gs, NULL))) return e ? LL_EIO : rc;
+  if ((rc = get(c, S_X, p, nb)) || (rc = get(c, S_B, m, nb))) return rc;
+  return get(c, S_C, v, nb);
+}
+
 static int ocl_sync(struct ll_backend *b) { return cl_rc(clFinish(CTX(b)->q)); }
 
 // ---------------------------------------------------------------- info, free
@@ -554,7 +969,10 @@ static void ocl_free(struct ll_backend *b) {
     free(c->kv);
     for (int i = 0; i < S_COUNT; i++)
       if (c->s[i].m) clReleaseMemObject(c->s[i].m);
-    cl_kernel ks[] = {c->k_quant, c->k_round, c->k_mm_f, c->k_gr_f, c->k_gr_q, c->k_rmsnorm, c->k_rope, c->k_swiglu, c->k_add, c->k_kv_store, c->k_attention};
+    cl_kernel ks[] = {c->k_quant, c->k_round, c->k_mm_f, c->k_gr_f, c->k_gr_q, c->k_rmsnorm, c->k_rope, c->k_swiglu, c->k_add, c->k_kv_store,
+                      c->k_attention, c->k_deq, c->k_mm_dx, c->k_mm_dw, c->k_rms_bwd, c->k_rms_dg, c->k_rope_bwd, c->k_swiglu_bwd,
+                      c->k_attn_train, c->k_attn_bwd_q, c->k_attn_bwd_kv, c->k_xent, c->k_gr_bwd, c->k_dropout, c->k_sumsq, c->k_axpy,
+                      c->k_scale, c->k_adamw};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
       if (ks[i]) clReleaseKernel(ks[i]);
     for (int t = 0; t < LL_TYPE_COUNT; t++) {
@@ -583,6 +1001,19 @@ static const struct ll_backend_i ocl_iface = {
     .attention_multi = ocl_attention_multi,
     .swiglu = ocl_swiglu,
     .add = ocl_add,
+    .matmul_backward = ocl_matmul_backward,
+    .rmsnorm_backward = ocl_rmsnorm_backward,
+    .rope_backward = ocl_rope_backward,
+    .swiglu_backward = ocl_swiglu_backward,
+    .attention_train = ocl_attention_train,
+    .attention_backward = ocl_attention_backward,
+    .softmax_xent = ocl_softmax_xent,
+    .get_rows_backward = ocl_get_rows_backward,
+    .dropout = ocl_dropout,
+    .sumsq = ocl_sumsq,
+    .axpy = ocl_axpy,
+    .scale = ocl_scale,
+    .adamw = ocl_adamw,
     .sync = ocl_sync,
 };
 
@@ -716,6 +1147,23 @@ static int make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_add, "add");
   MK(c->k_kv_store, "kv_store");
   MK(c->k_attention, "attention");
+  MK(c->k_deq, "deq_rows");
+  MK(c->k_mm_dx, "mm_bwd_dx");
+  MK(c->k_mm_dw, "mm_bwd_dw");
+  MK(c->k_rms_bwd, "rmsnorm_bwd");
+  MK(c->k_rms_dg, "rmsnorm_bwd_dg");
+  MK(c->k_rope_bwd, "rope_bwd");
+  MK(c->k_swiglu_bwd, "swiglu_bwd");
+  MK(c->k_attn_train, "attn_train");
+  MK(c->k_attn_bwd_q, "attn_bwd_q");
+  MK(c->k_attn_bwd_kv, "attn_bwd_kv");
+  MK(c->k_xent, "xent");
+  MK(c->k_gr_bwd, "get_rows_bwd");
+  MK(c->k_dropout, "dropout");
+  MK(c->k_sumsq, "sumsq");
+  MK(c->k_axpy, "axpy");
+  MK(c->k_scale, "scale");
+  MK(c->k_adamw, "adamw");
 #undef MK
   return 0;
 }
