@@ -556,6 +556,13 @@ static int ocl_attention(struct ll_backend *b, float *out, const float *q, const
 // buffers, the kernels run, results are read back (the last read blocking, so the caller's
 // memory may change once we return). Accumulating outputs (dx, dw, dg, ...) are uploaded too.
 
+// An op's error return: uploads enqueued before the failure still read the caller's memory
+// (they are non-blocking), so wait for them before the caller may reuse or free it.
+static int fail(struct ocl_ctx *c, int rc) {
+  clFinish(c->q);
+  return rc;
+}
+
 // a * b floats in bytes, checked in int64 before any size_t use: negative counts are
 // LL_EINVAL, more than one device allocation LL_ENOMEM.
 static int fbytes(const struct ocl_ctx *c, int64_t a, int64_t b, size_t *out) {
@@ -582,12 +589,12 @@ static int ocl_matmul_backward(struct ll_backend *b, float *dx, float *dw, const
   if (T == 0 || (!dx && !dw)) return 0;
   size_t ob, xb, wb;
   int rc;
-  if ((rc = fbytes(c, T, N, &ob)) || (rc = fbytes(c, T, K, &xb)) || (rc = fbytes(c, N, K, &wb))) return rc;
-  if ((rc = put(c, S_B, dout, ob))) return rc; // (T, N)
+  if ((rc = fbytes(c, T, N, &ob)) || (rc = fbytes(c, T, K, &xb)) || (rc = fbytes(c, N, K, &wb))) return fail(c, rc);
+  if ((rc = put(c, S_B, dout, ob))) return fail(c, rc); // (T, N)
   cl_int e = 0;
   if (dx) {
     cl_mem wm;
-    if ((rc = weight_dev(c, w, &wm)) || (rc = put(c, S_A, dx, xb))) return rc; // dx (T, K) accumulates
+    if ((rc = weight_dev(c, w, &wm)) || (rc = put(c, S_A, dx, xb))) return fail(c, rc); // dx (T, K) accumulates
     cl_ulong rb = ll_row_size(w->type, w->k);
     // F32 rows are read in place (one chunk of all N); other types are dequantized nc rows at a
     // time into S_SCR, each chunk's product continuing the sums in dx (the reference's n order).
@@ -595,7 +602,7 @@ static int ocl_matmul_backward(struct ll_backend *b, float *dx, float *dw, const
     if (fl != 0) {
       const size_t per = DEQ_CHUNK_BYTES / ((size_t)K * 4);
       nc = per < 1 ? 1 : per < (size_t)N ? (int)per : N;
-      if ((rc = stage(c, S_SCR, (size_t)nc * K * 4))) return rc;
+      if ((rc = stage(c, S_SCR, (size_t)nc * K * 4))) return fail(c, rc);
     }
     const int wt = w->type;
     for (int n0 = 0; n0 < N; n0 += nc) {
@@ -605,25 +612,25 @@ static int ocl_matmul_backward(struct ll_backend *b, float *dx, float *dw, const
         cl_kernel k = c->k_deq;
         e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_SCR].m) | ARG(k, 3, K) | ARG(k, 4, n0) | ARG(k, 5, cnt) | ARG(k, 6, wt) | ARG(k, 7, fl);
         const size_t g = fl > 0 ? (size_t)cnt * K : (size_t)cnt * (K / 32);
-        if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+        if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
         wf = c->s[S_SCR].m;
       }
       cl_kernel k = c->k_mm_dx;
       e |= ARG(k, 0, c->s[S_A].m) | ARG(k, 1, c->s[S_B].m) | ARG(k, 2, wf) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K) | ARG(k, 6, n0);
       e |= ARG(k, 7, cnt);
       const size_t gl[2] = {(size_t)K, (size_t)T};
-      if (e || (rc = launch(c, k, 2, gl, NULL))) return e ? LL_EIO : rc;
+      if (e || (rc = launch(c, k, 2, gl, NULL))) return fail(c, e ? LL_EIO : rc);
     }
   }
   if (dw) {
-    if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_C, dw, wb))) return rc; // x (T, K), dw (N, K) accumulates
+    if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_C, dw, wb))) return fail(c, rc); // x (T, K), dw (N, K) accumulates
     cl_kernel k = c->k_mm_dw;
     e |= ARG(k, 0, c->s[S_C].m) | ARG(k, 1, c->s[S_B].m) | ARG(k, 2, c->s[S_X].m) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K);
     const size_t gl[2] = {(size_t)K, (size_t)N};
-    if (e || (rc = launch(c, k, 2, gl, NULL))) return e ? LL_EIO : rc;
+    if (e || (rc = launch(c, k, 2, gl, NULL))) return fail(c, e ? LL_EIO : rc);
   }
-  if (dx && (rc = get(c, S_A, dx, xb))) return rc;
-  if (dw && (rc = get(c, S_C, dw, wb))) return rc;
+  if (dx && (rc = get(c, S_A, dx, xb))) return fail(c, rc);
+  if (dw && (rc = get(c, S_C, dw, wb))) return fail(c, rc);
   return 0;
 }
 
@@ -634,25 +641,25 @@ static int ocl_rmsnorm_backward(struct ll_backend *b, float *dx, float *dg, cons
   if (T == 0 || (!dx && !dg)) return 0;
   size_t xb, gb, sb;
   int rc;
-  if ((rc = fbytes(c, T, C, &xb)) || (rc = fbytes(c, C, 1, &gb)) || (rc = fbytes(c, T, 1, &sb))) return rc;
-  if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_B, dout, xb)) || (rc = put(c, S_C, g, gb)) || (rc = stage(c, S_D, sb))) return rc;
-  if (dx && (rc = put(c, S_A, dx, xb))) return rc;                                 // (T, C) accumulates
-  if (!dx && (rc = stage(c, S_A, 16))) return rc;                                  // unused argument
+  if ((rc = fbytes(c, T, C, &xb)) || (rc = fbytes(c, C, 1, &gb)) || (rc = fbytes(c, T, 1, &sb))) return fail(c, rc);
+  if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_B, dout, xb)) || (rc = put(c, S_C, g, gb)) || (rc = stage(c, S_D, sb))) return fail(c, rc);
+  if (dx && (rc = put(c, S_A, dx, xb))) return fail(c, rc);                                 // (T, C) accumulates
+  if (!dx && (rc = stage(c, S_A, 16))) return fail(c, rc);                                  // unused argument
   const int want_dx = dx != NULL;
   cl_kernel k = c->k_rms_bwd;
   cl_int e = ARG(k, 0, c->s[S_A].m) | ARG(k, 1, c->s[S_D].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, c->s[S_X].m) | ARG(k, 4, c->s[S_C].m);
   e |= ARG(k, 5, C) | ARG(k, 6, eps) | ARG(k, 7, want_dx);
   const size_t gl = (size_t)T * WG, lo = WG;
-  if (e || (rc = launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  if (e || (rc = launch(c, k, 1, &gl, &lo))) return fail(c, e ? LL_EIO : rc);
   if (dg) { // (C) accumulates; needs every row's s_t (S_D) from the kernel above
-    if ((rc = put(c, S_E, dg, gb))) return rc;
+    if ((rc = put(c, S_E, dg, gb))) return fail(c, rc);
     k = c->k_rms_dg;
     e = ARG(k, 0, c->s[S_E].m) | ARG(k, 1, c->s[S_D].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, c->s[S_X].m) | ARG(k, 4, T) | ARG(k, 5, C);
     const size_t g1 = (size_t)C;
-    if (e || (rc = launch(c, k, 1, &g1, NULL))) return e ? LL_EIO : rc;
+    if (e || (rc = launch(c, k, 1, &g1, NULL))) return fail(c, e ? LL_EIO : rc);
   }
-  if (dx && (rc = get(c, S_A, dx, xb))) return rc;
-  if (dg && (rc = get(c, S_E, dg, gb))) return rc;
+  if (dx && (rc = get(c, S_A, dx, xb))) return fail(c, rc);
+  if (dg && (rc = get(c, S_E, dg, gb))) return fail(c, rc);
   return 0;
 }
 
@@ -664,16 +671,16 @@ static int ocl_rope_backward(struct ll_backend *b, float *dx, const int32_t *pos
   if (T == 0 || np == 0) return 0;
   size_t xb, tb;
   int rc;
-  if ((rc = fbytes(c, (int64_t)T * n_head, head_dim, &xb)) || (rc = fbytes(c, T, np, &tb))) return rc;
+  if ((rc = fbytes(c, (int64_t)T * n_head, head_dim, &xb)) || (rc = fbytes(c, T, np, &tb))) return fail(c, rc);
   float *ct, *st;
-  if ((rc = rope_tables(c, pos, T, p, &ct, &st))) return rc;
-  if ((rc = put(c, S_X, dx, xb)) || (rc = put(c, S_A, ct, tb)) || (rc = put(c, S_B, st, tb))) return rc;
+  if ((rc = rope_tables(c, pos, T, p, &ct, &st))) return fail(c, rc);
+  if ((rc = put(c, S_X, dx, xb)) || (rc = put(c, S_A, ct, tb)) || (rc = put(c, S_B, st, tb))) return fail(c, rc);
   cl_kernel k = c->k_rope_bwd;
   const int neox = p->mode == LL_ROPE_NEOX;
   cl_int e = ARG(k, 0, c->s[S_X].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, T) | ARG(k, 4, n_head);
   e |= ARG(k, 5, head_dim) | ARG(k, 6, np) | ARG(k, 7, neox);
   const size_t g = (size_t)T * n_head * np;
-  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
   return get(c, S_X, dx, xb);
 }
 
@@ -684,18 +691,18 @@ static int ocl_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, c
   if (n == 0) return 0;
   size_t nb;
   int rc;
-  if ((rc = fbytes(c, n, 1, &nb))) return rc;
+  if ((rc = fbytes(c, n, 1, &nb))) return fail(c, rc);
   // Outputs in their own buffers: dgate / dup may alias the inputs (element-wise).
   if ((rc = put(c, S_A, gate, nb)) || (rc = put(c, S_B, up, nb)) || (rc = put(c, S_C, dout, nb)) || (rc = stage(c, S_D, nb)) ||
       (rc = stage(c, S_E, nb)))
-    return rc;
+    return fail(c, rc);
   cl_kernel k = c->k_swiglu_bwd;
   cl_long ln = n;
   cl_int e = ARG(k, 0, c->s[S_D].m) | ARG(k, 1, c->s[S_E].m) | ARG(k, 2, c->s[S_C].m) | ARG(k, 3, c->s[S_A].m) | ARG(k, 4, c->s[S_B].m);
   e |= ARG(k, 5, ln);
   const size_t g = (size_t)n;
-  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
-  if ((rc = get(c, S_D, dgate, nb))) return rc;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
+  if ((rc = get(c, S_D, dgate, nb))) return fail(c, rc);
   return get(c, S_E, dup, nb);
 }
 
@@ -710,16 +717,16 @@ static int ocl_attention_train(struct ll_backend *b, float *out, float *att, con
   int rc;
   if ((rc = fbytes(c, (int64_t)S * n_head, head_dim, &qb)) || (rc = fbytes(c, (int64_t)S * n_head_kv, head_dim, &kb)) ||
       (rc = fbytes(c, (int64_t)n_head * S, S, &ab)))
-    return rc;
+    return fail(c, rc);
   if ((rc = put(c, S_X, q, qb)) || (rc = put(c, S_A, k, kb)) || (rc = put(c, S_B, v, kb)) || (rc = stage(c, S_OUT, qb)) ||
       (rc = stage(c, S_SCR, ab)))
-    return rc;
+    return fail(c, rc);
   cl_kernel kk = c->k_attn_train;
   cl_int e = ARG(kk, 0, c->s[S_OUT].m) | ARG(kk, 1, c->s[S_SCR].m) | ARG(kk, 2, c->s[S_X].m) | ARG(kk, 3, c->s[S_A].m) | ARG(kk, 4, c->s[S_B].m);
   e |= ARG(kk, 5, S) | ARG(kk, 6, n_head) | ARG(kk, 7, n_head_kv) | ARG(kk, 8, head_dim) | ARG(kk, 9, scale);
   const size_t gl = (size_t)S * n_head * WG, lo = WG;
-  if (e || (rc = launch(c, kk, 1, &gl, &lo))) return e ? LL_EIO : rc;
-  if ((rc = get(c, S_OUT, out, qb))) return rc;
+  if (e || (rc = launch(c, kk, 1, &gl, &lo))) return fail(c, e ? LL_EIO : rc);
+  if ((rc = get(c, S_OUT, out, qb))) return fail(c, rc);
   return get(c, S_SCR, att, ab);
 }
 
@@ -732,25 +739,25 @@ static int ocl_attention_backward(struct ll_backend *b, float *dq, float *dk, fl
   int rc;
   if ((rc = fbytes(c, (int64_t)S * n_head, head_dim, &qb)) || (rc = fbytes(c, (int64_t)S * n_head_kv, head_dim, &kb)) ||
       (rc = fbytes(c, (int64_t)n_head * S, S, &ab)))
-    return rc;
+    return fail(c, rc);
   // dout (S, H, hd) in S_C, q in S_X, k, v (S, Hkv, hd) in S_A, S_B, att (H, S, S) in S_SCR;
   // ds (H, S, S) scratch in S_D; dq, dk, dv (all overwritten) in S_OUT, S_E, S_F.
   if ((rc = put(c, S_C, dout, qb)) || (rc = put(c, S_X, q, qb)) || (rc = put(c, S_A, k, kb)) || (rc = put(c, S_B, v, kb)) ||
       (rc = put(c, S_SCR, att, ab)) || (rc = stage(c, S_D, ab)) || (rc = stage(c, S_OUT, qb)) || (rc = stage(c, S_E, kb)) ||
       (rc = stage(c, S_F, kb)))
-    return rc;
+    return fail(c, rc);
   cl_kernel kk = c->k_attn_bwd_q;
   cl_int e = ARG(kk, 0, c->s[S_OUT].m) | ARG(kk, 1, c->s[S_D].m) | ARG(kk, 2, c->s[S_C].m) | ARG(kk, 3, c->s[S_X].m) | ARG(kk, 4, c->s[S_A].m);
   e |= ARG(kk, 5, c->s[S_B].m) | ARG(kk, 6, c->s[S_SCR].m) | ARG(kk, 7, S) | ARG(kk, 8, n_head) | ARG(kk, 9, n_head_kv) | ARG(kk, 10, head_dim);
   e |= ARG(kk, 11, scale);
   const size_t gl = (size_t)S * n_head * WG, lo = WG;
-  if (e || (rc = launch(c, kk, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  if (e || (rc = launch(c, kk, 1, &gl, &lo))) return fail(c, e ? LL_EIO : rc);
   kk = c->k_attn_bwd_kv;
   e = ARG(kk, 0, c->s[S_E].m) | ARG(kk, 1, c->s[S_F].m) | ARG(kk, 2, c->s[S_D].m) | ARG(kk, 3, c->s[S_C].m) | ARG(kk, 4, c->s[S_X].m);
   e |= ARG(kk, 5, c->s[S_SCR].m) | ARG(kk, 6, S) | ARG(kk, 7, n_head) | ARG(kk, 8, n_head_kv) | ARG(kk, 9, head_dim);
   const size_t g2 = (size_t)S * n_head_kv * head_dim;
-  if (e || (rc = launch(c, kk, 1, &g2, NULL))) return e ? LL_EIO : rc;
-  if ((rc = get(c, S_OUT, dq, qb)) || (rc = get(c, S_E, dk, kb))) return rc;
+  if (e || (rc = launch(c, kk, 1, &g2, NULL))) return fail(c, e ? LL_EIO : rc);
+  if ((rc = get(c, S_OUT, dq, qb)) || (rc = get(c, S_E, dk, kb))) return fail(c, rc);
   return get(c, S_F, dv, kb);
 }
 
@@ -766,7 +773,7 @@ static int ocl_softmax_xent(struct ll_backend *b, double *loss, float *dlogits, 
   }
   size_t lb, rb;
   int rc;
-  if ((rc = fbytes(c, T, V, &lb)) || (rc = fbytes(c, T, 4, &rb))) return rc;
+  if ((rc = fbytes(c, T, V, &lb)) || (rc = fbytes(c, T, 4, &rb))) return fail(c, rc);
   float *rs = malloc(rb); // (T, 4): per row max, sum as hi + lo
   if (!rs) return LL_ENOMEM;
   const int want_d = dlogits != NULL;
@@ -783,7 +790,7 @@ static int ocl_softmax_xent(struct ll_backend *b, double *loss, float *dlogits, 
   if (e || (rc = launch(c, k, 1, &gl, &lo)) || (rc = get(c, S_TAB, rs, rb))) {
     clFinish(c->q);
     free(rs);
-    return e ? LL_EIO : rc;
+    return fail(c, e ? LL_EIO : rc);
   }
   // The loss on the host in double, as the reference: log Σ - (l_y - m) per counted row.
   double total = 0;
@@ -794,7 +801,7 @@ static int ocl_softmax_xent(struct ll_backend *b, double *loss, float *dlogits, 
   }
   free(rs);
   // Read last: dlogits may alias logits, which the loss above still read.
-  if (want_d && (rc = get(c, S_OUT, dlogits, lb))) return rc;
+  if (want_d && (rc = get(c, S_OUT, dlogits, lb))) return fail(c, rc);
   *loss = total;
   return 0;
 }
@@ -812,7 +819,7 @@ static int ocl_get_rows_backward(struct ll_backend *b, float *dw, const float *d
   if (T == 0) return 0;
   size_t ob;
   int rc;
-  if ((rc = fbytes(c, T, C, &ob))) return rc;
+  if ((rc = fbytes(c, T, C, &ob))) return fail(c, rc);
   // dw's row count is not in the interface: only the distinct rows ids name go to the device,
   // (U, C) gathered here, slot[t] the row of token t, scattered back after.
   int32_t *pr = malloc((size_t)T * 2 * sizeof *pr), *slot = malloc((size_t)T * sizeof *slot), *row_of = malloc((size_t)T * sizeof *row_of);
@@ -852,7 +859,7 @@ static int ocl_dropout(struct ll_backend *b, float *out, const float *x, float p
   if (n == 0) return 0;
   size_t nb;
   int rc;
-  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_A, x, nb)) || (rc = stage(c, S_OUT, nb))) return rc;
+  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_A, x, nb)) || (rc = stage(c, S_OUT, nb))) return fail(c, rc);
   // The mask's parameters as the reference computes them (ll_cpu_train.h).
   cl_ulong sm = ll_mix64(seed);
   cl_uint th = ll_dropout_threshold(p);
@@ -861,7 +868,7 @@ static int ocl_dropout(struct ll_backend *b, float *out, const float *x, float p
   cl_kernel k = c->k_dropout;
   cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, sm) | ARG(k, 3, th) | ARG(k, 4, sc) | ARG(k, 5, ln);
   const size_t g = (size_t)n;
-  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
   return get(c, S_OUT, out, nb);
 }
 
@@ -876,7 +883,7 @@ static int ocl_sumsq(struct ll_backend *b, double *out, const float *x, int64_t 
   }
   size_t nb;
   int rc;
-  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_A, x, nb)) || (rc = stage(c, S_TAB, SUMSQ_GROUPS * 2 * sizeof(float)))) return rc;
+  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_A, x, nb)) || (rc = stage(c, S_TAB, SUMSQ_GROUPS * 2 * sizeof(float)))) return fail(c, rc);
   const int64_t need = (n + WG - 1) / WG;
   const size_t ng = need < SUMSQ_GROUPS ? (size_t)need : SUMSQ_GROUPS;
   cl_long ln = n;
@@ -884,7 +891,7 @@ static int ocl_sumsq(struct ll_backend *b, double *out, const float *x, int64_t 
   cl_int e = ARG(k, 0, c->s[S_TAB].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, ln);
   const size_t gl = ng * WG, lo = WG;
   float part[SUMSQ_GROUPS * 2];
-  if (e || (rc = launch(c, k, 1, &gl, &lo)) || (rc = get(c, S_TAB, part, ng * 2 * sizeof(float)))) return e ? LL_EIO : rc;
+  if (e || (rc = launch(c, k, 1, &gl, &lo)) || (rc = get(c, S_TAB, part, ng * 2 * sizeof(float)))) return fail(c, e ? LL_EIO : rc);
   double s = 0;
   for (size_t i = 0; i < ng; i++) s += (double)part[2 * i] + (double)part[2 * i + 1];
   *out = s;
@@ -898,12 +905,12 @@ static int ocl_axpy(struct ll_backend *b, float *out, const float *x, float alph
   size_t nb;
   int rc;
   // x may be out: both are uploaded from the caller's memory before the kernel writes.
-  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_OUT, out, nb)) || (rc = put(c, S_A, x, nb))) return rc;
+  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_OUT, out, nb)) || (rc = put(c, S_A, x, nb))) return fail(c, rc);
   cl_long ln = n;
   cl_kernel k = c->k_axpy;
   cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, alpha) | ARG(k, 3, ln);
   const size_t g = (size_t)n;
-  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
   return get(c, S_OUT, out, nb);
 }
 
@@ -913,12 +920,12 @@ static int ocl_scale(struct ll_backend *b, float *x, float alpha, int64_t n) {
   if (n == 0) return 0;
   size_t nb;
   int rc;
-  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_OUT, x, nb))) return rc;
+  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_OUT, x, nb))) return fail(c, rc);
   cl_long ln = n;
   cl_kernel k = c->k_scale;
   cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, alpha) | ARG(k, 2, ln);
   const size_t g = (size_t)n;
-  if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
   return get(c, S_OUT, x, nb);
 }
 
@@ -931,7 +938,7 @@ static int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, f
   int rc;
   if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_X, p, nb)) || (rc = put(c, S_A, g, nb)) || (rc = put(c, S_B, m, nb)) ||
       (rc = put(c, S_C, v, nb)))
-    return rc;
+    return fail(c, rc);
   // Bias corrections on the host, as the reference computes them (pow in double).
   const float bc1 = (float)(1.0 - pow(beta1, step)), bc2 = (float)(1.0 - pow(beta2, step));
   cl_long ln = n;
@@ -939,8 +946,8 @@ static int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, f
   cl_int e = ARG(k, 0, c->s[S_X].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, c->s[S_C].m) | ARG(k, 4, ln);
   e |= ARG(k, 5, lr) | ARG(k, 6, beta1) | ARG(k, 7, beta2) | ARG(k, 8, eps) | ARG(k, 9, wd) | ARG(k, 10, bc1) | ARG(k, 11, bc2);
   const size_t gs = (size_t)n;
-  if (e || (rc = launch(c, k, 1, &gs, NULL))) return e ? LL_EIO : rc;
-  if ((rc = get(c, S_X, p, nb)) || (rc = get(c, S_B, m, nb))) return rc;
+  if (e || (rc = launch(c, k, 1, &gs, NULL))) return fail(c, e ? LL_EIO : rc);
+  if ((rc = get(c, S_X, p, nb)) || (rc = get(c, S_B, m, nb))) return fail(c, rc);
   return get(c, S_C, v, nb);
 }
 
