@@ -13,6 +13,8 @@
 // step away); add exact.
 // The training members are compared with the CPU's scalar references (ll_cpu_train_ref()):
 // tolerances above test_matmul_backward.
+// Everything runs twice: as the device builds the kernels, then built as for a device
+// without f64 (LL_OPENCL_NO_FP64=1), whose f32 fallbacks are held to the tolerances.
 // The device-choice cases run in child processes started before this process touches
 // OpenCL, since the ICD loader reads OCL_ICD_VENDORS once per process.
 #define CL_TARGET_OPENCL_VERSION 120
@@ -442,7 +444,7 @@ static void test_train_ops(struct ll_backend *cl) {
     const double r = fabs(sb - sa) / sa;
     printf("sumsq: %.17g (cpu %.17g, rel %.3g)\n", sb, sa, r);
     CHECK(r < (exact ? 3e-11 : 1e-6));
-    CHECK(cl->i->sumsq(cl, &sb, x, 5) == 0 && ref_i->sumsq(NULL, &sa, x, 5) == 0 && fabs(sb - sa) <= 1e-12 * sa); // fewer than a group
+    CHECK(cl->i->sumsq(cl, &sb, x, 5) == 0 && ref_i->sumsq(NULL, &sa, x, 5) == 0 && fabs(sb - sa) <= (exact ? 1e-12 : 1e-6) * sa); // fewer than a group
     fill_same(a, b, n, 1.0f);
     CHECK(ref_i->axpy(NULL, a, x, -0.3f, n) == 0 && cl->i->axpy(cl, b, x, -0.3f, n) == 0);
     CHECK(memcmp(a, b, n * 4) == 0);
@@ -630,6 +632,28 @@ int main(void) {
   printf("%s\n", reason);
   CHECK(strstr(reason, "from the binary cache") != NULL);
   ll_backend_free(cl);
+  // Again with the kernels built as for a device without f64 (LL_OPENCL_NO_FP64): the f32
+  // fallbacks of the f64 sums, divisions and square roots, against the tolerances.
+  setenv("LL_OPENCL_NO_FP64", "1", 1);
+  cl = NULL;
+  CHECK(ll_backend_create(&cl, &p, reason, sizeof reason, err, sizeof err) == 0);
+  printf("without f64: %s\n", reason);
+  if (cl && strncmp(reason, "opencl:", 7) == 0) {
+    struct ll_backend_info in;
+    cl->i->get_info(cl, &in);
+    CHECK(in.fp64 == 0);
+    exact = 0;
+    cl->ggml_math = 1;
+    test_matmul(cpu, cl);
+    test_elementwise(cpu, cl);
+    test_attention(cpu, cl);
+    test_matmul_backward(cl);
+    test_train_ops(cl);
+  } else {
+    CHECK(0);
+  }
+  ll_backend_free(cl);
+  unsetenv("LL_OPENCL_NO_FP64");
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
   CHECK(system(cmd) == 0);

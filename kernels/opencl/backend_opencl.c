@@ -88,6 +88,7 @@ struct ocl_ctx {
   int64_t mem_used, mem_total, max_alloc;
   struct ll_backend_info info;
   int cache_hit; // the program came from the binary cache
+  int no_fp64;   // LL_OPENCL_NO_FP64=1: kernels built without f64 (see build_opts)
 };
 
 #define CTX(b) ((struct ocl_ctx *)(b)->ctx)
@@ -1027,6 +1028,10 @@ static const struct ll_backend_i ocl_iface = {
 // ---------------------------------------------------------------- program build and cache
 
 #define BUILD_OPTS "-cl-std=CL1.2"
+#define BUILD_OPTS_NO_FP64 BUILD_OPTS " -DLL_NO_FP64"
+// The build options: LL_OPENCL_NO_FP64=1 builds the kernels as for a device without f64 (the
+// tests' way to cover that path on devices that have it); info.fp64 then reports 0.
+static const char *build_opts(const struct ocl_ctx *c) { return c->no_fp64 ? BUILD_OPTS_NO_FP64 : BUILD_OPTS; }
 
 // Cache key: sha256 of device name, vendor, driver and platform versions, build options and
 // source, so a new driver or changed kernels rebuild.
@@ -1038,7 +1043,7 @@ static void cache_path(struct ocl_ctx *c, const char *dir, const char *src, char
   unsigned int dn = 0;
   out[0] = 0;
   if (!h) return;
-  const char *parts[] = {c->info.device, c->info.vendor, c->info.driver, c->info.version, plat, BUILD_OPTS, src};
+  const char *parts[] = {c->info.device, c->info.vendor, c->info.driver, c->info.version, plat, build_opts(c), src};
   int ok = EVP_DigestInit_ex(h, EVP_sha256(), NULL) == 1;
   for (size_t i = 0; ok && i < sizeof parts / sizeof parts[0]; i++) ok = EVP_DigestUpdate(h, parts[i], strlen(parts[i]) + 1) == 1;
   ok = ok && EVP_DigestFinal_ex(h, d, &dn) == 1;
@@ -1099,7 +1104,7 @@ static int build_program(struct ocl_ctx *c, const char *cache_dir, char *err, si
       cl_int st;
       c->prog = clCreateProgramWithBinary(c->cx, 1, &c->dev, &len, bins, &st, &e);
       free(bin);
-      if (c->prog && (e != CL_SUCCESS || st != CL_SUCCESS || clBuildProgram(c->prog, 1, &c->dev, BUILD_OPTS, NULL, NULL) != CL_SUCCESS)) {
+      if (c->prog && (e != CL_SUCCESS || st != CL_SUCCESS || clBuildProgram(c->prog, 1, &c->dev, build_opts(c), NULL, NULL) != CL_SUCCESS)) {
         clReleaseProgram(c->prog); // a stale or foreign binary: rebuild from source
         c->prog = NULL;
       }
@@ -1112,7 +1117,7 @@ static int build_program(struct ocl_ctx *c, const char *cache_dir, char *err, si
   const char *src = ll_opencl_source;
   c->prog = clCreateProgramWithSource(c->cx, 1, &src, NULL, &e);
   if (!c->prog) return ll_errf(err, errlen, cl_rc(e), "opencl: clCreateProgramWithSource: %s (%d)", cl_errname(e), e);
-  e = clBuildProgram(c->prog, 1, &c->dev, BUILD_OPTS, NULL, NULL);
+  e = clBuildProgram(c->prog, 1, &c->dev, build_opts(c), NULL, NULL);
   if (e != CL_SUCCESS) {
     char log[1500] = "";
     size_t n = 0;
@@ -1266,7 +1271,9 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
     if (ext && clGetDeviceInfo(c->dev, CL_DEVICE_EXTENSIONS, ext_len, ext, NULL) == CL_SUCCESS) {
       ext[ext_len] = 0;
       in->fp16 = strstr(ext, "cl_khr_fp16") != NULL;
-      in->fp64 = strstr(ext, "cl_khr_fp64") != NULL;
+      const char *nf = getenv("LL_OPENCL_NO_FP64");
+      c->no_fp64 = nf && strcmp(nf, "1") == 0;
+      in->fp64 = strstr(ext, "cl_khr_fp64") != NULL && !c->no_fp64;
       in->subgroups = strstr(ext, "cl_khr_subgroups") != NULL || strstr(ext, "cl_intel_subgroups") != NULL;
     }
     free(ext);
