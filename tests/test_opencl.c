@@ -654,6 +654,24 @@ int main(void) {
   }
   ll_backend_free(cl);
   unsetenv("LL_OPENCL_NO_FP64");
+  // A training op whose operands do not fit the device (capped at 8 MB) fails with LL_ENOMEM
+  // before the driver is asked, and the backend goes on working.
+  setenv("LL_OPENCL_MEM_LIMIT", "8000000", 1);
+  cl = NULL;
+  CHECK(ll_backend_create(&cl, &p, reason, sizeof reason, err, sizeof err) == 0);
+  if (cl && strncmp(reason, "opencl:", 7) == 0) {
+    const int S = 600, H = 8, hd = 8; // att (H, S, S): 11.5 MB
+    float *q = calloc((size_t)S * H * hd, 4), *o = malloc((size_t)S * H * hd * 4), *att = malloc((size_t)H * S * S * 4);
+    const int rc = cl->i->attention_train(cl, o, att, q, q, q, S, H, H, hd, 0.35f);
+    CHECKF(rc == LL_ENOMEM, "attention_train over the memory limit: %d", rc);
+    float a[3] = {1, 2, 3}, x[3] = {1, 1, 1};
+    CHECK(cl->i->axpy(cl, a, x, 2.0f, 3) == 0 && a[0] == 3 && a[1] == 4 && a[2] == 5);
+    free(q), free(o), free(att);
+  } else {
+    CHECK(0);
+  }
+  ll_backend_free(cl);
+  unsetenv("LL_OPENCL_MEM_LIMIT");
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
   CHECK(system(cmd) == 0);
