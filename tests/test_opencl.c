@@ -307,11 +307,12 @@ static void test_matmul_backward(struct ll_backend *cl) {
 }
 
 static void test_train_ops(struct ll_backend *cl) {
-  // rmsnorm_backward: odd C, ragged T; dx and dg accumulate; either may be NULL
-  {
-    const int T = 7, C = 77;
+  // rmsnorm_backward: odd C (above and below the work-group), ragged T; dx and dg accumulate;
+  // either may be NULL
+  for (int cfg = 0; cfg < 2; cfg++) {
+    const int T = 7, C = cfg ? 5 : 77;
     float *x = malloc(T * C * 4), *g = malloc(C * 4), *d = malloc(T * C * 4), *a = malloc(T * C * 4), *b = malloc(T * C * 4);
-    float ga[C], gb[C];
+    float ga[77], gb[77];
     randf(x, T * C, 3.0f), randf(g, C, 1.0f), randf(d, T * C, 1.0f);
     for (int v = 0; v < 3; v++) {
       fill_same(a, b, T * C, 1.0f), fill_same(ga, gb, C, 1.0f);
@@ -319,7 +320,7 @@ static void test_train_ops(struct ll_backend *cl) {
       CHECK(ref_i->rmsnorm_backward(NULL, pa, qa, d, x, g, T, C, 1e-5f) == 0);
       CHECK(cl->i->rmsnorm_backward(cl, pb, qb, d, x, g, T, C, 1e-5f) == 0);
       const double e = nmse(b, a, T * C), eg = nmse(gb, ga, C);
-      printf("rmsnorm_backward (%s): nmse dx %.3g dg %.3g\n", v == 0 ? "dx, dg" : v == 1 ? "dx" : "dg", e, eg);
+      printf("rmsnorm_backward C=%d (%s): nmse dx %.3g dg %.3g\n", C, v == 0 ? "dx, dg" : v == 1 ? "dx" : "dg", e, eg);
       CHECK(exact ? e == 0 && eg == 0 : e < 1e-10 && eg < 1e-10);
     }
     free(x), free(g), free(d), free(a), free(b);
@@ -350,9 +351,10 @@ static void test_train_ops(struct ll_backend *cl) {
     CHECK(e1 < 1e-11 && e2 < 1e-11);
     free(g), free(u), free(d), free(a1), free(a2), free(b1), free(b2);
   }
-  // attention_train + attention_backward: S > the work-group (70), GQA 6/2, odd head_dim
-  {
-    const int S = 70, H = 6, Hkv = 2, hd = 37;
+  // attention_train + attention_backward: S > the work-group (70), GQA 6/2, odd head_dim; then
+  // head_dim > the work-group (130), no grouping, a short sequence
+  for (int cfg = 0; cfg < 2; cfg++) {
+    const int S = cfg ? 5 : 70, H = cfg ? 4 : 6, Hkv = cfg ? 4 : 2, hd = cfg ? 130 : 37;
     const size_t nq = (size_t)S * H * hd, nk = (size_t)S * Hkv * hd, na = (size_t)H * S * S;
     const float scale = 1.0f / sqrtf((float)hd);
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *oa = malloc(nq * 4), *ob = malloc(nq * 4), *aa = malloc(na * 4),
@@ -366,7 +368,7 @@ static void test_train_ops(struct ll_backend *cl) {
     for (int h = 0; h < H; h++)
       for (int i = 0; i < S; i++)
         for (int j = i + 1; j < S; j++) upper_zero &= ab[((size_t)h * S + i) * S + j] == 0.0f;
-    printf("attention_train: nmse out %.3g att %.3g\n", eo, ea);
+    printf("attention_train S=%d H=%d/%d hd=%d: nmse out %.3g att %.3g\n", S, H, Hkv, hd, eo, ea);
     CHECK(eo < 1e-10 && ea < 1e-10 && upper_zero);
     // the backward from the same inputs (the reference's att): dq, dk, dv overwritten
     float *d = malloc(nq * 4), *dqa = malloc(nq * 4), *dqb = malloc(nq * 4), *dka = malloc(nk * 4), *dkb = malloc(nk * 4),
@@ -381,10 +383,12 @@ static void test_train_ops(struct ll_backend *cl) {
     free(q), free(k), free(v), free(oa), free(ob), free(aa), free(ab);
     free(d), free(dqa), free(dqb), free(dka), free(dkb), free(dva), free(dvb);
   }
-  // softmax_xent: odd V, masked rows, dlogits aliasing logits, and the loss alone
-  {
-    const int T = 9, V = 1001;
-    const int32_t tg[9] = {5, -1, 1000, 0, 17, -1, 999, 3, 500};
+  // softmax_xent: odd V, masked rows, dlogits aliasing logits, and the loss alone; then V
+  // smaller than the work-group
+  for (int cfg = 0; cfg < 2; cfg++) {
+    const int T = 9, V = cfg ? 5 : 1001;
+    int32_t tg[9] = {5, -1, 1000, 0, 17, -1, 999, 3, 500};
+    for (int t = 0; t < T; t++) tg[t] = tg[t] < 0 ? -1 : tg[t] % V;
     float *l = malloc(T * V * 4), *da = malloc(T * V * 4), *db = malloc(T * V * 4);
     randf(l, T * V, 8.0f);
     double la = 0, lb = 0, lc = 0;
@@ -393,7 +397,7 @@ static void test_train_ops(struct ll_backend *cl) {
     CHECK(cl->i->softmax_xent(cl, &lb, db, db, tg, T, V, 0.25f) == 0); // aliasing
     CHECK(cl->i->softmax_xent(cl, &lc, NULL, l, tg, T, V, 0.25f) == 0);
     const double e = nmse(db, da, T * V), rl = fabs(lb - la) / fabs(la);
-    printf("softmax_xent: loss %.9f (cpu %.9f, rel %.3g), nmse dlogits %.3g\n", lb, la, rl, e);
+    printf("softmax_xent V=%d: loss %.9f (cpu %.9f, rel %.3g), nmse dlogits %.3g\n", V, lb, la, rl, e);
     CHECK(rl < 1e-6 && lc == lb && e < 1e-11);
     int zero = 1;
     for (int j = 0; j < V; j++) zero &= db[1 * V + j] == 0.0f && db[5 * V + j] == 0.0f;

@@ -75,10 +75,11 @@ kernel void rmsnorm_bwd(global float *dx, global float *st, global const float *
     st[t] = s;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  if (!want_dx) return;
-  const float s = s_l, c3 = c3_l;
-  global float *o = dx + (size_t)t * C;
-  for (int i = lid; i < C; i += WG) o[i] += s * g[i] * dr[i] - xr[i] * c3;
+  if (want_dx) {
+    const float s = s_l, c3 = c3_l;
+    global float *o = dx + (size_t)t * C;
+    for (int i = lid; i < C; i += WG) o[i] += s * g[i] * dr[i] - xr[i] * c3;
+  }
 }
 
 // dg (C) += Σ_t dout[t,i] x[t,i] s_t; one work item per i, t in order.
@@ -221,19 +222,14 @@ kernel void attn_bwd_kv(global float *dk, global float *dv, global const float *
 // f64 where the device has it, else f32, summed in a fixed tree); rs[t] = (m, hi, lo) with
 // hi + lo the sum (lo carries what f32 drops of an f64 sum) for the host's loss in double;
 // then dlogits (if want_d) = (softmax - onehot) * grad_scale, 0 for rows with targets < 0.
+// No early return: every work item reaches every barrier (a masked row computes its softmax
+// and discards it; PoCL crashed on the early-return form when V < WG).
 kernel void xent(global float *d, global float4 *rs, global const float *l, global const int *targets, int V, float grad_scale,
                  int want_d) {
   local float lm[WG];
   local acc_t ls[WG];
   const int t = get_group_id(0), lid = get_local_id(0), y = targets[t];
   global const float *lr = l + (size_t)t * V;
-  global float *dr = d + (size_t)t * V;
-  if (y < 0) {
-    if (want_d)
-      for (int j = lid; j < V; j += WG) dr[j] = 0;
-    if (lid == 0) rs[t] = (float4)(0, 0, 0, 0);
-    return;
-  }
   float m = -INFINITY;
   for (int j = lid; j < V; j += WG) m = fmax(m, lr[j]);
   lm[lid] = m;
@@ -254,15 +250,17 @@ kernel void xent(global float *d, global float4 *rs, global const float *l, glob
   const acc_t sum = ls[0];
   if (lid == 0) {
     const float hi = (float)sum;
-    rs[t] = (float4)(m, hi, (float)(sum - (acc_t)hi), 0);
+    rs[t] = y < 0 ? (float4)(0, 0, 0, 0) : (float4)(m, hi, (float)(sum - (acc_t)hi), 0);
   }
-  if (!want_d) return;
+  if (want_d) {
 #ifdef LL_FP64
-  const float inv = (float)(1.0 / sum);
+    const float inv = (float)(1.0 / sum);
 #else
-  const float inv = 1.0f / sum;
+    const float inv = 1.0f / sum;
 #endif
-  for (int j = lid; j < V; j += WG) dr[j] = (exp(lr[j] - m) * inv - (j == y ? 1.0f : 0.0f)) * grad_scale;
+    for (int j = lid; j < V; j += WG)
+      d[(size_t)t * V + j] = y < 0 ? 0.0f : (exp(lr[j] - m) * inv - (j == y ? 1.0f : 0.0f)) * grad_scale;
+  }
 }
 
 // ---------------------------------------------------------------- embedding backward
