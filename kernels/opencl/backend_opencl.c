@@ -588,9 +588,10 @@ static int ocl_matmul_backward(struct ll_backend *b, float *dx, float *dw, const
   const int K = (int)w->k, N = (int)w->n, fl = float_type(w->type);
   if (fl < 0 && (act_type_mode(w->type) < 0 || K % 32)) return LL_EUNSUPPORTED;
   if (T == 0 || (!dx && !dw)) return 0;
-  size_t ob, xb, wb;
+  size_t ob, xb, wb = 0;
   int rc;
-  if ((rc = fbytes(c, T, N, &ob)) || (rc = fbytes(c, T, K, &xb)) || (rc = fbytes(c, N, K, &wb))) return fail(c, rc);
+  // wb (dw's bytes) only when dw is asked for: a quantized W's f32 size may exceed one buffer.
+  if ((rc = fbytes(c, T, N, &ob)) || (rc = fbytes(c, T, K, &xb)) || (dw && (rc = fbytes(c, N, K, &wb)))) return fail(c, rc);
   if ((rc = put(c, S_B, dout, ob))) return fail(c, rc); // (T, N)
   cl_int e = 0;
   if (dx) {
