@@ -9,7 +9,7 @@ ll_script_test(NAME opencl_generate COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scr
 ll_script_test(NAME server_smollm2_opencl COMMAND ${CMAKE_COMMAND} -E env LL_TEST_DEVICE=opencl:0:0
   python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_smollm2.py
   LABELS "integration;slow" TIMEOUT 900 FIXTURES smollm2)
-# Training on the OpenCL device: `llsrv train` (full-parameter, and LoRA with dropout) gives the
+# Training on the OpenCL device: `llsrv train` (full-parameter, LoRA with dropout, LoRA on Q4_1) gives the
 # CPU backend's per-step loss curve within 1e-3 relative, stderr naming the device (~15 s).
 ll_script_test(NAME opencl_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_opencl_train.sh
   LABELS integration TIMEOUT 300)

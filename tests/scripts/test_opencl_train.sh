@@ -2,20 +2,23 @@
 # End to end training on the OpenCL backend: `llsrv train` once with --device cpu and once on
 # the OpenCL device (the PoCL device, or $LL_TEST_OPENCL_DEVICE); the per-step loss curves
 # must agree, and stderr must name the OpenCL device (a silent CPU fallback would compare the
-# CPU with itself). Two runs: full-parameter training (every weight's dw, the embedding's
-# get_rows_backward, rmsnorm's dg, AdamW on all of them) and LoRA with dropout and gradient
-# accumulation (the counter-based dropout mask, the A/B products).
+# CPU with itself). Three runs: full-parameter training (every weight's dw, the embedding's
+# get_rows_backward, rmsnorm's dg, AdamW on all of them); LoRA with dropout and gradient
+# accumulation (the counter-based dropout mask, the A/B products); the same LoRA on a Q4_1
+# base (matmul_backward's dx through dequantized quantized weights, as on SmolLM2).
 #
 # The model: stories260K's shape (64 dims, 5 layers, 8/4 heads, FFN 172) from `llsrv init`,
 # since stories260K.bin itself (llama2.c format) carries no tokenizer and `llsrv train` needs
-# one to read text; the data: this repository's man pages.
+# one to read text (FFN 192 for the Q4_1 copy: rows of whole 32-blocks); the data: this
+# repository's man pages.
 #
 # Tolerance: relative 1e-3 per step over 20 steps. The two backends differ by rounding only:
 # the forward's float-weight products sum in f32 on the device (the CPU's sgemm in another
 # order), exp is the device's (within ulps of libm's expf), softmax sums in another order;
 # that is ~1e-6 relative in a step's loss, and AdamW's normalized steps carry it forward
 # without amplifying it much over 20 steps (the losses agree to the 4 printed decimals on
-# PoCL, i.e. within ~2e-5 relative). Tried the other way: one gradient 1% off (swiglu's dup
+# PoCL, i.e. within ~2e-5 relative; on Q4_1 the forward quantizes activations to Q8_1, where
+# a last-bit difference can move a value by a whole step: 1e-4 in two steps' losses there). Tried the other way: one gradient 1% off (swiglu's dup
 # x 1.01) with a shifted dropout mask moves the curves by 1e-3 to 4e-2 within 10 steps and
 # fails both runs; a whole op wrong or missing moves them much further. Finer errors are the
 # unit tests' job (tests/test_opencl.c, each op against its scalar reference).
@@ -31,11 +34,11 @@ check() { if [ "$1" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 
 "$LLSRV" init --dims 64,5,8,4,172,512 -o "$D/m.ckpt" >"$D/init.out" 2>&1
 check $? "llsrv init: $(cat "$D/init.out")"
 
-# name device args... -> $D/name-device.{out,err,loss}; the device line checked
+# name model device args... -> $D/name-device.{out,err,loss}; the device line checked
 run() {
-  local name=$1 dev=$2; shift 2
+  local name=$1 model=$2 dev=$3; shift 3
   local tag=$name-${dev%%:*}
-  "$LLSRV" train --model "$D/m.ckpt" --data "$LL_SOURCE_DIR/man" --log-every 1 --eval-every 0 --checkpoint-every 0 -t 2 \
+  "$LLSRV" train --model "$model" --data "$LL_SOURCE_DIR/man" --log-every 1 --eval-every 0 --checkpoint-every 0 -t 2 \
     --device "$dev" -o "$D/run-$tag" "$@" >"$D/$tag.out" 2>"$D/$tag.err"
   check $? "$name on $dev exits 0: $(tail -3 "$D/$tag.err")"
   local want=cpu
@@ -69,8 +72,8 @@ PY
 }
 
 FULL=(--mode full --seq-len 64 --batch 2 --lr 3e-3 --warmup 2 --steps 20)
-run full cpu "${FULL[@]}"
-run full "$DEV" "${FULL[@]}"
+run full "$D/m.ckpt" cpu "${FULL[@]}"
+run full "$D/m.ckpt" "$DEV" "${FULL[@]}"
 compare full 20
 # the loss falls: the run trained something (equal flat curves would prove nothing)
 first=$(head -1 "$D/full-opencl.loss" | cut -d' ' -f2) last=$(tail -1 "$D/full-opencl.loss" | cut -d' ' -f2)
@@ -78,9 +81,16 @@ python3 -c "import sys; sys.exit(0 if float('${last:-0}') < 0.9 * float('${first
 check $? "full: the OpenCL run's loss does not fall ($first -> $last)"
 
 LORA=(--seq-len 64 --batch 1 --grad-accum 2 --lora-rank 4 --lora-alpha 8 --lora-targets q,v,down --lora-dropout 0.1 --lr 1e-2 --steps 10)
-run lora cpu "${LORA[@]}"
-run lora "$DEV" "${LORA[@]}"
+run lora "$D/m.ckpt" cpu "${LORA[@]}"
+run lora "$D/m.ckpt" "$DEV" "${LORA[@]}"
 compare lora 10
+
+"$LLSRV" init --dims 64,5,8,4,192,512 -o "$D/m192.ckpt" >"$D/init2.out" 2>&1 &&
+  "$LLSRV" convert "$D/m192.ckpt" "$D/q4_1.ckpt" --quant q4_1 >"$D/convert.out" 2>&1
+check $? "llsrv init + convert --quant q4_1: $(cat "$D/init2.out" "$D/convert.out")"
+run lora_q4_1 "$D/q4_1.ckpt" cpu "${LORA[@]}"
+run lora_q4_1 "$D/q4_1.ckpt" "$DEV" "${LORA[@]}"
+compare lora_q4_1 10
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
