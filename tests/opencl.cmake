@@ -1,4 +1,5 @@
-# The OpenCL backend on PoCL (or $LL_TEST_OPENCL_DEVICE): every kernel against the CPU backend,
+# The OpenCL backend on PoCL (or $LL_TEST_OPENCL_DEVICE): every kernel against the CPU backend
+# (training members against the CPU's scalar references), also built as for a device without f64,
 # device-choice fallbacks, the binary cache; end to end, llsrv generate's greedy ids on OpenCL
 # equal the CPU backend's (stories260K and SmolLM2).
 ll_test(NAME test_opencl SOURCES test_opencl.c LIBS ll_kernels LABELS unit TIMEOUT 300)

@@ -642,6 +642,7 @@ int main(void) {
   cl = NULL;
   CHECK(ll_backend_create(&cl, &p, reason, sizeof reason, err, sizeof err) == 0);
   printf("without f64: %s\n", reason);
+  CHECK(strstr(reason, "kernels built") != NULL); // the build options are in the cache key
   if (cl && strncmp(reason, "opencl:", 7) == 0) {
     struct ll_backend_info in;
     cl->i->get_info(cl, &in);
