@@ -236,7 +236,8 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   // Kernels that take side tables of the activation blocks get them computed here, once.
   float *sc = NULL;
   int32_t *ss = NULL;
-  if (k->tile_sc && T >= 2 && (k->act_type == LL_TYPE_Q8_0 || k->act_type == LL_TYPE_Q8_1)) {
+  // (A decode step too: with them the AVX2 Q4_0/Q5_0 tiles skip recomputing -8·Σa per block.)
+  if (k->tile_sc && (k->act_type == LL_TYPE_Q8_0 || k->act_type == LL_TYPE_Q8_1)) {
     const size_t nbt = (size_t)(w->k / 32) * (size_t)T;
     if (grow((void **)&c->asc, &c->asc_cap, nbt * (sizeof(float) + sizeof(int32_t)))) return LL_ENOMEM;
     sc = c->asc;

@@ -406,6 +406,10 @@ AI void qblk_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as
   __m256 acc[2][2]; // [row pair][token group]
   _Pragma("GCC unroll 2")
   for (int p = 0; p < NP; p++) acc[p][0] = acc[p][1] = _mm256_setzero_ps();
+  // One token and 3-4 rows (a decode step): both pairs' partials share one reduction and one
+  // float step, lanes [r0 r2 . . | r1 r3 . .] (see below); acc1 holds them.
+  const int ONE = NA == 1 && NP == 2;
+  __m256 acc1 = _mm256_setzero_ps();
   for (int i = 0; i < nb; i++) {
     const size_t blk = (size_t)i * bsz;
     __m256i lo[2], hi[2];
@@ -444,6 +448,24 @@ AI void qblk_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as
           m[p][t] = _mm256_madd_epi16(v, ones); // row's 4 int32 partials (8 products each)
         }
       }
+      if (ONE) {
+        // The same integer sums as the per-pair path below, in other lanes: packs brings rows
+        // r0, r2 (low half) and r1, r3 (high half) together, each level adds the same pairs.
+        const __m256i q = _mm256_madd_epi16(_mm256_packs_epi32(m[0][0], m[1][0]), ones); // [r0 r0 r2 r2 | r1 r1 r3 r3]
+        __m256i si = Q5 ? _mm256_hadd_epi32(q, z) : _mm256_madd_epi16(_mm256_packs_epi32(q, z), ones); // [r0 r2 0 0 | r1 r3 0 0]
+        const __m256 dwo = _mm256_blend_ps(dw[0], dw[1], 0x22); // [d0 d2 d0 d0 | d1 d3 d1 d1]
+        __m256 da;
+        if (SIDE) {
+          da = _mm256_broadcast_ss(sca + (size_t)i * scs);
+          const __m256i c = _mm256_set1_epi32(ssa[(size_t)i * scs]);
+          si = _mm256_add_epi32(si, Q5 ? _mm256_slli_epi32(c, 1) : c);
+        } else {
+          da = _mm256_set1_ps(tok_h((const char *)a + (size_t)i * sizeof(ll_block_q8_0), as, 0, 0, 1));
+        }
+        const __m256 f = _mm256_cvtepi32_ps(si);
+        acc1 = Q5 ? _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_mul_ps(f, dwo), da)) : _mm256_fmadd_ps(f, _mm256_mul_ps(dwo, da), acc1);
+        continue;
+      }
       __m256 da;
       __m256i c = z;
       if (SIDE) {
@@ -466,6 +488,13 @@ AI void qblk_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as
           acc[p][g] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw[p], da), acc[p][g]);
       }
     }
+  }
+  if (ONE) {
+    float o[8];
+    _mm256_storeu_ps(o, acc1);
+    out[0] = o[0], out[1] = o[4], out[2] = o[1];
+    if (NW > 3) out[3] = o[5];
+    return;
   }
   _Pragma("GCC unroll 2")
   for (int p = 0; p < NP; p++)
