@@ -175,30 +175,55 @@ static void dot_q5_1_q8_1(int n, float *s, const void *w, const void *a) {
 
 
 // Q4_K / Q5_K: per 64 elements, low then high nibbles (+ the fifth bit for Q5_K) times the
-// Q8_K bytes, scaled by the 6-bit sub-block scales in int32.
+// Q8_K bytes, scaled by the 6-bit sub-block scales in int32. Every sum here is an exact
+// integer, so how it is formed is free; only the float step (in the dots and tiles) is fixed.
+// The 8 scales (bytes 0-7) and 8 mins (bytes 8-15) of a super-block, as k_scale_min decodes
+// them one by one (ggml's bit shuffle, four words at once).
+static inline __m128i k4_scales_mins(const uint8_t *scales) {
+  uint32_t u[4];
+  memcpy(u, scales, 12);
+  const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+  u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4); // mins 4..7
+  const uint32_t mins03 = u[1] & m1;
+  u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4); // scales 4..7
+  u[2] = mins03;
+  u[0] &= m1; // scales 0..3
+  return _mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]);
+}
+// int16 lane pattern for _mm256_shuffle_epi8: word j of each 128-bit half in all 8 words.
+static inline __m256i k_word_bcast(int j) { return _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))); }
 // A super-block's weights unpacked (scales and values), shared by every token of a tile.
 struct k4_unpacked {
   __m256i q[8];  // sub-blocks 2j (low nibbles) and 2j+1 (high), 32 bytes each, 0..15 (0..31 for Q5_K)
   __m256i sc[8]; // their 6-bit scales as int16 lanes
-  int mn[8];     // their 6-bit mins
+  __m128i mn;    // their 6-bit mins, int16
 };
-static inline void k4_unpack(const uint8_t *qs, const uint8_t *qh, const uint8_t *scales, struct k4_unpacked *u) {
+// Sub-block j's 32 weights (0..15, or 0..31 with Q5_K's fifth bits from qhv).
+static inline __m256i k4_q(const uint8_t *qs, __m256i qhv, int has_qh, int j) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const __m256i qb = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
+  __m256i q = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4) : _mm256_and_si256(qb, m4);
+  if (has_qh) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qhv, j), one), 4));
+  return q;
+}
+static inline void k4_unpack(const uint8_t *qs, const uint8_t *qh, const uint8_t *scales, struct k4_unpacked *u) {
   const __m256i qhv = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+  const __m256i sm = _mm256_cvtepu8_epi16(k4_scales_mins(scales)); // scales 0..7 | mins 0..7
+  const __m256i scv = _mm256_permute2x128_si256(sm, sm, 0x00);
+  u->mn = _mm256_extracti128_si256(sm, 1);
   for (int j = 0; j < 8; j++) {
-    int sc;
-    k_scale_min(j, scales, &sc, &u->mn[j]);
-    u->sc[j] = _mm256_set1_epi16((short)sc);
+    u->sc[j] = _mm256_shuffle_epi8(scv, k_word_bcast(j));
+    u->q[j] = k4_q(qs, qhv, qh != NULL, j);
   }
-  for (int j = 0; j < 4; j++, qs += 32) {
-    const __m256i qb = _mm256_loadu_si256((const __m256i *)qs);
-    __m256i lo = _mm256_and_si256(qb, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
-    if (qh) {
-      lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qhv, 2 * j), one), 4));
-      hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qhv, 2 * j + 1), one), 4));
-    }
-    u->q[2 * j] = lo, u->q[2 * j + 1] = hi;
-  }
+}
+// Σ min·bsum of one token's super-block: the bsums (per 16) summed in pairs (per sub-block),
+// times the mins, exact in int16 / int32 (|bsum pair| <= 32·128, min <= 63).
+static inline int k4_msum(const ll_block_q8_K *y, __m128i mn) {
+  const __m128i b = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums), _mm_loadu_si128((const __m128i *)(y->bsums + 8)));
+  __m128i x = _mm_madd_epi16(mn, b);
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(x);
 }
 // The exact Σ scale·q·y and Σ min·bsum of one token's super-block.
 static inline void k4_isum(const ll_block_q8_K *y, const struct k4_unpacked *u, int *isum, int *msum) {
@@ -206,15 +231,20 @@ static inline void k4_isum(const ll_block_q8_K *y, const struct k4_unpacked *u, 
   for (int j = 0; j < 8; j++)
     acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u->q[j], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j))), u->sc[j]));
   *isum = hsum_i32(acc);
-  int m = 0;
-  for (int j = 0; j < 4; j++)
-    m += u->mn[2 * j] * (y->bsums[4 * j] + y->bsums[4 * j + 1]) + u->mn[2 * j + 1] * (y->bsums[4 * j + 2] + y->bsums[4 * j + 3]);
-  *msum = m;
+  *msum = k4_msum(y, u->mn);
 }
+// The same sums for one token without the unpacked copy (a decode step: nothing to share).
 static inline void k4_sums(const ll_block_q8_K *y, const uint8_t *qs, const uint8_t *qh, const uint8_t *scales, int *isum, int *msum) {
-  struct k4_unpacked u;
-  k4_unpack(qs, qh, scales, &u);
-  k4_isum(y, &u, isum, msum);
+  const __m256i qhv = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+  const __m256i sm = _mm256_cvtepu8_epi16(k4_scales_mins(scales));
+  const __m256i scv = _mm256_permute2x128_si256(sm, sm, 0x00);
+  __m256i acc = _mm256_setzero_si256();
+  for (int j = 0; j < 8; j++) {
+    const __m256i p = _mm256_maddubs_epi16(k4_q(qs, qhv, qh != NULL, j), _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_shuffle_epi8(scv, k_word_bcast(j))));
+  }
+  *isum = hsum_i32(acc);
+  *msum = k4_msum(y, _mm256_extracti128_si256(sm, 1));
 }
 
 static void dot_q4_K_q8_K(int n, float *s, const void *w, const void *a) {
@@ -241,45 +271,74 @@ static void dot_q5_K_q8_K(int n, float *s, const void *w, const void *a) {
   *s = sum;
 }
 
-// Q6_K: 6-bit values q (0..63) from ql/qh; Σ (q-32)·y·scale per 16 elements, exact in int32.
+// Q6_K: 6-bit values q (0..63) from ql/qh; Σ (q-32)·y·scale per 16 elements, exact in int32,
+// taken as Σ q·y·scale - 32·Σ scale·bsum (Q8_K's bsums are its 16-element sums): the same
+// integer, one multiply per 32 values fewer.
 struct k6_unpacked {
   __m256i q[8];  // 32 values each: half h, part k at 4h + k
   __m256i sc[8]; // their two 16-element scales as int16 lanes (elements 0-15 | 16-31)
+  __m256i sc16;  // the 16 scales as int16 (for the bsums)
 };
-static inline void k6_unpack(const ll_block_q6_K *x, struct k6_unpacked *u) {
+// Part k (0..3) of half h's 32 values, from that half's ql (l0, l1) and qh (h).
+static inline __m256i k6_q(__m256i l0, __m256i l1, __m256i h, int k) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  const __m256i l = k & 1 ? l1 : l0;
+  const __m256i lo = k < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+  return _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(k ? _mm256_srli_epi16(h, 2 * k) : h, m3), 4));
+}
+// Pattern for _mm256_shuffle_epi8 on [scales as int16 | the same]: word a in the low half's 8
+// words, word b in the high half's.
+static inline __m256i k6_word_pair(int a, int b) {
+  return _mm256_setr_m128i(_mm_set1_epi16((short)(((2 * a + 1) << 8) | (2 * a))), _mm_set1_epi16((short)(((2 * b + 1) << 8) | (2 * b))));
+}
+static inline void k6_unpack(const ll_block_q6_K *x, struct k6_unpacked *u) {
+  u->sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
   for (int half = 0; half < 2; half++) {
     const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
-    const int8_t *sc = x->scales + 8 * half;
     const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
     const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-    __m256i *q = u->q + 4 * half;
-    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
-    for (int k = 0; k < 4; k++) u->sc[4 * half + k] = _mm256_setr_m128i(_mm_set1_epi16(sc[2 * k]), _mm_set1_epi16(sc[2 * k + 1]));
+    const __m256i s8 = _mm256_permute2x128_si256(u->sc16, u->sc16, half ? 0x11 : 0x00); // this half's 8 scales, both halves
+    for (int k = 0; k < 4; k++) {
+      u->q[4 * half + k] = k6_q(l0, l1, h, k);
+      u->sc[4 * half + k] = _mm256_shuffle_epi8(s8, k6_word_pair(2 * k, 2 * k + 1));
+    }
   }
 }
+// -32·Σ scale·bsum (|scale·bsum| <= 128·2048: exact in int32 lanes).
+static inline __m256i k6_offset(const ll_block_q8_K *y, __m256i sc16) {
+  return _mm256_slli_epi32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y->bsums)), 5);
+}
 static inline int k6_isum(const ll_block_q8_K *y, const struct k6_unpacked *u) {
-  const __m256i c32 = _mm256_set1_epi8(32);
   __m256i acc = _mm256_setzero_si256();
   for (int j = 0; j < 8; j++) {
     const __m256i yv = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j));
-    // (q-32)·y in int16 pairs: q·y - 32·y, both exact (|pair| <= 16128 and 8192).
-    const __m256i d16 = _mm256_sub_epi16(_mm256_maddubs_epi16(u->q[j], yv), _mm256_maddubs_epi16(c32, yv));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(d16, u->sc[j]));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u->q[j], yv), u->sc[j])); // q·y pairs <= 2·63·128
   }
-  return hsum_i32(acc);
+  return hsum_i32(_mm256_sub_epi32(acc, k6_offset(y, u->sc16)));
+}
+// The same for one token without the unpacked copy.
+static inline int k6_isum1(const ll_block_q8_K *y, const ll_block_q6_K *x) {
+  const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+  __m256i acc = _mm256_setzero_si256();
+  for (int half = 0; half < 2; half++) {
+    const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    const __m256i s8 = _mm256_permute2x128_si256(sc16, sc16, half ? 0x11 : 0x00);
+    for (int k = 0; k < 4; k++) {
+      const __m256i yv = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * half + 32 * k));
+      const __m256i p = _mm256_maddubs_epi16(k6_q(l0, l1, h, k), yv);
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_shuffle_epi8(s8, k6_word_pair(2 * k, 2 * k + 1))));
+    }
+  }
+  return hsum_i32(_mm256_sub_epi32(acc, k6_offset(y, sc16)));
 }
 static void dot_q6_K_q8_K(int n, float *s, const void *w, const void *a) {
   const ll_block_q6_K *x = w;
   const ll_block_q8_K *y = a;
   float sum = 0;
   for (int i = 0; i < n / 256; i++) {
-    struct k6_unpacked u;
-    k6_unpack(&x[i], &u);
-    const int isum = k6_isum(&y[i], &u);
+    const int isum = k6_isum1(&y[i], &x[i]);
     sum += h2f(x[i].d) * y[i].d * isum;
   }
   *s = sum;
@@ -294,15 +353,22 @@ static void tile_k4(int n, const void *w, size_t ws, int nw, const void *a, size
     for (int i = 0; i < n / 256; i++) {
       struct k4_unpacked u;
       float d, dmin;
+      const uint8_t *qs, *qh = NULL, *scales;
       if (q5) {
         const ll_block_q5_K *x = (const ll_block_q5_K *)(const void *)((const char *)w + (size_t)r * ws) + i;
-        k4_unpack(x->qs, x->qh, x->scales, &u);
-        d = h2f(x->d), dmin = h2f(x->dmin);
+        qs = x->qs, qh = x->qh, scales = x->scales, d = h2f(x->d), dmin = h2f(x->dmin);
       } else {
         const ll_block_q4_K *x = (const ll_block_q4_K *)(const void *)((const char *)w + (size_t)r * ws) + i;
-        k4_unpack(x->qs, NULL, x->scales, &u);
-        d = h2f(x->d), dmin = h2f(x->dmin);
+        qs = x->qs, scales = x->scales, d = h2f(x->d), dmin = h2f(x->dmin);
       }
+      if (na == 1) { // one token: the sums straight from the block
+        const ll_block_q8_K *y = (const ll_block_q8_K *)a + i;
+        int isum, msum;
+        k4_sums(y, qs, qh, scales, &isum, &msum);
+        sum[0] += y->d * (d * isum - dmin * msum);
+        continue;
+      }
+      k4_unpack(qs, qh, scales, &u);
       for (int t = 0; t < na; t++) {
         const ll_block_q8_K *y = (const ll_block_q8_K *)(const void *)((const char *)a + (size_t)t * as) + i;
         int isum, msum;
@@ -324,6 +390,11 @@ static void tile_q6_K(int n, const void *w, size_t ws, int nw, const void *a, si
     float sum[8] = {0};
     for (int i = 0; i < n / 256; i++) {
       const ll_block_q6_K *x = (const ll_block_q6_K *)(const void *)((const char *)w + (size_t)r * ws) + i;
+      if (na == 1) { // one token: straight from the block
+        const ll_block_q8_K *y = (const ll_block_q8_K *)a + i;
+        sum[0] += h2f(x->d) * y->d * k6_isum1(y, x);
+        continue;
+      }
       struct k6_unpacked u;
       k6_unpack(x, &u);
       for (int t = 0; t < na; t++) {
