@@ -64,6 +64,7 @@ struct ll_backend_info {
   int64_t max_alloc;      // largest single buffer, bytes
   int fp16, subgroups;    // cl_khr_fp16, cl_khr_subgroups reported (not required)
   int fp64;               // cl_khr_fp64: the kernels then reproduce the CPU's results bit for bit
+  int cl_platform, cl_device; // OpenCL: P and D of opencl:P:D (another instance on the same device)
 };
 
 struct ll_backend_i {

@@ -59,6 +59,7 @@ struct ocl_weight {
   size_t bytes;
   const void *host; // the ll_weight's data this copies
   int refs;         // ll_weights naming it (tied embeddings share one copy)
+  const void *owner; // the ocl_ctx holding it: cl_mems are bound to their context
 };
 
 struct kvpool {
@@ -192,7 +193,7 @@ static int weight_upload_impl(struct ocl_ctx *c, const struct ll_weight *w, stru
     free(ow);
     return cl_rc(e) ? cl_rc(e) : LL_ENOMEM;
   }
-  ow->bytes = bytes, ow->host = w->data, ow->refs = 1;
+  ow->bytes = bytes, ow->host = w->data, ow->refs = 1, ow->owner = c;
   // Blocking: drivers that allocate on first use report an out-of-memory here, not later.
   e = clEnqueueWriteBuffer(c->q, ow->m, CL_TRUE, 0, bytes, w->data, 0, NULL, NULL);
   if (e != CL_SUCCESS) {
@@ -223,6 +224,7 @@ static int ocl_weight_upload(struct ll_backend *b, struct ll_weight *w) {
 static void ocl_weight_release(struct ll_backend *b, struct ll_weight *w) {
   struct ocl_ctx *c = CTX(b);
   struct ocl_weight *ow = w->dev;
+  if (ow && ow->owner != c) return; // another instance's copy: its owner releases it
   w->dev = NULL;
   if (!ow || --ow->refs > 0) return;
   for (int i = 0; i < c->n_w; i++)
@@ -235,9 +237,12 @@ static void ocl_weight_release(struct ll_backend *b, struct ll_weight *w) {
 }
 
 // The device copy of w: its resident copy (weight_upload), or, for a weight never uploaded,
-// a copy made for this call in a staging buffer (correct, but a transfer per call).
+// a copy made for this call in a staging buffer (correct, but a transfer per call). A copy
+// that another instance uploaded (the server's trainer has its own instance on the serving
+// device, and both see the model's ll_weights) is a buffer of another context, which this
+// queue must not use: staged like a weight never uploaded.
 static int weight_dev(struct ocl_ctx *c, const struct ll_weight *w, cl_mem *out) {
-  if (w->dev) {
+  if (w->dev && ((const struct ocl_weight *)w->dev)->owner == c) {
     *out = ((struct ocl_weight *)w->dev)->m;
     return 0;
   }
@@ -1256,6 +1261,7 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
   clGetDeviceInfo(c->dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof gm, &gm, NULL);
   clGetDeviceInfo(c->dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof ma, &ma, NULL);
   in->compute_units = (int)cu;
+  in->cl_platform = plat, in->cl_device = dev;
   in->mem_total = c->mem_total = (int64_t)gm;
   // LL_OPENCL_MEM_LIMIT=bytes: use at most this much of the device (sharing a GPU; also how
   // the tests make an allocation run out).

@@ -233,7 +233,7 @@ int ll_cmd_serve(int argc, char **argv) {
     const char *stem = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
     if (cfg.train_checkpoint_dir) snprintf(run_dir, sizeof run_dir, "%s", cfg.train_checkpoint_dir);
     else snprintf(run_dir, sizeof run_dir, "%s/runs/%.*s", state_dir, (int)strcspn(stem, "."), stem);
-    if (ll_trainjob_create(&srv.job, srv.e, srv.sched, &cfg, model_path, cfg.train_data ? cfg.train_data : ".", run_dir, cfg.train_enabled, err,
+    if (ll_trainjob_create(&srv.job, srv.e, srv.sched, &cfg, model_path, cfg.train_data ? cfg.train_data : ".", run_dir, ep.cache_dir, cfg.train_enabled, err,
                            sizeof err) != 0) {
       fprintf(stderr, "llsrv: %s\n", err);
       goto out;
@@ -282,6 +282,13 @@ int ll_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "  training  off (monitor: train start; data %s, checkpoints in %s)\n", cfg.train_data ? cfg.train_data : ".", run_dir);
   else if (cfg.train_enabled)
     fprintf(stderr, "  training  unavailable: the model has no tokenizer\n");
+  if (srv.job) {
+    char td[700];
+    ll_trainjob_describe(srv.job, td, sizeof td);
+    const int64_t tdb = ll_trainjob_device_bytes(srv.job);
+    if (tdb >= 0) fprintf(stderr, "  trainer   %s: %s; %.1f MiB allocated\n", ll_trainjob_backend(srv.job), td, tdb / 1048576.0);
+    else fprintf(stderr, "  trainer   %s: %s\n", ll_trainjob_backend(srv.job), td);
+  }
   if (srv.listen_addr[0]) fprintf(stderr, "  listening on %s%s\n", srv.listen_addr, cfg.auth_token ? " (AUTH required)" : "");
   else fprintf(stderr, "  TCP off (listen: off)\n");
   fprintf(stderr, "  monitor   %s (lltop --socket %s)\n", srv.mon_path, srv.mon_path);

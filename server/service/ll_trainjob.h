@@ -1,5 +1,7 @@
 // ll_trainjob.h - the server's background training job: a training run (ll_train_run.h) on a
-// thread of its own with its own CPU backend, controlled from the monitor socket (train
+// thread of its own with its own backend (a CPU backend; or, when the server serves on an
+// OpenCL device, an instance of its own on that device, falling back to a CPU backend with the
+// reason logged when it cannot be had), controlled from the monitor socket (train
 // start|pause|resume|stop, save) and reported in the monitor's `training` object, its history
 // and its events (man 7 llsrv-protocol, MONITOR SOCKET).
 //
@@ -26,9 +28,10 @@ struct ll_trainjob;
 
 #define LL_TRAINJOB_HISTORY 512
 
-// run_dir: where checkpoints go; data: the corpus. autostart: begin at once (train.enabled).
+// run_dir: where checkpoints go; data: the corpus; cache_dir: the OpenCL binary cache the
+// engine's backend used (NULL: none). autostart: begin at once (train.enabled).
 int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_sched *s, const struct ll_config *cfg, const char *model_path,
-                       const char *data, const char *run_dir, int autostart, char *err, size_t errlen);
+                       const char *data, const char *run_dir, const char *cache_dir, int autostart, char *err, size_t errlen);
 void ll_trainjob_stop(struct ll_trainjob *j);    // accepts NULL; before the scheduler stops
 void ll_trainjob_destroy(struct ll_trainjob *j); // accepts NULL; stops it first if need be
 
@@ -37,5 +40,11 @@ int ll_trainjob_control(struct ll_trainjob *j, const char *cmd, char *msg, size_
 // The monitor's `training` object (every field; history up to LL_TRAINJOB_HISTORY points).
 json_t *ll_trainjob_json(struct ll_trainjob *j);
 int64_t ll_trainjob_bytes(struct ll_trainjob *j); // trainer memory, -1 before the run opened
+// What the trainer's own OpenCL instance holds on the device (its weights' copies, staging
+// buffers), -1 when it trains on the CPU. The serving backend's allocations are not in it.
+int64_t ll_trainjob_device_bytes(struct ll_trainjob *j);
+const char *ll_trainjob_backend(const struct ll_trainjob *j); // "cpu" or "opencl" (fixed after create)
+// One line: the training device's name and why it trains there (fixed after create).
+void ll_trainjob_describe(const struct ll_trainjob *j, char *out, size_t cap);
 
 #endif

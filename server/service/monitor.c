@@ -97,7 +97,10 @@ static json_t *snapshot_json(struct ll_server *s) {
   // For the OpenCL backend: its global memory and what we allocated on it (counted at start-up:
   // weights and staging; the KV pool grows on the device as it is used).
   json_object_set_new(mem, "device_total", is_cpu ? int_or_null(have_mem, mt) : json_integer(in->device_mem_total));
-  json_object_set_new(mem, "device_used", is_cpu ? int_or_null(have_mem, mt - ma) : json_integer(in->device_mem_used));
+  // The trainer's own OpenCL instance on the same device (trainjob.c) counts its allocations
+  // apart: device_used is both instances' sum, train_device_bytes the trainer's part.
+  const int64_t tdb = s->job ? ll_trainjob_device_bytes(s->job) : -1;
+  json_object_set_new(mem, "device_used", is_cpu ? int_or_null(have_mem, mt - ma) : json_integer(in->device_mem_used + (tdb > 0 ? tdb : 0)));
   json_object_set_new(mem, "host_rss", int_or_null(rss >= 0, rss));
   json_object_set_new(mem, "host_total", int_or_null(have_mem, mt));
   json_object_set_new(mem, "weights", json_integer(in->weight_bytes));
@@ -106,6 +109,7 @@ static json_t *snapshot_json(struct ll_server *s) {
   json_object_set_new(mem, "kv_blocks_total", json_integer(in->kv_blocks_total));
   const int64_t tb = s->job ? ll_trainjob_bytes(s->job) : -1; // null until a run has its buffers
   json_object_set_new(mem, "train_bytes", tb >= 0 ? json_integer(tb) : json_null());
+  json_object_set_new(mem, "train_device_bytes", tdb >= 0 ? json_integer(tdb) : json_null());
   json_object_set_new(root, "memory", mem);
 
   json_t *model = json_object();
@@ -159,7 +163,7 @@ static json_t *snapshot_json(struct ll_server *s) {
     tr = json_object();
     json_object_set_new(tr, "state", json_string(s->cfg->train_enabled ? "unavailable" : "off"));
     const char *nulls[] = {"step", "total_steps", "epoch", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "eta_s", "last_checkpoint",
-                           "skipped_steps", "run_dir"};
+                           "skipped_steps", "run_dir", "backend", "device", "device_reason"};
     for (size_t i = 0; i < sizeof nulls / sizeof nulls[0]; i++) json_object_set_new(tr, nulls[i], json_null());
     json_object_set_new(tr, "history", json_array()); // [[step, loss, val_loss|null], ...]
     json_object_set_new(tr, "history_tail", json_false());

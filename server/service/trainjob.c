@@ -38,7 +38,16 @@ struct ll_trainjob {
   struct ll_train_run_opts ro;
   char model_path[1024], data[1024], run_dir[1024], arch[32];
   struct ll_train_run *run;  // the training thread's (destroy's once it has been joined)
-  struct ll_backend *be;     // the training thread's own CPU backend (its pool, its scratch)
+  struct ll_backend *be;     // the training thread's own backend (CPU: its pool, its scratch; OpenCL: its queue)
+  // On an OpenCL serving device the trainer computes on its own instance of that device (the
+  // serving backend's staging buffers and queue belong to the compute thread), and on its own
+  // copy of the model's weight table: the engine's ll_weights name the serving instance's
+  // device copies (w->dev), buffers of another OpenCL context. NULL layers: the engine's model.
+  struct ll_model dm;
+  const struct ll_model *m; // what the trainer computes on: &dm, or the engine's model
+  char cache_dir[1100];     // the OpenCL binary cache (the serving backend's), "" for none
+  // Which device trains, and why (set before init_done, constant after): the log, the monitor.
+  char be_name[16], be_device[128], be_reason[512];
   int n_threads, nice;
   double share;  // train.share
   double y_last; // when the training thread last passed a yield point (train_yield)
@@ -58,6 +67,7 @@ struct ll_trainjob {
   int n_evq, cap_evq;
   int state, cmds;
   int64_t step, total, epoch, skipped, bytes;
+  int64_t dev_bytes; // what the trainer's OpenCL instance holds on the device (-1: CPU trainer)
   double loss, val, lr, gnorm, tps, eta;
   char last_ckpt[4160], error[512];
   struct point hist[LL_TRAINJOB_HISTORY];
@@ -200,9 +210,19 @@ static int publish_weights(void *arg) {
   return ll_trainer_model(tr) ? ll_engine_use_weights(j->e, ll_trainer_model(tr)) : 0;
 }
 
+// What the trainer's OpenCL instance holds now (training thread; the loop reads the copy).
+static void note_dev_bytes(struct ll_trainjob *j) {
+  if (strcmp(j->be_name, "opencl") != 0) return;
+  struct ll_backend_info bi;
+  j->be->i->get_info(j->be, &bi);
+  pthread_mutex_lock(&j->mu);
+  j->dev_bytes = bi.mem_used;
+  pthread_mutex_unlock(&j->mu);
+}
+
 static int open_run(struct ll_trainjob *j) {
   char err[1024], desc[4096];
-  int rc = ll_train_run_open(&j->run, ll_engine_model(j->e), j->be, ll_engine_tokenizer(j->e), &j->tp, &j->ro, err, sizeof err);
+  int rc = ll_train_run_open(&j->run, j->m, j->be, ll_engine_tokenizer(j->e), &j->tp, &j->ro, err, sizeof err);
   if (rc) {
     fail(j, err);
     return rc;
@@ -229,6 +249,7 @@ static int open_run(struct ll_trainjob *j) {
   j->val = val;
   if (!isnan(val)) hist_add(j, st.step, NAN, val);
   pthread_mutex_unlock(&j->mu);
+  note_dev_bytes(j);
   return 0;
 }
 
@@ -282,6 +303,7 @@ static int slice(struct ll_trainjob *j, int cmds) {
   const double t0 = now_s();
   int rc = ll_train_run_step(j->run, &ev, err, sizeof err);
   const double dt = now_s() - t0;
+  note_dev_bytes(j); // the staging buffers grow to the largest op's operands
   if (rc) {
     fail(j, err);
     return 0;
@@ -350,15 +372,98 @@ static int slice(struct ll_trainjob *j, int cmds) {
   return 1;
 }
 
-// The training thread: its own CPU backend (created here, so that its pool's workers share
-// this thread's lower priority), then commands and steps until ll_trainjob_stop.
+// The trainer's copy of the engine's model with its matrices resident on be (the OpenCL
+// instance): the same host data and hyperparameters, device copies of its own (tied
+// embeddings stay one copy: weight_upload finds the same data). Full-parameter training
+// computes on f32 copies of its own (ll_trainer.h), so there only the table is copied.
+static int model_on_device(struct ll_trainjob *j, struct ll_backend *be, int upload) {
+  const struct ll_model *m = ll_engine_model(j->e);
+  j->dm = *m;
+  j->dm.layers = calloc((size_t)(m->L > 0 ? m->L : 1), sizeof *j->dm.layers);
+  if (!j->dm.layers) return LL_ENOMEM;
+  memcpy(j->dm.layers, m->layers, (size_t)m->L * sizeof *m->layers);
+  struct ll_weight *top[] = {&j->dm.tok_embd, &j->dm.output};
+  for (size_t i = 0; i < 2; i++) top[i]->dev = NULL;
+  for (int l = 0; l < m->L; l++) {
+    struct ll_layer *y = &j->dm.layers[l];
+    struct ll_weight *ws[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) ws[i]->dev = NULL;
+  }
+  j->m = &j->dm;
+  if (!upload || !be->i->weight_upload) return 0;
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i < 2; i++) rc = be->i->weight_upload(be, top[i]);
+  for (int l = 0; rc == 0 && l < m->L; l++) {
+    struct ll_layer *y = &j->dm.layers[l];
+    struct ll_weight *ws[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down};
+    for (size_t i = 0; rc == 0 && i < sizeof ws / sizeof ws[0]; i++) rc = be->i->weight_upload(be, ws[i]);
+  }
+  return rc;
+}
+
+// Testing aid: LL_OPENCL_FAULT=train fails the trainer's OpenCL instance (not the serving one),
+// to exercise the CPU fallback.
+static int train_fault(void) {
+  const char *f = getenv("LL_OPENCL_FAULT");
+  return f && strcmp(f, "train") == 0;
+}
+
+// When the server serves on an OpenCL device, the trainer takes its own instance of that
+// device (opencl:P:D as the serving backend reports it, the same binary cache, so the build
+// is a cache hit). 0 with j->be set, or a negative code with why in err: the caller trains on
+// the CPU instead, which must never stop serving.
+static int open_device(struct ll_trainjob *j, const struct ll_backend_info *si, char *err, size_t errlen) {
+  struct ll_backend *be = NULL;
+  int rc = train_fault() ? ll_errf(err, errlen, LL_EIO, "LL_OPENCL_FAULT=train")
+                         : ll_backend_opencl_create(&be, si->cl_platform, si->cl_device, j->cache_dir[0] ? j->cache_dir : NULL, err, errlen);
+  if (rc == 0 && (rc = model_on_device(j, be, j->tp.mode != LL_TRAIN_FULL)) != 0) {
+    struct ll_backend_info bi;
+    be->i->get_info(be, &bi);
+    rc = ll_errf(err, errlen, rc, "the weights do not fit beside the server's (%s; %.0f MiB of %.0f MiB allocated by the trainer)", ll_strerror(rc),
+                 (double)bi.mem_used / (1 << 20), (double)bi.mem_total / (1 << 20));
+  }
+  if (rc) {
+    ll_backend_free(be); // releases its device copies
+    free(j->dm.layers);
+    memset(&j->dm, 0, sizeof j->dm);
+    return rc;
+  }
+  // The model's transcendentals, as the serving backend computes them; no batch invariance
+  // (only requests need it; the OpenCL products do not depend on the batch anyway).
+  be->ggml_math = ll_engine_backend(j->e)->ggml_math;
+  be->batch_invariant = 0;
+  j->be = be;
+  struct ll_backend_info bi;
+  be->i->get_info(be, &bi);
+  snprintf(j->be_name, sizeof j->be_name, "opencl");
+  snprintf(j->be_device, sizeof j->be_device, "%s", bi.device);
+  snprintf(j->be_reason, sizeof j->be_reason, "opencl:%d:%d: the serving device, on an instance of its own (its queue, its staging buffers); kernels %s",
+           si->cl_platform, si->cl_device, ll_backend_opencl_cache_hit(be) ? "from the binary cache" : "built");
+  j->dev_bytes = bi.mem_used;
+  return 0;
+}
+
+// The training thread: its own backend (created here, so that a CPU pool's workers share this
+// thread's lower priority), then commands and steps until ll_trainjob_stop.
 static void *train_main(void *arg) {
   struct ll_trainjob *j = arg;
   if (j->nice > 0 && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), j->nice) != 0)
     ll_log(LL_LOG_DEBUG, "training: cannot lower the training thread's priority (nice %d)", j->nice);
-  char err[256];
-  int rc = ll_backend_cpu_create(&j->be, j->n_threads, err, sizeof err);
-  if (rc == 0) { // the model's transcendentals (ll_backend.h); batches through sgemm as `llsrv train`'s
+  char err[256], derr[400];
+  int rc = 0;
+  struct ll_backend_info si;
+  ll_engine_backend(j->e)->i->get_info(ll_engine_backend(j->e), &si);
+  const int on_cl = strcmp(si.name, "opencl") == 0;
+  if (on_cl && open_device(j, &si, derr, sizeof derr) != 0) {
+    ll_log(LL_LOG_WARN, "training: on the CPU: the serving device opencl:%d:%d '%s' cannot train beside the server: %s", si.cl_platform,
+           si.cl_device, si.device, derr);
+    snprintf(j->be_reason, sizeof j->be_reason, "cpu: opencl:%d:%d cannot train beside the server: %s", si.cl_platform, si.cl_device, derr);
+  }
+  if (!j->be) {
+    j->m = ll_engine_model(j->e);
+    rc = ll_backend_cpu_create(&j->be, j->n_threads, err, sizeof err);
+  }
+  if (rc == 0 && strcmp(j->be_name, "opencl") != 0) { // the model's transcendentals (ll_backend.h); batches through sgemm as `llsrv train`'s
     j->be->ggml_math = ll_engine_backend(j->e)->ggml_math;
     // Only requests need batch invariance (a token's answer must not depend on its batch): the
     // serving backend keeps it, and this backend, which only trains and evaluates, takes the
@@ -366,7 +471,13 @@ static void *train_main(void *arg) {
     // AVX-512 VNNI the dequantize+sgemm forward is 1.3-2x the integer tiles').
     j->be->batch_invariant = 0;
     j->be->train_sgemm = 1;
+    struct ll_backend_info bi;
+    j->be->i->get_info(j->be, &bi);
+    snprintf(j->be_name, sizeof j->be_name, "cpu");
+    snprintf(j->be_device, sizeof j->be_device, "%s", bi.device);
+    if (!on_cl) snprintf(j->be_reason, sizeof j->be_reason, "cpu: the serving device (a CPU backend of its own: its pool, its scratch)");
   }
+  if (rc == 0) ll_log(LL_LOG_INFO, "training: on %s (%s)", j->be_device, j->be_reason);
   pthread_mutex_lock(&j->mu);
   j->init_rc = rc;
   if (rc) snprintf(j->init_err, sizeof j->init_err, "%s", err);
@@ -389,7 +500,7 @@ static void *train_main(void *arg) {
 // ---------------------------------------------------------------- API
 
 int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_sched *s, const struct ll_config *cfg, const char *model_path,
-                       const char *data, const char *run_dir, int autostart, char *err, size_t errlen) {
+                       const char *data, const char *run_dir, const char *cache_dir, int autostart, char *err, size_t errlen) {
   *out = NULL;
   struct ll_trainjob *j = calloc(1, sizeof *j);
   if (!j) return ll_errf(err, errlen, LL_ENOMEM, "training: out of memory");
@@ -404,6 +515,8 @@ int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_
   snprintf(j->model_path, sizeof j->model_path, "%s", model_path);
   snprintf(j->data, sizeof j->data, "%s", data ? data : "");
   snprintf(j->run_dir, sizeof j->run_dir, "%s", run_dir);
+  snprintf(j->cache_dir, sizeof j->cache_dir, "%s", cache_dir ? cache_dir : "");
+  j->dev_bytes = -1;
   snprintf(j->arch, sizeof j->arch, "%s", info.arch);
   j->ro = (struct ll_train_run_opts){j->run_dir, j->data, j->model_path, j->arch, cfg->train_checkpoint_every, cfg->train_eval_every,
                                      cfg->train_eval_seqs, cfg->train_keep, cfg->train_val_fraction, 0};
@@ -467,7 +580,8 @@ void ll_trainjob_destroy(struct ll_trainjob *j) {
   if (!j) return;
   ll_trainjob_stop(j);
   ll_train_run_close(j->run);
-  ll_backend_free(j->be);
+  ll_backend_free(j->be); // an OpenCL instance releases its copies of dm's weights
+  free(j->dm.layers);
   for (int i = 0; i < j->n_evq; i++) free(j->evq[i]);
   free(j->evq);
   pthread_cond_destroy(&j->cv);
@@ -512,6 +626,9 @@ json_t *ll_trainjob_json(struct ll_trainjob *j) {
   json_object_set_new(tr, "last_checkpoint", j->last_ckpt[0] ? json_string(j->last_ckpt) : json_null());
   json_object_set_new(tr, "skipped_steps", on ? json_integer(j->skipped) : json_null());
   json_object_set_new(tr, "run_dir", json_string(j->run_dir));
+  json_object_set_new(tr, "backend", json_string(j->be_name));
+  json_object_set_new(tr, "device", json_string(j->be_device));
+  json_object_set_new(tr, "device_reason", json_string(j->be_reason));
   if (j->state == ST_ERROR) json_object_set_new(tr, "error", json_string(j->error));
   json_t *h = json_array();
   for (int i = 0; i < j->n_hist; i++) {
@@ -525,6 +642,19 @@ json_t *ll_trainjob_json(struct ll_trainjob *j) {
   json_object_set_new(tr, "history", h);
   json_object_set_new(tr, "history_tail", json_false()); // always the whole (downsampled) curve
   return tr;
+}
+
+int64_t ll_trainjob_device_bytes(struct ll_trainjob *j) {
+  pthread_mutex_lock(&j->mu);
+  int64_t b = j->dev_bytes;
+  pthread_mutex_unlock(&j->mu);
+  return b;
+}
+
+const char *ll_trainjob_backend(const struct ll_trainjob *j) { return j->be_name; }
+
+void ll_trainjob_describe(const struct ll_trainjob *j, char *out, size_t cap) {
+  snprintf(out, cap, "%s (%s)", j->be_device, j->be_reason);
 }
 
 int64_t ll_trainjob_bytes(struct ll_trainjob *j) {
