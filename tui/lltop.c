@@ -601,7 +601,11 @@ static void draw_serving(int y, int h, int W, int spark, int table) {
 
 static void draw_training(int y, int h, int W) {
   const struct lt_snapshot *s = &g_m.snap;
-  rule_at(y, W, "Training", 0, NULL);
+  // Where it trains (the server's trainer may run on the CPU while serving on a GPU).
+  char on[LT_TEXT + 32] = "";
+  if (s->tr_backend.known) lt_fmt(on, sizeof on, "on %s: %s", s->tr_backend.s, s->tr_device.known ? s->tr_device.s : "N/A");
+  if ((int)strlen(on) + 16 > W && s->tr_backend.known) lt_fmt(on, sizeof on, "on %s", s->tr_backend.s); // a narrow terminal
+  rule_at(y, W, "Training", 0, on);
   int iw = W, x = 0, r = y + 1;
   char a[32], b[32], c[32], d[32], e[32], f[32];
   const char *stt = s->tr_state.known ? s->tr_state.s : "N/A";

@@ -162,6 +162,8 @@ static void parse_snapshot(json_t *root, struct lt_snapshot *s) {
   s->tr_state = str(t, "state");
   s->tr_checkpoint = str(t, "last_checkpoint");
   s->tr_run_dir = str(t, "run_dir");
+  s->tr_backend = str(t, "backend"); // absent from older servers: unknown, not shown
+  s->tr_device = str(t, "device");
   s->tr_step = num(t, "step");
   s->tr_total = num(t, "total_steps");
   s->tr_epoch = num(t, "epoch");
@@ -400,6 +402,7 @@ size_t lt_format_text(const struct lt_snapshot *s, char *out, size_t cap) {
   lt_fmt_int(g, sizeof g, (struct lt_num){s->n_hist, s->hist_known});
   P("          lr %s  grad norm %s  skipped %s  %s tok/s  eta %s  last checkpoint %s  history %s points\n", a, b, c, d, e,
     S(&s->tr_checkpoint), g);
+  if (s->tr_backend.known) P("          on %s: %s\n", S(&s->tr_backend), S(&s->tr_device)); // where it trains (absent from older servers)
 #undef P
   return o;
 }

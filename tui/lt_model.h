@@ -51,7 +51,7 @@ struct lt_snapshot {
       clients_dropped;
   int n_reqs, reqs_known, reqs_cut; // reqs_cut: more rows came than LT_MAX_REQS
   struct lt_req reqs[LT_MAX_REQS];
-  struct lt_str tr_state, tr_checkpoint, tr_run_dir;
+  struct lt_str tr_state, tr_checkpoint, tr_run_dir, tr_backend, tr_device; // tr_backend/device: where it trains
   struct lt_num tr_step, tr_total, tr_epoch, tr_loss, tr_val_loss, tr_lr, tr_grad_norm, tr_tps, tr_eta, tr_skipped;
   int hist_known, hist_tail, n_hist;
   struct lt_point hist[LT_MSG_HIST];

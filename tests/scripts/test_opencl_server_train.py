@@ -4,7 +4,7 @@
 # small model (stories260K's shape from `llsrv init`, this repository's man pages as data).
 #
 # Asserts: the start-up summary's trainer line and the monitor's training.backend /
-# device_reason name the OpenCL device (a silent CPU fallback fails: no "on the CPU" line);
+# device_reason (and lltop) name the OpenCL device (a silent CPU fallback fails: no "on the CPU" line);
 # the trainer's own instance counts device memory (memory.train_device_bytes > 0, included in
 # device_used); training steps advance with a finite loss and a checkpoint is published
 # (checkpoint_saved with an existing file); a GEN request over TCP - adapter=live, the adapter
@@ -76,6 +76,9 @@ try:
     tr = mon.snapshot()["training"]
     check(ok and tr["state"] == "running" and isinstance(tr["loss"], float), "steps advance with a loss: %r" % {k: tr[k] for k in ("state", "step", "loss")})
     gen_while_training(srv, mon, "opencl")
+    lt = subprocess.run([os.path.join(os.environ["LL_BINARY_DIR"], "tui", "lltop"), "--once", "--socket", srv.sock], capture_output=True,
+                        text=True, timeout=60)
+    check(lt.returncode == 0 and ("on opencl: " + snap["device"]["name"]) in lt.stdout, "lltop --once names the trainer's device: %s" % lt.stdout[-600:])
     curve_cl = {p[0]: p[1] for p in mon.snapshot()["training"]["history"] if p[1] is not None}
     rc = srv.stop(signal.SIGTERM, timeout=60)
     check(rc == 0 and "at shutdown" in srv.output(), "SIGTERM saves and exits 0 (rc %r): %s" % (rc, srv.output()[-300:]))
