@@ -12,6 +12,7 @@
 # fallback: with LL_OPENCL_FAULT=train the trainer's instance fails, the server still serves on
 # the device, trains on the CPU and says why in one log line and in the monitor; that CPU
 # run's first 8 losses equal the OpenCL run's within 1e-3 relative (the same seed and data).
+# Last, full-parameter training on the device: steps, GEN answered meanwhile.
 #
 # No timed assertions: every wait is bounded far above the work (a step takes ~0.1 s here).
 import os
@@ -40,11 +41,12 @@ def args(run):
             "--train-checkpoint-dir", os.path.join(tmp, run)]
 
 
-def gen_while_training(srv, mon, what):
-    """A GEN over TCP with the live adapter answers, and training is still running after it."""
+def gen_while_training(srv, mon, what, adapter="adapter=live "):
+    """A GEN over TCP (with the live adapter in LoRA mode) answers, and training is still
+    running after it."""
     s0 = mon.snapshot()["training"]["step"]
     c = srv.conn(timeout=120)
-    text, kv, lines = c.generate("GEN adapter=live max_tokens=8 temperature=0 :the server")
+    text, kv, lines = c.generate("GEN %smax_tokens=8 temperature=0 :the server" % adapter)
     c.close()
     check(text is not None and kv.get("reason") == "length", "%s: GEN answered during training: %r" % (what, lines[-1:]))
     ok = wait_until(lambda: mon.snapshot()["training"]["step"] > s0, "%s: steps after the request" % what, 120)
@@ -111,6 +113,19 @@ try:
     check(len(common) == 8 and not bad, "the OpenCL trainer's losses equal the CPU trainer's within 1e-3: %d common steps, off: %r" % (len(common), bad))
     rc = srv.stop(signal.SIGTERM, timeout=60)
     check(rc == 0, "fallback server exits 0 (rc %r)" % rc)
+    mon.close()
+
+    # --- full-parameter training on the device: the trainer computes on f32 copies of its own,
+    # which the server serves (its weights' table without device copies: nothing uploaded)
+    srv = Server(tmp, [a if a != "1e-2" else "3e-3" for a in args("run3")] + ["--train-mode", "full"], env=env, name="srv3")
+    check("training: on the CPU" not in srv.output(), "full: no CPU fallback")
+    mon = Monitor(srv.sock)
+    ok = wait_until(lambda: (mon.snapshot()["training"]["step"] or 0) >= 3, "full: 3 steps", 300)
+    tr = mon.snapshot()["training"]
+    check(ok and tr["backend"] == "opencl" and isinstance(tr["loss"], float), "full: steps on the device: %r" % {k: tr.get(k) for k in ("backend", "step", "loss")})
+    gen_while_training(srv, mon, "full", adapter="")
+    rc = srv.stop(signal.SIGTERM, timeout=60)
+    check(rc == 0, "full: exits 0 (rc %r)" % rc)
     mon.close()
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
