@@ -576,6 +576,35 @@ static int find_device(void) {
   return 0;
 }
 
+// Two instances on one device (the server's serving and training backends): each reports the
+// device's indices (opencl:P:D, how the trainer names the serving device), and a weight one
+// uploaded is a buffer of its context, which the other stages per call instead of using (the
+// same results) and does not release.
+static void test_two_instances(struct ll_backend *a, struct ll_backend *b) {
+  struct ll_backend_info ia, ib;
+  a->i->get_info(a, &ia);
+  b->i->get_info(b, &ib);
+  char name[32];
+  snprintf(name, sizeof name, "opencl:%d:%d", ia.cl_platform, ia.cl_device);
+  CHECKF(strcmp(name, dev_name) == 0 && ia.cl_platform == ib.cl_platform && ia.cl_device == ib.cl_device, "instances report %s for %s", name,
+         dev_name);
+  const int K = 160, N = 37, T = 3;
+  void *wd = make_weight(LL_TYPE_Q4_1, K, N);
+  struct ll_weight w = {LL_TYPE_Q4_1, K, N, wd, NULL};
+  CHECK(a->i->weight_upload(a, &w) == 0 && w.dev);
+  float *x = malloc((size_t)T * K * 4), *oa = malloc((size_t)T * N * 4), *ob = malloc((size_t)T * N * 4);
+  randf(x, (size_t)T * K, 1.0f);
+  CHECK(a->i->matmul(a, oa, x, &w, T, 0) == 0);
+  CHECK(b->i->matmul(b, ob, x, &w, T, 0) == 0);
+  CHECK(memcmp(oa, ob, (size_t)T * N * 4) == 0);
+  void *dev = w.dev;
+  b->i->weight_release(b, &w); // not b's: left alone
+  CHECK(w.dev == dev);
+  a->i->weight_release(a, &w);
+  CHECK(w.dev == NULL);
+  free(x), free(oa), free(ob), free(wd);
+}
+
 int main(void) {
   rs = ll_test_seed();
   // Which device: decided in a child so that this process has not touched OpenCL before the
@@ -629,12 +658,15 @@ int main(void) {
   ref_i = ll_cpu_train_ref();
   test_matmul_backward(cl);
   test_train_ops(cl);
-  ll_backend_free(cl);
-  // The second start loads the program from the binary cache.
-  cl = NULL;
-  CHECK(ll_backend_create(&cl, &p, reason, sizeof reason, err, sizeof err) == 0);
+  // The second start loads the program from the binary cache; while the first instance is
+  // still open, as the server's trainer opens one beside the serving one.
+  struct ll_backend *cl2 = NULL;
+  CHECK(ll_backend_create(&cl2, &p, reason, sizeof reason, err, sizeof err) == 0);
   printf("%s\n", reason);
   CHECK(strstr(reason, "from the binary cache") != NULL);
+  if (cl2 && strncmp(reason, "opencl:", 7) == 0) test_two_instances(cl, cl2);
+  else CHECK(0);
+  ll_backend_free(cl2);
   ll_backend_free(cl);
   // Again with the kernels built as for a device without f64 (LL_OPENCL_NO_FP64): the f32
   // fallbacks of the f64 sums, divisions and square roots, against the tolerances.
