@@ -475,9 +475,9 @@ static void *train_main(void *arg) {
     j->be->i->get_info(j->be, &bi);
     snprintf(j->be_name, sizeof j->be_name, "cpu");
     snprintf(j->be_device, sizeof j->be_device, "%s", bi.device);
-    if (!on_cl) snprintf(j->be_reason, sizeof j->be_reason, "cpu: the serving device (a CPU backend of its own: its pool, its scratch)");
+    if (!on_cl) snprintf(j->be_reason, sizeof j->be_reason, "cpu: the serving device, on a CPU backend of its own (its pool, its scratch)");
   }
-  if (rc == 0) ll_log(LL_LOG_INFO, "training: on %s (%s)", j->be_device, j->be_reason);
+  if (rc == 0) ll_log(LL_LOG_INFO, "training: on %s; %s", j->be_device, j->be_reason);
   pthread_mutex_lock(&j->mu);
   j->init_rc = rc;
   if (rc) snprintf(j->init_err, sizeof j->init_err, "%s", err);
@@ -654,7 +654,7 @@ int64_t ll_trainjob_device_bytes(struct ll_trainjob *j) {
 const char *ll_trainjob_backend(const struct ll_trainjob *j) { return j->be_name; }
 
 void ll_trainjob_describe(const struct ll_trainjob *j, char *out, size_t cap) {
-  snprintf(out, cap, "%s (%s)", j->be_device, j->be_reason);
+  snprintf(out, cap, "%s; %s", j->be_device, j->be_reason);
 }
 
 int64_t ll_trainjob_bytes(struct ll_trainjob *j) {
