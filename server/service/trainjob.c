@@ -419,7 +419,7 @@ static int open_device(struct ll_trainjob *j, const struct ll_backend_info *si, 
   if (rc == 0 && (rc = model_on_device(j, be, j->tp.mode != LL_TRAIN_FULL)) != 0) {
     struct ll_backend_info bi;
     be->i->get_info(be, &bi);
-    rc = ll_errf(err, errlen, rc, "the weights do not fit beside the server's (%s; %.0f MiB of %.0f MiB allocated by the trainer)", ll_strerror(rc),
+    rc = ll_errf(err, errlen, rc, "it cannot hold its copies of the weights (%s; %.0f MiB of %.0f MiB allocated by the trainer)", ll_strerror(rc),
                  (double)bi.mem_used / (1 << 20), (double)bi.mem_total / (1 << 20));
   }
   if (rc) {
