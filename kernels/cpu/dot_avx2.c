@@ -666,17 +666,19 @@ AI void q8_0_tile_impl(int n, const void *w, size_t ws, const void *a, size_t as
     }
     // With side tables the 2 x 4 scale products d_w·d_a take one multiply (lane 4r + t),
     // stored and broadcast back from memory: the load ports are idle, the multipliers are not.
+    // (One token: the two products in registers, as without side tables.)
     float scl[8] __attribute__((aligned(32)));
-    if (SIDE) _mm256_store_ps(scl, _mm256_mul_ps(_mm256_permute2f128_ps(dw[0], dw[NW - 1], 0x20), side4_ps(sca + (size_t)i * scs + t0, NA)));
+    const int SCL = SIDE && NA > 1;
+    if (SCL) _mm256_store_ps(scl, _mm256_mul_ps(_mm256_permute2f128_ps(dw[0], dw[NW - 1], 0x20), side4_ps(sca + (size_t)i * scs + t0, NA)));
     _Pragma("GCC unroll 4")
     for (int t = 0; t < NA; t++) {
       const ll_block_q8_0 *y = (const ll_block_q8_0 *)(const void *)((const char *)a + (size_t)t * as + blk);
       const __m256i av = _mm256_loadu_si256((const __m256i *)y->qs);
-      const __m256 da = SIDE ? _mm256_setzero_ps() : _mm256_broadcast_ss(&fp16_table[y->d]);
+      const __m256 da = SCL ? _mm256_setzero_ps() : _mm256_broadcast_ss(SIDE ? sca + (size_t)i * scs + t0 + t : &fp16_table[y->d]);
       _Pragma("GCC unroll 2")
       for (int r = 0; r < NW; r++) {
         const __m256i d16 = _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(av, wv[r]));
-        const __m256 sc = SIDE ? _mm256_broadcast_ss(&scl[4 * r + t]) : _mm256_mul_ps(dw[r], da);
+        const __m256 sc = SCL ? _mm256_broadcast_ss(&scl[4 * r + t]) : _mm256_mul_ps(dw[r], da);
         acc[r][t] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_madd_epi16(d16, ones)), acc[r][t]);
       }
     }
