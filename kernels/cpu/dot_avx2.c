@@ -490,10 +490,10 @@ AI void qblk_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as
       const __m256i q = pair16(w, ws, blk + qoff, 2 * p, NW);
       lo[p] = _mm256_and_si256(q, m4), hi[p] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
       if (Q5) {
-        uint32_t h0, h1 = 0;
-        memcpy(&h0, (const char *)w + (size_t)(2 * p) * ws + blk + offsetof(ll_block_q5_0, qh), 4);
-        if (2 * p + 1 < NW) memcpy(&h1, (const char *)w + (size_t)(2 * p + 1) * ws + blk + offsetof(ll_block_q5_0, qh), 4);
-        const __m256i hv = _mm256_set_m128i(_mm_set1_epi32((int)h1), _mm_set1_epi32((int)h0));
+        // Each row's 4 qh bytes in the low dword of its half (the shuffles read bytes 0-3).
+        const char *hp = (const char *)w + (size_t)(2 * p) * ws + blk + offsetof(ll_block_q5_0, qh);
+        const __m128i h0 = _mm_loadu_si32(hp), h1 = 2 * p + 1 < NW ? _mm_loadu_si32(hp + ws) : _mm_setzero_si128();
+        const __m256i hv = _mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1);
         const __m256i bl = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(hv, shl), sel), sel);
         const __m256i bh = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(hv, shh), sel), sel);
         lo[p] = _mm256_or_si256(lo[p], _mm256_and_si256(bl, offb));
