@@ -12,7 +12,11 @@
 //              activations of one step of batch x seq_len tokens: per layer ~(6 dim + 2 kv_dim
 //              + 3 ffn) floats per token plus the attention probabilities (heads x seq_len²
 //              per sequence); with recomputation only each layer's input is kept, plus one
-//              layer's full set; logits and their gradient (tokens x vocab)
+//              layer's full set; logits and their gradient for one chunk of the head (64 rows
+//              x vocab: trainer.c's XENT_ROWS). The server's trainer computes on an OpenCL
+//              instance of its own (trainjob.c): LoRA adds that instance's copy of the weights
+//              and its staging buffers (as compute); full-parameter training its f32 weights,
+//              gradients and two moments instead of adapters
 // Budget: 90% of the device's global memory (the driver and other users keep the rest).
 // Adaptation order when the total exceeds it: parallel sequences (halved down to 1), context
 // (halved down to max(256, train.seq_len)), training batch (halved down to 1), activation
@@ -35,6 +39,7 @@ struct shape {
 struct plan {
   int64_t ctx, parallel, batch, seq_len, rank;
   int recompute, train, kv_f16;
+  int full; // train.mode full
 };
 
 static double mib(int64_t b) { return (double)b / 1048576.0; }
@@ -49,33 +54,46 @@ static int64_t compute_bytes(const struct shape *s, const struct plan *p) {
   return 4 * B * wide * 4 + B * wide + B * (wide / 32) * 8 + p->parallel * s->V * 4 + B * s->H * p->ctx * 4;
 }
 
-static int64_t train_bytes(const struct shape *s, const struct plan *p, int64_t *adapters, int64_t *acts) {
-  *adapters = *acts = 0;
+// Parameters of every matrix (full-parameter training trains them all, in f32).
+static int64_t matrix_params(const struct shape *s) {
+  return s->L * (s->C * s->C * 2 + s->C * s->kvd * 2 + s->C * s->F * 3) + s->V * s->C;
+}
+
+// *own: the trainer instance's weights (LoRA: a copy of the served ones) and staging buffers.
+static int64_t train_bytes(const struct shape *s, const struct plan *p, int64_t *adapters, int64_t *acts, int64_t *own) {
+  *adapters = *acts = *own = 0;
   if (!p->train) return 0;
   const int64_t r = p->rank, C = s->C, F = s->F, kvd = s->kvd;
   const int64_t per_layer = r * ((C + C) * 2 + (C + kvd) * 2 + (C + F) * 2 + (F + C));
-  *adapters = 4 * s->L * per_layer * 4; // weights, gradients, two moments
-  const int64_t tok = p->batch * p->seq_len;
+  // weights, gradients, two moments: of the adapters, or (full) of every matrix in f32
+  *adapters = p->full ? 4 * matrix_params(s) * 4 : 4 * s->L * per_layer * 4;
+  const int64_t tok = p->batch * p->seq_len, head_rows = tok < 64 ? tok : 64;
   const int64_t layer_acts = tok * (6 * C + 2 * kvd + 3 * F) * 4 + p->batch * s->H * p->seq_len * p->seq_len * 4;
-  *acts = (p->recompute ? s->L * tok * C * 4 + layer_acts : s->L * layer_acts) + 2 * tok * s->V * 4;
-  return *adapters + *acts;
+  *acts = (p->recompute ? s->L * tok * C * 4 + layer_acts : s->L * layer_acts) + 2 * head_rows * s->V * 4;
+  *own = (p->full ? 0 : s->weights) + compute_bytes(s, p);
+  return *adapters + *acts + *own;
 }
 
 static int64_t total(const struct shape *s, const struct plan *p) {
-  int64_t a, b;
-  return s->weights + kv_bytes(s, p) + compute_bytes(s, p) + train_bytes(s, p, &a, &b);
+  int64_t a, b, c;
+  return s->weights + kv_bytes(s, p) + compute_bytes(s, p) + train_bytes(s, p, &a, &b, &c);
 }
 
 static void print_plan(const struct shape *s, const struct plan *p, int64_t budget) {
-  int64_t ad, ac;
-  const int64_t tr = train_bytes(s, p, &ad, &ac), t = total(s, p);
+  int64_t ad, ac, own;
+  const int64_t tr = train_bytes(s, p, &ad, &ac, &own), t = total(s, p);
   printf("  weights    %10.1f MiB  (%lld matrices' bytes, resident)\n", mib(s->weights), (long long)s->weights);
   printf("  KV cache   %10.1f MiB  (ctx %lld x %lld parallel, %s)\n", mib(kv_bytes(s, p)), (long long)p->ctx, (long long)p->parallel,
          p->kv_f16 ? "f16" : "f32");
   printf("  compute    %10.1f MiB  (staging for a 512-token step, attention scores over ctx)\n", mib(compute_bytes(s, p)));
-  if (p->train)
-    printf("  training   %10.1f MiB  (LoRA rank %lld with gradients and moments %.1f MiB; activations of %lld x %lld tokens%s %.1f MiB)\n",
-           mib(tr), (long long)p->rank, mib(ad), (long long)p->batch, (long long)p->seq_len, p->recompute ? ", recomputed" : "", mib(ac));
+  if (p->train && p->full)
+    printf("  training   %10.1f MiB  (full: f32 weights with gradients and moments %.1f MiB; activations of %lld x %lld tokens%s %.1f MiB; "
+           "the trainer's staging %.1f MiB)\n",
+           mib(tr), mib(ad), (long long)p->batch, (long long)p->seq_len, p->recompute ? ", recomputed" : "", mib(ac), mib(own));
+  else if (p->train)
+    printf("  training   %10.1f MiB  (LoRA rank %lld with gradients and moments %.1f MiB; activations of %lld x %lld tokens%s %.1f MiB; "
+           "the trainer's copy of the weights and staging %.1f MiB)\n",
+           mib(tr), (long long)p->rank, mib(ad), (long long)p->batch, (long long)p->seq_len, p->recompute ? ", recomputed" : "", mib(ac), mib(own));
   else printf("  training   %10.1f MiB  (train.enabled is off)\n", 0.0);
   printf("  total      %10.1f MiB  of a %.1f MiB budget: %s\n", mib(t), mib(budget), t <= budget ? "fits" : "does not fit");
 }
@@ -143,7 +161,7 @@ int ll_cmd_plan(int argc, char **argv) {
   be->i->get_info(be, &bi);
   const int64_t budget = bi.mem_total > 0 ? bi.mem_total / 10 * 9 : 0;
   struct plan p = {cfg.ctx > 0 ? cfg.ctx : (v[5] < 4096 ? v[5] : 4096), cfg.parallel, cfg.train_batch, cfg.train_seq_len, cfg.train_lora_rank,
-                   0, cfg.train_enabled, cfg.kv_f16};
+                   0, cfg.train_enabled, cfg.kv_f16, cfg.train_mode && strcmp(cfg.train_mode, "full") == 0};
   printf("model   %s: %lld layers, dim %lld, ffn %lld, %lld heads (%lld kv), vocabulary %lld\n", cfg.model, (long long)s.L, (long long)s.C,
          (long long)s.F, (long long)s.H, (long long)s.Hkv, (long long)s.V);
   printf("device  %s: %s, %.1f MiB global memory (budget 90%%: %.1f MiB)\n", bi.name, bi.device, mib(bi.mem_total), mib(budget));
