@@ -714,6 +714,12 @@ static int ocl_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, c
 }
 
 static int attn_check(int S, int H, int Hkv, int hd) { return S < 0 || H <= 0 || Hkv <= 0 || hd <= 0 || H % Hkv ? LL_EINVAL : 0; }
+// Bytes of training attention's q/out (S, H, hd), k/v (S, Hkv, hd) and probabilities (H, S, S).
+static int attn_bytes(const struct ocl_ctx *c, int S, int H, int Hkv, int hd, size_t *qb, size_t *kb, size_t *ab) {
+  int rc;
+  if ((rc = fbytes(c, (int64_t)S * H, hd, qb)) || (rc = fbytes(c, (int64_t)S * Hkv, hd, kb)) || (rc = fbytes(c, (int64_t)H * S, S, ab))) return rc;
+  return 0;
+}
 
 static int ocl_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S,
                                int n_head, int n_head_kv, int head_dim, float scale) {
@@ -722,9 +728,7 @@ static int ocl_attention_train(struct ll_backend *b, float *out, float *att, con
   if (S == 0) return 0;
   size_t qb, kb, ab;
   int rc;
-  if ((rc = fbytes(c, (int64_t)S * n_head, head_dim, &qb)) || (rc = fbytes(c, (int64_t)S * n_head_kv, head_dim, &kb)) ||
-      (rc = fbytes(c, (int64_t)n_head * S, S, &ab)))
-    return fail(c, rc);
+  if ((rc = attn_bytes(c, S, n_head, n_head_kv, head_dim, &qb, &kb, &ab))) return fail(c, rc);
   if ((rc = put(c, S_X, q, qb)) || (rc = put(c, S_A, k, kb)) || (rc = put(c, S_B, v, kb)) || (rc = stage(c, S_OUT, qb)) ||
       (rc = stage(c, S_SCR, ab)))
     return fail(c, rc);
@@ -744,9 +748,7 @@ static int ocl_attention_backward(struct ll_backend *b, float *dq, float *dk, fl
   if (S == 0) return 0;
   size_t qb, kb, ab;
   int rc;
-  if ((rc = fbytes(c, (int64_t)S * n_head, head_dim, &qb)) || (rc = fbytes(c, (int64_t)S * n_head_kv, head_dim, &kb)) ||
-      (rc = fbytes(c, (int64_t)n_head * S, S, &ab)))
-    return fail(c, rc);
+  if ((rc = attn_bytes(c, S, n_head, n_head_kv, head_dim, &qb, &kb, &ab))) return fail(c, rc);
   // dout (S, H, hd) in S_C, q in S_X, k, v (S, Hkv, hd) in S_A, S_B, att (H, S, S) in S_SCR;
   // ds (H, S, S) scratch in S_D; dq, dk, dv (all overwritten) in S_OUT, S_E, S_F.
   if ((rc = put(c, S_C, dout, qb)) || (rc = put(c, S_X, q, qb)) || (rc = put(c, S_A, k, kb)) || (rc = put(c, S_B, v, kb)) ||

@@ -540,6 +540,15 @@ typedef double acc_t;
 #else
 typedef float acc_t;
 #endif
+// 1 / a softmax's denominator, as float: divided in double where the device has it, as the
+// CPU does (attention here and in train.cl, the cross-entropy in train.cl).
+inline float inv_sum(acc_t sum) {
+#ifdef LL_FP64
+  return (float)(1.0 / sum);
+#else
+  return 1.0f / sum;
+#endif
+}
 inline float tree32(const float *lane) {
   float x[8];
   for (int e = 0; e < 8; e++) x[e] = (lane[e] + lane[16 + e]) + (lane[8 + e] + lane[24 + e]);
@@ -602,11 +611,7 @@ kernel void attention(global float *out, global const float *q, global const uch
         sum += sc[p];
       }
     }
-#ifdef LL_FP64
-    const float inv = (float)(1.0 / sum);
-#else
-    const float inv = 1.0f / sum;
-#endif
+    const float inv = inv_sum(sum);
     if (f16)
       for (int p = 0; p < n_pos; p++) sc[p] = round_f16(sc[p] * inv);
     inv_l = inv;

@@ -1,7 +1,7 @@
 // train.cl - OpenCL 1.2 kernels of the training members of struct ll_backend_i (backend_opencl.c).
 //
 // Embedded after llsrv.cl (cmake globs kernels/opencl/*.cl in name order, one source): it uses
-// llsrv.cl's helpers (fdiv, fsqrt, acc_t, LL_FP64) and its FP_CONTRACT OFF.
+// llsrv.cl's helpers (fdiv, fsqrt, acc_t, inv_sum, LL_FP64) and its FP_CONTRACT OFF.
 //
 // Numerics follow the CPU's scalar references (kernels/cpu/train_ref.c): every float sum the
 // reference makes in a fixed order is made here in that order by one work item (the parallel
@@ -146,11 +146,7 @@ kernel void attn_train(global float *out, global float *att, global const float 
       p[j] = exp(p[j] - mx);
       sum += p[j];
     }
-#ifdef LL_FP64
-    const float inv = (float)(1.0 / sum);
-#else
-    const float inv = 1.0f / sum;
-#endif
+    const float inv = inv_sum(sum);
     for (int j = 0; j <= i; j++) p[j] *= inv;
     inv_l = inv;
   }
@@ -253,11 +249,7 @@ kernel void xent(global float *d, global float4 *rs, global const float *l, glob
     rs[t] = y < 0 ? (float4)(0, 0, 0, 0) : (float4)(m, hi, (float)(sum - (acc_t)hi), 0);
   }
   if (want_d) {
-#ifdef LL_FP64
-    const float inv = (float)(1.0 / sum);
-#else
-    const float inv = 1.0f / sum;
-#endif
+    const float inv = inv_sum(sum);
     for (int j = lid; j < V; j += WG)
       d[(size_t)t * V + j] = y < 0 ? 0.0f : (exp(lr[j] - m) * inv - (j == y ? 1.0f : 0.0f)) * grad_scale;
   }
