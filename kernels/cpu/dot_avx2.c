@@ -297,7 +297,8 @@ static inline void k6_unpack(const ll_block_q6_K *x, struct k6_unpacked *u) {
     const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
     const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
     const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-    const __m256i s8 = _mm256_permute2x128_si256(u->sc16, u->sc16, half ? 0x11 : 0x00); // this half's 8 scales, both halves
+    // this half's 8 scales, both halves (literal immediates: an unoptimised build does not fold)
+    const __m256i s8 = half ? _mm256_permute2x128_si256(u->sc16, u->sc16, 0x11) : _mm256_permute2x128_si256(u->sc16, u->sc16, 0x00);
     for (int k = 0; k < 4; k++) {
       u->q[4 * half + k] = k6_q(l0, l1, h, k);
       u->sc[4 * half + k] = _mm256_shuffle_epi8(s8, k6_word_pair(2 * k, 2 * k + 1));
@@ -324,7 +325,7 @@ static inline int k6_isum1(const ll_block_q8_K *y, const ll_block_q6_K *x) {
     const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
     const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
     const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-    const __m256i s8 = _mm256_permute2x128_si256(sc16, sc16, half ? 0x11 : 0x00);
+    const __m256i s8 = half ? _mm256_permute2x128_si256(sc16, sc16, 0x11) : _mm256_permute2x128_si256(sc16, sc16, 0x00);
     for (int k = 0; k < 4; k++) {
       const __m256i yv = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * half + 32 * k));
       const __m256i p = _mm256_maddubs_epi16(k6_q(l0, l1, h, k), yv);
