@@ -262,18 +262,25 @@ void ll_engine_close(struct ll_engine *e) {
   free(e);
 }
 
+int ll_model_each_matrix(struct ll_model *m, int (*fn)(struct ll_weight *w, void *arg), void *arg) {
+  int rc = fn(&m->tok_embd, arg);
+  if (rc == 0) rc = fn(&m->output, arg);
+  for (int l = 0; rc == 0 && l < m->L; l++) {
+    struct ll_layer *y = &m->layers[l];
+    struct ll_weight *ws[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down};
+    for (size_t i = 0; rc == 0 && i < sizeof ws / sizeof ws[0]; i++) rc = fn(ws[i], arg);
+  }
+  return rc;
+}
+
+static int upload_one(struct ll_weight *w, void *be) { return ((struct ll_backend *)be)->i->weight_upload(be, w); }
+
 // Device backends keep the weights resident: upload every matrix once. A device that runs out
 // of memory is given up for the CPU backend, with the reason saying so (never an error).
 static int upload_weights(struct ll_engine *e, const struct ll_engine_params *p, char *err, size_t errlen) {
   struct ll_backend *be = e->be;
   struct ll_model *m = &e->m;
-  int rc = be->i->weight_upload(be, &m->tok_embd);
-  if (rc == 0) rc = be->i->weight_upload(be, &m->output);
-  for (int l = 0; rc == 0 && l < m->L; l++) {
-    struct ll_layer *y = &m->layers[l];
-    struct ll_weight *ws[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down};
-    for (size_t i = 0; rc == 0 && i < sizeof ws / sizeof ws[0]; i++) rc = be->i->weight_upload(be, ws[i]);
-  }
+  int rc = ll_model_each_matrix(m, upload_one, be);
   if (rc == 0) return 0;
   struct ll_backend_info bi;
   be->i->get_info(be, &bi);

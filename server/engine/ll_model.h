@@ -36,6 +36,10 @@ struct ll_model {
   struct ll_layer *layers;    // (L)
 };
 
+// Calls fn on every matrix of m - the token embedding, the output head, then each layer's
+// q, k, v, o, gate, up, down - until one returns non-zero, and returns that (0 when all did).
+int ll_model_each_matrix(struct ll_model *m, int (*fn)(struct ll_weight *w, void *arg), void *arg);
+
 struct ll_engine;
 // The engine's model and backend (valid while the engine is open). The trainer computes on
 // the same backend so that its buffers and the engine's weights live in one place.

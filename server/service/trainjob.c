@@ -372,6 +372,14 @@ static int slice(struct ll_trainjob *j, int cmds) {
   return 1;
 }
 
+// The serving instance's device copy is not this instance's (a cl_mem of another context).
+static int forget_dev(struct ll_weight *w, void *arg) {
+  (void)arg;
+  w->dev = NULL;
+  return 0;
+}
+static int upload_one(struct ll_weight *w, void *be) { return ((struct ll_backend *)be)->i->weight_upload(be, w); }
+
 // The trainer's copy of the engine's model with its matrices resident on be (the OpenCL
 // instance): the same host data and hyperparameters, device copies of its own (tied
 // embeddings stay one copy: weight_upload finds the same data). Full-parameter training
@@ -382,23 +390,10 @@ static int model_on_device(struct ll_trainjob *j, struct ll_backend *be, int upl
   j->dm.layers = calloc((size_t)(m->L > 0 ? m->L : 1), sizeof *j->dm.layers);
   if (!j->dm.layers) return LL_ENOMEM;
   memcpy(j->dm.layers, m->layers, (size_t)m->L * sizeof *m->layers);
-  struct ll_weight *top[] = {&j->dm.tok_embd, &j->dm.output};
-  for (size_t i = 0; i < 2; i++) top[i]->dev = NULL;
-  for (int l = 0; l < m->L; l++) {
-    struct ll_layer *y = &j->dm.layers[l];
-    struct ll_weight *ws[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down};
-    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) ws[i]->dev = NULL;
-  }
+  ll_model_each_matrix(&j->dm, forget_dev, NULL);
   j->m = &j->dm;
   if (!upload || !be->i->weight_upload) return 0;
-  int rc = 0;
-  for (size_t i = 0; rc == 0 && i < 2; i++) rc = be->i->weight_upload(be, top[i]);
-  for (int l = 0; rc == 0 && l < m->L; l++) {
-    struct ll_layer *y = &j->dm.layers[l];
-    struct ll_weight *ws[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down};
-    for (size_t i = 0; rc == 0 && i < sizeof ws / sizeof ws[0]; i++) rc = be->i->weight_upload(be, ws[i]);
-  }
-  return rc;
+  return ll_model_each_matrix(&j->dm, upload_one, be);
 }
 
 // Testing aid: LL_OPENCL_FAULT=train fails the trainer's OpenCL instance (not the serving one),
