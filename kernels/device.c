@@ -181,3 +181,19 @@ void ll_backend_free_buf(struct ll_backend *b, void *p) {
   }
   free(p);
 }
+
+int ll_backend_host_buffers(const struct ll_backend *b) { return !(b && b->i && b->i->copy); }
+
+int ll_backend_copy(struct ll_backend *b, void *dst, const void *src, size_t n) {
+  if (n == 0 || dst == src) return 0;
+  if (!ll_backend_host_buffers(b)) return b->i->copy(b, dst, src, n);
+  memmove(dst, src, n);
+  return 0;
+}
+
+int ll_backend_zero(struct ll_backend *b, void *dst, size_t n) {
+  if (n == 0) return 0;
+  if (!ll_backend_host_buffers(b)) return b->i->zero ? b->i->zero(b, dst, n) : LL_EUNSUPPORTED;
+  memset(dst, 0, n);
+  return 0;
+}

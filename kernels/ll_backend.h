@@ -8,11 +8,19 @@
 // - Activations are f32, row-major; shape comments give (rows, cols) with cols contiguous.
 // - Weights are `struct ll_weight`: a 2-D matrix (N rows of K elements, GGUF ne = {K, N}) in any
 //   supported ll_type, kept quantized; backends dequantize on the fly.
-// - Buffers: on the CPU backend every pointer is host memory. A device backend gets host
-//   pointers for activations too in this first version and moves data itself (upload/download
-//   hooks are optional members for the day buffers become device-resident). The OpenCL backend
-//   keeps weights (weight_upload) and the KV cache on the device: for it a KV pool pointer
-//   (ll_kv_view.k/v) only names a device pool, whose contents never return to the host.
+// - Buffers: activations, gradients, adapters and optimizer state live in backend buffers
+//   (ll_backend_alloc). On the CPU backend they are host memory. On a device backend (one
+//   with the `copy` member) a buffer is device memory named by a host address that the host
+//   must never dereference: its bytes move only through ll_backend_copy / ll_backend_zero,
+//   and every op takes such a pointer (or one inside such a buffer) and computes in place on
+//   the device, so ops queue one after another with no host round trip. An op also accepts
+//   plain host memory for any float operand (uploaded, and results read back, per call: the
+//   convention before buffers were device-resident, still used by the tests' reference
+//   comparisons). Index arrays (ids, pos, targets, block tables), norm weights passed as
+//   `const float *g` that are not backend buffers, and scalar results (loss, sumsq) are host
+//   memory. The OpenCL backend keeps weights (weight_upload) and the KV cache on the device
+//   too: for it a KV pool pointer (ll_kv_view.k/v) only names a device pool, whose contents
+//   never return to the host.
 // - Every op returns 0 or a negative LL_E* code; ops are synchronous unless `sync` is provided.
 // - Members marked (optional) may be NULL; callers check and fall back to the CPU backend.
 #ifndef LL_BACKEND_H
@@ -65,6 +73,7 @@ struct ll_backend_info {
   int fp16, subgroups;    // cl_khr_fp16, cl_khr_subgroups reported (not required)
   int fp64;               // cl_khr_fp64: the kernels then reproduce the CPU's results bit for bit
   int cl_platform, cl_device; // OpenCL: P and D of opencl:P:D (another instance on the same device)
+  int64_t bytes_up, bytes_down; // host -> device and device -> host bytes moved so far (0 on the CPU)
 };
 
 struct ll_backend_i {
@@ -105,11 +114,12 @@ struct ll_backend_i {
   // out = a + b (n)
   int (*add)(struct ll_backend *b, float *out, const float *a, const float *x, int64_t n);
 
-  // ---- memory (training issue; the OpenCL issue makes these device buffers) ----
+  // ---- memory ----
   // (optional) n bytes of backend memory for activations, gradients, adapters and optimizer
-  // state, zeroed, 64-byte aligned; NULL when out of memory. Through ll_backend_alloc() /
+  // state, zeroed, 64-byte aligned; NULL when out of memory. Host memory on the CPU, device
+  // memory on a backend with `copy` (see Buffers above). Through ll_backend_alloc() /
   // ll_backend_free_buf() (kernels/device.c), which fall back to aligned host memory. The
-  // trainer allocates every buffer it computes on this way, never with malloc.
+  // trainer and the engine allocate every buffer they compute on this way, never with malloc.
   void *(*alloc)(struct ll_backend *b, size_t n);
   void (*free_buf)(struct ll_backend *b, void *p);                                         // (optional)
 
@@ -165,6 +175,15 @@ struct ll_backend_i {
   int (*adamw)(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n,
                float lr, float beta1, float beta2, float eps, float wd, int step);        // (optional)
 
+  // ---- buffer contents (optional; NULL: backend buffers are host memory and memcpy /
+  //      memset do, which ll_backend_copy / ll_backend_zero then call) ----
+  // n bytes from src to dst; each a backend buffer (or a pointer into one) or host memory.
+  // Returns once a host dst holds the bytes and a host src may change (a device-to-device
+  // copy is only queued).
+  int (*copy)(struct ll_backend *b, void *dst, const void *src, size_t n);                 // (optional)
+  // dst (n bytes, backend buffer or host memory) = 0
+  int (*zero)(struct ll_backend *b, void *dst, size_t n);                                   // (optional)
+
   int (*sync)(struct ll_backend *b); // (optional) wait for queued work
 };
 
@@ -205,6 +224,11 @@ void ll_backend_free(struct ll_backend *b); // accepts NULL
 // Backend memory (see alloc above); host memory when the backend has no allocator.
 void *ll_backend_alloc(struct ll_backend *b, size_t n);
 void ll_backend_free_buf(struct ll_backend *b, void *p); // accepts NULL
+// 1 when b's buffers are host memory the caller may read and write (the CPU backend, or b NULL).
+int ll_backend_host_buffers(const struct ll_backend *b);
+// Buffer contents (see copy / zero above); memcpy / memset on a host-buffer backend.
+int ll_backend_copy(struct ll_backend *b, void *dst, const void *src, size_t n);
+int ll_backend_zero(struct ll_backend *b, void *dst, size_t n);
 
 // CPU backend (always available).
 int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, size_t errlen);

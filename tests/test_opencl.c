@@ -477,6 +477,109 @@ static void test_train_ops(struct ll_backend *cl) {
   }
 }
 
+// Backend buffers (device-resident, ll_backend.h): a chain of forward and training ops on
+// buffers the device owns gives the same bits as the same ops on host memory, including
+// operands at offsets inside a buffer (aligned: sub-buffers; unaligned: device-side copies)
+// and outputs aliasing inputs; only scalar results come back while it runs.
+static int64_t moved(struct ll_backend *b, int what) { // 0 up, 1 down, 2 device memory held
+  struct ll_backend_info in;
+  b->i->get_info(b, &in);
+  return what == 0 ? in.bytes_up : what == 1 ? in.bytes_down : in.mem_used;
+}
+static int64_t rounded(int64_t floats) { return (floats * 4 + 63) / 64 * 64; }
+
+static void test_resident(struct ll_backend *cl) {
+  const struct ll_backend_i *B = cl->i;
+  CHECK(!ll_backend_host_buffers(cl));
+  const int T = 6, K = 256, N = 96, S = 3, H = 4, hd = 16, V = 300; // N * 4 bytes: row offsets of 384 B
+  void *wd = make_weight(LL_TYPE_Q4_0, K, N);
+  struct ll_weight w = {LL_TYPE_Q4_0, K, N, wd, NULL};
+  CHECK(B->weight_upload(cl, &w) == 0);
+  float *x = malloc((size_t)T * K * 4), *g = malloc((size_t)N * 4), *lg = malloc((size_t)T * V * 4), *wf = malloc((size_t)N * K * 4);
+  randf(x, (size_t)T * K, 1.0f), randf(g, N, 1.0f), randf(lg, (size_t)T * V, 4.0f), randf(wf, (size_t)N * K, 0.1f);
+  const int32_t tg[6] = {3, -1, 299, 0, 17, 17}, ids[4] = {5, 1, 5, 2};
+  // Host path: the same calls on host memory (uploaded and read back per call).
+  float *h_o = calloc((size_t)T * N, 4), *h_h = calloc((size_t)T * N, 4), *h_l = malloc((size_t)T * V * 4), *h_dw = calloc((size_t)8 * N, 4);
+  float *h_att = calloc((size_t)H * S * S, 4), *h_ao = calloc((size_t)S * H * hd, 4), *h_f = calloc((size_t)T * N, 4);
+  memcpy(h_l, lg, (size_t)T * V * 4);
+  double h_loss = 0, h_ss = 0;
+  struct ll_weight wfh = {LL_TYPE_F32, K, N, wf, NULL};
+  CHECK(B->matmul(cl, h_o, x, &w, T, 0) == 0);
+  CHECK(B->matmul(cl, h_o, x, &w, T, 1) == 0);                      // accumulate
+  CHECK(B->rmsnorm(cl, h_o + N, h_o + N, g, T - 1, N, 1e-5f) == 0); // in place, one row in
+  CHECK(B->swiglu(cl, h_h, h_o, h_o + N, (int64_t)(T - 1) * N) == 0);
+  CHECK(B->axpy(cl, h_h, h_h, 0.5f, (int64_t)T * N) == 0);           // x is out
+  CHECK(B->dropout(cl, h_h + 3, h_h + 3, 0.25f, 99, (int64_t)T * N - 3) == 0); // 12 bytes in
+  CHECK(B->softmax_xent(cl, &h_loss, h_l, h_l, tg, T, V, 0.5f) == 0); // dlogits over logits
+  CHECK(B->get_rows_backward(cl, h_dw, h_h, ids, 4, N) == 0);
+  CHECK(B->sumsq(cl, &h_ss, h_h, (int64_t)T * N) == 0);
+  CHECK(B->attention_train(cl, h_ao, h_att, h_o, h_o + S * H * hd, h_o + 2 * S * H * hd, S, H, H, hd, 0.25f) == 0);
+  // Device path.
+  const int64_t up0 = moved(cl, 0), mem0 = moved(cl, 2);
+  float *d_x = ll_backend_alloc(cl, (size_t)T * K * 4), *d_o = ll_backend_alloc(cl, (size_t)T * N * 4), *d_h = ll_backend_alloc(cl, (size_t)T * N * 4);
+  float *d_l = ll_backend_alloc(cl, (size_t)T * V * 4), *d_dw = ll_backend_alloc(cl, (size_t)8 * N * 4), *d_att = ll_backend_alloc(cl, (size_t)H * S * S * 4);
+  float *d_ao = ll_backend_alloc(cl, (size_t)S * H * hd * 4), *d_g = ll_backend_alloc(cl, (size_t)N * 4);
+  CHECK(d_x && d_o && d_h && d_l && d_dw && d_att && d_ao && d_g);
+  const int64_t held = rounded(T * K) + 2 * rounded(T * N) + rounded(T * V) + rounded(8 * N) + rounded(H * S * S) + rounded(S * H * hd) + rounded(N);
+  CHECKF(moved(cl, 2) - mem0 == held, "backend buffers: %lld bytes counted, %lld allocated", (long long)(moved(cl, 2) - mem0), (long long)held);
+  CHECK(ll_backend_copy(cl, d_x, x, (size_t)T * K * 4) == 0 && ll_backend_copy(cl, d_l, lg, (size_t)T * V * 4) == 0);
+  CHECK(ll_backend_copy(cl, d_g, g, (size_t)N * 4) == 0);
+  const int64_t up1 = moved(cl, 0), down1 = moved(cl, 1);
+  CHECKF(up1 - up0 == (int64_t)(T * K + T * V + N) * 4, "uploads: %lld bytes", (long long)(up1 - up0));
+  double d_loss = 0, d_ss = 0;
+  CHECK(B->matmul(cl, d_o, d_x, &w, T, 0) == 0);
+  CHECK(B->matmul(cl, d_o, d_x, &w, T, 1) == 0);
+  CHECK(B->rmsnorm(cl, d_o + N, d_o + N, d_g, T - 1, N, 1e-5f) == 0);
+  CHECK(B->swiglu(cl, d_h, d_o, d_o + N, (int64_t)(T - 1) * N) == 0);
+  CHECK(B->axpy(cl, d_h, d_h, 0.5f, (int64_t)T * N) == 0);
+  CHECK(B->dropout(cl, d_h + 3, d_h + 3, 0.25f, 99, (int64_t)T * N - 3) == 0);
+  CHECK(B->softmax_xent(cl, &d_loss, d_l, d_l, tg, T, V, 0.5f) == 0);
+  CHECK(B->get_rows_backward(cl, d_dw, d_h, ids, 4, N) == 0);
+  CHECK(B->sumsq(cl, &d_ss, d_h, (int64_t)T * N) == 0);
+  CHECK(B->attention_train(cl, d_ao, d_att, d_o, d_o + S * H * hd, d_o + 2 * S * H * hd, S, H, H, hd, 0.25f) == 0);
+  // Only the loss's and the norm's partial sums came back; uploads were index arrays only.
+  const int64_t down = moved(cl, 1) - down1, up = moved(cl, 0) - up1;
+  printf("resident chain: %lld bytes down, %lld up (data %lld bytes)\n", (long long)down, (long long)up, (long long)(T * V + T * N) * 4);
+  CHECKF(down <= (int64_t)T * 16 + 256 * 8, "resident chain read back %lld bytes", (long long)down);
+  CHECKF(up <= 64, "resident chain uploaded %lld bytes", (long long)up);
+  CHECK(d_loss == h_loss && d_ss == h_ss);
+  // Results, read back, equal the host path's bit for bit.
+  float *r = malloc((size_t)T * V * 4);
+  struct {
+    const float *d, *h;
+    size_t n;
+    const char *what;
+  } cmp[] = {{d_o, h_o, (size_t)T * N, "matmul/rmsnorm"}, {d_h, h_h, (size_t)T * N, "swiglu/axpy/dropout"}, {d_l, h_l, (size_t)T * V, "dlogits"},
+             {d_dw, h_dw, (size_t)8 * N, "get_rows_backward"}, {d_att, h_att, (size_t)H * S * S, "att"}, {d_ao, h_ao, (size_t)S * H * hd, "attention"}};
+  for (size_t c = 0; c < sizeof cmp / sizeof cmp[0]; c++) {
+    CHECK(ll_backend_copy(cl, r, cmp[c].d, cmp[c].n * 4) == 0);
+    CHECKF(memcmp(r, cmp[c].h, cmp[c].n * 4) == 0, "resident %s differs from the host path", cmp[c].what);
+  }
+  // A weight whose data is a backend buffer (the trainer's f32 weights) multiplies as the same
+  // weight in host memory; zero and device-to-device copy; a range past a buffer's end.
+  float *d_wf = ll_backend_alloc(cl, (size_t)N * K * 4);
+  CHECK(d_wf && ll_backend_copy(cl, d_wf, wf, (size_t)N * K * 4) == 0);
+  struct ll_weight wfd = {LL_TYPE_F32, K, N, d_wf, NULL};
+  CHECK(B->matmul(cl, h_f, x, &wfh, T, 0) == 0);
+  CHECK(B->matmul(cl, d_o, d_x, &wfd, T, 0) == 0);
+  CHECK(ll_backend_copy(cl, r, d_o, (size_t)T * N * 4) == 0);
+  CHECK(memcmp(r, h_f, (size_t)T * N * 4) == 0);
+  CHECK(ll_backend_copy(cl, d_h + 1, d_o + 2, 40 * 4) == 0 && ll_backend_zero(cl, d_h + 50, 7 * 4) == 0);
+  CHECK(ll_backend_copy(cl, r, d_h, (size_t)T * N * 4) == 0);
+  int ok = 1;
+  for (int j = 0; j < 40; j++) ok &= r[1 + j] == h_f[2 + j];
+  for (int j = 50; j < 57; j++) ok &= r[j] == 0.0f;
+  CHECK(ok);
+  CHECK(B->matmul(cl, d_o + N, d_x, &w, T, 0) == LL_EINVAL); // T rows from row 1 run past d_o
+  CHECK(ll_backend_copy(cl, r, d_o + 1, (size_t)T * N * 4) == LL_EINVAL);
+  float *bufs[] = {d_x, d_o, d_h, d_l, d_dw, d_att, d_ao, d_g, d_wf};
+  const int64_t mem1 = moved(cl, 2);
+  for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++) ll_backend_free_buf(cl, bufs[j]);
+  CHECKF(mem1 - moved(cl, 2) == held + rounded(N * K), "freeing the buffers returned %lld bytes", (long long)(mem1 - moved(cl, 2)));
+  B->weight_release(cl, &w);
+  free(r), free(x), free(g), free(lg), free(wf), free(wd), free(h_o), free(h_h), free(h_l), free(h_dw), free(h_att), free(h_ao), free(h_f);
+}
+
 static void test_info(struct ll_backend *cl) {
   struct ll_backend_info in;
   cl->i->get_info(cl, &in);
@@ -658,6 +761,7 @@ int main(void) {
   ref_i = ll_cpu_train_ref();
   test_matmul_backward(cl);
   test_train_ops(cl);
+  test_resident(cl);
   // The second start loads the program from the binary cache; while the first instance is
   // still open, as the server's trainer opens one beside the serving one.
   struct ll_backend *cl2 = NULL;
@@ -686,6 +790,7 @@ int main(void) {
     test_attention(cpu, cl);
     test_matmul_backward(cl);
     test_train_ops(cl);
+    test_resident(cl);
   } else {
     CHECK(0);
   }

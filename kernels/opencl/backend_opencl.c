@@ -1,22 +1,28 @@
 // backend_opencl.c - the OpenCL backend: struct ll_backend_i on one OpenCL 1.2 device.
 //
-// What lives where (first version, see ll_backend.h):
+// What lives where (see ll_backend.h):
 // - Weights are resident on the device: weight_upload copies a matrix once (w->dev); a weight
 //   that was never uploaded is copied for each call (correct, slow). A tied matrix (two
-//   ll_weights over the same data) is uploaded once.
+//   ll_weights over the same data) is uploaded once. A weight whose data is a backend buffer
+//   (the trainer's f32 weights in full mode) is used where it is.
 // - The KV cache is resident on the device: a pool pointer (ll_kv_view.k/v) names a device
 //   buffer, grown (with its contents) when a block beyond its end is first stored. Its host
 //   memory is never written.
-// - Activations still arrive as host pointers (the interface's convention today): each op
-//   uploads its inputs into device staging buffers that are reused across calls, runs its
-//   kernels and reads its output back. Device-resident activations (backend-owned buffers in
-//   the interface) are the next step; this is where the remaining transfers go.
+// - Activations, gradients, adapters and optimizer state are backend buffers (alloc): device
+//   memory named by a reserved host address range (struct rbuf). Each op binds its operands
+//   to slots: a backend buffer (or a pointer into one) is used in place, as itself or as a
+//   sub-buffer at the offset (a device-side copy where the device cannot start a sub-buffer
+//   there); host memory is uploaded into the slot's staging buffer and results read back, as
+//   before buffers were resident. So the engine's decode step uploads token ids, positions
+//   and index arrays and reads back the logits, and a training step reads back only the
+//   loss's and the gradient norm's partial sums; ops queue without a wait in between.
+// - Host uploads are copied into an arena first (non-blocking writes from memory we own), so
+//   the caller's memory may change as soon as an op returns; small operands that repeat
+//   (norm weights, rope tables) stay cached on the device (struct cconst).
 // - Training: every training member of the interface (matmul_backward with dx for every
 //   weight type the forward supports and dw for F32, rmsnorm/rope/swiglu backward, attention
 //   train + backward, softmax_xent, get_rows_backward, dropout, sumsq, axpy, scale, adamw) runs
-//   here too (kernels/opencl/train.cl), in the same host-pointer convention, so the trainer
-//   no longer falls back to the CPU's scalar references on this backend. A LoRA adapter or a
-//   fully trained weight (dev NULL: its host copy changes every step) is copied per call.
+//   here too (kernels/opencl/train.cl).
 // Every allocation is counted (mem_used) against the device's global memory, so get_info
 // reports what we hold, and an allocation that would not fit fails with LL_ENOMEM before the
 // driver is asked.
@@ -31,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,8 +57,23 @@ extern const char ll_opencl_source[]; // kernels/opencl/*.cl, embedded by cmake/
 enum { S_W, S_X, S_XQ, S_XS, S_OUT, S_A, S_B, S_POS, S_TAB, S_SEQ, S_TOFF, S_SNT, S_SCR, S_C, S_D, S_E, S_F, S_COUNT };
 
 struct sbuf {
-  cl_mem m;
+  cl_mem m;     // the staging buffer (device memory reused across calls)
   size_t cap;
+  cl_mem use;   // what this op's kernels read and write for the slot: m, a backend buffer, or sub
+  cl_mem sub;   // a sub-buffer made for this binding (released at the next one)
+  const struct rbuf *res; // the backend buffer bound (NULL: staging)
+  size_t off, len; // ... at this byte offset, this many bytes
+  int copied;   // 1: res's bytes were copied into m (an offset sub-buffers cannot start at)
+};
+
+// A backend buffer (alloc): device memory named by an address range reserved in the host's
+// address space with no memory behind it (PROT_NONE), so every buffer has a unique address,
+// pointers into it can be offset as host arrays are, and a stray host access faults at once
+// instead of reading stale bytes.
+struct rbuf {
+  char *base;
+  size_t n;     // bytes (the reservation and the device buffer)
+  cl_mem m;
 };
 
 struct ocl_weight {
@@ -61,6 +83,20 @@ struct ocl_weight {
   int refs;         // ll_weights naming it (tied embeddings share one copy)
   const void *owner; // the ocl_ctx holding it: cl_mems are bound to their context
 };
+
+// A small host operand that most calls repeat (a norm's weights, the rope tables of a step's
+// positions): kept on the device with a copy of its bytes, and uploaded again only when the
+// host bytes differ from the copy (compared on every call: correct even if they change).
+struct cconst {
+  const void *host;
+  size_t bytes;
+  cl_mem m;
+  void *copy;
+  uint64_t used; // tick of the last call: the least recently used entry is replaced
+};
+#define N_CONST 256
+#define CONST_MAX_BYTES ((size_t)1 << 20)   // larger operands are staged per call
+#define CONST_TOTAL_BYTES ((size_t)8 << 20) // the cache's device memory (and as much host)
 
 struct kvpool {
   const void *host; // the pool's name (ll_kv_view.k or .v)
@@ -86,6 +122,18 @@ struct ocl_ctx {
   int n_kv, cap_kv;
   float *rope_cs;
   size_t rope_cap;
+  struct cconst cc[N_CONST];
+  int n_cc;
+  size_t cc_bytes;
+  uint64_t cc_tick;
+  struct rbuf *rb; // backend buffers
+  int n_rb, cap_rb;
+  size_t addr_align; // CL_DEVICE_MEM_BASE_ADDR_ALIGN in bytes: where a sub-buffer may start
+  // Host bytes of queued uploads: copied here so the caller's memory may change once an op
+  // returns, without waiting for the device. Reset whenever the queue has drained.
+  unsigned char *arena;
+  size_t arena_cap, arena_used;
+  int64_t bytes_up, bytes_down;
   int64_t mem_used, mem_total, max_alloc;
   struct ll_backend_info info;
   int cache_hit; // the program came from the binary cache
@@ -138,8 +186,70 @@ static void dev_release(struct ocl_ctx *c, cl_mem m, size_t bytes) {
   c->mem_used -= (int64_t)(bytes ? bytes : 16);
 }
 
-// A staging buffer of at least `bytes` (grown by doubling; contents not kept).
-static int stage(struct ocl_ctx *c, int slot, size_t bytes) {
+// ---------------------------------------------------------------- host <-> device
+
+// The queue has drained (a blocking read or a finish returned): the arena's bytes are free.
+static void drained(struct ocl_ctx *c) { c->arena_used = 0; }
+
+static int finish(struct ocl_ctx *c) {
+  cl_int e = clFinish(c->q);
+  drained(c);
+  return cl_rc(e);
+}
+
+#define ARENA_MAX ((size_t)64 << 20) // larger uploads block instead
+
+// Queue a write of host bytes to dst at off; src may change as soon as this returns.
+static int upload(struct ocl_ctx *c, cl_mem dst, size_t off, const void *src, size_t bytes) {
+  if (!bytes) return 0;
+  c->bytes_up += (int64_t)bytes;
+  if (bytes > ARENA_MAX) return cl_rc(clEnqueueWriteBuffer(c->q, dst, CL_TRUE, off, bytes, src, 0, NULL, NULL));
+  const size_t need = (bytes + 63) & ~(size_t)63;
+  if (c->arena_used + need > c->arena_cap) {
+    int rc = finish(c); // the queued uploads have read their bytes: the arena may move
+    if (rc) return rc;
+    if (need > c->arena_cap) {
+      size_t cap = c->arena_cap ? c->arena_cap : (size_t)1 << 20;
+      while (cap < need) cap *= 2;
+      unsigned char *na = realloc(c->arena, cap);
+      if (!na) return LL_ENOMEM;
+      c->arena = na, c->arena_cap = cap;
+    }
+  }
+  unsigned char *h = c->arena + c->arena_used;
+  memcpy(h, src, bytes);
+  c->arena_used += need;
+  return cl_rc(clEnqueueWriteBuffer(c->q, dst, CL_FALSE, off, bytes, h, 0, NULL, NULL));
+}
+
+// Blocking read of device bytes into host memory.
+static int download(struct ocl_ctx *c, void *dst, cl_mem src, size_t off, size_t bytes) {
+  if (!bytes) return 0;
+  c->bytes_down += (int64_t)bytes;
+  cl_int e = clEnqueueReadBuffer(c->q, src, CL_TRUE, off, bytes, dst, 0, NULL, NULL);
+  drained(c);
+  return cl_rc(e);
+}
+
+// The backend buffer holding [p, p + bytes): 1 and *r, *off when p is in one, 0 for host
+// memory, LL_EINVAL for a range that starts in a buffer and runs past its end.
+static int resident(const struct ocl_ctx *c, const void *p, size_t bytes, const struct rbuf **r, size_t *off) {
+  const char *q = p;
+  for (int i = 0; i < c->n_rb; i++) {
+    const struct rbuf *b = &c->rb[i];
+    if (q < b->base || q >= b->base + b->n) continue;
+    const size_t o = (size_t)(q - b->base);
+    if (bytes > b->n - o) return LL_EINVAL;
+    *r = b, *off = o;
+    return 1;
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- staging slots
+
+// Grow slot's staging buffer to at least `bytes` (by doubling; contents not kept).
+static int grow(struct ocl_ctx *c, int slot, size_t bytes) {
   struct sbuf *s = &c->s[slot];
   if (s->m && s->cap >= bytes) return 0;
   size_t cap = s->cap ? s->cap : 4096;
@@ -154,16 +264,140 @@ static int stage(struct ocl_ctx *c, int slot, size_t bytes) {
   return 0;
 }
 
-static int put(struct ocl_ctx *c, int slot, const void *src, size_t bytes) {
-  int rc = stage(c, slot, bytes);
-  if (rc) return rc;
-  // Non-blocking: every op ends with a blocking read on the same in-order queue, before which
-  // the caller's memory cannot change.
-  return bytes ? cl_rc(clEnqueueWriteBuffer(c->q, c->s[slot].m, CL_FALSE, 0, bytes, src, 0, NULL, NULL)) : 0;
+static void unbind(struct sbuf *s) {
+  if (s->sub) clReleaseMemObject(s->sub);
+  s->sub = NULL, s->res = NULL, s->off = s->len = 0, s->copied = 0, s->use = s->m;
 }
 
+// Slot as scratch of at least `bytes` (its staging buffer).
+static int stage(struct ocl_ctx *c, int slot, size_t bytes) {
+  unbind(&c->s[slot]);
+  int rc = grow(c, slot, bytes);
+  c->s[slot].use = c->s[slot].m;
+  return rc;
+}
+
+// Slot for the operand at p (bytes): a backend buffer is used where it is (itself, or a
+// sub-buffer at the offset; where the device cannot start one there, a device-side copy in
+// the staging buffer); host memory gets the staging buffer, filled from p when load.
+static int bind(struct ocl_ctx *c, int slot, const void *p, size_t bytes, int load) {
+  struct sbuf *s = &c->s[slot];
+  unbind(s);
+  const struct rbuf *r = NULL;
+  size_t off = 0;
+  int in = bytes ? resident(c, p, bytes, &r, &off) : 0;
+  if (in < 0) return in;
+  if (in && off == 0) {
+    s->res = r, s->len = bytes, s->use = r->m;
+    return 0;
+  }
+  if (in && off % c->addr_align == 0) {
+    for (int j = 0; j < S_COUNT; j++) // the same range in another slot: the same object
+      if (c->s[j].res == r && c->s[j].off == off && c->s[j].len == bytes && c->s[j].sub && j != slot) {
+        clRetainMemObject(c->s[j].sub);
+        s->res = r, s->off = off, s->len = bytes, s->sub = s->use = c->s[j].sub;
+        return 0;
+      }
+    cl_buffer_region reg = {off, bytes};
+    cl_int e;
+    cl_mem sub = clCreateSubBuffer(r->m, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &reg, &e);
+    if (sub) {
+      s->res = r, s->off = off, s->len = bytes, s->sub = s->use = sub;
+      return 0;
+    }
+  }
+  int rc = grow(c, slot, bytes);
+  if (rc) return rc;
+  s->use = s->m;
+  if (in) {
+    s->res = r, s->off = off, s->len = bytes, s->copied = 1;
+    return load ? cl_rc(clEnqueueCopyBuffer(c->q, r->m, s->m, off, 0, bytes, 0, NULL, NULL)) : 0;
+  }
+  return load ? upload(c, s->m, 0, p, bytes) : 0;
+}
+
+// An input the op's kernels change (act_round rounds its x): always the slot's own copy.
+static int put_copy(struct ocl_ctx *c, int slot, const void *src, size_t bytes) {
+  struct sbuf *s = &c->s[slot];
+  unbind(s);
+  int rc = grow(c, slot, bytes);
+  if (rc) return rc;
+  s->use = s->m;
+  const struct rbuf *r = NULL;
+  size_t off = 0;
+  int in = bytes ? resident(c, src, bytes, &r, &off) : 0;
+  if (in < 0) return in;
+  return in ? cl_rc(clEnqueueCopyBuffer(c->q, r->m, s->m, off, 0, bytes, 0, NULL, NULL)) : upload(c, s->m, 0, src, bytes);
+}
+
+// An input that repeats across calls (struct cconst): a backend buffer as put; host bytes from
+// the constant cache, uploaded only when they changed; put's staging when the cache is full.
+static int put_const(struct ocl_ctx *c, int slot, const void *src, size_t bytes) {
+  const struct rbuf *r;
+  size_t off;
+  const int in = bytes ? resident(c, src, bytes, &r, &off) : 1;
+  if (in < 0) return in;
+  if (in || bytes > CONST_MAX_BYTES) return bind(c, slot, src, bytes, 1);
+  struct cconst *k = NULL;
+  for (int i = 0; i < c->n_cc && !k; i++)
+    if (c->cc[i].host == src && c->cc[i].bytes == bytes) k = &c->cc[i];
+  if (k && memcmp(k->copy, src, bytes) != 0) {
+    memcpy(k->copy, src, bytes);
+    int rc = upload(c, k->m, 0, src, bytes); // queued after the kernels that read the old bytes
+    if (rc) return rc;
+  }
+  if (!k) {
+    while (c->n_cc && (c->n_cc == N_CONST || c->cc_bytes + bytes > CONST_TOTAL_BYTES)) { // evict the least recently used
+      int lru = 0;
+      for (int i = 1; i < c->n_cc; i++) lru = c->cc[i].used < c->cc[lru].used ? i : lru;
+      for (int j = 0; j < S_COUNT; j++) // a slot still naming it: unbound (its memory goes)
+        if (c->s[j].use == c->cc[lru].m) unbind(&c->s[j]);
+      dev_release(c, c->cc[lru].m, c->cc[lru].bytes);
+      free(c->cc[lru].copy);
+      c->cc_bytes -= c->cc[lru].bytes;
+      c->cc[lru] = c->cc[--c->n_cc];
+    }
+    cl_int e;
+    void *copy = malloc(bytes);
+    cl_mem m = copy ? dev_alloc(c, bytes, &e) : NULL;
+    if (!m) {
+      free(copy);
+      return bind(c, slot, src, bytes, 1);
+    }
+    memcpy(copy, src, bytes);
+    int rc = upload(c, m, 0, src, bytes);
+    if (rc) {
+      dev_release(c, m, bytes);
+      free(copy);
+      return rc;
+    }
+    k = &c->cc[c->n_cc++];
+    *k = (struct cconst){src, bytes, m, copy, 0};
+    c->cc_bytes += bytes;
+  }
+  k->used = ++c->cc_tick;
+  unbind(&c->s[slot]);
+  c->s[slot].use = k->m;
+  return 0;
+}
+
+// An input (or an in-out operand): its bytes are in the slot when the op's kernels run.
+static int put(struct ocl_ctx *c, int slot, const void *src, size_t bytes) { return bind(c, slot, src, bytes, 1); }
+// An output the kernels overwrite.
+static int output(struct ocl_ctx *c, int slot, void *dst, size_t bytes) { return bind(c, slot, dst, bytes, 0); }
+
+// The slot's result to dst: nothing to do where the kernels wrote dst in place; a queued
+// device copy into a backend buffer; a blocking read into host memory.
 static int get(struct ocl_ctx *c, int slot, void *dst, size_t bytes) {
-  return bytes ? cl_rc(clEnqueueReadBuffer(c->q, c->s[slot].m, CL_TRUE, 0, bytes, dst, 0, NULL, NULL)) : 0;
+  struct sbuf *s = &c->s[slot];
+  if (!bytes) return 0;
+  if (s->res && s->res->base + s->off == (char *)dst && !s->copied) return 0;
+  const struct rbuf *r = NULL;
+  size_t off = 0;
+  int in = resident(c, dst, bytes, &r, &off);
+  if (in < 0) return in;
+  if (in) return cl_rc(clEnqueueCopyBuffer(c->q, s->use, r->m, 0, off, bytes, 0, NULL, NULL));
+  return download(c, dst, s->use, 0, bytes);
 }
 
 static int launch(struct ocl_ctx *c, cl_kernel k, cl_uint dims, const size_t *global, const size_t *local) {
@@ -248,7 +482,7 @@ static int weight_dev(struct ocl_ctx *c, const struct ll_weight *w, cl_mem *out)
   }
   const size_t bytes = ll_row_size(w->type, w->k) * (size_t)w->n;
   int rc = put(c, S_W, w->data, bytes);
-  if (rc == 0) *out = c->s[S_W].m;
+  if (rc == 0) *out = c->s[S_W].use;
   return rc;
 }
 
@@ -276,9 +510,9 @@ static int ocl_matmul(struct ll_backend *b, float *out, const float *x, const st
   if (rc) return rc;
   const size_t xb = (size_t)T * K * sizeof(float), ob = (size_t)T * N * sizeof(float);
   cl_ulong rb = ll_row_size(w->type, w->k);
-  if ((rc = put(c, S_X, x, xb))) return rc;
+  if ((rc = fl > 0 ? put_copy(c, S_X, x, xb) : put(c, S_X, x, xb))) return rc; // act_round changes it
   if (accumulate) rc = put(c, S_OUT, out, ob);
-  else rc = stage(c, S_OUT, ob);
+  else rc = output(c, S_OUT, out, ob);
   if (rc) return rc;
   cl_int e = 0;
   const size_t gl[3] = {WG, (size_t)N, (size_t)(T + TT - 1) / TT}, lo[3] = {WG, 1, 1};
@@ -288,10 +522,10 @@ static int ocl_matmul(struct ll_backend *b, float *out, const float *x, const st
     if (K % (int)per) return LL_EINVAL;
     const size_t gq = (size_t)T * (K / per);
     cl_kernel k = c->k_quant;
-    e |= ARG(k, 0, c->s[S_X].m) | ARG(k, 1, c->s[S_XQ].m) | ARG(k, 2, c->s[S_XS].m) | ARG(k, 3, K) | ARG(k, 4, T) | ARG(k, 5, mode);
+    e |= ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_XQ].use) | ARG(k, 2, c->s[S_XS].use) | ARG(k, 3, K) | ARG(k, 4, T) | ARG(k, 5, mode);
     if (e || (rc = launch(c, k, 1, &gq, NULL))) return e ? LL_EIO : rc;
     k = c->k_mm[w->type];
-    e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_XQ].m) | ARG(k, 3, c->s[S_XS].m) | ARG(k, 4, c->s[S_OUT].m);
+    e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_XQ].use) | ARG(k, 3, c->s[S_XS].use) | ARG(k, 4, c->s[S_OUT].use);
     e |= ARG(k, 5, K) | ARG(k, 6, N) | ARG(k, 7, T) | ARG(k, 8, accumulate);
     if (e || (rc = launch(c, k, 3, gl, lo))) return e ? LL_EIO : rc;
   } else {
@@ -299,11 +533,11 @@ static int ocl_matmul(struct ll_backend *b, float *out, const float *x, const st
       cl_kernel k = c->k_round;
       const int n = T * K;
       const size_t g = (size_t)n;
-      e |= ARG(k, 0, c->s[S_X].m) | ARG(k, 1, n) | ARG(k, 2, fl);
+      e |= ARG(k, 0, c->s[S_X].use) | ARG(k, 1, n) | ARG(k, 2, fl);
       if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
     }
     cl_kernel k = c->k_mm_f;
-    e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_X].m) | ARG(k, 3, c->s[S_OUT].m) | ARG(k, 4, K) | ARG(k, 5, N);
+    e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_X].use) | ARG(k, 3, c->s[S_OUT].use) | ARG(k, 4, K) | ARG(k, 5, N);
     e |= ARG(k, 6, T) | ARG(k, 7, accumulate) | ARG(k, 8, fl);
     if (e || (rc = launch(c, k, 3, gl, lo))) return e ? LL_EIO : rc;
   }
@@ -322,11 +556,11 @@ static int ocl_get_rows(struct ll_backend *b, float *out, const struct ll_weight
   const int fl = w->type == LL_TYPE_F32 ? 0 : w->type == LL_TYPE_F16 ? 1 : w->type == LL_TYPE_BF16 ? 2 : -1;
   if (fl < 0 && (act_type_mode(w->type) < 0 || K % 32)) return LL_EUNSUPPORTED;
   const size_t ob = (size_t)T * K * sizeof(float);
-  if ((rc = put(c, S_POS, ids, (size_t)T * sizeof *ids)) || (rc = stage(c, S_OUT, ob))) return rc;
+  if ((rc = put(c, S_POS, ids, (size_t)T * sizeof *ids)) || (rc = output(c, S_OUT, out, ob))) return rc;
   cl_ulong rb = ll_row_size(w->type, w->k);
   cl_kernel k = fl < 0 ? c->k_gr_q : c->k_gr_f;
   const int wt = fl < 0 ? w->type : fl;
-  cl_int e = ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_POS].m) | ARG(k, 3, c->s[S_OUT].m) | ARG(k, 4, K) | ARG(k, 5, T);
+  cl_int e = ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_POS].use) | ARG(k, 3, c->s[S_OUT].use) | ARG(k, 4, K) | ARG(k, 5, T);
   e |= ARG(k, 6, wt);
   const size_t g = fl < 0 ? (size_t)T * (K / 32) : (size_t)T * K;
   if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
@@ -338,9 +572,9 @@ static int ocl_rmsnorm(struct ll_backend *b, float *out, const float *x, const f
   if (T <= 0) return 0;
   const size_t xb = (size_t)T * C * sizeof(float);
   int rc;
-  if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_A, g, (size_t)C * sizeof(float))) || (rc = stage(c, S_OUT, xb))) return rc;
+  if ((rc = put(c, S_X, x, xb)) || (rc = put_const(c, S_A, g, (size_t)C * sizeof(float))) || (rc = output(c, S_OUT, out, xb))) return rc;
   cl_kernel k = c->k_rmsnorm;
-  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_X].m) | ARG(k, 2, c->s[S_A].m) | ARG(k, 3, C) | ARG(k, 4, eps);
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_X].use) | ARG(k, 2, c->s[S_A].use) | ARG(k, 3, C) | ARG(k, 4, eps);
   const size_t gl = (size_t)T * WG, lo = WG;
   if (e || (rc = launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
   return get(c, S_OUT, out, xb);
@@ -381,10 +615,10 @@ static int ocl_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, i
   if (rc0) return rc0;
   const size_t xb = (size_t)T * n_head * head_dim * sizeof(float), tb = (size_t)T * np * sizeof(float);
   int rc;
-  if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_A, ct, tb)) || (rc = put(c, S_B, st, tb))) return rc;
+  if ((rc = put(c, S_X, x, xb)) || (rc = put_const(c, S_A, ct, tb)) || (rc = put_const(c, S_B, st, tb))) return rc;
   cl_kernel k = c->k_rope;
   const int neox = p->mode == LL_ROPE_NEOX, fused = b->ggml_math;
-  cl_int e = ARG(k, 0, c->s[S_X].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, T) | ARG(k, 4, n_head);
+  cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, T) | ARG(k, 4, n_head);
   e |= ARG(k, 5, head_dim) | ARG(k, 6, np) | ARG(k, 7, neox) | ARG(k, 8, fused);
   const size_t g = (size_t)T * n_head * np;
   if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
@@ -396,11 +630,11 @@ static int ocl_swiglu(struct ll_backend *b, float *out, const float *gate, const
   if (n <= 0) return 0;
   const size_t nb = (size_t)n * sizeof(float);
   int rc;
-  if ((rc = put(c, S_A, gate, nb)) || (rc = put(c, S_B, up, nb)) || (rc = stage(c, S_OUT, nb))) return rc;
+  if ((rc = put(c, S_A, gate, nb)) || (rc = put(c, S_B, up, nb)) || (rc = output(c, S_OUT, out, nb))) return rc;
   cl_kernel k = c->k_swiglu;
   cl_long ln = n;
   const int ggml = b->ggml_math;
-  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, ln) | ARG(k, 4, ggml);
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, ln) | ARG(k, 4, ggml);
   const size_t g = (size_t)n;
   if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
   return get(c, S_OUT, out, nb);
@@ -411,10 +645,10 @@ static int ocl_add(struct ll_backend *b, float *out, const float *a, const float
   if (n <= 0) return 0;
   const size_t nb = (size_t)n * sizeof(float);
   int rc;
-  if ((rc = put(c, S_A, a, nb)) || (rc = put(c, S_B, x, nb)) || (rc = stage(c, S_OUT, nb))) return rc;
+  if ((rc = put(c, S_A, a, nb)) || (rc = put(c, S_B, x, nb)) || (rc = output(c, S_OUT, out, nb))) return rc;
   cl_kernel k = c->k_add;
   cl_long ln = n;
-  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, ln);
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, ln);
   const size_t g = (size_t)n;
   if (e || (rc = launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
   return get(c, S_OUT, out, nb);
@@ -445,7 +679,7 @@ static int kv_pool(struct ocl_ctx *c, const void *host, size_t bytes, cl_mem *ou
     if (!m) return cl_rc(e) ? cl_rc(e) : LL_ENOMEM;
     if (p->m) {
       e = clEnqueueCopyBuffer(c->q, p->m, m, 0, 0, p->cap, 0, NULL, NULL);
-      if (e == CL_SUCCESS) e = clFinish(c->q);
+      if (e == CL_SUCCESS) e = clFinish(c->q), drained(c);
       if (e != CL_SUCCESS) {
         dev_release(c, m, cap);
         return cl_rc(e);
@@ -480,12 +714,11 @@ static int ocl_kv_store(struct ll_backend *b, const struct ll_kv_view *kv, const
     return rc;
   cl_kernel kk = c->k_kv_store;
   const int f16 = kv->kv_type == LL_TYPE_F16;
-  cl_int e = ARG(kk, 0, K) | ARG(kk, 1, V) | ARG(kk, 2, c->s[S_A].m) | ARG(kk, 3, c->s[S_B].m) | ARG(kk, 4, c->s[S_POS].m);
-  e |= ARG(kk, 5, c->s[S_TAB].m) | ARG(kk, 6, T) | ARG(kk, 7, kv->block) | ARG(kk, 8, kv->n_head_kv) | ARG(kk, 9, kv->head_dim) | ARG(kk, 10, f16);
+  cl_int e = ARG(kk, 0, K) | ARG(kk, 1, V) | ARG(kk, 2, c->s[S_A].use) | ARG(kk, 3, c->s[S_B].use) | ARG(kk, 4, c->s[S_POS].use);
+  e |= ARG(kk, 5, c->s[S_TAB].use) | ARG(kk, 6, T) | ARG(kk, 7, kv->block) | ARG(kk, 8, kv->n_head_kv) | ARG(kk, 9, kv->head_dim) | ARG(kk, 10, f16);
   const size_t g = (size_t)T * n;
   if (e || (rc = launch(c, kk, 1, &g, NULL))) return e ? LL_EIO : rc;
-  // No read follows: wait here so the host k, v may change after we return.
-  return cl_rc(clFinish(c->q));
+  return 0; // host k, v were copied (upload): they may change once we return
 }
 
 static int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos,
@@ -530,25 +763,20 @@ static int ocl_attention_multi(struct ll_backend *b, float *out, const float *q,
   if ((rc = kv_pool(c, k0->k, need, &K)) || (rc = kv_pool(c, k0->v, need, &V)) || (rc = put(c, S_X, q, qb)) ||
       (rc = put(c, S_POS, pos, (size_t)rows * 4)) || (rc = put(c, S_TAB, tab, (size_t)n_tab * 4)) ||
       (rc = put(c, S_SEQ, seq_of, (size_t)rows * 4)) || (rc = put(c, S_TOFF, toff, (size_t)n_seq * 4)) || (rc = put(c, S_SNT, snt, (size_t)n_seq * 4)) ||
-      (rc = stage(c, S_SCR, (size_t)rows * n_head * stride * sizeof(float))) || (rc = stage(c, S_OUT, qb))) {
+      (rc = stage(c, S_SCR, (size_t)rows * n_head * stride * sizeof(float))) || (rc = output(c, S_OUT, out, qb))) {
     free(tab);
     return rc;
   }
+  free(tab); // the uploads copied it
   cl_kernel k = c->k_attention;
   const int f16 = k0->kv_type == LL_TYPE_F16, ggml = b->ggml_math;
-  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_X].m) | ARG(k, 2, K) | ARG(k, 3, V) | ARG(k, 4, c->s[S_POS].m);
-  e |= ARG(k, 5, c->s[S_TAB].m) | ARG(k, 6, c->s[S_SEQ].m) | ARG(k, 7, c->s[S_TOFF].m) | ARG(k, 8, c->s[S_SNT].m);
-  e |= ARG(k, 9, c->s[S_SCR].m) | ARG(k, 10, n_head) | ARG(k, 11, Hkv) | ARG(k, 12, hd) | ARG(k, 13, k0->block) | ARG(k, 14, f16);
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_X].use) | ARG(k, 2, K) | ARG(k, 3, V) | ARG(k, 4, c->s[S_POS].use);
+  e |= ARG(k, 5, c->s[S_TAB].use) | ARG(k, 6, c->s[S_SEQ].use) | ARG(k, 7, c->s[S_TOFF].use) | ARG(k, 8, c->s[S_SNT].use);
+  e |= ARG(k, 9, c->s[S_SCR].use) | ARG(k, 10, n_head) | ARG(k, 11, Hkv) | ARG(k, 12, hd) | ARG(k, 13, k0->block) | ARG(k, 14, f16);
   e |= ARG(k, 15, scale) | ARG(k, 16, stride) | ARG(k, 17, ggml);
   const size_t gl = (size_t)rows * n_head * WG, lo = WG;
-  if (e || (rc = launch(c, k, 1, &gl, &lo))) {
-    free(tab); // written only after the blocking read below, or now on failure (queue flushed)
-    clFinish(c->q);
-    return e ? LL_EIO : rc;
-  }
-  rc = get(c, S_OUT, out, qb); // blocking: the index arrays are no longer needed after it
-  free(tab);
-  return rc;
+  if (e || (rc = launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  return get(c, S_OUT, out, qb);
 }
 
 static int ocl_attention(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, int T, int n_head,
@@ -558,14 +786,14 @@ static int ocl_attention(struct ll_backend *b, float *out, const float *q, const
 }
 
 // ---------------------------------------------------------------- training ops (train.cl)
-// Same host-pointer convention as the forward ops: operands are uploaded into staging
-// buffers, the kernels run, results are read back (the last read blocking, so the caller's
-// memory may change once we return). Accumulating outputs (dx, dw, dg, ...) are uploaded too.
+// As the forward ops: backend buffers are computed on in place; host operands are uploaded
+// into staging buffers and host results read back (blocking). Accumulating outputs (dx, dw,
+// dg, ...) are in-out operands (put).
 
 // An op's error return: uploads enqueued before the failure still read the caller's memory
 // (they are non-blocking), so wait for them before the caller may reuse or free it.
 static int fail(struct ocl_ctx *c, int rc) {
-  clFinish(c->q);
+  finish(c);
   return rc;
 }
 
@@ -617,13 +845,13 @@ static int ocl_matmul_backward(struct ll_backend *b, float *dx, float *dw, const
       cl_mem wf = wm;
       if (fl != 0) {
         cl_kernel k = c->k_deq;
-        e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_SCR].m) | ARG(k, 3, K) | ARG(k, 4, n0) | ARG(k, 5, cnt) | ARG(k, 6, wt) | ARG(k, 7, fl);
+        e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_SCR].use) | ARG(k, 3, K) | ARG(k, 4, n0) | ARG(k, 5, cnt) | ARG(k, 6, wt) | ARG(k, 7, fl);
         const size_t g = fl > 0 ? (size_t)cnt * K : (size_t)cnt * (K / 32);
         if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
-        wf = c->s[S_SCR].m;
+        wf = c->s[S_SCR].use;
       }
       cl_kernel k = c->k_mm_dx;
-      e |= ARG(k, 0, c->s[S_A].m) | ARG(k, 1, c->s[S_B].m) | ARG(k, 2, wf) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K) | ARG(k, 6, n0);
+      e |= ARG(k, 0, c->s[S_A].use) | ARG(k, 1, c->s[S_B].use) | ARG(k, 2, wf) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K) | ARG(k, 6, n0);
       e |= ARG(k, 7, cnt);
       const size_t gl[2] = {(size_t)K, (size_t)T};
       if (e || (rc = launch(c, k, 2, gl, NULL))) return fail(c, e ? LL_EIO : rc);
@@ -632,7 +860,7 @@ static int ocl_matmul_backward(struct ll_backend *b, float *dx, float *dw, const
   if (dw) {
     if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_C, dw, wb))) return fail(c, rc); // x (T, K), dw (N, K) accumulates
     cl_kernel k = c->k_mm_dw;
-    e |= ARG(k, 0, c->s[S_C].m) | ARG(k, 1, c->s[S_B].m) | ARG(k, 2, c->s[S_X].m) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K);
+    e |= ARG(k, 0, c->s[S_C].use) | ARG(k, 1, c->s[S_B].use) | ARG(k, 2, c->s[S_X].use) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K);
     const size_t gl[2] = {(size_t)K, (size_t)N};
     if (e || (rc = launch(c, k, 2, gl, NULL))) return fail(c, e ? LL_EIO : rc);
   }
@@ -649,19 +877,19 @@ static int ocl_rmsnorm_backward(struct ll_backend *b, float *dx, float *dg, cons
   size_t xb, gb, sb;
   int rc;
   if ((rc = fbytes(c, T, C, &xb)) || (rc = fbytes(c, C, 1, &gb)) || (rc = fbytes(c, T, 1, &sb))) return fail(c, rc);
-  if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_B, dout, xb)) || (rc = put(c, S_C, g, gb)) || (rc = stage(c, S_D, sb))) return fail(c, rc);
+  if ((rc = put(c, S_X, x, xb)) || (rc = put(c, S_B, dout, xb)) || (rc = put_const(c, S_C, g, gb)) || (rc = stage(c, S_D, sb))) return fail(c, rc);
   if (dx && (rc = put(c, S_A, dx, xb))) return fail(c, rc);                                 // (T, C) accumulates
   if (!dx && (rc = stage(c, S_A, 16))) return fail(c, rc);                                  // unused argument
   const int want_dx = dx != NULL;
   cl_kernel k = c->k_rms_bwd;
-  cl_int e = ARG(k, 0, c->s[S_A].m) | ARG(k, 1, c->s[S_D].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, c->s[S_X].m) | ARG(k, 4, c->s[S_C].m);
+  cl_int e = ARG(k, 0, c->s[S_A].use) | ARG(k, 1, c->s[S_D].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, c->s[S_X].use) | ARG(k, 4, c->s[S_C].use);
   e |= ARG(k, 5, C) | ARG(k, 6, eps) | ARG(k, 7, want_dx);
   const size_t gl = (size_t)T * WG, lo = WG;
   if (e || (rc = launch(c, k, 1, &gl, &lo))) return fail(c, e ? LL_EIO : rc);
   if (dg) { // (C) accumulates; needs every row's s_t (S_D) from the kernel above
     if ((rc = put(c, S_E, dg, gb))) return fail(c, rc);
     k = c->k_rms_dg;
-    e = ARG(k, 0, c->s[S_E].m) | ARG(k, 1, c->s[S_D].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, c->s[S_X].m) | ARG(k, 4, T) | ARG(k, 5, C);
+    e = ARG(k, 0, c->s[S_E].use) | ARG(k, 1, c->s[S_D].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, c->s[S_X].use) | ARG(k, 4, T) | ARG(k, 5, C);
     const size_t g1 = (size_t)C;
     if (e || (rc = launch(c, k, 1, &g1, NULL))) return fail(c, e ? LL_EIO : rc);
   }
@@ -681,10 +909,10 @@ static int ocl_rope_backward(struct ll_backend *b, float *dx, const int32_t *pos
   if ((rc = fbytes(c, (int64_t)T * n_head, head_dim, &xb)) || (rc = fbytes(c, T, np, &tb))) return fail(c, rc);
   float *ct, *st;
   if ((rc = rope_tables(c, pos, T, p, &ct, &st))) return fail(c, rc);
-  if ((rc = put(c, S_X, dx, xb)) || (rc = put(c, S_A, ct, tb)) || (rc = put(c, S_B, st, tb))) return fail(c, rc);
+  if ((rc = put(c, S_X, dx, xb)) || (rc = put_const(c, S_A, ct, tb)) || (rc = put_const(c, S_B, st, tb))) return fail(c, rc);
   cl_kernel k = c->k_rope_bwd;
   const int neox = p->mode == LL_ROPE_NEOX;
-  cl_int e = ARG(k, 0, c->s[S_X].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, T) | ARG(k, 4, n_head);
+  cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, T) | ARG(k, 4, n_head);
   e |= ARG(k, 5, head_dim) | ARG(k, 6, np) | ARG(k, 7, neox);
   const size_t g = (size_t)T * n_head * np;
   if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
@@ -700,12 +928,12 @@ static int ocl_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, c
   int rc;
   if ((rc = fbytes(c, n, 1, &nb))) return fail(c, rc);
   // Outputs in their own buffers: dgate / dup may alias the inputs (element-wise).
-  if ((rc = put(c, S_A, gate, nb)) || (rc = put(c, S_B, up, nb)) || (rc = put(c, S_C, dout, nb)) || (rc = stage(c, S_D, nb)) ||
-      (rc = stage(c, S_E, nb)))
+  if ((rc = put(c, S_A, gate, nb)) || (rc = put(c, S_B, up, nb)) || (rc = put(c, S_C, dout, nb)) || (rc = output(c, S_D, dgate, nb)) ||
+      (rc = output(c, S_E, dup, nb)))
     return fail(c, rc);
   cl_kernel k = c->k_swiglu_bwd;
   cl_long ln = n;
-  cl_int e = ARG(k, 0, c->s[S_D].m) | ARG(k, 1, c->s[S_E].m) | ARG(k, 2, c->s[S_C].m) | ARG(k, 3, c->s[S_A].m) | ARG(k, 4, c->s[S_B].m);
+  cl_int e = ARG(k, 0, c->s[S_D].use) | ARG(k, 1, c->s[S_E].use) | ARG(k, 2, c->s[S_C].use) | ARG(k, 3, c->s[S_A].use) | ARG(k, 4, c->s[S_B].use);
   e |= ARG(k, 5, ln);
   const size_t g = (size_t)n;
   if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
@@ -729,11 +957,11 @@ static int ocl_attention_train(struct ll_backend *b, float *out, float *att, con
   size_t qb, kb, ab;
   int rc;
   if ((rc = attn_bytes(c, S, n_head, n_head_kv, head_dim, &qb, &kb, &ab))) return fail(c, rc);
-  if ((rc = put(c, S_X, q, qb)) || (rc = put(c, S_A, k, kb)) || (rc = put(c, S_B, v, kb)) || (rc = stage(c, S_OUT, qb)) ||
-      (rc = stage(c, S_SCR, ab)))
+  if ((rc = put(c, S_X, q, qb)) || (rc = put(c, S_A, k, kb)) || (rc = put(c, S_B, v, kb)) || (rc = output(c, S_OUT, out, qb)) ||
+      (rc = output(c, S_SCR, att, ab)))
     return fail(c, rc);
   cl_kernel kk = c->k_attn_train;
-  cl_int e = ARG(kk, 0, c->s[S_OUT].m) | ARG(kk, 1, c->s[S_SCR].m) | ARG(kk, 2, c->s[S_X].m) | ARG(kk, 3, c->s[S_A].m) | ARG(kk, 4, c->s[S_B].m);
+  cl_int e = ARG(kk, 0, c->s[S_OUT].use) | ARG(kk, 1, c->s[S_SCR].use) | ARG(kk, 2, c->s[S_X].use) | ARG(kk, 3, c->s[S_A].use) | ARG(kk, 4, c->s[S_B].use);
   e |= ARG(kk, 5, S) | ARG(kk, 6, n_head) | ARG(kk, 7, n_head_kv) | ARG(kk, 8, head_dim) | ARG(kk, 9, scale);
   const size_t gl = (size_t)S * n_head * WG, lo = WG;
   if (e || (rc = launch(c, kk, 1, &gl, &lo))) return fail(c, e ? LL_EIO : rc);
@@ -752,18 +980,18 @@ static int ocl_attention_backward(struct ll_backend *b, float *dq, float *dk, fl
   // dout (S, H, hd) in S_C, q in S_X, k, v (S, Hkv, hd) in S_A, S_B, att (H, S, S) in S_SCR;
   // ds (H, S, S) scratch in S_D; dq, dk, dv (all overwritten) in S_OUT, S_E, S_F.
   if ((rc = put(c, S_C, dout, qb)) || (rc = put(c, S_X, q, qb)) || (rc = put(c, S_A, k, kb)) || (rc = put(c, S_B, v, kb)) ||
-      (rc = put(c, S_SCR, att, ab)) || (rc = stage(c, S_D, ab)) || (rc = stage(c, S_OUT, qb)) || (rc = stage(c, S_E, kb)) ||
-      (rc = stage(c, S_F, kb)))
+      (rc = put(c, S_SCR, att, ab)) || (rc = stage(c, S_D, ab)) || (rc = output(c, S_OUT, dq, qb)) || (rc = output(c, S_E, dk, kb)) ||
+      (rc = output(c, S_F, dv, kb)))
     return fail(c, rc);
   cl_kernel kk = c->k_attn_bwd_q;
-  cl_int e = ARG(kk, 0, c->s[S_OUT].m) | ARG(kk, 1, c->s[S_D].m) | ARG(kk, 2, c->s[S_C].m) | ARG(kk, 3, c->s[S_X].m) | ARG(kk, 4, c->s[S_A].m);
-  e |= ARG(kk, 5, c->s[S_B].m) | ARG(kk, 6, c->s[S_SCR].m) | ARG(kk, 7, S) | ARG(kk, 8, n_head) | ARG(kk, 9, n_head_kv) | ARG(kk, 10, head_dim);
+  cl_int e = ARG(kk, 0, c->s[S_OUT].use) | ARG(kk, 1, c->s[S_D].use) | ARG(kk, 2, c->s[S_C].use) | ARG(kk, 3, c->s[S_X].use) | ARG(kk, 4, c->s[S_A].use);
+  e |= ARG(kk, 5, c->s[S_B].use) | ARG(kk, 6, c->s[S_SCR].use) | ARG(kk, 7, S) | ARG(kk, 8, n_head) | ARG(kk, 9, n_head_kv) | ARG(kk, 10, head_dim);
   e |= ARG(kk, 11, scale);
   const size_t gl = (size_t)S * n_head * WG, lo = WG;
   if (e || (rc = launch(c, kk, 1, &gl, &lo))) return fail(c, e ? LL_EIO : rc);
   kk = c->k_attn_bwd_kv;
-  e = ARG(kk, 0, c->s[S_E].m) | ARG(kk, 1, c->s[S_F].m) | ARG(kk, 2, c->s[S_D].m) | ARG(kk, 3, c->s[S_C].m) | ARG(kk, 4, c->s[S_X].m);
-  e |= ARG(kk, 5, c->s[S_SCR].m) | ARG(kk, 6, S) | ARG(kk, 7, n_head) | ARG(kk, 8, n_head_kv) | ARG(kk, 9, head_dim);
+  e = ARG(kk, 0, c->s[S_E].use) | ARG(kk, 1, c->s[S_F].use) | ARG(kk, 2, c->s[S_D].use) | ARG(kk, 3, c->s[S_C].use) | ARG(kk, 4, c->s[S_X].use);
+  e |= ARG(kk, 5, c->s[S_SCR].use) | ARG(kk, 6, S) | ARG(kk, 7, n_head) | ARG(kk, 8, n_head_kv) | ARG(kk, 9, head_dim);
   const size_t g2 = (size_t)S * n_head_kv * head_dim;
   if (e || (rc = launch(c, kk, 1, &g2, NULL))) return fail(c, e ? LL_EIO : rc);
   if ((rc = get(c, S_OUT, dq, qb)) || (rc = get(c, S_E, dk, kb))) return fail(c, rc);
@@ -783,21 +1011,21 @@ static int ocl_softmax_xent(struct ll_backend *b, double *loss, float *dlogits, 
   size_t lb, rb;
   int rc;
   if ((rc = fbytes(c, T, V, &lb)) || (rc = fbytes(c, T, 4, &rb))) return fail(c, rc);
-  float *rs = malloc(rb); // (T, 4): per row max, sum as hi + lo
+  float *rs = malloc(rb); // (T, 4): per row max, sum as hi + lo, the target's logit
   if (!rs) return LL_ENOMEM;
   const int want_d = dlogits != NULL;
-  if ((rc = put(c, S_X, logits, lb)) || (rc = put(c, S_POS, targets, (size_t)T * 4)) || (rc = stage(c, S_OUT, want_d ? lb : 16)) ||
+  if ((rc = put(c, S_X, logits, lb)) || (rc = put(c, S_POS, targets, (size_t)T * 4)) || (rc = want_d ? output(c, S_OUT, dlogits, lb) : stage(c, S_OUT, 16)) ||
       (rc = stage(c, S_TAB, rb))) {
-    clFinish(c->q);
+    finish(c);
     free(rs);
     return rc;
   }
   cl_kernel k = c->k_xent;
-  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_TAB].m) | ARG(k, 2, c->s[S_X].m) | ARG(k, 3, c->s[S_POS].m) | ARG(k, 4, V);
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_TAB].use) | ARG(k, 2, c->s[S_X].use) | ARG(k, 3, c->s[S_POS].use) | ARG(k, 4, V);
   e |= ARG(k, 5, grad_scale) | ARG(k, 6, want_d);
   const size_t gl = (size_t)T * WG, lo = WG;
   if (e || (rc = launch(c, k, 1, &gl, &lo)) || (rc = get(c, S_TAB, rs, rb))) {
-    clFinish(c->q);
+    finish(c);
     free(rs);
     return fail(c, e ? LL_EIO : rc);
   }
@@ -805,11 +1033,11 @@ static int ocl_softmax_xent(struct ll_backend *b, double *loss, float *dlogits, 
   double total = 0;
   for (int t = 0; t < T; t++) {
     if (targets[t] < 0) continue;
-    const float m = rs[4 * t], ly = logits[(size_t)t * V + targets[t]];
+    const float m = rs[4 * t], ly = rs[4 * t + 3];
     total += log((double)rs[4 * t + 1] + (double)rs[4 * t + 2]) - ((double)ly - m);
   }
   free(rs);
-  // Read last: dlogits may alias logits, which the loss above still read.
+  // dlogits (it may alias logits: the kernel read each row before writing it)
   if (want_d && (rc = get(c, S_OUT, dlogits, lb))) return fail(c, rc);
   *loss = total;
   return 0;
@@ -829,7 +1057,24 @@ static int ocl_get_rows_backward(struct ll_backend *b, float *dw, const float *d
   size_t ob;
   int rc;
   if ((rc = fbytes(c, T, C, &ob))) return fail(c, rc);
-  // dw's row count is not in the interface: only the distinct rows ids name go to the device,
+  int max_id = 0;
+  for (int t = 0; t < T; t++) max_id = ids[t] > max_id ? ids[t] : max_id;
+  size_t wb;
+  const struct rbuf *r;
+  size_t off;
+  if ((rc = fbytes(c, (int64_t)max_id + 1, C, &wb))) return fail(c, rc);
+  const int in = resident(c, dw, wb, &r, &off);
+  if (in < 0) return in;
+  cl_kernel k = c->k_gr_bwd;
+  cl_int e = 0;
+  if (in) { // dw lives on the device: the kernel adds into its rows in place (slot[t] = ids[t])
+    if ((rc = put(c, S_A, dw, wb)) || (rc = put(c, S_B, dout, ob)) || (rc = put(c, S_POS, ids, (size_t)T * 4))) return fail(c, rc);
+    e = ARG(k, 0, c->s[S_A].use) | ARG(k, 1, c->s[S_B].use) | ARG(k, 2, c->s[S_POS].use) | ARG(k, 3, T) | ARG(k, 4, C);
+    const size_t g = (size_t)C;
+    if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
+    return get(c, S_A, dw, wb);
+  }
+  // Host dw: its row count is not in the interface: only the distinct rows ids name go to the device,
   // (U, C) gathered here, slot[t] the row of token t, scattered back after.
   int32_t *pr = malloc((size_t)T * 2 * sizeof *pr), *slot = malloc((size_t)T * sizeof *slot), *row_of = malloc((size_t)T * sizeof *row_of);
   float *rows = malloc(ob);
@@ -846,16 +1091,14 @@ static int ocl_get_rows_backward(struct ll_backend *b, float *dw, const float *d
   }
   for (int u = 0; u < U; u++) memcpy(rows + (size_t)u * C, dw + (size_t)row_of[u] * C, (size_t)C * 4);
   const size_t ub = (size_t)U * C * 4;
-  cl_kernel k = c->k_gr_bwd;
-  cl_int e = 0;
   if (!(rc = put(c, S_A, rows, ub)) && !(rc = put(c, S_B, dout, ob)) && !(rc = put(c, S_POS, slot, (size_t)T * 4))) {
-    e = ARG(k, 0, c->s[S_A].m) | ARG(k, 1, c->s[S_B].m) | ARG(k, 2, c->s[S_POS].m) | ARG(k, 3, T) | ARG(k, 4, C);
+    e = ARG(k, 0, c->s[S_A].use) | ARG(k, 1, c->s[S_B].use) | ARG(k, 2, c->s[S_POS].use) | ARG(k, 3, T) | ARG(k, 4, C);
     const size_t g = (size_t)C;
     if (e) rc = LL_EIO;
     if (!rc) rc = launch(c, k, 1, &g, NULL);
     if (!rc) rc = get(c, S_A, rows, ub);
   }
-  clFinish(c->q); // the uploads read rows and slot: done before they are freed, on any path
+  finish(c); // the read above blocked, except on an error path
   if (!rc)
     for (int u = 0; u < U; u++) memcpy(dw + (size_t)row_of[u] * C, rows + (size_t)u * C, (size_t)C * 4);
   free(pr), free(slot), free(row_of), free(rows);
@@ -868,14 +1111,14 @@ static int ocl_dropout(struct ll_backend *b, float *out, const float *x, float p
   if (n == 0) return 0;
   size_t nb;
   int rc;
-  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_A, x, nb)) || (rc = stage(c, S_OUT, nb))) return fail(c, rc);
+  if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_A, x, nb)) || (rc = output(c, S_OUT, out, nb))) return fail(c, rc);
   // The mask's parameters as the reference computes them (ll_cpu_train.h).
   cl_ulong sm = ll_mix64(seed);
   cl_uint th = ll_dropout_threshold(p);
   const float sc = 1.0f / (1.0f - p);
   cl_long ln = n;
   cl_kernel k = c->k_dropout;
-  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, sm) | ARG(k, 3, th) | ARG(k, 4, sc) | ARG(k, 5, ln);
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, sm) | ARG(k, 3, th) | ARG(k, 4, sc) | ARG(k, 5, ln);
   const size_t g = (size_t)n;
   if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
   return get(c, S_OUT, out, nb);
@@ -897,7 +1140,7 @@ static int ocl_sumsq(struct ll_backend *b, double *out, const float *x, int64_t 
   const size_t ng = need < SUMSQ_GROUPS ? (size_t)need : SUMSQ_GROUPS;
   cl_long ln = n;
   cl_kernel k = c->k_sumsq;
-  cl_int e = ARG(k, 0, c->s[S_TAB].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, ln);
+  cl_int e = ARG(k, 0, c->s[S_TAB].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, ln);
   const size_t gl = ng * WG, lo = WG;
   float part[SUMSQ_GROUPS * 2];
   if (e || (rc = launch(c, k, 1, &gl, &lo)) || (rc = get(c, S_TAB, part, ng * 2 * sizeof(float)))) return fail(c, e ? LL_EIO : rc);
@@ -917,7 +1160,7 @@ static int ocl_axpy(struct ll_backend *b, float *out, const float *x, float alph
   if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_OUT, out, nb)) || (rc = put(c, S_A, x, nb))) return fail(c, rc);
   cl_long ln = n;
   cl_kernel k = c->k_axpy;
-  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, alpha) | ARG(k, 3, ln);
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, alpha) | ARG(k, 3, ln);
   const size_t g = (size_t)n;
   if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
   return get(c, S_OUT, out, nb);
@@ -932,7 +1175,7 @@ static int ocl_scale(struct ll_backend *b, float *x, float alpha, int64_t n) {
   if ((rc = fbytes(c, n, 1, &nb)) || (rc = put(c, S_OUT, x, nb))) return fail(c, rc);
   cl_long ln = n;
   cl_kernel k = c->k_scale;
-  cl_int e = ARG(k, 0, c->s[S_OUT].m) | ARG(k, 1, alpha) | ARG(k, 2, ln);
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, alpha) | ARG(k, 2, ln);
   const size_t g = (size_t)n;
   if (e || (rc = launch(c, k, 1, &g, NULL))) return fail(c, e ? LL_EIO : rc);
   return get(c, S_OUT, x, nb);
@@ -952,7 +1195,7 @@ static int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, f
   const float bc1 = (float)(1.0 - pow(beta1, step)), bc2 = (float)(1.0 - pow(beta2, step));
   cl_long ln = n;
   cl_kernel k = c->k_adamw;
-  cl_int e = ARG(k, 0, c->s[S_X].m) | ARG(k, 1, c->s[S_A].m) | ARG(k, 2, c->s[S_B].m) | ARG(k, 3, c->s[S_C].m) | ARG(k, 4, ln);
+  cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, c->s[S_C].use) | ARG(k, 4, ln);
   e |= ARG(k, 5, lr) | ARG(k, 6, beta1) | ARG(k, 7, beta2) | ARG(k, 8, eps) | ARG(k, 9, wd) | ARG(k, 10, bc1) | ARG(k, 11, bc2);
   const size_t gs = (size_t)n;
   if (e || (rc = launch(c, k, 1, &gs, NULL))) return fail(c, e ? LL_EIO : rc);
@@ -960,7 +1203,77 @@ static int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, f
   return get(c, S_C, v, nb);
 }
 
-static int ocl_sync(struct ll_backend *b) { return cl_rc(clFinish(CTX(b)->q)); }
+static int ocl_sync(struct ll_backend *b) { return finish(CTX(b)); }
+
+// ---------------------------------------------------------------- backend buffers
+
+static void *ocl_alloc(struct ll_backend *b, size_t n) {
+  struct ocl_ctx *c = CTX(b);
+  const size_t sz = n ? (n + 63) & ~(size_t)63 : 64;
+  if (sz < n) return NULL;
+  if (c->n_rb == c->cap_rb) {
+    for (int j = 0; j < S_COUNT; j++) unbind(&c->s[j]); // bindings point into rb, which moves
+    int cap = c->cap_rb ? 2 * c->cap_rb : 32;
+    struct rbuf *nr = realloc(c->rb, (size_t)cap * sizeof *nr);
+    if (!nr) return NULL;
+    c->rb = nr, c->cap_rb = cap;
+  }
+  void *base = mmap(NULL, sz, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return NULL;
+  cl_int e;
+  cl_mem m = dev_alloc(c, sz, &e);
+  const unsigned char zero = 0;
+  if (m) e = clEnqueueFillBuffer(c->q, m, &zero, 1, 0, sz, 0, NULL, NULL);
+  if (!m || e != CL_SUCCESS) {
+    if (m) dev_release(c, m, sz);
+    munmap(base, sz);
+    return NULL;
+  }
+  c->rb[c->n_rb++] = (struct rbuf){base, sz, m};
+  return base;
+}
+
+static void ocl_free_buf(struct ll_backend *b, void *p) {
+  struct ocl_ctx *c = CTX(b);
+  for (int i = 0; i < c->n_rb; i++) {
+    struct rbuf *r = &c->rb[i];
+    if (r->base != (char *)p) continue;
+    for (int j = 0; j < S_COUNT; j++) unbind(&c->s[j]); // bindings point into rb, which changes
+    dev_release(c, r->m, r->n); // the driver keeps it until queued work that uses it is done
+    munmap(r->base, r->n);
+    c->rb[i] = c->rb[--c->n_rb];
+    return;
+  }
+}
+
+static int ocl_copy(struct ll_backend *b, void *dst, const void *src, size_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (!n) return 0;
+  const struct rbuf *rd = NULL, *rs = NULL;
+  size_t od = 0, os = 0;
+  const int id = resident(c, dst, n, &rd, &od), is = resident(c, src, n, &rs, &os);
+  if (id < 0 || is < 0) return LL_EINVAL;
+  if (id && is) return cl_rc(clEnqueueCopyBuffer(c->q, rs->m, rd->m, os, od, n, 0, NULL, NULL));
+  if (id) return upload(c, rd->m, od, src, n);
+  if (is) return download(c, dst, rs->m, os, n);
+  memmove(dst, src, n);
+  return 0;
+}
+
+static int ocl_zero(struct ll_backend *b, void *dst, size_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (!n) return 0;
+  const struct rbuf *r = NULL;
+  size_t off = 0;
+  const int in = resident(c, dst, n, &r, &off);
+  if (in < 0) return LL_EINVAL;
+  if (!in) {
+    memset(dst, 0, n);
+    return 0;
+  }
+  const unsigned char zero = 0;
+  return cl_rc(clEnqueueFillBuffer(c->q, r->m, &zero, 1, off, n, 0, NULL, NULL));
+}
 
 // ---------------------------------------------------------------- info, free
 
@@ -968,6 +1281,7 @@ static void ocl_get_info(struct ll_backend *b, struct ll_backend_info *info) {
   struct ocl_ctx *c = CTX(b);
   *info = c->info;
   info->mem_used = c->mem_used;
+  info->bytes_up = c->bytes_up, info->bytes_down = c->bytes_down;
 }
 
 static void ocl_free(struct ll_backend *b) {
@@ -983,8 +1297,20 @@ static void ocl_free(struct ll_backend *b) {
     for (int i = 0; i < c->n_kv; i++)
       if (c->kv[i].m) clReleaseMemObject(c->kv[i].m);
     free(c->kv);
-    for (int i = 0; i < S_COUNT; i++)
+    for (int i = 0; i < S_COUNT; i++) {
+      if (c->s[i].sub) clReleaseMemObject(c->s[i].sub);
       if (c->s[i].m) clReleaseMemObject(c->s[i].m);
+    }
+    for (int i = 0; i < c->n_cc; i++) {
+      clReleaseMemObject(c->cc[i].m);
+      free(c->cc[i].copy);
+    }
+    for (int i = 0; i < c->n_rb; i++) { // buffers the caller did not free
+      clReleaseMemObject(c->rb[i].m);
+      munmap(c->rb[i].base, c->rb[i].n);
+    }
+    free(c->rb);
+    free(c->arena);
     cl_kernel ks[] = {c->k_quant, c->k_round, c->k_mm_f, c->k_gr_f, c->k_gr_q, c->k_rmsnorm, c->k_rope, c->k_swiglu, c->k_add, c->k_kv_store,
                       c->k_attention, c->k_deq, c->k_mm_dx, c->k_mm_dw, c->k_rms_bwd, c->k_rms_dg, c->k_rope_bwd, c->k_swiglu_bwd,
                       c->k_attn_train, c->k_attn_bwd_q, c->k_attn_bwd_kv, c->k_xent, c->k_gr_bwd, c->k_dropout, c->k_sumsq, c->k_axpy,
@@ -1030,6 +1356,10 @@ static const struct ll_backend_i ocl_iface = {
     .axpy = ocl_axpy,
     .scale = ocl_scale,
     .adamw = ocl_adamw,
+    .alloc = ocl_alloc,
+    .free_buf = ocl_free_buf,
+    .copy = ocl_copy,
+    .zero = ocl_zero,
     .sync = ocl_sync,
 };
 
@@ -1274,6 +1604,9 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
     if (*end == 0 && v > 0 && v < c->mem_total) in->mem_total = c->mem_total = v;
   }
   in->max_alloc = c->max_alloc = (int64_t)ma;
+  cl_uint align_bits = 0; // sub-buffers start at multiples of it (1.2: at least a long16, 1024 bits)
+  clGetDeviceInfo(c->dev, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof align_bits, &align_bits, NULL);
+  c->addr_align = align_bits >= 8 ? align_bits / 8 : 128;
   size_t ext_len = 0;
   if (clGetDeviceInfo(c->dev, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_len) == CL_SUCCESS && ext_len) {
     char *ext = malloc(ext_len + 1);

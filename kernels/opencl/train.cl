@@ -226,6 +226,8 @@ kernel void xent(global float *d, global float4 *rs, global const float *l, glob
   local acc_t ls[WG];
   const int t = get_group_id(0), lid = get_local_id(0), y = targets[t];
   global const float *lr = l + (size_t)t * V;
+  // The target's logit, read before any work item of the row can overwrite it (d may be l).
+  const float ly = lid == 0 && y >= 0 ? lr[y] : 0.0f;
   float m = -INFINITY;
   for (int j = lid; j < V; j += WG) m = fmax(m, lr[j]);
   lm[lid] = m;
@@ -246,7 +248,7 @@ kernel void xent(global float *d, global float4 *rs, global const float *l, glob
   const acc_t sum = ls[0];
   if (lid == 0) {
     const float hi = (float)sum;
-    rs[t] = y < 0 ? (float4)(0, 0, 0, 0) : (float4)(m, hi, (float)(sum - (acc_t)hi), 0);
+    rs[t] = y < 0 ? (float4)(0, 0, 0, 0) : (float4)(m, hi, (float)(sum - (acc_t)hi), ly);
   }
   if (want_d) {
     const float inv = inv_sum(sum);

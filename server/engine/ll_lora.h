@@ -32,9 +32,9 @@ struct ll_lora {
   float alpha;              // scale = alpha / rank
   unsigned targets;         // bitmask of 1u << enum ll_lora_target
   struct ll_lora_pair *pairs; // (n_layer * LL_LORA_N_TARGETS), pairs[l * LL_LORA_N_TARGETS + t]
-  float *storage;           // every A and B in one backend allocation
+  float *storage;           // every A and B in one allocation (host memory)
   int64_t n_params;         // floats in storage
-  struct ll_backend *be;    // owner of storage
+  struct ll_backend *be;    // owner of storage (a host-buffer backend, or NULL)
 };
 
 static inline float ll_lora_scale(const struct ll_lora *a) { return a->alpha / (float)a->rank; }

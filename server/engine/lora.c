@@ -58,6 +58,9 @@ int ll_lora_alloc(struct ll_lora **out, int n_layer, int rank, float alpha, cons
   if (!isfinite(alpha)) return ll_errf(err, errlen, LL_EINVAL, "lora: alpha is not a finite number");
   struct ll_lora *a = calloc(1, sizeof *a);
   if (!a) return ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+  // The storage is host memory the engine and the loaders read and write; a device backend's
+  // buffers are not host memory (ll_backend.h), so only a host-buffer backend allocates it.
+  if (!ll_backend_host_buffers(be)) be = NULL;
   a->n_layer = n_layer, a->rank = rank, a->alpha = alpha, a->be = be;
   snprintf(a->arch, sizeof a->arch, "%s", d->arch);
   a->pairs = calloc((size_t)n_layer * LL_LORA_N_TARGETS, sizeof *a->pairs);

@@ -117,12 +117,17 @@ int ll_trainer_eval(struct ll_trainer *tr, struct ll_train_source *src, int64_t 
 // Used by the step and by tests (finite differences); dropout as in training when grad != 0.
 int ll_trainer_forward_backward(struct ll_trainer *tr, const int32_t *ids, const int32_t *targets, int n_seq, int grad, float grad_scale,
                                 double *loss_sum, int64_t *n_counted, char *err, size_t errlen);
-// The trainable parameters, their gradients and moments as one vector each (n floats).
+// The trainable parameters, their gradients and moments as one vector each (n floats), in
+// the backend's buffers (host memory on the CPU; on a device, through ll_backend_copy).
 // Tests read and perturb them; zero_grad clears the gradient.
 void ll_trainer_vectors(struct ll_trainer *tr, float **params, float **grads, int64_t *n);
-void ll_trainer_zero_grad(struct ll_trainer *tr);
+int ll_trainer_zero_grad(struct ll_trainer *tr);
+// The host copy of the parameters (what ll_trainer_lora / ll_trainer_model name) made current:
+// on a device backend it is refreshed after every update only when an update hook is set.
+int ll_trainer_sync(struct ll_trainer *tr, char *err, size_t errlen);
 
-// The adapter (LoRA mode; NULL in full mode). Its storage is the parameter vector.
+// The adapter (LoRA mode; NULL in full mode), in host memory: the parameter vector itself
+// on a host-buffer backend, its host copy on a device (see ll_trainer_sync).
 const struct ll_lora *ll_trainer_lora(const struct ll_trainer *tr);
 // Full mode: the model with the trained weights (valid while the trainer lives); NULL in LoRA mode.
 const struct ll_model *ll_trainer_model(const struct ll_trainer *tr);

@@ -66,7 +66,15 @@ struct ll_trainer {
   struct ll_backend *be;
   struct ll_backend_i ops; // the backend's members, training ones filled from the CPU references
   struct ll_lora *lora;
-  float *P, *G, *M, *V; // parameters, gradients, AdamW moments (n_par each)
+  float *P, *G, *M, *V; // parameters, gradients, AdamW moments (n_par each; backend buffers)
+  // The parameters' host copy: what the server serves and checkpoints write. P itself where
+  // the backend's buffers are host memory; on a device (dev), refreshed from P after each
+  // update when an update hook is set (the server), else on demand (host_stale).
+  float *Ph;
+  int dev, host_stale;
+  struct ll_lora_pair *dpairs; // dev, LoRA: the adapter's pairs over P (the host's are over Ph)
+  struct ll_model fmh;         // dev, full mode: the trained model over Ph (fm is over P)
+  struct ll_layer *fhlayers;
   int64_t n_par, n_decay; // [0, n_decay) gets weight decay
   struct ptensor *pt;
   int n_pt;
@@ -128,9 +136,11 @@ static float *balloc(struct ll_trainer *tr, int64_t n_floats) {
   return p;
 }
 
-// The two host-side operations (a device backend turns them into a fill and a copy).
-static void zero(float *p, int64_t n) { memset(p, 0, (size_t)n * sizeof *p); }
-static void copy(float *dst, const float *src, int64_t n) { memcpy(dst, src, (size_t)n * sizeof *dst); }
+// Buffer contents through the backend (its buffers may be device memory): a fill and a copy.
+static int zero(struct ll_trainer *tr, float *p, int64_t n) { return ll_backend_zero(tr->be, p, (size_t)n * sizeof *p); }
+static int copy(struct ll_trainer *tr, float *dst, const float *src, int64_t n) {
+  return ll_backend_copy(tr->be, dst, src, (size_t)n * sizeof *dst);
+}
 
 static uint64_t mix64(uint64_t z) {
   z += 0x9e3779b97f4a7c15ull;
@@ -149,7 +159,7 @@ static uint64_t mix64(uint64_t z) {
 
 static const struct ll_lora_pair *pair_of(const struct ll_trainer *tr, int l, int t) {
   if (!tr->lora) return NULL;
-  const struct ll_lora_pair *pr = ll_lora_at(tr->lora, l, t);
+  const struct ll_lora_pair *pr = tr->dpairs ? &tr->dpairs[l * LL_LORA_N_TARGETS + t] : ll_lora_at(tr->lora, l, t);
   return pr->a.data ? pr : NULL;
 }
 static float *grad_of(const struct ll_trainer *tr, const void *param) { return tr->G + ((const float *)param - tr->P); }
@@ -186,14 +196,14 @@ static int lin_backward(struct ll_trainer *tr, float *dx, const float *dy, const
   const struct ll_lora_pair *pr = pair_of(tr, l, t);
   if (!pr) return 0;
   const int r = tr->lora->rank;
-  zero(tr->dax, (int64_t)T * r);
+  BK(zero(tr, tr->dax, (int64_t)T * r), "zero");
   BK(B->matmul_backward(be, tr->dax, grad_of(tr, pr->b.data), dy, axs, &pr->b, T), "matmul_backward lora_b"); // daxs, dB
   BK(B->scale(be, tr->dax, ll_lora_scale(tr->lora), (int64_t)T * r), "scale");                                 // dax
   const int64_t nin = (int64_t)T * w->k;
   if (tr->train && tr->p.dropout > 0) {
     const uint64_t seed = tr->seed_now ^ mix64((uint64_t)(l * LL_LORA_N_TARGETS + t));
     BK(B->dropout(be, tr->xd, x, tr->p.dropout, seed, nin), "dropout"); // drop(x) again: the same mask
-    zero(tr->dxd, nin);
+    BK(zero(tr, tr->dxd, nin), "zero");
     BK(B->matmul_backward(be, tr->dxd, grad_of(tr, pr->a.data), tr->dax, tr->xd, &pr->a, T), "matmul_backward lora_a");
     BK(B->dropout(be, tr->dxd, tr->dxd, tr->p.dropout, seed, nin), "dropout backward");
     BK(B->axpy(be, dx, tr->dxd, 1.0f, nin), "axpy");
@@ -231,13 +241,13 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
     BK(B->attention_train(be, a->a + (size_t)b * S * C, a->att + (size_t)b * m->H * S * S, a->q + (size_t)b * S * C, a->k + (size_t)b * S * kvd,
                           a->v + (size_t)b * S * kvd, S, m->H, m->Hkv, m->hd, scale),
        "attention_train");
-  copy(a->m, x, (int64_t)T * C);
+  BK(copy(tr, a->m, x, (int64_t)T * C), "copy");
   if ((rc = lin_forward(tr, a->m, a->a, &y->wo, l, LL_LORA_O, a->axs[LL_LORA_O], 1, err, errlen))) return rc; // m = x + o(a)
   BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");                     // n2 (T, C)
   if ((rc = lin_forward(tr, a->g, a->n2, &y->gate, l, LL_LORA_GATE, a->axs[LL_LORA_GATE], 0, err, errlen))) return rc; // (T, F)
   if ((rc = lin_forward(tr, a->u, a->n2, &y->up, l, LL_LORA_UP, a->axs[LL_LORA_UP], 0, err, errlen))) return rc;       // (T, F)
   BK(B->swiglu(be, a->h, a->g, a->u, (int64_t)T * m->F), "swiglu");                            // h (T, F)
-  copy(xout, a->m, (int64_t)T * C);
+  BK(copy(tr, xout, a->m, (int64_t)T * C), "copy");
   return lin_forward(tr, xout, a->h, &y->down, l, LL_LORA_DOWN, a->axs[LL_LORA_DOWN], 1, err, errlen); // x' = m + down(h)
 }
 
@@ -255,20 +265,20 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   // saved (x, m, g and u) with the forward's kernel, so it has the same bits, just before its use.
   // x' = m + down(h)
   BK(B->swiglu(be, a->h, a->g, a->u, (int64_t)T * F), "swiglu");
-  zero(tr->dh, (int64_t)T * F);
+  BK(zero(tr, tr->dh, (int64_t)T * F), "zero");
   if ((rc = lin_backward(tr, tr->dh, dx, a->h, &y->down, gw->down, l, LL_LORA_DOWN, a->axs[LL_LORA_DOWN], err, errlen))) return rc;
   // h = silu(g)·u
   BK(B->swiglu_backward(be, tr->dg, tr->du, tr->dh, a->g, a->u, (int64_t)T * F), "swiglu_backward");
   // g, u = gate(n2), up(n2)
   BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");
-  zero(tr->dn, (int64_t)T * C);
+  BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
   if ((rc = lin_backward(tr, tr->dn, tr->dg, a->n2, &y->gate, gw->gate, l, LL_LORA_GATE, a->axs[LL_LORA_GATE], err, errlen)) ||
       (rc = lin_backward(tr, tr->dn, tr->du, a->n2, &y->up, gw->up, l, LL_LORA_UP, a->axs[LL_LORA_UP], err, errlen)))
     return rc;
   // n2 = rmsnorm(m): dx becomes dm (the residual path plus the norm's)
   BK(B->rmsnorm_backward(be, dx, gw->ffn_norm, tr->dn, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm_backward");
   // m = x + o(a)
-  zero(tr->da, (int64_t)T * C);
+  BK(zero(tr, tr->da, (int64_t)T * C), "zero");
   if ((rc = lin_backward(tr, tr->da, dx, a->a, &y->wo, gw->wo, l, LL_LORA_O, a->axs[LL_LORA_O], err, errlen))) return rc;
   // a = attention(q, k, v) per sequence
   for (int b = 0; b < tr->B; b++)
@@ -281,7 +291,7 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   BK(B->rope_backward(be, tr->dk, tr->pos, T, m->Hkv, m->hd, &m->rope), "rope_backward k");
   // q, k, v = lin(n1)   (biases are frozen: no gradient)
   BK(B->rmsnorm(be, a->n1, x, y->attn_norm, T, C, m->eps), "rmsnorm");
-  zero(tr->dn, (int64_t)T * C);
+  BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
   if ((rc = lin_backward(tr, tr->dn, tr->dq, a->n1, &y->wq, gw->wq, l, LL_LORA_Q, a->axs[LL_LORA_Q], err, errlen)) ||
       (rc = lin_backward(tr, tr->dn, tr->dk, a->n1, &y->wk, gw->wk, l, LL_LORA_K, a->axs[LL_LORA_K], err, errlen)) ||
       (rc = lin_backward(tr, tr->dn, tr->dv, a->n1, &y->wv, gw->wv, l, LL_LORA_V, a->axs[LL_LORA_V], err, errlen)))
@@ -331,7 +341,7 @@ int ll_trainer_forward_backward(struct ll_trainer *tr, const int32_t *ids, const
   // Each row's logits, gradient and dn row are the same whatever the chunk (row-wise ops).
   //   logits_c = xf_c·Wout^T (Tc, V);  dlogits_c in place;  dn_c = dlogits_c·Wout (Tc, C)
   double loss = 0;
-  if (grad) zero(tr->dn, (int64_t)tr->T * C);
+  if (grad) BK(zero(tr, tr->dn, (int64_t)tr->T * C), "zero");
   for (int t0 = 0; t0 < tr->T; t0 += XENT_ROWS) {
     const int nt = tr->T - t0 < XENT_ROWS ? tr->T - t0 : XENT_ROWS;
     const float *xf = tr->xf + (size_t)t0 * C;
@@ -345,7 +355,7 @@ int ll_trainer_forward_backward(struct ll_trainer *tr, const int32_t *ids, const
   if (n_counted) *n_counted = cnt;
   if (!grad) return 0;
   // backward: xf = rmsnorm(x_L)
-  zero(tr->dx, (int64_t)tr->T * C);
+  BK(zero(tr, tr->dx, (int64_t)tr->T * C), "zero");
   BK(B->rmsnorm_backward(be, tr->dx, tr->g_onorm, tr->dn, tr->xs[L], m->output_norm, tr->T, C, m->eps), "rmsnorm_backward");
   for (int l = L - 1; l >= 0; l--) {
     if (tr->yield_fn) tr->yield_fn(tr->yield_user);
@@ -464,8 +474,22 @@ static int setup_lora(struct ll_trainer *tr, char *err, size_t errlen) {
   d.n_layer = m->L, d.n_embd = m->C, d.n_embd_kv = m->kvd, d.n_ff = m->F, d.n_head = m->H, d.n_head_kv = m->Hkv;
   int rc = ll_lora_create(&tr->lora, &d, tr->p.rank, tr->p.alpha, tr->p.targets, tr->p.seed, tr->be, err, errlen);
   if (rc) return rc;
-  tr->P = tr->lora->storage;
+  tr->Ph = tr->lora->storage; // host memory (ll_lora_alloc)
   tr->n_par = tr->n_decay = tr->lora->n_params;
+  if (!tr->dev) {
+    tr->P = tr->Ph;
+  } else { // the parameters on the device, and pairs that name them there
+    const int np = tr->lora->n_layer * LL_LORA_N_TARGETS;
+    if (!(tr->P = balloc(tr, tr->n_par)) || !(tr->dpairs = calloc((size_t)np, sizeof *tr->dpairs)))
+      return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for %lld adapter parameters", (long long)tr->n_par);
+    if ((rc = copy(tr, tr->P, tr->Ph, tr->n_par))) return ll_errf(err, errlen, rc, "trainer: adapter upload: %s", ll_strerror(rc));
+    for (int i = 0; i < np; i++) {
+      tr->dpairs[i] = tr->lora->pairs[i];
+      if (!tr->dpairs[i].a.data) continue;
+      tr->dpairs[i].a.data = tr->P + ((const float *)tr->dpairs[i].a.data - tr->Ph);
+      tr->dpairs[i].b.data = tr->P + ((const float *)tr->dpairs[i].b.data - tr->Ph);
+    }
+  }
   // Tensor names exactly as the adapter's files name them (one list for save and resume).
   struct ll_modelfile mf;
   ll_modelfile_init(&mf);
@@ -473,11 +497,20 @@ static int setup_lora(struct ll_trainer *tr, char *err, size_t errlen) {
   for (uint64_t i = 0; rc == 0 && i < mf.n_tensors; i++) {
     const struct ll_tensor_info *t = &mf.tensors[i];
     const float *d0 = t->data;
-    if (d0 < tr->P || d0 >= tr->P + tr->n_par) continue;
-    rc = add_pt(tr, t->name.ptr, d0 - tr->P, 2, t->ne[0], t->ne[1]);
+    if (d0 < tr->Ph || d0 >= tr->Ph + tr->n_par) continue;
+    rc = add_pt(tr, t->name.ptr, d0 - tr->Ph, 2, t->ne[0], t->ne[1]);
   }
   ll_modelfile_free(&mf);
   return rc;
+}
+
+// P's address -> the same parameter in the host copy.
+static float *host_of(const struct ll_trainer *tr, const float *p) { return tr->Ph + (p - tr->P); }
+static int to_host(struct ll_weight *w, void *arg) {
+  const struct ll_trainer *tr = arg;
+  const float *d = w->data;
+  if (d >= tr->P && d < tr->P + tr->n_par) w->data = host_of(tr, d);
+  return 0;
 }
 
 // Full mode: every weight as an f32 copy in P (matrices first: they get weight decay; norms last).
@@ -486,6 +519,9 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
   const int64_t C = base->C;
   tr->n_par = n_trainable(base, &tr->p);
   if (!(tr->P = balloc(tr, tr->n_par))) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for %lld parameters", (long long)tr->n_par);
+  // The f32 weights are made on the host (Ph), then uploaded where P is device memory.
+  tr->Ph = tr->dev ? malloc((size_t)tr->n_par * sizeof(float)) : tr->P;
+  if (!tr->Ph) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for the host copy of %lld parameters", (long long)tr->n_par);
   tr->flayers = calloc((size_t)L, sizeof *tr->flayers);
   tr->lg = calloc((size_t)L, sizeof *tr->lg);
   if (!tr->flayers || !tr->lg) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
@@ -523,12 +559,12 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
                    mats[i].name, ll_type_name(s->type));
       break;
     }
-    float *dst = tr->P + off;
+    float *dst = tr->Ph + off;
     const size_t rs = ll_row_size(s->type, s->k);
     for (int64_t r = 0; r < s->n && rc == 0; r++)
       if (ll_dequantize_row(s->type, (const char *)s->data + (size_t)r * rs, dst + r * s->k, s->k) != 0)
         rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: cannot convert '%s'", mats[i].name);
-    *mats[i].dst = (struct ll_weight){LL_TYPE_F32, s->k, s->n, dst, NULL};
+    *mats[i].dst = (struct ll_weight){LL_TYPE_F32, s->k, s->n, tr->P + off, NULL};
     if (rc == 0 && add_pt(tr, mats[i].name, off, 2, s->k, s->n)) rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
     off += s->k * s->n;
   }
@@ -543,7 +579,7 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
     for (int j = 0; j < 2 && src[j]; j++) {
       if (l < L) snprintf(nm1, sizeof nm1, "blk.%d.%s.weight", l, j ? "ffn_norm" : "attn_norm");
       else snprintf(nm1, sizeof nm1, "output_norm.weight");
-      copy(tr->P + off, src[j], C);
+      memcpy(tr->Ph + off, src[j], (size_t)C * sizeof(float));
       if (l < L && j == 0) tr->flayers[l].attn_norm = tr->P + off;
       else if (l < L) tr->flayers[l].ffn_norm = tr->P + off;
       else tr->fm.output_norm = tr->P + off;
@@ -553,6 +589,19 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
   }
   if (off != tr->n_par) return ll_errf(err, errlen, LL_EINVAL, "trainer: internal: %lld of %lld parameters placed", (long long)off, (long long)tr->n_par);
   tr->m = &tr->fm;
+  if (!tr->dev) return 0;
+  if ((rc = copy(tr, tr->P, tr->Ph, tr->n_par))) return ll_errf(err, errlen, rc, "trainer: weights upload: %s", ll_strerror(rc));
+  // The model the server serves: fm's layout over the host copy.
+  if (!(tr->fhlayers = calloc((size_t)L, sizeof *tr->fhlayers))) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+  memcpy(tr->fhlayers, tr->flayers, (size_t)L * sizeof *tr->fhlayers);
+  tr->fmh = tr->fm;
+  tr->fmh.layers = tr->fhlayers;
+  ll_model_each_matrix(&tr->fmh, to_host, tr);
+  for (int l = 0; l < L; l++) {
+    tr->fhlayers[l].attn_norm = host_of(tr, tr->flayers[l].attn_norm);
+    tr->fhlayers[l].ffn_norm = host_of(tr, tr->flayers[l].ffn_norm);
+  }
+  tr->fmh.output_norm = host_of(tr, tr->fm.output_norm);
   return 0;
 }
 
@@ -580,6 +629,7 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   tr->p.arch = NULL, tr->p.model_path = NULL; // not kept (the caller's strings)
   snprintf(tr->arch, sizeof tr->arch, "%s", p->arch ? p->arch : "llama");
   tr->be = be;
+  tr->dev = !ll_backend_host_buffers(be);
   tr->m = m;
   tr->best_val = INFINITY, tr->last_loss = NAN, tr->last_val = NAN;
   ll_modelfile_init(&tr->meta);
@@ -656,19 +706,31 @@ void ll_trainer_free(struct ll_trainer *tr) {
   if (!tr) return;
   for (int i = 0; i < tr->n_bufs; i++) ll_backend_free_buf(tr->be, tr->bufs[i]);
   ll_lora_free(tr->lora);
+  if (tr->dev && tr->p.mode == LL_TRAIN_FULL) free(tr->Ph);
+  free(tr->dpairs), free(tr->fhlayers);
   ll_modelfile_free(&tr->meta);
   free(tr->pt), free(tr->flayers), free(tr->lg), free(tr->xs), free(tr->acts), free(tr->pos), free(tr->ids), free(tr->tg);
   free(tr);
 }
 
 const struct ll_lora *ll_trainer_lora(const struct ll_trainer *tr) { return tr->lora; }
-const struct ll_model *ll_trainer_model(const struct ll_trainer *tr) { return tr->p.mode == LL_TRAIN_FULL ? &tr->fm : NULL; }
+const struct ll_model *ll_trainer_model(const struct ll_trainer *tr) {
+  return tr->p.mode != LL_TRAIN_FULL ? NULL : tr->dev ? &tr->fmh : &tr->fm;
+}
+// The host copy from P (a download on a device; nothing where P is host memory).
+int ll_trainer_sync(struct ll_trainer *tr, char *err, size_t errlen) {
+  if (!tr->dev || !tr->host_stale) return 0;
+  int rc = copy(tr, tr->Ph, tr->P, tr->n_par);
+  if (rc) return ll_errf(err, errlen, rc, "trainer: reading the parameters back from the device: %s", ll_strerror(rc));
+  tr->host_stale = 0;
+  return 0;
+}
 void ll_trainer_vectors(struct ll_trainer *tr, float **params, float **grads, int64_t *n) {
   if (params) *params = tr->P;
   if (grads) *grads = tr->G;
   if (n) *n = tr->n_par;
 }
-void ll_trainer_zero_grad(struct ll_trainer *tr) { zero(tr->G, tr->n_par); }
+int ll_trainer_zero_grad(struct ll_trainer *tr) { return zero(tr, tr->G, tr->n_par); }
 void ll_trainer_inject_nan(struct ll_trainer *tr) { tr->inject_nan = 1; }
 
 void ll_trainer_set_update_hook(struct ll_trainer *tr, ll_trainer_update_fn fn, void *user) {
@@ -698,6 +760,12 @@ static int update_run(void *arg) {
   if (rc == 0 && tr->n_par > tr->n_decay)
     rc = B->adamw(be, tr->P + tr->n_decay, tr->G + tr->n_decay, tr->M + tr->n_decay, tr->V + tr->n_decay, tr->n_par - tr->n_decay, u->lr, b1,
                   b2, eps, 0.0f, u->st);
+  if (rc == 0 && tr->dev) {
+    tr->host_stale = 1;
+    // The server reads the host copy (it serves it) once the hook returns: refresh it here,
+    // where the hook holds whatever keeps requests off it.
+    if (tr->update_fn) rc = ll_trainer_sync(tr, NULL, 0);
+  }
   return rc;
 }
 void ll_trainer_set_best_val(struct ll_trainer *tr, double v) { tr->best_val = v; }
@@ -750,12 +818,13 @@ int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct l
   }
   free(ids), free(tg);
   if (rc) {
-    zero(tr->G, tr->n_par);
+    zero(tr, tr->G, tr->n_par); // the error reported is rc's
     return rc;
   }
   const double loss = count > 0 ? loss_sum / (double)count : NAN;
   if (tr->inject_nan) {
-    tr->G[0] = NAN; // test hook: a poisoned gradient must be caught below
+    const float nan_v = NAN; // test hook: a poisoned gradient must be caught below
+    BK(copy(tr, tr->G, &nan_v, 1), "copy");
     tr->inject_nan = 0;
   }
   double ss = 0;
@@ -776,7 +845,7 @@ int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct l
     BK(tr->update_fn ? tr->update_fn(tr->update_user, update_run, &u) : update_run(&u), "adamw");
     tr->last_loss = loss;
   }
-  zero(tr->G, tr->n_par);
+  BK(zero(tr, tr->G, tr->n_par), "zero");
   tr->step++;
   info->step = tr->step;
   return 0;
@@ -854,11 +923,20 @@ static void params_text(const struct ll_trainer *tr, char *buf, size_t cap) {
 int ll_trainer_save(struct ll_trainer *tr, const char *path, struct ll_train_source *src, char *err, size_t errlen) {
   struct ll_modelfile mf;
   ll_modelfile_init(&mf);
-  int rc = 0;
+  int rc = ll_trainer_sync(tr, err, errlen);
+  if (rc) return rc;
   char name[128];
-  if (tr->lora) {
+  // The moments as host memory: read back from the device for the write.
+  float *Mh = tr->M, *Vh = tr->V;
+  if (tr->dev) {
+    Mh = malloc((size_t)tr->n_par * sizeof *Mh), Vh = malloc((size_t)tr->n_par * sizeof *Vh);
+    if (!Mh || !Vh) rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for the optimizer state's host copy");
+    if (rc == 0 && ((rc = copy(tr, Mh, tr->M, tr->n_par)) || (rc = copy(tr, Vh, tr->V, tr->n_par))))
+      rc = ll_errf(err, errlen, rc, "trainer: reading the optimizer state back from the device: %s", ll_strerror(rc));
+  }
+  if (rc == 0 && tr->lora) {
     rc = ll_lora_to_mf(tr->lora, &mf, err, errlen);
-  } else {
+  } else if (rc == 0) {
     // The model as a model: its metadata and every tensor (trained ones from P, frozen ones as loaded).
     if ((rc = copy_meta_kv(&mf, &tr->meta))) rc = ll_errf(err, errlen, rc, "trainer: out of memory");
     for (uint64_t i = 0; rc == 0 && i < tr->meta.n_tensors; i++) {
@@ -866,7 +944,7 @@ int ll_trainer_save(struct ll_trainer *tr, const char *path, struct ll_train_sou
       const void *data = t->data;
       int type = t->type;
       for (int j = 0; j < tr->n_pt; j++)
-        if (!strcmp(tr->pt[j].name, t->name.ptr)) data = tr->P + tr->pt[j].off, type = LL_TYPE_F32;
+        if (!strcmp(tr->pt[j].name, t->name.ptr)) data = tr->Ph + tr->pt[j].off, type = LL_TYPE_F32;
       if ((rc = ll_mf_add_tensor(&mf, t->name.ptr, type, t->n_dims, t->ne, data))) rc = ll_errf(err, errlen, rc, "trainer: %s", t->name.ptr);
     }
     if (rc == 0 && !tr->meta.n_tensors) rc = ll_errf(err, errlen, LL_EINVAL, "trainer: full-mode checkpoints need the model file (model_path)");
@@ -876,9 +954,9 @@ int ll_trainer_save(struct ll_trainer *tr, const char *path, struct ll_train_sou
   for (int j = 0; rc == 0 && j < tr->n_pt; j++) {
     const struct ptensor *t = &tr->pt[j];
     snprintf(name, sizeof name, "%s.adam_m", t->name);
-    rc = ll_mf_add_tensor(&mf, name, LL_TYPE_F32, t->n_dims, t->ne, tr->M + t->off);
+    rc = ll_mf_add_tensor(&mf, name, LL_TYPE_F32, t->n_dims, t->ne, Mh + t->off);
     snprintf(name, sizeof name, "%s.adam_v", t->name);
-    if (rc == 0) rc = ll_mf_add_tensor(&mf, name, LL_TYPE_F32, t->n_dims, t->ne, tr->V + t->off);
+    if (rc == 0) rc = ll_mf_add_tensor(&mf, name, LL_TYPE_F32, t->n_dims, t->ne, Vh + t->off);
     if (rc) rc = ll_errf(err, errlen, rc, "trainer: %s", name);
   }
   uint64_t cur[LL_TRAIN_CURSOR_WORDS] = {0};
@@ -916,6 +994,7 @@ int ll_trainer_save(struct ll_trainer *tr, const char *path, struct ll_train_sou
     rc = ll_ckpt_write(path, &mf, &o, err, errlen);
   }
   ll_modelfile_free(&mf);
+  if (tr->dev) free(Mh), free(Vh);
   return rc;
 }
 
@@ -982,16 +1061,22 @@ int ll_trainer_resume(struct ll_trainer *tr, const char *path, struct ll_train_s
   }
   if (rc == 0 && has_cur && src && src->cursor_set) rc = src->cursor_set(src->user, cur->data, err, errlen);
   if (rc) goto out;
-  for (int j = 0; j < tr->n_pt; j++)
-    for (int s = 0; s < 3; s++) {
+  for (int j = 0; j < tr->n_pt && rc == 0; j++)
+    for (int s = 0; s < 3 && rc == 0; s++) {
       snprintf(name, sizeof name, "%s%s", tr->pt[j].name, suffix[s]);
-      copy(dst[s] + tr->pt[j].off, ll_mf_find_tensor(&mf, name)->data, tr->pt[j].n);
+      const float *v = ll_mf_find_tensor(&mf, name)->data;
+      rc = copy(tr, dst[s] + tr->pt[j].off, v, tr->pt[j].n);
+      if (rc == 0 && s == 0 && tr->dev) memcpy(tr->Ph + tr->pt[j].off, v, (size_t)tr->pt[j].n * sizeof(float)); // the host copy too
     }
+  if (rc) {
+    rc = ll_errf(err, errlen, rc, "%s: loading the state onto the device: %s", path, ll_strerror(rc));
+    goto out;
+  }
   tr->step = (int64_t)step, tr->opt_step = (int64_t)opt_step, tr->skipped = (int64_t)skipped, tr->micro = (int64_t)micro;
   double d;
   if (ll_mf_get_float(&mf, "training.best_val_loss", &d) == 0) tr->best_val = d;
   if (ll_mf_get_float(&mf, "training.last_loss", &d) == 0) tr->last_loss = d;
-  zero(tr->G, tr->n_par);
+  if ((rc = zero(tr, tr->G, tr->n_par))) rc = ll_errf(err, errlen, rc, "trainer: %s", ll_strerror(rc));
 out:
   ll_modelfile_free(&mf);
   return rc;
