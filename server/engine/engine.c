@@ -221,28 +221,49 @@ static int alloc_kv(struct ll_engine *e, const struct ll_engine_params *p, char 
   return 0;
 }
 
+// Activations live in the backend's buffers: on a device, device memory the forward pass
+// computes in place, so a step uploads token ids and positions and reads back only the logits
+// (ll_backend.h). On the CPU, plain host memory (not counted as the trainer's).
+static struct ll_backend *buf_owner(const struct ll_engine *e) { return ll_backend_host_buffers(e->be) ? NULL : e->be; }
+static float *abuf(const struct ll_engine *e, size_t n_floats) { return ll_backend_alloc(buf_owner(e), n_floats * sizeof(float)); }
+
+static void free_scratch(struct ll_engine *e) {
+  float **bufs[] = {&e->x, &e->xn, &e->q, &e->k, &e->v, &e->att, &e->tmp, &e->g, &e->u, &e->sel, &e->logits_buf, &e->lora_r, &e->lora_o};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+    ll_backend_free_buf(buf_owner(e), *bufs[i]);
+    *bufs[i] = NULL;
+  }
+  e->logits_cap = 0, e->lora_rank = 0;
+}
+
 static int alloc_scratch(struct ll_engine *e, char *err, size_t errlen) {
   e->max_batch = MAX_BATCH_DEFAULT > e->n_seqs ? MAX_BATCH_DEFAULT : e->n_seqs;
   const size_t B = (size_t)e->max_batch;
   float **bufs[] = {&e->x, &e->xn, &e->q, &e->att, &e->tmp, &e->sel};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-    if (!(*bufs[i] = malloc(B * e->m.C * sizeof(float)))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
-  e->k = malloc(B * e->m.kvd * sizeof(float));
-  e->v = malloc(B * e->m.kvd * sizeof(float));
-  e->g = malloc(B * e->m.F * sizeof(float));
-  e->u = malloc(B * e->m.F * sizeof(float));
+    if (!(*bufs[i] = abuf(e, B * e->m.C))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory for activations");
+  e->k = abuf(e, B * e->m.kvd);
+  e->v = abuf(e, B * e->m.kvd);
+  e->g = abuf(e, B * e->m.F);
+  e->u = abuf(e, B * e->m.F);
+  if (!e->k || !e->v || !e->g || !e->u) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory for activations");
+  return 0;
+}
+
+static int alloc_index(struct ll_engine *e, char *err, size_t errlen) {
+  const size_t B = (size_t)e->max_batch;
   e->pos = malloc(B * sizeof(int32_t));
   e->ids = malloc(B * sizeof(int32_t));
   e->kvv = malloc((size_t)e->n_seqs * sizeof *e->kvv); // a batch has each sequence at most once
   e->it0 = malloc((size_t)e->n_seqs * sizeof *e->it0);
   e->itn = malloc((size_t)e->n_seqs * sizeof *e->itn);
-  if (!e->k || !e->v || !e->g || !e->u || !e->pos || !e->ids || !e->kvv || !e->it0 || !e->itn)
-    return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  if (!e->pos || !e->ids || !e->kvv || !e->it0 || !e->itn) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
   return 0;
 }
 
 void ll_engine_close(struct ll_engine *e) {
   if (!e) return;
+  free_scratch(e);
   ll_backend_free(e->be);
   ll_tokenizer_free(e->tok);
   for (int l = 0; e->k_pool && l < e->m.L; l++) free(e->k_pool[l]);
@@ -254,10 +275,8 @@ void ll_engine_close(struct ll_engine *e) {
   free(e->free_list);
   free(e->m.layers);
   free(e->owned_f32);
-  free(e->x), free(e->xn), free(e->q), free(e->k), free(e->v), free(e->att), free(e->tmp), free(e->g), free(e->u), free(e->sel);
-  free(e->pos), free(e->ids), free(e->logits_buf);
+  free(e->pos), free(e->ids);
   free(e->kvv), free(e->it0), free(e->itn);
-  free(e->lora_r), free(e->lora_o);
   ll_modelfile_free(&e->mf);
   free(e);
 }
@@ -281,12 +300,14 @@ static int upload_weights(struct ll_engine *e, const struct ll_engine_params *p,
   struct ll_backend *be = e->be;
   struct ll_model *m = &e->m;
   int rc = ll_model_each_matrix(m, upload_one, be);
+  if (rc == 0) rc = alloc_scratch(e, err, errlen);
   if (rc == 0) return 0;
   struct ll_backend_info bi;
   be->i->get_info(be, &bi);
   char why[320];
-  snprintf(why, sizeof why, "cpu: %s could not hold the weights (%s; %.0f MiB of %.0f MiB allocated)", bi.device, ll_strerror(rc),
+  snprintf(why, sizeof why, "cpu: %s could not hold the weights and activations (%s; %.0f MiB of %.0f MiB allocated)", bi.device, ll_strerror(rc),
            (double)bi.mem_used / (1 << 20), (double)bi.mem_total / (1 << 20));
+  free_scratch(e);
   ll_backend_free(be); // releases its device copies
   e->be = NULL;
   m->tok_embd.dev = m->output.dev = NULL;
@@ -296,6 +317,7 @@ static int upload_weights(struct ll_engine *e, const struct ll_engine_params *p,
   }
   rc = ll_backend_cpu_create(&e->be, p->n_threads, err, errlen);
   if (rc == 0) snprintf(e->info.device_reason, sizeof e->info.device_reason, "%s", why);
+  if (rc == 0) rc = alloc_scratch(e, err, errlen);
   return rc;
 }
 
@@ -314,11 +336,12 @@ int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, cha
     if (trc != 0 && trc != LL_ENOTFOUND) rc = ll_errf(err, errlen, trc, "%s: %s", p->model_path, terr);
   }
   if (rc == 0) rc = alloc_kv(e, p, err, errlen);
-  if (rc == 0) rc = alloc_scratch(e, err, errlen);
   if (rc == 0) {
     struct ll_backend_params bp = {p->n_threads, p->device, p->cache_dir};
     rc = ll_backend_create(&e->be, &bp, e->info.device_reason, sizeof e->info.device_reason, err, errlen);
-    if (rc == 0 && e->be->i->weight_upload) rc = upload_weights(e, p, err, errlen);
+    // Weights, then activations, on the backend: a device that cannot hold them is given up.
+    if (rc == 0) rc = e->be->i->weight_upload ? upload_weights(e, p, err, errlen) : alloc_scratch(e, err, errlen);
+    if (rc == 0) rc = alloc_index(e, err, errlen);
     // llama2.c checkpoints are compared with run.c (libm expf); everything else with llama.cpp.
     if (rc == 0) e->be->ggml_math = strcmp(e->mf.source_format, "llama2c") != 0;
     if (rc == 0) e->be->batch_invariant = p->batch_invariant;
@@ -409,14 +432,14 @@ int ll_engine_seq_set_adapter(struct ll_engine *e, int s, const struct ll_lora *
     if (rc) return rc;
     if (a->rank > e->lora_rank) { // scratch grows to the largest rank seen
       const size_t wide = (size_t)(e->m.C > e->m.F ? e->m.C : e->m.F);
-      float *r = malloc((size_t)e->max_batch * (size_t)a->rank * sizeof(float));
-      float *o = e->lora_o ? e->lora_o : malloc((size_t)e->max_batch * wide * sizeof(float));
+      float *r = abuf(e, (size_t)e->max_batch * (size_t)a->rank);
+      float *o = e->lora_o ? e->lora_o : abuf(e, (size_t)e->max_batch * wide);
       if (!r || !o) {
-        free(r);
-        if (o != e->lora_o) free(o);
+        ll_backend_free_buf(buf_owner(e), r);
+        if (o != e->lora_o) ll_backend_free_buf(buf_owner(e), o);
         return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory for adapter scratch");
       }
-      free(e->lora_r);
+      ll_backend_free_buf(buf_owner(e), e->lora_r);
       e->lora_r = r, e->lora_o = o, e->lora_rank = a->rank;
     }
   }
@@ -559,14 +582,16 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
   int r = 0;
   for (int i = 0, t0 = 0; i < n_items; t0 += items[i].n_tokens, i++) {
     const int n = items[i].n_tokens;
-    if (items[i].logits_mode == 2) memcpy(e->sel + (size_t)r * C, e->x + (size_t)t0 * C, (size_t)n * C * sizeof(float)), r += n;
-    else if (items[i].logits_mode == 1) memcpy(e->sel + (size_t)r * C, e->x + (size_t)(t0 + n - 1) * C, (size_t)C * sizeof(float)), r++;
+    const int first = items[i].logits_mode == 2 ? t0 : t0 + n - 1, cnt = items[i].logits_mode == 2 ? n : items[i].logits_mode == 1 ? 1 : 0;
+    if (cnt) BK(ll_backend_copy(be, e->sel + (size_t)r * C, e->x + (size_t)first * C, (size_t)cnt * C * sizeof(float)), "copy");
+    r += cnt;
   }
   BK(B->rmsnorm(be, e->sel, e->sel, e->m.output_norm, rows, C, e->m.eps), "rmsnorm");
   const size_t need_bytes = (size_t)rows * e->m.n_vocab * sizeof(float);
   if (need_bytes > e->logits_cap) { // grows only for a larger batch of logits rows than ever before
-    float *nb = realloc(e->logits_buf, need_bytes);
+    float *nb = abuf(e, need_bytes / sizeof(float));
     if (!nb) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory for %d rows of logits", rows);
+    ll_backend_free_buf(buf_owner(e), e->logits_buf);
     e->logits_buf = nb;
     e->logits_cap = need_bytes;
   }
@@ -574,7 +599,8 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
   r = 0;
   for (int i = 0; i < n_items; i++) {
     const int nr = items[i].logits_mode == 2 ? items[i].n_tokens : items[i].logits_mode == 1 ? 1 : 0;
-    if (nr && items[i].logits) memcpy(items[i].logits, e->logits_buf + (size_t)r * e->m.n_vocab, (size_t)nr * e->m.n_vocab * sizeof(float));
+    if (nr && items[i].logits) // the step's one read back (a device backend's queue drains here)
+      BK(ll_backend_copy(be, items[i].logits, e->logits_buf + (size_t)r * e->m.n_vocab, (size_t)nr * e->m.n_vocab * sizeof(float)), "copy");
     r += nr;
   }
   return 0;
