@@ -157,6 +157,8 @@ int ll_cmd_generate(int argc, char **argv) {
     }
   }
   double t1 = now_ms();
+  struct ll_backend_info x1;
+  ll_engine_backend(e)->i->get_info(ll_engine_backend(e), &x1);
   if (dump_logits > 0) {
     fprintf(stderr, "prompt_ids:");
     for (int i = 0; i < n_prompt; i++) fprintf(stderr, " %d", ids[i]);
@@ -207,6 +209,11 @@ int ll_cmd_generate(int argc, char **argv) {
   double t2 = now_ms();
   fprintf(stderr, "llsrv generate: prompt %d tokens in %.1f ms (%.1f tok/s), generated %d tokens in %.1f ms (%.1f tok/s)\n", n_prompt,
           t1 - t0, n_prompt * 1000.0 / (t1 - t0 + 1e-9), generated, t2 - t1, generated > 1 ? (generated - 1) * 1000.0 / (t2 - t1 + 1e-9) : 0.0);
+  struct ll_backend_info x2;
+  ll_engine_backend(e)->i->get_info(ll_engine_backend(e), &x2);
+  if (generated > 1 && strcmp(x2.name, "cpu") != 0) // a decode step's traffic between host and device
+    fprintf(stderr, "llsrv generate: device transfers per decode step: %.0f bytes up, %.0f bytes down\n",
+            (double)(x2.bytes_up - x1.bytes_up) / (generated - 1), (double)(x2.bytes_down - x1.bytes_down) / (generated - 1));
   rc = 0;
 out:
   free(rendered);

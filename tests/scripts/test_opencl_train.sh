@@ -22,6 +22,8 @@
 # x 1.01) with a shifted dropout mask moves the curves by 1e-3 to 4e-2 within 10 steps and
 # fails both runs; a whole op wrong or missing moves them much further. Finer errors are the
 # unit tests' job (tests/test_opencl.c, each op against its scalar reference).
+# Each OpenCL run's activations, gradients and optimizer state stay on the device: its
+# reported host <-> device traffic per step is checked too (traffic below).
 set -u
 LLSRV=$LL_BINARY_DIR/server/llsrv
 DEV=${LL_TEST_OPENCL_DEVICE:-opencl:0:0}
@@ -46,6 +48,17 @@ run() {
   grep -q "^model: .*), $want: " "$D/$tag.err"
   check $? "$name on $dev: stderr does not name the $want backend: $(cat "$D/$tag.err")"
   grep "^step " "$D/$tag.out" | sed -E 's/^step ([0-9]+)\/[0-9]+ +loss ([0-9.]+).*/\1 \2/' >"$D/$tag.loss"
+}
+
+# traffic name: a plain step on the device moves index arrays up and the loss's and the gradient
+# norm's partial sums down, nothing the size of an activation (a micro-batch's logits alone are
+# 64 x 512 x 4 = 128 KiB here): under 16 KiB each way.
+traffic() {
+  local line
+  line=$(grep "device transfers per step" "$D/$1-opencl.err")
+  echo "$1: $line"
+  echo "$line" | awk '{ exit !($7 + 0 > 0 && $7 < 16384 && $10 + 0 > 0 && $10 < 16384) }'
+  check $? "$1: a training step on the device moves too much between host and device: ${line:-no transfer line}"
 }
 
 # compare name steps: both curves complete, relative difference <= 1e-3 per step
@@ -75,6 +88,7 @@ FULL=(--mode full --seq-len 64 --batch 2 --lr 3e-3 --warmup 2 --steps 20)
 run full "$D/m.ckpt" cpu "${FULL[@]}"
 run full "$D/m.ckpt" "$DEV" "${FULL[@]}"
 compare full 20
+traffic full
 # the loss falls: the run trained something (equal flat curves would prove nothing)
 first=$(head -1 "$D/full-opencl.loss" | cut -d' ' -f2) last=$(tail -1 "$D/full-opencl.loss" | cut -d' ' -f2)
 python3 -c "import sys; sys.exit(0 if float('${last:-0}') < 0.9 * float('${first:-0}') else 1)"
@@ -84,6 +98,7 @@ LORA=(--seq-len 64 --batch 1 --grad-accum 2 --lora-rank 4 --lora-alpha 8 --lora-
 run lora "$D/m.ckpt" cpu "${LORA[@]}"
 run lora "$D/m.ckpt" "$DEV" "${LORA[@]}"
 compare lora 10
+traffic lora
 
 "$LLSRV" init --dims 64,5,8,4,192,512 -o "$D/m192.ckpt" >"$D/init2.out" 2>&1 &&
   "$LLSRV" convert "$D/m192.ckpt" "$D/q4_1.ckpt" --quant q4_1 >"$D/convert.out" 2>&1
@@ -91,6 +106,7 @@ check $? "llsrv init + convert --quant q4_1: $(cat "$D/init2.out" "$D/convert.ou
 run lora_q4_1 "$D/q4_1.ckpt" cpu "${LORA[@]}"
 run lora_q4_1 "$D/q4_1.ckpt" "$DEV" "${LORA[@]}"
 compare lora_q4_1 10
+traffic lora_q4_1
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
