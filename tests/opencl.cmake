@@ -5,8 +5,8 @@
 ll_test(NAME test_opencl SOURCES test_opencl.c LIBS ll_kernels LABELS unit TIMEOUT 300)
 ll_script_test(NAME opencl_generate COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_opencl_generate.sh
   LABELS integration TIMEOUT 600 FIXTURES smollm2)
-# The server on the OpenCL device (PoCL): 64 concurrent clients' greedy outputs equal the
-# single-client ones and `llsrv generate --device cpu` (about 6 min on two cores: slow).
+# The server on the OpenCL device (PoCL): 16 concurrent clients' greedy outputs equal the
+# single-client ones and `llsrv generate --device cpu` (about 1 min on two cores: slow).
 ll_script_test(NAME server_smollm2_opencl COMMAND ${CMAKE_COMMAND} -E env LL_TEST_DEVICE=opencl:0:0
   python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_smollm2.py
   LABELS "integration;slow" TIMEOUT 900 FIXTURES smollm2)

@@ -5,7 +5,9 @@
 # valid UTF-8 line by line and the TOK texts concatenate to the generated text.
 # LL_TEST_DEVICE=opencl:P:D serves on that OpenCL device; the `llsrv generate` references then
 # run on the CPU backend, so the checks also say the OpenCL server's greedy outputs (alone and
-# among 64 concurrent clients) equal the CPU's.
+# among concurrent clients) equal the CPU's. On OpenCL 16 clients (two waves of the 8 slots,
+# batches of changing composition): PoCL decodes at about 20 tok/s aggregate on two cores, and
+# 64 clients took 100 s of the suite's longest test for no more coverage of the device.
 import os
 import subprocess
 import sys
@@ -41,17 +43,18 @@ r = subprocess.run([BIN, "generate", "--model", model, "-p", prompts[0], "-n", "
 check(r.stdout.rstrip(b"\n") == single[prompts[0]].rstrip(b"\n"), "server text equals llsrv generate: %r vs %r" %
       (single[prompts[0]], r.stdout))
 
+NC = 16 if DEV else 64
 t0 = time.time()
 res, errors = concurrent_generate(srv, ["GEN id=c%d max_tokens=32 temperature=0 :%s" % (i, escape(prompts[i % len(prompts)]))
-                                        for i in range(64)])
+                                        for i in range(NC)])
 results = {i: (prompts[i % len(prompts)], t, e) for i, (t, e) in res.items()}
 dt = time.time() - t0
 check(not errors, "no client errors: %r" % errors[:3])
-check(len(results) == 64, "64 clients finished (%d)" % len(results))
+check(len(results) == NC, "%d clients finished (%d)" % (NC, len(results)))
 same = sum(1 for p, t, e in results.values() if t == single[p])
-check(same == 64, "64 concurrent greedy outputs equal the single-client ones (%d do)" % same)
+check(same == NC, "%d concurrent greedy outputs equal the single-client ones (%d do)" % (NC, same))
 toks = sum(int(e.get("tokens", 0)) for p, t, e in results.values())
-print("64 clients: %d tokens in %.1f s (%.1f tok/s aggregate)" % (toks, dt, toks / dt), flush=True)
+print("%d clients: %d tokens in %.1f s (%.1f tok/s aggregate)" % (NC, toks, dt, toks / dt), flush=True)
 
 # CHAT: the ChatML rendering gives the same answer as `llsrv generate --chat`.
 c = srv.conn()
