@@ -237,6 +237,11 @@ int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, siz
 // ICD loader lists them): builds the kernels (or loads them from the binary cache in
 // cache_dir), runs a warm-up and a self-test against the CPU reference. Errors name the step.
 int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const char *cache_dir, char *err, size_t errlen);
+// Another instance on peer's device and context (the server's trainer beside the serving
+// engine): a queue, staging and buffers of its own; weights peer uploaded are used where
+// they are (one copy on the device); device memory is checked with both instances counted.
+// peer must outlive it.
+int ll_backend_opencl_create_beside(struct ll_backend **out, struct ll_backend *peer, char *err, size_t errlen);
 // 1 when b is an OpenCL backend whose program came from the binary cache (0 otherwise).
 int ll_backend_opencl_cache_hit(const struct ll_backend *b);
 

@@ -34,6 +34,7 @@
 #include <limits.h>
 #include <math.h>
 #include <openssl/evp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +82,8 @@ struct ocl_weight {
   size_t bytes;
   const void *host; // the ll_weight's data this copies
   int refs;         // ll_weights naming it (tied embeddings share one copy)
-  const void *owner; // the ocl_ctx holding it: cl_mems are bound to their context
+  const void *owner; // the ocl_ctx holding it (it releases the copy)
+  cl_context cx;     // cl_mems are bound to their context: instances sharing it share the copy
 };
 
 // A small host operand that most calls repeat (a norm's weights, the rope tables of a step's
@@ -102,6 +104,13 @@ struct kvpool {
   const void *host; // the pool's name (ll_kv_view.k or .v)
   cl_mem m;
   size_t cap;
+};
+
+// Device memory held by every instance on one context (ll_backend_opencl_create_beside): each
+// allocation is checked against the device's memory with all of them counted.
+struct ocl_share {
+  _Atomic int64_t used;
+  _Atomic int refs;
 };
 
 struct ocl_ctx {
@@ -134,7 +143,8 @@ struct ocl_ctx {
   unsigned char *arena;
   size_t arena_cap, arena_used;
   int64_t bytes_up, bytes_down;
-  int64_t mem_used, mem_total, max_alloc;
+  int64_t mem_used, mem_total, max_alloc; // mem_used: this instance's
+  struct ocl_share *share;
   struct ll_backend_info info;
   int cache_hit; // the program came from the binary cache
   int no_fp64;   // LL_OPENCL_NO_FP64=1: kernels built without f64 (see build_opts)
@@ -171,12 +181,16 @@ static int cl_rc(cl_int e) {
 
 static cl_mem dev_alloc(struct ocl_ctx *c, size_t bytes, cl_int *e) {
   if (bytes == 0) bytes = 16;
-  if ((int64_t)bytes > c->max_alloc || c->mem_used + (int64_t)bytes > c->mem_total) {
+  // Counted first (atomically: the server's trainer allocates on its own thread), then asked for.
+  const int64_t before = atomic_fetch_add(&c->share->used, (int64_t)bytes);
+  if ((int64_t)bytes > c->max_alloc || before + (int64_t)bytes > c->mem_total) {
+    atomic_fetch_sub(&c->share->used, (int64_t)bytes);
     *e = CL_MEM_OBJECT_ALLOCATION_FAILURE;
     return NULL;
   }
   cl_mem m = clCreateBuffer(c->cx, CL_MEM_READ_WRITE, bytes, NULL, e);
   if (m) c->mem_used += (int64_t)bytes;
+  else atomic_fetch_sub(&c->share->used, (int64_t)bytes);
   return m;
 }
 
@@ -184,6 +198,7 @@ static void dev_release(struct ocl_ctx *c, cl_mem m, size_t bytes) {
   if (!m) return;
   clReleaseMemObject(m);
   c->mem_used -= (int64_t)(bytes ? bytes : 16);
+  atomic_fetch_sub(&c->share->used, (int64_t)(bytes ? bytes : 16));
 }
 
 // ---------------------------------------------------------------- host <-> device
@@ -427,7 +442,7 @@ static int weight_upload_impl(struct ocl_ctx *c, const struct ll_weight *w, stru
     free(ow);
     return cl_rc(e) ? cl_rc(e) : LL_ENOMEM;
   }
-  ow->bytes = bytes, ow->host = w->data, ow->refs = 1, ow->owner = c;
+  ow->bytes = bytes, ow->host = w->data, ow->refs = 1, ow->owner = c, ow->cx = c->cx;
   // Blocking: drivers that allocate on first use report an out-of-memory here, not later.
   e = clEnqueueWriteBuffer(c->q, ow->m, CL_TRUE, 0, bytes, w->data, 0, NULL, NULL);
   if (e != CL_SUCCESS) {
@@ -470,13 +485,12 @@ static void ocl_weight_release(struct ll_backend *b, struct ll_weight *w) {
     }
 }
 
-// The device copy of w: its resident copy (weight_upload), or, for a weight never uploaded,
-// a copy made for this call in a staging buffer (correct, but a transfer per call). A copy
-// that another instance uploaded (the server's trainer has its own instance on the serving
-// device, and both see the model's ll_weights) is a buffer of another context, which this
-// queue must not use: staged like a weight never uploaded.
+// The device copy of w: its resident copy (weight_upload, by this instance or one sharing
+// its context: ll_backend_opencl_create_beside), or, for a weight never uploaded, a copy made
+// for this call in a staging buffer (correct, but a transfer per call). A copy in another
+// context is a buffer this queue must not use: staged like a weight never uploaded.
 static int weight_dev(struct ocl_ctx *c, const struct ll_weight *w, cl_mem *out) {
-  if (w->dev && ((const struct ocl_weight *)w->dev)->owner == c) {
+  if (w->dev && ((const struct ocl_weight *)w->dev)->cx == c->cx) {
     *out = ((struct ocl_weight *)w->dev)->m;
     return 0;
   }
@@ -1323,6 +1337,7 @@ static void ocl_free(struct ll_backend *b) {
     if (c->prog) clReleaseProgram(c->prog);
     if (c->q) clReleaseCommandQueue(c->q);
     if (c->cx) clReleaseContext(c->cx);
+    if (c->share && atomic_fetch_sub(&c->share->refs, 1) == 1) free(c->share);
     free(c->rope_cs);
     free(c);
   }
@@ -1580,6 +1595,12 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
     return ll_errf(err, errlen, LL_ENOMEM, "opencl: out of memory");
   }
   b->i = &ocl_iface, b->ctx = c;
+  if (!(c->share = calloc(1, sizeof *c->share))) {
+    free(b), free(c);
+    return ll_errf(err, errlen, LL_ENOMEM, "opencl: out of memory");
+  }
+  atomic_init(&c->share->used, 0);
+  atomic_init(&c->share->refs, 1);
   c->plat = plats[plat], c->dev = devs[dev];
   struct ll_backend_info *in = &c->info;
   snprintf(in->name, sizeof in->name, "opencl");
@@ -1637,6 +1658,38 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
   if (rc == 0) rc = build_program(c, cache_dir, err, errlen);
   if (rc == 0) rc = make_kernels(c, err, errlen);
   if (rc == 0) rc = self_test(b, err, errlen);
+  if (rc) {
+    ocl_free(b);
+    return rc;
+  }
+  *out = b;
+  return 0;
+}
+
+int ll_backend_opencl_create_beside(struct ll_backend **out, struct ll_backend *peer, char *err, size_t errlen) {
+  *out = NULL;
+  if (!peer || peer->i != &ocl_iface) return ll_errf(err, errlen, LL_EINVAL, "opencl: no OpenCL instance to open another beside");
+  const struct ocl_ctx *pc = CTX(peer);
+  struct ll_backend *b = calloc(1, sizeof *b);
+  struct ocl_ctx *c = calloc(1, sizeof *c);
+  if (!b || !c) {
+    free(b), free(c);
+    return ll_errf(err, errlen, LL_ENOMEM, "opencl: out of memory");
+  }
+  b->i = &ocl_iface, b->ctx = c;
+  // The peer's device, context (its buffers), program and accounting; a queue, kernels (their
+  // arguments are per object), staging and buffers of its own.
+  c->plat = pc->plat, c->dev = pc->dev, c->info = pc->info, c->info.mem_used = 0;
+  c->mem_total = pc->mem_total, c->max_alloc = pc->max_alloc, c->addr_align = pc->addr_align;
+  c->no_fp64 = pc->no_fp64, c->cache_hit = pc->cache_hit;
+  c->cx = pc->cx, clRetainContext(c->cx);
+  c->prog = pc->prog, clRetainProgram(c->prog);
+  c->share = pc->share, atomic_fetch_add(&c->share->refs, 1);
+  cl_int e;
+  int rc = 0;
+  c->q = clCreateCommandQueue(c->cx, c->dev, 0, &e);
+  if (!c->q) rc = ll_errf(err, errlen, cl_rc(e) ? cl_rc(e) : LL_EIO, "opencl: clCreateCommandQueue: %s (%d)", cl_errname(e), e);
+  if (rc == 0) rc = make_kernels(c, err, errlen);
   if (rc) {
     ocl_free(b);
     return rc;

@@ -2,10 +2,10 @@
 // fit, printed without loading the model (its metadata and tensor table only).
 //
 // Components (bytes):
-//   weights    every matrix (2-D tensor), resident on the device; norms stay on the host
+//   weights    every matrix (2-D tensor), resident on the device (norms: cached as used, small)
 //   KV cache   2 * layers * ctx (in blocks of LL_KV_BLOCK) * parallel * kv_dim * (2 f16 | 4 f32)
-//   compute    the OpenCL backend's staging buffers for one engine step of up to 512 tokens:
-//              activations in and out (4 of 512 x max(dim, ffn) floats), their Q8 form,
+//   compute    the engine's activations and the OpenCL backend's staging buffers for one
+//              step of up to 512 tokens (4 of 512 x max(dim, ffn) floats), their Q8 form,
 //              logits for `parallel` rows and the attention scores (512 x heads x ctx floats)
 //   training   (train.enabled) LoRA adapters on every projection (q, k, v, o, gate, up, down)
 //              with their gradients and two AdamW moments (4 copies, f32), and the
@@ -14,9 +14,9 @@
 //              per sequence); with recomputation only each layer's input is kept, plus one
 //              layer's full set; logits and their gradient for one chunk of the head (64 rows
 //              x vocab: trainer.c's XENT_ROWS). The server's trainer computes on an OpenCL
-//              instance of its own (trainjob.c): LoRA adds that instance's copy of the weights
-//              and its staging buffers (as compute); full-parameter training its f32 weights,
-//              gradients and two moments instead of adapters
+//              instance of its own beside the serving one (trainjob.c), which reads the served
+//              weights where they are: it adds its staging buffers (as compute); full-parameter
+//              training its f32 weights, gradients and two moments instead of adapters
 // Budget: 90% of the device's global memory (the driver and other users keep the rest).
 // Adaptation order when the total exceeds it: parallel sequences (halved down to 1), context
 // (halved down to max(256, train.seq_len)), training batch (halved down to 1), activation
@@ -59,7 +59,7 @@ static int64_t matrix_params(const struct shape *s) {
   return s->L * (s->C * s->C * 2 + s->C * s->kvd * 2 + s->C * s->F * 3) + s->V * s->C;
 }
 
-// *own: the trainer instance's weights (LoRA: a copy of the served ones) and staging buffers.
+// *own: the trainer instance's staging buffers (it shares the served weights).
 static int64_t train_bytes(const struct shape *s, const struct plan *p, int64_t *adapters, int64_t *acts, int64_t *own) {
   *adapters = *acts = *own = 0;
   if (!p->train) return 0;
@@ -70,7 +70,7 @@ static int64_t train_bytes(const struct shape *s, const struct plan *p, int64_t 
   const int64_t tok = p->batch * p->seq_len, head_rows = tok < 64 ? tok : 64;
   const int64_t layer_acts = tok * (6 * C + 2 * kvd + 3 * F) * 4 + p->batch * s->H * p->seq_len * p->seq_len * 4;
   *acts = (p->recompute ? s->L * tok * C * 4 + layer_acts : s->L * layer_acts) + 2 * head_rows * s->V * 4;
-  *own = (p->full ? 0 : s->weights) + compute_bytes(s, p);
+  *own = compute_bytes(s, p);
   return *adapters + *acts + *own;
 }
 
@@ -92,7 +92,7 @@ static void print_plan(const struct shape *s, const struct plan *p, int64_t budg
            mib(tr), mib(ad), (long long)p->batch, (long long)p->seq_len, p->recompute ? ", recomputed" : "", mib(ac), mib(own));
   else if (p->train)
     printf("  training   %10.1f MiB  (LoRA rank %lld with gradients and moments %.1f MiB; activations of %lld x %lld tokens%s %.1f MiB; "
-           "the trainer's copy of the weights and staging %.1f MiB)\n",
+           "the trainer's staging %.1f MiB)\n",
            mib(tr), (long long)p->rank, mib(ad), (long long)p->batch, (long long)p->seq_len, p->recompute ? ", recomputed" : "", mib(ac), mib(own));
   else printf("  training   %10.1f MiB  (train.enabled is off)\n", 0.0);
   printf("  total      %10.1f MiB  of a %.1f MiB budget: %s\n", mib(t), mib(budget), t <= budget ? "fits" : "does not fit");

@@ -233,7 +233,7 @@ int ll_cmd_serve(int argc, char **argv) {
     const char *stem = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
     if (cfg.train_checkpoint_dir) snprintf(run_dir, sizeof run_dir, "%s", cfg.train_checkpoint_dir);
     else snprintf(run_dir, sizeof run_dir, "%s/runs/%.*s", state_dir, (int)strcspn(stem, "."), stem);
-    if (ll_trainjob_create(&srv.job, srv.e, srv.sched, &cfg, model_path, cfg.train_data ? cfg.train_data : ".", run_dir, ep.cache_dir, cfg.train_enabled, err,
+    if (ll_trainjob_create(&srv.job, srv.e, srv.sched, &cfg, model_path, cfg.train_data ? cfg.train_data : ".", run_dir, cfg.train_enabled, err,
                            sizeof err) != 0) {
       fprintf(stderr, "llsrv: %s\n", err);
       goto out;

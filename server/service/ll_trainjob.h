@@ -28,10 +28,10 @@ struct ll_trainjob;
 
 #define LL_TRAINJOB_HISTORY 512
 
-// run_dir: where checkpoints go; data: the corpus; cache_dir: the OpenCL binary cache the
-// engine's backend used (NULL: none). autostart: begin at once (train.enabled).
+// run_dir: where checkpoints go; data: the corpus. autostart: begin at once (train.enabled).
+// On an OpenCL engine the trainer opens an instance beside the engine's (e must outlive j).
 int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_sched *s, const struct ll_config *cfg, const char *model_path,
-                       const char *data, const char *run_dir, const char *cache_dir, int autostart, char *err, size_t errlen);
+                       const char *data, const char *run_dir, int autostart, char *err, size_t errlen);
 void ll_trainjob_stop(struct ll_trainjob *j);    // accepts NULL; before the scheduler stops
 void ll_trainjob_destroy(struct ll_trainjob *j); // accepts NULL; stops it first if need be
 

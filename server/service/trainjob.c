@@ -40,12 +40,10 @@ struct ll_trainjob {
   struct ll_train_run *run;  // the training thread's (destroy's once it has been joined)
   struct ll_backend *be;     // the training thread's own backend (CPU: its pool, its scratch; OpenCL: its queue)
   // On an OpenCL serving device the trainer computes on its own instance of that device (the
-  // serving backend's staging buffers and queue belong to the compute thread), and on its own
-  // copy of the model's weight table: the engine's ll_weights name the serving instance's
-  // device copies (w->dev), buffers of another OpenCL context. NULL layers: the engine's model.
-  struct ll_model dm;
-  const struct ll_model *m; // what the trainer computes on: &dm, or the engine's model
-  char cache_dir[1100];     // the OpenCL binary cache (the serving backend's), "" for none
+  // serving backend's staging buffers and queue belong to the compute thread), opened beside
+  // the serving one on its context: the engine's ll_weights name the serving instance's device
+  // copies (w->dev), which the trainer's queue reads where they are (one copy of the weights).
+  const struct ll_model *m; // what the trainer computes on: the engine's model
   // Which device trains, and why (set before init_done, constant after): the log, the monitor.
   char be_name[16], be_device[128], be_reason[512];
   int n_threads, nice;
@@ -372,30 +370,6 @@ static int slice(struct ll_trainjob *j, int cmds) {
   return 1;
 }
 
-// The serving instance's device copy is not this instance's (a cl_mem of another context).
-static int forget_dev(struct ll_weight *w, void *arg) {
-  (void)arg;
-  w->dev = NULL;
-  return 0;
-}
-static int upload_one(struct ll_weight *w, void *be) { return ((struct ll_backend *)be)->i->weight_upload(be, w); }
-
-// The trainer's copy of the engine's model with its matrices resident on be (the OpenCL
-// instance): the same host data and hyperparameters, device copies of its own (tied
-// embeddings stay one copy: weight_upload finds the same data). Full-parameter training
-// computes on f32 copies of its own (ll_trainer.h), so there only the table is copied.
-static int model_on_device(struct ll_trainjob *j, struct ll_backend *be, int upload) {
-  const struct ll_model *m = ll_engine_model(j->e);
-  j->dm = *m;
-  j->dm.layers = calloc((size_t)(m->L > 0 ? m->L : 1), sizeof *j->dm.layers);
-  if (!j->dm.layers) return LL_ENOMEM;
-  memcpy(j->dm.layers, m->layers, (size_t)m->L * sizeof *m->layers);
-  ll_model_each_matrix(&j->dm, forget_dev, NULL);
-  j->m = &j->dm;
-  if (!upload || !be->i->weight_upload) return 0;
-  return ll_model_each_matrix(&j->dm, upload_one, be);
-}
-
 // Testing aid: LL_OPENCL_FAULT=train fails the trainer's OpenCL instance (not the serving one),
 // to exercise the CPU fallback.
 static int train_fault(void) {
@@ -404,25 +378,14 @@ static int train_fault(void) {
 }
 
 // When the server serves on an OpenCL device, the trainer takes its own instance of that
-// device (opencl:P:D as the serving backend reports it, the same binary cache, so the build
-// is a cache hit). 0 with j->be set, or a negative code with why in err: the caller trains on
+// device, beside the serving one on its context and program (nothing is built or uploaded
+// again). 0 with j->be set, or a negative code with why in err: the caller trains on
 // the CPU instead, which must never stop serving.
 static int open_device(struct ll_trainjob *j, const struct ll_backend_info *si, char *err, size_t errlen) {
   struct ll_backend *be = NULL;
-  int rc = train_fault() ? ll_errf(err, errlen, LL_EIO, "LL_OPENCL_FAULT=train")
-                         : ll_backend_opencl_create(&be, si->cl_platform, si->cl_device, j->cache_dir[0] ? j->cache_dir : NULL, err, errlen);
-  if (rc == 0 && (rc = model_on_device(j, be, j->tp.mode != LL_TRAIN_FULL)) != 0) {
-    struct ll_backend_info bi;
-    be->i->get_info(be, &bi);
-    rc = ll_errf(err, errlen, rc, "it cannot hold its copies of the weights (%s; %.0f MiB of %.0f MiB allocated by the trainer)", ll_strerror(rc),
-                 (double)bi.mem_used / (1 << 20), (double)bi.mem_total / (1 << 20));
-  }
-  if (rc) {
-    ll_backend_free(be); // releases its device copies
-    free(j->dm.layers);
-    memset(&j->dm, 0, sizeof j->dm);
-    return rc;
-  }
+  int rc = train_fault() ? ll_errf(err, errlen, LL_EIO, "LL_OPENCL_FAULT=train") : ll_backend_opencl_create_beside(&be, ll_engine_backend(j->e), err, errlen);
+  if (rc) return rc;
+  j->m = ll_engine_model(j->e);
   // The model's transcendentals, as the serving backend computes them; no batch invariance
   // (only requests need it; the OpenCL products do not depend on the batch anyway).
   be->ggml_math = ll_engine_backend(j->e)->ggml_math;
@@ -432,8 +395,9 @@ static int open_device(struct ll_trainjob *j, const struct ll_backend_info *si, 
   be->i->get_info(be, &bi);
   snprintf(j->be_name, sizeof j->be_name, "opencl");
   snprintf(j->be_device, sizeof j->be_device, "%s", bi.device);
-  snprintf(j->be_reason, sizeof j->be_reason, "opencl:%d:%d: the serving device, on an instance of its own (its queue, its staging buffers); kernels %s",
-           si->cl_platform, si->cl_device, ll_backend_opencl_cache_hit(be) ? "from the binary cache" : "built");
+  snprintf(j->be_reason, sizeof j->be_reason,
+           "opencl:%d:%d: the serving device, on an instance of its own beside the serving one (its queue, its buffers; the served weights shared)",
+           si->cl_platform, si->cl_device);
   j->dev_bytes = bi.mem_used;
   return 0;
 }
@@ -495,7 +459,7 @@ static void *train_main(void *arg) {
 // ---------------------------------------------------------------- API
 
 int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_sched *s, const struct ll_config *cfg, const char *model_path,
-                       const char *data, const char *run_dir, const char *cache_dir, int autostart, char *err, size_t errlen) {
+                       const char *data, const char *run_dir, int autostart, char *err, size_t errlen) {
   *out = NULL;
   struct ll_trainjob *j = calloc(1, sizeof *j);
   if (!j) return ll_errf(err, errlen, LL_ENOMEM, "training: out of memory");
@@ -510,7 +474,6 @@ int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_
   snprintf(j->model_path, sizeof j->model_path, "%s", model_path);
   snprintf(j->data, sizeof j->data, "%s", data ? data : "");
   snprintf(j->run_dir, sizeof j->run_dir, "%s", run_dir);
-  snprintf(j->cache_dir, sizeof j->cache_dir, "%s", cache_dir ? cache_dir : "");
   j->dev_bytes = -1;
   snprintf(j->arch, sizeof j->arch, "%s", info.arch);
   j->ro = (struct ll_train_run_opts){j->run_dir, j->data, j->model_path, j->arch, cfg->train_checkpoint_every, cfg->train_eval_every,
@@ -575,8 +538,7 @@ void ll_trainjob_destroy(struct ll_trainjob *j) {
   if (!j) return;
   ll_trainjob_stop(j);
   ll_train_run_close(j->run);
-  ll_backend_free(j->be); // an OpenCL instance releases its copies of dm's weights
-  free(j->dm.layers);
+  ll_backend_free(j->be); // an OpenCL instance: its buffers (the served weights are the engine's)
   for (int i = 0; i < j->n_evq; i++) free(j->evq[i]);
   free(j->evq);
   pthread_cond_destroy(&j->cv);

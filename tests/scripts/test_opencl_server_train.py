@@ -68,6 +68,10 @@ try:
     check(snap["device"]["backend"] == "opencl", "serving on OpenCL: %r" % snap["device"].get("reason"))
     check(tr["backend"] == "opencl" and tr["device_reason"].startswith(DEV + ":") and tr["device"] == snap["device"]["name"],
           "monitor: the trainer on %s: %r" % (DEV, {k: tr.get(k) for k in ("backend", "device", "device_reason")}))
+    # The trainer's instance holds its buffers once its run has opened (it shares the served
+    # weights, so before that it may hold nothing): after the first step.
+    wait_until(lambda: (mon.snapshot()["training"]["step"] or 0) >= 1, "a first step", 300)
+    mem = mon.snapshot()["memory"]
     tdb = mem.get("train_device_bytes")
     check(isinstance(tdb, int) and tdb > 0 and mem["device_used"] > tdb,
           "device memory: trainer %r within device_used %r" % (tdb, mem["device_used"]))
