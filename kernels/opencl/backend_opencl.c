@@ -1576,6 +1576,21 @@ static void dev_str(cl_device_id d, cl_device_info what, char *out, size_t cap) 
   out[n] = 0;
 }
 
+// A backend with an empty context, counting its device memory in share (NULL: a new count).
+static struct ll_backend *instance_new(struct ocl_share *share) {
+  struct ll_backend *b = calloc(1, sizeof *b);
+  struct ocl_ctx *c = calloc(1, sizeof *c);
+  if (!share && (share = calloc(1, sizeof *share))) atomic_init(&share->used, 0), atomic_init(&share->refs, 0);
+  if (!b || !c || !share) {
+    if (share && !atomic_load(&share->refs)) free(share);
+    free(b), free(c);
+    return NULL;
+  }
+  atomic_fetch_add(&share->refs, 1);
+  b->i = &ocl_iface, b->ctx = c, c->share = share;
+  return b;
+}
+
 int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const char *cache_dir, char *err, size_t errlen) {
   *out = NULL;
   cl_platform_id plats[16];
@@ -1588,19 +1603,9 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
   e = clGetDeviceIDs(plats[plat], CL_DEVICE_TYPE_ALL, 16, devs, &nd);
   if (e != CL_SUCCESS || dev < 0 || (cl_uint)dev >= nd || dev >= 16)
     return ll_errf(err, errlen, LL_ENOTFOUND, "opencl: platform %d has no device %d (%u found)", plat, dev, e == CL_SUCCESS ? nd : 0);
-  struct ll_backend *b = calloc(1, sizeof *b);
-  struct ocl_ctx *c = calloc(1, sizeof *c);
-  if (!b || !c) {
-    free(b), free(c);
-    return ll_errf(err, errlen, LL_ENOMEM, "opencl: out of memory");
-  }
-  b->i = &ocl_iface, b->ctx = c;
-  if (!(c->share = calloc(1, sizeof *c->share))) {
-    free(b), free(c);
-    return ll_errf(err, errlen, LL_ENOMEM, "opencl: out of memory");
-  }
-  atomic_init(&c->share->used, 0);
-  atomic_init(&c->share->refs, 1);
+  struct ll_backend *b = instance_new(NULL);
+  if (!b) return ll_errf(err, errlen, LL_ENOMEM, "opencl: out of memory");
+  struct ocl_ctx *c = CTX(b);
   c->plat = plats[plat], c->dev = devs[dev];
   struct ll_backend_info *in = &c->info;
   snprintf(in->name, sizeof in->name, "opencl");
@@ -1670,13 +1675,9 @@ int ll_backend_opencl_create_beside(struct ll_backend **out, struct ll_backend *
   *out = NULL;
   if (!peer || peer->i != &ocl_iface) return ll_errf(err, errlen, LL_EINVAL, "opencl: no OpenCL instance to open another beside");
   const struct ocl_ctx *pc = CTX(peer);
-  struct ll_backend *b = calloc(1, sizeof *b);
-  struct ocl_ctx *c = calloc(1, sizeof *c);
-  if (!b || !c) {
-    free(b), free(c);
-    return ll_errf(err, errlen, LL_ENOMEM, "opencl: out of memory");
-  }
-  b->i = &ocl_iface, b->ctx = c;
+  struct ll_backend *b = instance_new(pc->share);
+  if (!b) return ll_errf(err, errlen, LL_ENOMEM, "opencl: out of memory");
+  struct ocl_ctx *c = CTX(b);
   // The peer's device, context (its buffers), program and accounting; a queue, kernels (their
   // arguments are per object), staging and buffers of its own.
   c->plat = pc->plat, c->dev = pc->dev, c->info = pc->info, c->info.mem_used = 0;
@@ -1684,7 +1685,6 @@ int ll_backend_opencl_create_beside(struct ll_backend **out, struct ll_backend *
   c->no_fp64 = pc->no_fp64, c->cache_hit = pc->cache_hit;
   c->cx = pc->cx, clRetainContext(c->cx);
   c->prog = pc->prog, clRetainProgram(c->prog);
-  c->share = pc->share, atomic_fetch_add(&c->share->refs, 1);
   cl_int e;
   int rc = 0;
   c->q = clCreateCommandQueue(c->cx, c->dev, 0, &e);
