@@ -286,8 +286,8 @@ int ll_cmd_serve(int argc, char **argv) {
     char td[700];
     ll_trainjob_describe(srv.job, td, sizeof td);
     const int64_t tdb = ll_trainjob_device_bytes(srv.job);
-    if (tdb >= 0) fprintf(stderr, "  trainer   %s: %s; %.1f MiB allocated\n", ll_trainjob_backend(srv.job), td, tdb / 1048576.0);
-    else fprintf(stderr, "  trainer   %s: %s\n", ll_trainjob_backend(srv.job), td);
+    if (tdb >= 0) fprintf(stderr, "  trainer   %s; %.1f MiB allocated\n", td, tdb / 1048576.0);
+    else fprintf(stderr, "  trainer   %s\n", td);
   }
   if (srv.listen_addr[0]) fprintf(stderr, "  listening on %s%s\n", srv.listen_addr, cfg.auth_token ? " (AUTH required)" : "");
   else fprintf(stderr, "  TCP off (listen: off)\n");

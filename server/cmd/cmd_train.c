@@ -127,6 +127,7 @@ int ll_cmd_train(int argc, char **argv) {
   ep.n_ctx = (int)c.train_seq_len; // the engine's KV cache is not used by training: keep it small
   struct ll_engine *e = NULL;
   struct ll_train_run *run = NULL;
+  struct ll_backend *cpu_be = NULL; // the trainer's, when the device cannot hold its buffers
   if ((rc = ll_engine_open(&e, &ep, err, sizeof err))) {
     fprintf(stderr, "llsrv train: %s\n", err);
     ll_config_free(&c);
@@ -142,8 +143,20 @@ int ll_cmd_train(int argc, char **argv) {
   // dequantize + sgemm where that beats the integer tiles (ll_backend.train_sgemm; CPUs without
   // AVX-512 VNNI). The server's training thread sets it on its own backend too (trainjob.c); the
   // serving backend never does: it decodes batch-invariantly.
-  ll_engine_backend(e)->train_sgemm = 1;
-  rc = ll_train_run_open(&run, ll_engine_model(e), ll_engine_backend(e), ll_engine_tokenizer(e), &tp, &ro, err, sizeof err);
+  struct ll_backend *be = ll_engine_backend(e);
+  be->train_sgemm = 1;
+  rc = ll_train_run_open(&run, ll_engine_model(e), be, ll_engine_tokenizer(e), &tp, &ro, err, sizeof err);
+  if (rc == LL_ENOMEM && !ll_backend_host_buffers(be)) { // the device holds the weights but not the run: the CPU trains
+    fprintf(stderr, "llsrv train: on the CPU: the device cannot hold the training buffers: %s\n", err);
+    char cerr[256];
+    if ((rc = ll_backend_cpu_create(&cpu_be, (int)c.threads, cerr, sizeof cerr))) {
+      fprintf(stderr, "llsrv train: %s\n", cerr);
+      goto out;
+    }
+    cpu_be->ggml_math = be->ggml_math, cpu_be->batch_invariant = 0, cpu_be->train_sgemm = 1;
+    be = cpu_be;
+    rc = ll_train_run_open(&run, ll_engine_model(e), be, ll_engine_tokenizer(e), &tp, &ro, err, sizeof err);
+  }
   if (rc) {
     fprintf(stderr, "llsrv train: %s\n", err);
     goto out;
@@ -205,7 +218,6 @@ int ll_cmd_train(int argc, char **argv) {
   int save_failed = 0; // the latest checkpoint failed
   struct ll_trainer_state st;
   // Host <-> device traffic of the plain steps (those that neither evaluate nor save).
-  struct ll_backend *be = ll_engine_backend(e);
   struct ll_backend_info x0, x1;
   int64_t up = 0, down = 0, plain = 0;
   while (!ll_train_run_done(run) && !g_stop) {
@@ -258,6 +270,7 @@ int ll_cmd_train(int argc, char **argv) {
   status = 0;
 out:
   ll_train_run_close(run);
+  ll_backend_free(cpu_be);
   ll_engine_close(e);
   ll_config_free(&c);
   return status;

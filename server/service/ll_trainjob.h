@@ -43,8 +43,8 @@ int64_t ll_trainjob_bytes(struct ll_trainjob *j); // trainer memory, -1 before t
 // What the trainer's own OpenCL instance holds on the device (its weights' copies, staging
 // buffers), -1 when it trains on the CPU. The serving backend's allocations are not in it.
 int64_t ll_trainjob_device_bytes(struct ll_trainjob *j);
-const char *ll_trainjob_backend(const struct ll_trainjob *j); // "cpu" or "opencl" (fixed after create)
-// One line: the training device's name and why it trains there (fixed after create).
-void ll_trainjob_describe(const struct ll_trainjob *j, char *out, size_t cap);
+// One line: "cpu" or "opencl", the training device's name and why it trains there. A device
+// that cannot hold a run's buffers gives the run to the CPU (logged), so it may change then.
+void ll_trainjob_describe(struct ll_trainjob *j, char *out, size_t cap);
 
 #endif

@@ -218,9 +218,26 @@ static void note_dev_bytes(struct ll_trainjob *j) {
   pthread_mutex_unlock(&j->mu);
 }
 
+static int use_cpu(struct ll_trainjob *j, char *err, size_t errlen);
+
 static int open_run(struct ll_trainjob *j) {
   char err[1024], desc[4096];
   int rc = ll_train_run_open(&j->run, j->m, j->be, ll_engine_tokenizer(j->e), &j->tp, &j->ro, err, sizeof err);
+  if (rc == LL_ENOMEM && strcmp(j->be_name, "opencl") == 0) {
+    // The device cannot hold this run's buffers beside the server: the CPU trains instead.
+    char cerr[256];
+    ll_log(LL_LOG_WARN, "training: on the CPU: the serving device cannot hold the training buffers: %s", err);
+    ll_backend_free(j->be);
+    j->be = NULL;
+    if ((rc = use_cpu(j, cerr, sizeof cerr)) != 0) {
+      fail(j, cerr);
+      return rc;
+    }
+    pthread_mutex_lock(&j->mu);
+    snprintf(j->be_reason, sizeof j->be_reason, "cpu: the serving device cannot hold the training buffers: %.400s", err);
+    pthread_mutex_unlock(&j->mu);
+    rc = ll_train_run_open(&j->run, j->m, j->be, ll_engine_tokenizer(j->e), &j->tp, &j->ro, err, sizeof err);
+  }
   if (rc) {
     fail(j, err);
     return rc;
@@ -402,6 +419,31 @@ static int open_device(struct ll_trainjob *j, const struct ll_backend_info *si, 
   return 0;
 }
 
+// The trainer on a CPU backend of its own (on the training thread: its pool's workers share
+// the thread's lower priority). be_* change under mu (the monitor reads them).
+static int use_cpu(struct ll_trainjob *j, char *err, size_t errlen) {
+  struct ll_backend *be = NULL;
+  int rc = ll_backend_cpu_create(&be, j->n_threads, err, errlen);
+  if (rc) return rc;
+  be->ggml_math = ll_engine_backend(j->e)->ggml_math; // the model's transcendentals (ll_backend.h)
+  // Only requests need batch invariance (a token's answer must not depend on its batch): the
+  // serving backend keeps it, and this backend, which only trains and evaluates, takes the
+  // faster products `llsrv train` takes, so the server trains as fast as it (on CPUs without
+  // AVX-512 VNNI the dequantize+sgemm forward is 1.3-2x the integer tiles').
+  be->batch_invariant = 0;
+  be->train_sgemm = 1;
+  struct ll_backend_info bi;
+  be->i->get_info(be, &bi);
+  pthread_mutex_lock(&j->mu);
+  j->be = be;
+  j->m = ll_engine_model(j->e);
+  j->dev_bytes = -1;
+  snprintf(j->be_name, sizeof j->be_name, "cpu");
+  snprintf(j->be_device, sizeof j->be_device, "%s", bi.device);
+  pthread_mutex_unlock(&j->mu);
+  return 0;
+}
+
 // The training thread: its own backend (created here, so that a CPU pool's workers share this
 // thread's lower priority), then commands and steps until ll_trainjob_stop.
 static void *train_main(void *arg) {
@@ -419,22 +461,8 @@ static void *train_main(void *arg) {
     snprintf(j->be_reason, sizeof j->be_reason, "cpu: opencl:%d:%d cannot train beside the server: %s", si.cl_platform, si.cl_device, derr);
   }
   if (!j->be) {
-    j->m = ll_engine_model(j->e);
-    rc = ll_backend_cpu_create(&j->be, j->n_threads, err, sizeof err);
-  }
-  if (rc == 0 && strcmp(j->be_name, "opencl") != 0) { // the model's transcendentals (ll_backend.h); batches through sgemm as `llsrv train`'s
-    j->be->ggml_math = ll_engine_backend(j->e)->ggml_math;
-    // Only requests need batch invariance (a token's answer must not depend on its batch): the
-    // serving backend keeps it, and this backend, which only trains and evaluates, takes the
-    // faster products `llsrv train` takes, so the server trains as fast as it (on CPUs without
-    // AVX-512 VNNI the dequantize+sgemm forward is 1.3-2x the integer tiles').
-    j->be->batch_invariant = 0;
-    j->be->train_sgemm = 1;
-    struct ll_backend_info bi;
-    j->be->i->get_info(j->be, &bi);
-    snprintf(j->be_name, sizeof j->be_name, "cpu");
-    snprintf(j->be_device, sizeof j->be_device, "%s", bi.device);
-    if (!on_cl) snprintf(j->be_reason, sizeof j->be_reason, "cpu: the serving device, on a CPU backend of its own (its pool, its scratch)");
+    rc = use_cpu(j, err, sizeof err);
+    if (rc == 0 && !on_cl) snprintf(j->be_reason, sizeof j->be_reason, "cpu: the serving device, on a CPU backend of its own (its pool, its scratch)");
   }
   if (rc == 0) ll_log(LL_LOG_INFO, "training: on %s; %s", j->be_device, j->be_reason);
   pthread_mutex_lock(&j->mu);
@@ -608,10 +636,10 @@ int64_t ll_trainjob_device_bytes(struct ll_trainjob *j) {
   return b;
 }
 
-const char *ll_trainjob_backend(const struct ll_trainjob *j) { return j->be_name; }
-
-void ll_trainjob_describe(const struct ll_trainjob *j, char *out, size_t cap) {
-  snprintf(out, cap, "%s; %s", j->be_device, j->be_reason);
+void ll_trainjob_describe(struct ll_trainjob *j, char *out, size_t cap) {
+  pthread_mutex_lock(&j->mu);
+  snprintf(out, cap, "%s: %s; %s", j->be_name, j->be_device, j->be_reason);
+  pthread_mutex_unlock(&j->mu);
 }
 
 int64_t ll_trainjob_bytes(struct ll_trainjob *j) {

@@ -129,6 +129,9 @@ const char *ll_train_schedule_name(int s) {
 
 // ---------------------------------------------------------------- helpers
 
+// "device memory" where the backend's buffers are a device's, for the messages.
+static const char *mem_of(const struct ll_trainer *tr) { return tr->dev ? "device memory" : "memory"; }
+
 static float *balloc(struct ll_trainer *tr, int64_t n_floats) {
   if (tr->n_bufs >= MAX_BUFS || n_floats <= 0) return NULL;
   float *p = ll_backend_alloc(tr->be, (size_t)n_floats * sizeof(float));
@@ -481,7 +484,7 @@ static int setup_lora(struct ll_trainer *tr, char *err, size_t errlen) {
   } else { // the parameters on the device, and pairs that name them there
     const int np = tr->lora->n_layer * LL_LORA_N_TARGETS;
     if (!(tr->P = balloc(tr, tr->n_par)) || !(tr->dpairs = calloc((size_t)np, sizeof *tr->dpairs)))
-      return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for %lld adapter parameters", (long long)tr->n_par);
+      return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of %s for %lld adapter parameters", mem_of(tr), (long long)tr->n_par);
     if ((rc = copy(tr, tr->P, tr->Ph, tr->n_par))) return ll_errf(err, errlen, rc, "trainer: adapter upload: %s", ll_strerror(rc));
     for (int i = 0; i < np; i++) {
       tr->dpairs[i] = tr->lora->pairs[i];
@@ -518,7 +521,8 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
   const int L = base->L;
   const int64_t C = base->C;
   tr->n_par = n_trainable(base, &tr->p);
-  if (!(tr->P = balloc(tr, tr->n_par))) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for %lld parameters", (long long)tr->n_par);
+  if (!(tr->P = balloc(tr, tr->n_par)))
+    return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of %s for %lld parameters", mem_of(tr), (long long)tr->n_par);
   // The f32 weights are made on the host (Ph), then uploaded where P is device memory.
   tr->Ph = tr->dev ? malloc((size_t)tr->n_par * sizeof(float)) : tr->P;
   if (!tr->Ph) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for the host copy of %lld parameters", (long long)tr->n_par);
@@ -644,7 +648,7 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   if (rc) goto fail;
   const int64_t n = tr->n_par;
   if (!(tr->G = balloc(tr, n)) || !(tr->M = balloc(tr, n)) || !(tr->V = balloc(tr, n))) {
-    rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for gradients and optimizer state (%lld parameters)", (long long)n);
+    rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of %s for gradients and optimizer state (%lld parameters)", mem_of(tr), (long long)n);
     goto fail;
   }
   if (p->mode == LL_TRAIN_FULL) full_grads(tr);
@@ -696,7 +700,7 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   *out = tr;
   return 0;
 oom:
-  rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for activations (batch %d x seq_len %d)", p->batch, p->seq_len);
+  rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of %s for activations (batch %d x seq_len %d)", mem_of(tr), p->batch, p->seq_len);
 fail:
   ll_trainer_free(tr);
   return rc;

@@ -108,5 +108,14 @@ run lora_q4_1 "$D/q4_1.ckpt" "$DEV" "${LORA[@]}"
 compare lora_q4_1 10
 traffic lora_q4_1
 
+# A device that holds the weights but not a run's buffers (capped at 3 MB): the CPU trains, with
+# one line saying why, and the run completes.
+LL_OPENCL_MEM_LIMIT=3000000 "$LLSRV" train --model "$D/m.ckpt" --data "$LL_SOURCE_DIR/man" --eval-every 0 --checkpoint-every 0 -t 2 \
+  --device "$DEV" -o "$D/run-oom" --seq-len 256 --batch 4 --steps 2 >"$D/oom.out" 2>"$D/oom.err"
+check $? "training on a device too small for its buffers exits 0: $(tail -3 "$D/oom.err")"
+grep -q "^llsrv train: on the CPU: the device cannot hold the training buffers: trainer: out of device memory" "$D/oom.err" &&
+  grep -q "^done: 2 steps" "$D/oom.out"
+check $? "the CPU fallback says why and trains: $(cat "$D/oom.err" "$D/oom.out" | tail -5)"
+
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
