@@ -191,6 +191,8 @@ int ll_backend_copy(struct ll_backend *b, void *dst, const void *src, size_t n) 
   return 0;
 }
 
+int ll_backend_sync(struct ll_backend *b) { return b && b->i && b->i->sync ? b->i->sync(b) : 0; }
+
 int ll_backend_zero(struct ll_backend *b, void *dst, size_t n) {
   if (n == 0) return 0;
   if (!ll_backend_host_buffers(b)) return b->i->zero ? b->i->zero(b, dst, n) : LL_EUNSUPPORTED;

@@ -74,6 +74,7 @@ struct ll_backend_info {
   int fp64;               // cl_khr_fp64: the kernels then reproduce the CPU's results bit for bit
   int cl_platform, cl_device; // OpenCL: P and D of opencl:P:D (another instance on the same device)
   int64_t bytes_up, bytes_down; // host -> device and device -> host bytes moved so far (0 on the CPU)
+  int64_t waits;                // times the host waited for the device (blocking reads, finishes)
 };
 
 struct ll_backend_i {
@@ -152,7 +153,9 @@ struct ll_backend_i {
                             const float *att, int S, int n_head, int n_head_kv, int head_dim,
                             float scale);                                                   // (optional)
   // Cross-entropy with a mask: rows t with targets[t] < 0 do not count.
-  //   *loss = Σ_counted -log softmax(logits[t])[targets[t]]   (a sum, in double)
+  //   *loss = Σ_counted -log softmax(logits[t])[targets[t]]   (a sum, in double), written by
+  //   the time sync returns: a device backend computing dlogits in its own buffer may finish
+  //   it then (so a training step waits for the device once), the others before returning.
   //   dlogits (T, V) (if non-NULL; may alias logits) = (softmax - onehot) * grad_scale for
   //   counted rows, 0 for the others.
   int (*softmax_xent)(struct ll_backend *b, double *loss, float *dlogits, const float *logits,
@@ -184,7 +187,7 @@ struct ll_backend_i {
   // dst (n bytes, backend buffer or host memory) = 0
   int (*zero)(struct ll_backend *b, void *dst, size_t n);                                   // (optional)
 
-  int (*sync)(struct ll_backend *b); // (optional) wait for queued work
+  int (*sync)(struct ll_backend *b); // (optional) wait for queued work and complete deferred results
 };
 
 #define LL_BLAS_MIN_T 32
@@ -228,6 +231,7 @@ void ll_backend_free_buf(struct ll_backend *b, void *p); // accepts NULL
 int ll_backend_host_buffers(const struct ll_backend *b);
 // Buffer contents (see copy / zero above); memcpy / memset on a host-buffer backend.
 int ll_backend_copy(struct ll_backend *b, void *dst, const void *src, size_t n);
+int ll_backend_sync(struct ll_backend *b); // 0 where the backend has nothing queued (no sync member)
 int ll_backend_zero(struct ll_backend *b, void *dst, size_t n);
 
 // CPU backend (always available).

@@ -100,6 +100,14 @@ struct cconst {
 #define CONST_MAX_BYTES ((size_t)1 << 20)   // larger operands are staged per call
 #define CONST_TOTAL_BYTES ((size_t)8 << 20) // the cache's device memory (and as much host)
 
+// A loss softmax_xent left for the next drain (its row statistics still on their way).
+struct pending_loss {
+  double *loss;
+  float *rs;      // (T, 4): max, sum hi, sum lo, target logit (read back non-blocking)
+  int32_t *tg;    // (T) targets, copied
+  int T;
+};
+
 struct kvpool {
   const void *host; // the pool's name (ll_kv_view.k or .v)
   cl_mem m;
@@ -142,7 +150,9 @@ struct ocl_ctx {
   // returns, without waiting for the device. Reset whenever the queue has drained.
   unsigned char *arena;
   size_t arena_cap, arena_used;
-  int64_t bytes_up, bytes_down;
+  int64_t bytes_up, bytes_down, waits;
+  struct pending_loss *pend; // completed by drained()
+  int n_pend, cap_pend;
   int64_t mem_used, mem_total, max_alloc; // mem_used: this instance's
   struct ocl_share *share;
   struct ll_backend_info info;
@@ -203,10 +213,31 @@ static void dev_release(struct ocl_ctx *c, cl_mem m, size_t bytes) {
 
 // ---------------------------------------------------------------- host <-> device
 
-// The queue has drained (a blocking read or a finish returned): the arena's bytes are free.
-static void drained(struct ocl_ctx *c) { c->arena_used = 0; }
+// The loss from softmax_xent's row statistics, on the host in double as the reference computes
+// it: log Σ - (l_y - m) per counted row.
+static double xent_loss(const float *rs, const int32_t *targets, int T) {
+  double total = 0;
+  for (int t = 0; t < T; t++) {
+    if (targets[t] < 0) continue;
+    const float m = rs[4 * t], ly = rs[4 * t + 3];
+    total += log((double)rs[4 * t + 1] + (double)rs[4 * t + 2]) - ((double)ly - m);
+  }
+  return total;
+}
+
+// The queue has drained (a blocking read or a finish returned): the arena's bytes are free,
+// and the deferred losses' statistics have arrived.
+static void drained(struct ocl_ctx *c) {
+  c->arena_used = 0;
+  for (int i = 0; i < c->n_pend; i++) {
+    *c->pend[i].loss = xent_loss(c->pend[i].rs, c->pend[i].tg, c->pend[i].T);
+    free(c->pend[i].rs), free(c->pend[i].tg);
+  }
+  c->n_pend = 0;
+}
 
 static int finish(struct ocl_ctx *c) {
+  c->waits++;
   cl_int e = clFinish(c->q);
   drained(c);
   return cl_rc(e);
@@ -241,6 +272,7 @@ static int upload(struct ocl_ctx *c, cl_mem dst, size_t off, const void *src, si
 static int download(struct ocl_ctx *c, void *dst, cl_mem src, size_t off, size_t bytes) {
   if (!bytes) return 0;
   c->bytes_down += (int64_t)bytes;
+  c->waits++;
   cl_int e = clEnqueueReadBuffer(c->q, src, CL_TRUE, off, bytes, dst, 0, NULL, NULL);
   drained(c);
   return cl_rc(e);
@@ -1028,28 +1060,50 @@ static int ocl_softmax_xent(struct ll_backend *b, double *loss, float *dlogits, 
   float *rs = malloc(rb); // (T, 4): per row max, sum as hi + lo, the target's logit
   if (!rs) return LL_ENOMEM;
   const int want_d = dlogits != NULL;
+  const struct rbuf *dr;
+  size_t doff;
+  // dlogits in a backend buffer (a training step): the statistics come back without a wait and
+  // the loss is completed at the next drain (sync); otherwise now, with a blocking read.
+  const int defer = want_d && resident(c, dlogits, lb, &dr, &doff) == 1;
+  int32_t *tg = NULL;
+  if (defer && c->n_pend == c->cap_pend) {
+    const int cap = c->cap_pend ? 2 * c->cap_pend : 16;
+    struct pending_loss *np = realloc(c->pend, (size_t)cap * sizeof *np);
+    if (!np) {
+      free(rs);
+      return LL_ENOMEM;
+    }
+    c->pend = np, c->cap_pend = cap;
+  }
+  if (defer && !(tg = malloc((size_t)T * sizeof *tg))) {
+    free(rs);
+    return LL_ENOMEM;
+  }
   if ((rc = put(c, S_X, logits, lb)) || (rc = put(c, S_POS, targets, (size_t)T * 4)) || (rc = want_d ? output(c, S_OUT, dlogits, lb) : stage(c, S_OUT, 16)) ||
       (rc = stage(c, S_TAB, rb))) {
     finish(c);
-    free(rs);
+    free(rs), free(tg);
     return rc;
   }
   cl_kernel k = c->k_xent;
   cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_TAB].use) | ARG(k, 2, c->s[S_X].use) | ARG(k, 3, c->s[S_POS].use) | ARG(k, 4, V);
   e |= ARG(k, 5, grad_scale) | ARG(k, 6, want_d);
   const size_t gl = (size_t)T * WG, lo = WG;
-  if (e || (rc = launch(c, k, 1, &gl, &lo)) || (rc = get(c, S_TAB, rs, rb))) {
+  if (!e && !(rc = launch(c, k, 1, &gl, &lo)) && defer) {
+    c->bytes_down += (int64_t)rb;
+    e = clEnqueueReadBuffer(c->q, c->s[S_TAB].use, CL_FALSE, 0, rb, rs, 0, NULL, NULL);
+    if (e == CL_SUCCESS) {
+      memcpy(tg, targets, (size_t)T * sizeof *tg);
+      c->pend[c->n_pend++] = (struct pending_loss){loss, rs, tg, T};
+      return get(c, S_OUT, dlogits, lb); // in place: nothing to do
+    }
+  }
+  if (e || rc || (rc = get(c, S_TAB, rs, rb))) {
     finish(c);
-    free(rs);
+    free(rs), free(tg);
     return fail(c, e ? LL_EIO : rc);
   }
-  // The loss on the host in double, as the reference: log Σ - (l_y - m) per counted row.
-  double total = 0;
-  for (int t = 0; t < T; t++) {
-    if (targets[t] < 0) continue;
-    const float m = rs[4 * t], ly = rs[4 * t + 3];
-    total += log((double)rs[4 * t + 1] + (double)rs[4 * t + 2]) - ((double)ly - m);
-  }
+  const double total = xent_loss(rs, targets, T);
   free(rs);
   // dlogits (it may alias logits: the kernel read each row before writing it)
   if (want_d && (rc = get(c, S_OUT, dlogits, lb))) return fail(c, rc);
@@ -1295,7 +1349,7 @@ static void ocl_get_info(struct ll_backend *b, struct ll_backend_info *info) {
   struct ocl_ctx *c = CTX(b);
   *info = c->info;
   info->mem_used = c->mem_used;
-  info->bytes_up = c->bytes_up, info->bytes_down = c->bytes_down;
+  info->bytes_up = c->bytes_up, info->bytes_down = c->bytes_down, info->waits = c->waits;
 }
 
 static void ocl_free(struct ll_backend *b) {
@@ -1325,6 +1379,8 @@ static void ocl_free(struct ll_backend *b) {
     }
     free(c->rb);
     free(c->arena);
+    for (int i = 0; i < c->n_pend; i++) free(c->pend[i].rs), free(c->pend[i].tg); // never read: the queue failed
+    free(c->pend);
     cl_kernel ks[] = {c->k_quant, c->k_round, c->k_mm_f, c->k_gr_f, c->k_gr_q, c->k_rmsnorm, c->k_rope, c->k_swiglu, c->k_add, c->k_kv_store,
                       c->k_attention, c->k_deq, c->k_mm_dx, c->k_mm_dw, c->k_rms_bwd, c->k_rms_dg, c->k_rope_bwd, c->k_swiglu_bwd,
                       c->k_attn_train, c->k_attn_bwd_q, c->k_attn_bwd_kv, c->k_xent, c->k_gr_bwd, c->k_dropout, c->k_sumsq, c->k_axpy,

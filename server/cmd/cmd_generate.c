@@ -212,8 +212,9 @@ int ll_cmd_generate(int argc, char **argv) {
   struct ll_backend_info x2;
   ll_engine_backend(e)->i->get_info(ll_engine_backend(e), &x2);
   if (generated > 1 && strcmp(x2.name, "cpu") != 0) // a decode step's traffic between host and device
-    fprintf(stderr, "llsrv generate: device transfers per decode step: %.0f bytes up, %.0f bytes down\n",
-            (double)(x2.bytes_up - x1.bytes_up) / (generated - 1), (double)(x2.bytes_down - x1.bytes_down) / (generated - 1));
+    fprintf(stderr, "llsrv generate: device transfers per decode step: %.0f bytes up, %.0f bytes down, %.1f waits\n",
+            (double)(x2.bytes_up - x1.bytes_up) / (generated - 1), (double)(x2.bytes_down - x1.bytes_down) / (generated - 1),
+            (double)(x2.waits - x1.waits) / (generated - 1));
   rc = 0;
 out:
   free(rendered);

@@ -219,7 +219,7 @@ int ll_cmd_train(int argc, char **argv) {
   struct ll_trainer_state st;
   // Host <-> device traffic of the plain steps (those that neither evaluate nor save).
   struct ll_backend_info x0, x1;
-  int64_t up = 0, down = 0, plain = 0;
+  int64_t up = 0, down = 0, waits = 0, plain = 0;
   while (!ll_train_run_done(run) && !g_stop) {
     be->i->get_info(be, &x0);
     if ((rc = ll_train_run_step(run, &ev, err, sizeof err))) {
@@ -231,7 +231,8 @@ int ll_cmd_train(int argc, char **argv) {
               (long long)ev.info.step, ev.save_error);
     save_failed = ev.save_failed;
     be->i->get_info(be, &x1);
-    if (!ev.saved && !ev.evaluated && !ev.save_failed) up += x1.bytes_up - x0.bytes_up, down += x1.bytes_down - x0.bytes_down, plain++;
+    if (!ev.saved && !ev.evaluated && !ev.save_failed)
+      up += x1.bytes_up - x0.bytes_up, down += x1.bytes_down - x0.bytes_down, waits += x1.waits - x0.waits, plain++;
     tokens += ev.info.tokens, steps_done++;
     if (ev.evaluated) val = ev.val_loss;
     const double el = now_s() - t_start, tps = tokens / el;
@@ -249,8 +250,8 @@ int ll_cmd_train(int argc, char **argv) {
   }
   ll_trainer_state(tr, &st);
   if (plain > 0 && strcmp(x1.name, "cpu") != 0)
-    fprintf(stderr, "%sllsrv train: device transfers per step: %.0f bytes up, %.0f bytes down\n", tty ? "\n" : "", (double)up / plain,
-            (double)down / plain);
+    fprintf(stderr, "%sllsrv train: device transfers per step: %.0f bytes up, %.0f bytes down, %.1f waits\n", tty ? "\n" : "",
+            (double)up / plain, (double)down / plain, (double)waits / plain);
   if (g_stop) {
     rc = ll_train_run_save(run, &ev, err, sizeof err);
     if (rc) {

@@ -85,6 +85,7 @@ struct ll_trainer {
   struct lacts *acts;
   int n_acts;
   float *xf, *logits;     // (T, C), (XENT_ROWS, V): one chunk of rows of the head at a time
+  double *xparts;         // (grad_accum, T / XENT_ROWS rounded up) each chunk's loss, summed after the sync
   float *dx, *dn, *da, *dq, *dk, *dv, *dh, *dg, *du, *dax, *dxd, *xd; // backward scratch
   float *nh;              // (T, max(C, F)) every layer's n1, n2 and h, one after another (not saved)
   int train;              // 1: dropout on (training), 0: evaluation
@@ -306,8 +307,31 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
 
 // ---------------------------------------------------------------- whole model
 
+static int n_chunks(const struct ll_trainer *tr) { return (tr->T + XENT_ROWS - 1) / XENT_ROWS; }
+
+// A micro-batch's loss from its chunks' parts, in order (after the backend's sync).
+static double parts_sum(const double *parts, int n) {
+  double loss = 0;
+  for (int i = 0; i < n; i++) loss += parts[i];
+  return loss;
+}
+
+// Forward (and with grad, backward) of one micro-batch, queued: each chunk's loss goes to
+// parts[0 .. n_chunks), which a device backend may fill only at its next sync (ll_backend.h).
+static int fb(struct ll_trainer *tr, const int32_t *ids, const int32_t *targets, int n_seq, int grad, float grad_scale, double *parts,
+              int64_t *n_counted, char *err, size_t errlen);
+
 int ll_trainer_forward_backward(struct ll_trainer *tr, const int32_t *ids, const int32_t *targets, int n_seq, int grad, float grad_scale,
                                 double *loss_sum, int64_t *n_counted, char *err, size_t errlen) {
+  int rc = fb(tr, ids, targets, n_seq, grad, grad_scale, tr->xparts, n_counted, err, errlen);
+  if (rc) return rc;
+  BK(ll_backend_sync(tr->be), "sync");
+  *loss_sum = parts_sum(tr->xparts, n_chunks(tr));
+  return 0;
+}
+
+static int fb(struct ll_trainer *tr, const int32_t *ids, const int32_t *targets, int n_seq, int grad, float grad_scale, double *parts,
+              int64_t *n_counted, char *err, size_t errlen) {
   const struct ll_backend_i *B = &tr->ops;
   struct ll_backend *be = tr->be;
   const struct ll_model *m = tr->m;
@@ -343,18 +367,18 @@ int ll_trainer_forward_backward(struct ll_trainer *tr, const int32_t *ids, const
   // logits would be the largest buffer (48 MiB at T = 256, V = 49152), a chunk's is 1/4 of it.
   // Each row's logits, gradient and dn row are the same whatever the chunk (row-wise ops).
   //   logits_c = xf_c·Wout^T (Tc, V);  dlogits_c in place;  dn_c = dlogits_c·Wout (Tc, C)
-  double loss = 0;
+  // Each chunk's loss may arrive only with the sync (ll_backend.h): summed by the caller, in
+  // order, after it, so a training step waits for the device once, at its end.
   if (grad) BK(zero(tr, tr->dn, (int64_t)tr->T * C), "zero");
   for (int t0 = 0; t0 < tr->T; t0 += XENT_ROWS) {
     const int nt = tr->T - t0 < XENT_ROWS ? tr->T - t0 : XENT_ROWS;
     const float *xf = tr->xf + (size_t)t0 * C;
-    double part = 0;
+    double *part = &parts[t0 / XENT_ROWS];
+    *part = 0;
     BK(B->matmul(be, tr->logits, xf, &m->output, nt, 0), "matmul output"); // logits (Tc, V)
-    BK(B->softmax_xent(be, &part, grad ? tr->logits : NULL, tr->logits, tg + t0, nt, m->n_vocab, grad_scale), "softmax_xent");
-    loss += part;
+    BK(B->softmax_xent(be, part, grad ? tr->logits : NULL, tr->logits, tg + t0, nt, m->n_vocab, grad_scale), "softmax_xent");
     if (grad) BK(B->matmul_backward(be, tr->dn + (size_t)t0 * C, tr->g_out, tr->logits, xf, &m->output, nt), "matmul_backward output");
   }
-  *loss_sum = loss;
   if (n_counted) *n_counted = cnt;
   if (!grad) return 0;
   // backward: xf = rmsnorm(x_L)
@@ -660,9 +684,10 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   tr->xs = calloc((size_t)mm->L + 1, sizeof *tr->xs);
   tr->acts = calloc((size_t)tr->n_acts, sizeof *tr->acts);
   tr->pos = malloc((size_t)T * sizeof *tr->pos);
+  tr->xparts = malloc((size_t)p->grad_accum * ((T + XENT_ROWS - 1) / XENT_ROWS) * sizeof *tr->xparts); // a step's micro-batches
   tr->ids = malloc((size_t)T * p->grad_accum * sizeof *tr->ids);
   tr->tg = malloc((size_t)T * p->grad_accum * sizeof *tr->tg);
-  if (!tr->xs || !tr->acts || !tr->pos || !tr->ids || !tr->tg) {
+  if (!tr->xs || !tr->acts || !tr->pos || !tr->ids || !tr->tg || !tr->xparts) {
     rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
     goto fail;
   }
@@ -708,12 +733,13 @@ fail:
 
 void ll_trainer_free(struct ll_trainer *tr) {
   if (!tr) return;
+  ll_backend_sync(tr->be); // deferred results (ll_backend.h) land in xparts before it goes
   for (int i = 0; i < tr->n_bufs; i++) ll_backend_free_buf(tr->be, tr->bufs[i]);
   ll_lora_free(tr->lora);
   if (tr->dev && tr->p.mode == LL_TRAIN_FULL) free(tr->Ph);
   free(tr->dpairs), free(tr->fhlayers);
   ll_modelfile_free(&tr->meta);
-  free(tr->pt), free(tr->flayers), free(tr->lg), free(tr->xs), free(tr->acts), free(tr->pos), free(tr->ids), free(tr->tg);
+  free(tr->pt), free(tr->flayers), free(tr->lg), free(tr->xs), free(tr->acts), free(tr->pos), free(tr->ids), free(tr->tg), free(tr->xparts);
   free(tr);
 }
 
@@ -811,21 +837,20 @@ int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct l
     else epoch = e;
   }
   for (int64_t i = 0; rc == 0 && i < (int64_t)A * T; i++) count += tg[i] >= 0;
-  double loss_sum = 0;
   const float gscale = count > 0 ? 1.0f / (float)count : 0.0f;
+  const int nc = n_chunks(tr);
+  // Every micro-batch queued back to back (on a device, no wait in between); the losses are
+  // read with the gradient norm, the step's one wait for the device.
   for (int a = 0; a < A && rc == 0; a++) {
-    double ls = 0;
     tr->seed_now = mix64(tr->p.seed ^ mix64((uint64_t)tr->micro + 1));
-    rc = ll_trainer_forward_backward(tr, ids + (size_t)a * T, tg + (size_t)a * T, tr->B, 1, gscale, &ls, NULL, err, errlen);
+    rc = fb(tr, ids + (size_t)a * T, tg + (size_t)a * T, tr->B, 1, gscale, tr->xparts + (size_t)a * nc, NULL, err, errlen);
     tr->micro++;
-    loss_sum += ls;
   }
   free(ids), free(tg);
   if (rc) {
     zero(tr, tr->G, tr->n_par); // the error reported is rc's
     return rc;
   }
-  const double loss = count > 0 ? loss_sum / (double)count : NAN;
   if (tr->inject_nan) {
     const float nan_v = NAN; // test hook: a poisoned gradient must be caught below
     BK(copy(tr, tr->G, &nan_v, 1), "copy");
@@ -833,6 +858,10 @@ int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct l
   }
   double ss = 0;
   BK(B->sumsq(be, &ss, tr->G, tr->n_par), "sumsq");
+  BK(ll_backend_sync(be), "sync"); // the losses (sumsq's read has drained the queue already)
+  double loss_sum = 0;
+  for (int a = 0; a < A; a++) loss_sum += parts_sum(tr->xparts + (size_t)a * nc, nc); // as micro-batch sums, in order
+  const double loss = count > 0 ? loss_sum / (double)count : NAN;
   info->grad_norm = sqrt(ss);
   info->tokens = (int64_t)A * T;
   info->epoch = epoch;

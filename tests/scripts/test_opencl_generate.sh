@@ -40,10 +40,10 @@ else
   check 1 "SmolLM2 not cached at $SMOL"
 fi
 # A decode step on the device uploads token ids and positions (and index arrays) and reads back
-# the logits only: 49152 x 4 bytes down for SmolLM2, a few KiB up.
+# the logits only: 49152 x 4 bytes down for SmolLM2, a few KiB up, with one wait (that read).
 line=$("$LLSRV" generate --model "$SMOL" -n 8 --temp 0 --ignore-eos -p "Hello" --device "$DEV" 2>&1 >/dev/null | grep "device transfers per decode step")
 echo "$line"
-echo "$line" | awk '{ exit !($8 + 0 > 0 && $8 < 4096 && $11 == 196608) }'
+echo "$line" | awk '{ exit !($8 + 0 > 0 && $8 < 4096 && $11 == 196608 && $14 == 1) }'
 check $? "decode step traffic: ${line:-no transfer line}"
 # The second start loads the kernels from the binary cache.
 "$LLSRV" generate --model "$SMOL" --ids -n 1 --temp 0 --device "$DEV" 2>&1 | grep -q "kernels from the binary cache"
