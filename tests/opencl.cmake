@@ -17,6 +17,7 @@ ll_script_test(NAME opencl_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/script
 # The server's background trainer on the OpenCL serving device: its own instance, named in the
 # start-up summary and the monitor, steps and a checkpoint, GEN answered while it trains; with
 # the trainer's instance failed (LL_OPENCL_FAULT=train), the CPU fallback says why and its
-# losses equal the device's within 1e-3; full-parameter training on the device too (~10 s).
+# losses equal the device's within 1e-3; a device too full for a run's buffers
+# (LL_OPENCL_FAULT=train_alloc) trains on the CPU; full-parameter training on the device too (~10 s).
 ll_script_test(NAME opencl_server_train COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_opencl_server_train.py
   LABELS integration TIMEOUT 300)

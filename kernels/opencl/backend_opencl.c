@@ -157,6 +157,7 @@ struct ocl_ctx {
   struct ocl_share *share;
   struct ll_backend_info info;
   int cache_hit; // the program came from the binary cache
+  int no_alloc;  // LL_OPENCL_FAULT=train_alloc on an instance opened beside another: alloc fails
   int no_fp64;   // LL_OPENCL_NO_FP64=1: kernels built without f64 (see build_opts)
 };
 
@@ -1278,7 +1279,7 @@ static int ocl_sync(struct ll_backend *b) { return finish(CTX(b)); }
 static void *ocl_alloc(struct ll_backend *b, size_t n) {
   struct ocl_ctx *c = CTX(b);
   const size_t sz = n ? (n + 63) & ~(size_t)63 : 64;
-  if (sz < n) return NULL;
+  if (sz < n || c->no_alloc) return NULL;
   if (c->n_rb == c->cap_rb) {
     for (int j = 0; j < S_COUNT; j++) unbind(&c->s[j]); // bindings point into rb, which moves
     int cap = c->cap_rb ? 2 * c->cap_rb : 32;
@@ -1739,6 +1740,9 @@ int ll_backend_opencl_create_beside(struct ll_backend **out, struct ll_backend *
   c->plat = pc->plat, c->dev = pc->dev, c->info = pc->info, c->info.mem_used = 0;
   c->mem_total = pc->mem_total, c->max_alloc = pc->max_alloc, c->addr_align = pc->addr_align;
   c->no_fp64 = pc->no_fp64, c->cache_hit = pc->cache_hit;
+  // Testing aid: the server's trainer instance out of memory for its buffers (the weights fit).
+  const char *fault = getenv("LL_OPENCL_FAULT");
+  c->no_alloc = fault && strcmp(fault, "train_alloc") == 0;
   c->cx = pc->cx, clRetainContext(c->cx);
   c->prog = pc->prog, clRetainProgram(c->prog);
   cl_int e;

@@ -12,6 +12,8 @@
 # fallback: with LL_OPENCL_FAULT=train the trainer's instance fails, the server still serves on
 # the device, trains on the CPU and says why in one log line and in the monitor; that CPU
 # run's first 8 losses equal the OpenCL run's within 1e-3 relative (the same seed and data).
+# With LL_OPENCL_FAULT=train_alloc the instance opens but cannot hold a run's buffers: the run
+# trains on the CPU, saying why in one log line and in the monitor, and GEN still answers.
 # Last, full-parameter training on the device: steps, GEN answered meanwhile.
 #
 # No timed assertions: every wait is bounded far above the work (a step takes ~0.1 s here).
@@ -117,6 +119,22 @@ try:
     check(len(common) == 8 and not bad, "the OpenCL trainer's losses equal the CPU trainer's within 1e-3: %d common steps, off: %r" % (len(common), bad))
     rc = srv.stop(signal.SIGTERM, timeout=60)
     check(rc == 0, "fallback server exits 0 (rc %r)" % rc)
+    mon.close()
+
+    # --- the trainer's instance opens, but the device cannot hold the run's buffers
+    # (LL_OPENCL_FAULT=train_alloc): the run trains on the CPU, one line says why, serving goes on
+    srv = Server(tmp, args("run4"), env=dict(env, LL_OPENCL_FAULT="train_alloc"), name="srv4")
+    mon = Monitor(srv.sock)
+    ok = wait_until(lambda: (mon.snapshot()["training"]["step"] or 0) >= 2, "train_alloc: 2 steps", 300)
+    tr = mon.snapshot()["training"]
+    log = srv.output()
+    check(ok and tr["backend"] == "cpu" and tr["device_reason"].startswith("cpu: the serving device cannot hold the training buffers: trainer: out of device memory"),
+          "train_alloc: the run trains on the CPU and says why: %r" % {k: tr.get(k) for k in ("backend", "step", "device_reason")})
+    check("training: on the CPU: the serving device cannot hold the training buffers" in log, "train_alloc: one log line: %s" % log[-800:])
+    check(mon.snapshot()["memory"].get("train_device_bytes") is None, "train_alloc: no trainer device memory on the CPU")
+    gen_while_training(srv, mon, "train_alloc")
+    rc = srv.stop(signal.SIGTERM, timeout=60)
+    check(rc == 0, "train_alloc server exits 0 (rc %r)" % rc)
     mon.close()
 
     # --- full-parameter training on the device: the trainer computes on f32 copies of its own,
