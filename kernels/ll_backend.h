@@ -37,6 +37,9 @@ struct ll_weight {
   int64_t n;          // rows (ne[1])
   const void *data;   // n * ll_row_size(type, k) bytes
   void *dev;          // backend-private handle (device copy), NULL on CPU
+  // (optional) The CPU kernels' interleaved copy of the first n - n % 8 rows (ll_cpu_weight_pack),
+  // read by decode-sized products instead of data; NULL when the type or the CPU has none.
+  const void *packed;
 };
 
 enum ll_rope_mode { LL_ROPE_NORMAL = 0, LL_ROPE_NEOX = 2 }; // ggml's numbering
@@ -236,6 +239,11 @@ int ll_backend_zero(struct ll_backend *b, void *dst, size_t n);
 
 // CPU backend (always available).
 int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, size_t errlen);
+// The CPU kernels' interleaved copy of w's rows for decode (w->packed; see ll_cpu_dot.h), made
+// where this CPU's kernels for w's type have one (AVX2: Q4_0). Returns its size in bytes (0
+// when none is made), or LL_ENOMEM. The caller owns w->packed: ll_cpu_weight_unpack frees it.
+int64_t ll_cpu_weight_pack(struct ll_weight *w);
+void ll_cpu_weight_unpack(struct ll_weight *w);
 
 // OpenCL backend (kernels/opencl/backend_opencl.c) on device D of platform P (indices as the
 // ICD loader lists them): builds the kernels (or loads them from the binary cache in

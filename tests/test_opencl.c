@@ -89,7 +89,7 @@ static void test_matmul(struct ll_backend *cpu, struct ll_backend *cl) {
     for (int ki = 0; ki < 2; ki++) {
       const int K = cases[ci].k[ki], type = cases[ci].type;
       void *wd = make_weight(type, K, N);
-      struct ll_weight w = {type, K, N, wd, NULL};
+      struct ll_weight w = {type, K, N, wd, NULL, NULL};
       CHECK(cl->i->weight_upload(cl, &w) == 0 && w.dev);
       for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         const int T = Ts[ti];
@@ -119,7 +119,7 @@ static void test_matmul(struct ll_backend *cpu, struct ll_backend *cl) {
       free(g1), free(g2);
       // a weight never uploaded goes through a per-call copy, same results
       if (ki == 0) {
-        struct ll_weight w2 = {type, K, N, wd, NULL};
+        struct ll_weight w2 = {type, K, N, wd, NULL, NULL};
         float *x = malloc((size_t)K * 4), *a = malloc((size_t)N * 4), *b = malloc((size_t)N * 4);
         randf(x, (size_t)K, 1.0f);
         CHECK(cl->i->matmul(cl, a, x, &w, 1, 0) == 0 && cl->i->matmul(cl, b, x, &w2, 1, 0) == 0);
@@ -267,7 +267,7 @@ static void test_matmul_backward(struct ll_backend *cl) {
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     const int K = cases[ci].k, type = cases[ci].type, N = K == 2080 ? 1100 : 37;
     void *wd = make_weight(type, K, N);
-    struct ll_weight w = {type, K, N, wd, NULL}, wc = w;
+    struct ll_weight w = {type, K, N, wd, NULL, NULL}, wc = w;
     CHECK(cl->i->weight_upload(cl, &w) == 0);
     double worst = 0;
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
@@ -493,7 +493,7 @@ static void test_resident(struct ll_backend *cl) {
   CHECK(!ll_backend_host_buffers(cl));
   const int T = 6, K = 256, N = 96, S = 3, H = 4, hd = 16, V = 300; // N * 4 bytes: row offsets of 384 B
   void *wd = make_weight(LL_TYPE_Q4_0, K, N);
-  struct ll_weight w = {LL_TYPE_Q4_0, K, N, wd, NULL};
+  struct ll_weight w = {LL_TYPE_Q4_0, K, N, wd, NULL, NULL};
   CHECK(B->weight_upload(cl, &w) == 0);
   float *x = malloc((size_t)T * K * 4), *g = malloc((size_t)N * 4), *lg = malloc((size_t)T * V * 4), *wf = malloc((size_t)N * K * 4);
   randf(x, (size_t)T * K, 1.0f), randf(g, N, 1.0f), randf(lg, (size_t)T * V, 4.0f), randf(wf, (size_t)N * K, 0.1f);
@@ -503,7 +503,7 @@ static void test_resident(struct ll_backend *cl) {
   float *h_att = calloc((size_t)H * S * S, 4), *h_ao = calloc((size_t)S * H * hd, 4), *h_f = calloc((size_t)T * N, 4);
   memcpy(h_l, lg, (size_t)T * V * 4);
   double h_loss = 0, h_ss = 0;
-  struct ll_weight wfh = {LL_TYPE_F32, K, N, wf, NULL};
+  struct ll_weight wfh = {LL_TYPE_F32, K, N, wf, NULL, NULL};
   CHECK(B->matmul(cl, h_o, x, &w, T, 0) == 0);
   CHECK(B->matmul(cl, h_o, x, &w, T, 1) == 0);                      // accumulate
   CHECK(B->rmsnorm(cl, h_o + N, h_o + N, g, T - 1, N, 1e-5f) == 0); // in place, one row in
@@ -559,7 +559,7 @@ static void test_resident(struct ll_backend *cl) {
   // weight in host memory; zero and device-to-device copy; a range past a buffer's end.
   float *d_wf = ll_backend_alloc(cl, (size_t)N * K * 4);
   CHECK(d_wf && ll_backend_copy(cl, d_wf, wf, (size_t)N * K * 4) == 0);
-  struct ll_weight wfd = {LL_TYPE_F32, K, N, d_wf, NULL};
+  struct ll_weight wfd = {LL_TYPE_F32, K, N, d_wf, NULL, NULL};
   CHECK(B->matmul(cl, h_f, x, &wfh, T, 0) == 0);
   CHECK(B->matmul(cl, d_o, d_x, &wfd, T, 0) == 0);
   CHECK(ll_backend_copy(cl, r, d_o, (size_t)T * N * 4) == 0);
@@ -593,7 +593,7 @@ static void test_info(struct ll_backend *cl) {
   // Accounting follows uploads and releases exactly.
   const int64_t before = in.mem_used;
   void *wd = make_weight(LL_TYPE_Q8_0, 1024, 64);
-  struct ll_weight w = {LL_TYPE_Q8_0, 1024, 64, wd, NULL}, w2 = w;
+  struct ll_weight w = {LL_TYPE_Q8_0, 1024, 64, wd, NULL, NULL}, w2 = w;
   CHECK(cl->i->weight_upload(cl, &w) == 0 && cl->i->weight_upload(cl, &w2) == 0 && w.dev == w2.dev); // tied: one copy
   cl->i->get_info(cl, &in);
   CHECK(in.mem_used == before + (int64_t)ll_row_size(LL_TYPE_Q8_0, 1024) * 64);
@@ -693,7 +693,7 @@ static void test_two_instances(struct ll_backend *a, struct ll_backend *b) {
          dev_name);
   const int K = 160, N = 37, T = 3;
   void *wd = make_weight(LL_TYPE_Q4_1, K, N);
-  struct ll_weight w = {LL_TYPE_Q4_1, K, N, wd, NULL};
+  struct ll_weight w = {LL_TYPE_Q4_1, K, N, wd, NULL, NULL};
   CHECK(a->i->weight_upload(a, &w) == 0 && w.dev);
   float *x = malloc((size_t)T * K * 4), *oa = malloc((size_t)T * N * 4), *ob = malloc((size_t)T * N * 4);
   randf(x, (size_t)T * K, 1.0f);

@@ -133,7 +133,7 @@ static void test_fd_matmul(const struct impl *im) {
     const size_t rsz = ll_row_size(type, K);
     void *wq = malloc(rsz * N);
     random_weight(type, wq, N, K);
-    struct ll_weight w = {type, K, N, wq, NULL};
+    struct ll_weight w = {type, K, N, wq, NULL, NULL};
     float *x = malloc(sizeof(float) * T * K), *r = malloc(sizeof(float) * T * N), *wf = malloc(sizeof(float) * N * K);
     float *dx = malloc(sizeof(float) * T * K), *dx0 = malloc(sizeof(float) * T * K), *dw = malloc(sizeof(float) * N * K);
     for (int n = 0; n < N; n++) ll_dequantize_row(type, (char *)wq + (size_t)n * rsz, wf + (size_t)n * K, K);
@@ -574,7 +574,7 @@ static void test_fast_matmul(void) {
       const size_t rsz = ll_row_size(type, K);
       void *wq = malloc(rsz * N);
       random_weight(type, wq, N, K);
-      struct ll_weight w = {type, K, N, wq, NULL};
+      struct ll_weight w = {type, K, N, wq, NULL, NULL};
       float *x = malloc(sizeof(float) * T * K), *dout = malloc(sizeof(float) * T * N), *dx0 = malloc(sizeof(float) * T * K);
       float *dw0 = malloc(sizeof(float) * N * K);
       fill(x, (size_t)T * K, 1), fill(dout, (size_t)T * N, 1), fill(dx0, (size_t)T * K, 1), fill(dw0, (size_t)N * K, 1);
@@ -606,7 +606,7 @@ static void test_fast_matmul(void) {
   for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) printf(" %s %.1e", ll_type_name(types[ti]), worst_type[ti]);
   printf("\n");
   // a type without a dequantizer is refused, not guessed
-  struct ll_weight q2 = {LL_TYPE_Q2_K, 256, 1, NULL, NULL};
+  struct ll_weight q2 = {LL_TYPE_Q2_K, 256, 1, NULL, NULL, NULL};
   float d1[256] = {0}, o1[1] = {1};
   CHECK(bk[0]->i->matmul_backward(bk[0], d1, NULL, o1, NULL, &q2, 1) == LL_EUNSUPPORTED);
 }
@@ -803,7 +803,7 @@ static void test_train_sgemm(void) {
   const size_t rsz = ll_row_size(LL_TYPE_Q4_1, K);
   void *wq = malloc(rsz * N);
   random_weight(LL_TYPE_Q4_1, wq, N, K);
-  struct ll_weight w = {LL_TYPE_Q4_1, K, N, wq, NULL};
+  struct ll_weight w = {LL_TYPE_Q4_1, K, N, wq, NULL, NULL};
   float *x = malloc(sizeof(float) * T * K), *wf = malloc(sizeof(float) * N * K), *o0 = malloc(sizeof(float) * T * N);
   float *o1 = malloc(sizeof(float) * T * N), *r = malloc(sizeof(float) * T * N);
   fill(x, (size_t)T * K, 1);

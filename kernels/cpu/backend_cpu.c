@@ -66,7 +66,30 @@ struct mm_job {
   int chunk;       // rows per task (a multiple of 4; see cpu_matmul)
   const float *sc;   // (nb, T) activation scales for k->tile_sc, or NULL
   const int32_t *ss; // (nb, T) the second side table for k->tile_sc
+  const char *packed; // w's interleaved copy for k->tile_packed (with sc), or NULL
 };
+
+// Rows [n, n1) of the packed copy, group by group (n a multiple of pack_rows; a short group at
+// the end is left to the caller). Returns the first row not done.
+static int mm_packed(const struct mm_job *j, int n, int n1) {
+  const int PR = j->k->pack_rows, np = j->N - j->N % PR;
+  float tile[4][8]; // (tokens <= 4) x (pack_rows <= 8)
+  for (; n + PR <= n1 && n + PR <= np; n += PR) {
+    const char *g = j->packed + (size_t)n * j->w_row; // a group takes its rows' bytes
+    for (int t = 0; t < j->T; t += 4) {
+      const int na = j->T - t >= 4 ? 4 : j->T - t;
+      const char *at = j->act + (size_t)t * j->a_row;
+      if (!j->accumulate) {
+        j->k->tile_packed(j->K, g, at, j->a_row, na, j->sc + t, j->ss + t, (size_t)j->T, j->out + (size_t)t * j->N + n, (size_t)j->N);
+        continue;
+      }
+      j->k->tile_packed(j->K, g, at, j->a_row, na, j->sc + t, j->ss + t, (size_t)j->T, &tile[0][0], 8);
+      for (int q = 0; q < na; q++)
+        for (int r = 0; r < PR; r++) j->out[(size_t)(t + q) * j->N + n + r] += tile[q][r];
+    }
+  }
+  return n;
+}
 
 static void mm_task(void *vctx, int task, int thread) {
   (void)thread;
@@ -74,7 +97,7 @@ static void mm_task(void *vctx, int task, int thread) {
   const int n0 = task * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
   float tile[8][4]; // (tile_na <= 8) x 4 rows
   const int tna = j->k->tile_na > 0 ? j->k->tile_na : 2;
-  for (int n = n0; n < n1;) {
+  for (int n = j->packed ? mm_packed(j, n0, n1) : n0; n < n1;) {
     const char *wr = (const char *)j->w + (size_t)n * j->w_row;
     if (j->k->tile && n + 4 <= n1) {
       // Decode streams the weights once: ask for the next group of rows while this one is
@@ -247,7 +270,8 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   if (T >= 2 && c->n_threads > 1) ll_threadpool_run(c->pool, quant_task, &qj, T);
   else
     for (int t = 0; t < T; t++) quant_task(&qj, t, 0);
-  struct mm_job j = {out, w->data, ll_row_size(w->type, w->k), a_row, c->act, k, T, (int)w->n, (int)w->k, accumulate, 0, sc, ss};
+  struct mm_job j = {out, w->data, ll_row_size(w->type, w->k), a_row, c->act, k, T, (int)w->n, (int)w->k, accumulate, 0, sc, ss, NULL};
+  if (w->packed && sc && k->tile_packed && T < k->packed_max_t) j.packed = w->packed;
   // Chunk schedule (rows in multiples of 4). A decode step's matrices take microseconds: every
   // chunk costs a contended atomic claim and a restart of the hardware prefetcher, so small
   // batches get one contiguous chunk per thread (16 chunks per matmul cost a quarter of
@@ -256,11 +280,31 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   const int N = (int)w->n, nt = c->n_threads;
   const int per_thread = T < 16 ? 1 : 4;
   j.chunk = (N + nt * per_thread - 1) / (nt * per_thread);
-  j.chunk = (j.chunk + 3) & ~3;
-  if (j.chunk < 4) j.chunk = 4;
+  const int align = j.packed ? k->pack_rows : 4; // whole groups per chunk
+  j.chunk = (j.chunk + align - 1) / align * align;
+  if (j.chunk < align) j.chunk = align;
   const int n_tasks = (N + j.chunk - 1) / j.chunk;
   ll_threadpool_run(c->pool, mm_task, &j, n_tasks);
   return 0;
+}
+
+int64_t ll_cpu_weight_pack(struct ll_weight *w) {
+  const struct ll_type_kernels *k = ll_cpu_kernels(w->type);
+  if (w->packed || !k || !k->tile_packed || !k->pack_rows || w->n < k->pack_rows || w->k > INT32_MAX) return 0;
+  const size_t rs = ll_row_size(w->type, w->k);
+  const int64_t rows = w->n - w->n % k->pack_rows;
+  void *p = NULL;
+  if (!rs || posix_memalign(&p, 64, rs * (size_t)rows) != 0) return LL_ENOMEM;
+  if (ll_pack_rows(w->type, w->data, rs, rows, w->k, p) != 0) {
+    free(p);
+    return 0;
+  }
+  w->packed = p;
+  return (int64_t)(rs * (size_t)rows);
+}
+void ll_cpu_weight_unpack(struct ll_weight *w) {
+  free((void *)w->packed);
+  w->packed = NULL;
 }
 
 // out (T, C) = W[ids[t], :]

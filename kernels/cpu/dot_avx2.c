@@ -583,6 +583,75 @@ AI void qblk_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as
     }
 }
 
+// ---- Q4_0 x Q8_0 over packed groups of 8 rows (ll_pack_rows): one stream per group ----
+// The decode kernel. Each block of a group is 144 contiguous bytes: the 8 scales in lane order,
+// then rows (0,1), (2,3), (4,5), (6,7)'s nibbles, one 256-bit load per pair (row r in the low
+// half, r+1 in the high). Per token the integer work is qblk_pair_impl's (maddubs of the
+// unsigned nibbles against the signed activations, pmaddwd by 1), and the four pairs' partials
+// reduce together in three packs/pmaddwd levels to lanes [r0 r2 r4 r6 | r1 r3 r5 r7], the
+// order the scales are stored in; every level stays within int16 as there (at most
+// 16·15·128 = 30720 before the last). Adding -8·Σa from the side table gives dot.c's exact
+// block sum si, and one fma(si, d_w·d_a, sum) per block serves the group's 8 rows.
+// Read as one stream, with no software prefetch (the hardware prefetcher follows it; measured
+// 2026-11-24 on the 2-vCPU EPYC, AVX2 path, 1 thread, a 42 MB matrix: 24.5-27.4 GB/s against
+// 17.7-18.8 for the 4-row tile over the rows, read bandwidth 24.9 GB/s).
+AI void q4_0_packed_impl(int n, const void *g, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs, float *out,
+                         size_t os, const int NA) {
+  const int nb = n / 32;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[4];
+  _Pragma("GCC unroll 4")
+  for (int t = 0; t < NA; t++) acc[t] = _mm256_setzero_ps();
+  for (int i = 0; i < nb; i++) {
+    const char *p = (const char *)g + (size_t)i * 144;
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); // [d0 d2 d4 d6 | d1 d3 d5 d7]
+    __m256i lo[4], hi[4];
+    _Pragma("GCC unroll 4")
+    for (int k = 0; k < 4; k++) {
+      const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * k));
+      lo[k] = _mm256_and_si256(q, m4), hi[k] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    }
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < NA; t++) {
+      const char *y = (const char *)a + (size_t)t * as + (size_t)i * sizeof(ll_block_q8_0) + offsetof(ll_block_q8_0, qs);
+      const __m256i al = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)y));
+      const __m256i ah = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(y + 16)));
+      __m256i m[4];
+      _Pragma("GCC unroll 4")
+      for (int k = 0; k < 4; k++) // [row 2k: 4 partials | row 2k+1: 4 partials]
+        m[k] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[k], al), _mm256_maddubs_epi16(hi[k], ah)), ones);
+      const __m256i q01 = _mm256_madd_epi16(_mm256_packs_epi32(m[0], m[1]), ones); // [r0 r0 r2 r2 | r1 r1 r3 r3]
+      const __m256i q23 = _mm256_madd_epi16(_mm256_packs_epi32(m[2], m[3]), ones); // [r4 r4 r6 r6 | r5 r5 r7 r7]
+      __m256i si = _mm256_madd_epi16(_mm256_packs_epi32(q01, q23), ones);          // [r0 r2 r4 r6 | r1 r3 r5 r7]
+      si = _mm256_add_epi32(si, _mm256_set1_epi32(ssa[(size_t)i * scs + t]));
+      const __m256 da = _mm256_broadcast_ss(sca + (size_t)i * scs + t);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, da), acc[t]); // the product of two halves is exact
+    }
+  }
+  _Pragma("GCC unroll 4")
+  for (int t = 0; t < NA; t++) {
+    float o[8];
+    _mm256_storeu_ps(o, acc[t]);
+    float *ot = out + (size_t)t * os;
+    ot[0] = o[0], ot[2] = o[1], ot[4] = o[2], ot[6] = o[3], ot[1] = o[4], ot[3] = o[5], ot[5] = o[6], ot[7] = o[7];
+  }
+}
+#define PACKED_INST(NA)                                                                                                        \
+  static void q4_0_packed_##NA(int n, const void *g, const void *a, size_t as, const float *sc, const int32_t *ss, size_t scs,   \
+                               float *out, size_t os) {                                                                        \
+    q4_0_packed_impl(n, g, a, as, sc, ss, scs, out, os, NA);                                                                   \
+  }
+PACKED_INST(1)
+PACKED_INST(2)
+PACKED_INST(3)
+PACKED_INST(4)
+void ll_q4_0_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
+                              float *out, size_t os) {
+  static void (*const fn[4])(int, const void *, const void *, size_t, const float *, const int32_t *, size_t, float *, size_t) = {
+      q4_0_packed_1, q4_0_packed_2, q4_0_packed_3, q4_0_packed_4};
+  fn[na - 1](n, g, a, as, sc, ss, scs, out, os);
+}
+
 // ---- Q4_1 x Q8_1: two weight rows per ymm, ggml's 8-lane order per (row, token) ----
 // As above the rows' nibbles share a ymm; per token, pmaddwd(maddubs(lo, a[0..15])) gives
 // each row's int32 lanes 0..3 of dot_q4_1_q8_1 and the high nibbles its lanes 4..7, so each
@@ -810,7 +879,7 @@ static void from_f16(const float *x, void *vy, int64_t n) {
 static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
     [LL_TYPE_F32] = {LL_TYPE_F32, from_f32, dot_f32, "avx2", NULL},
     [LL_TYPE_F16] = {LL_TYPE_F16, from_f16, dot_f16, "avx2", NULL},
-    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2", tile_q4_0, 8, tile_sc_q4_0},
+    [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2", tile_q4_0, 8, tile_sc_q4_0, 8, 8, ll_q4_0_tile_packed_avx2},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q4_1_q8_1, "avx2", tile_q4_1, 8, tile_sc_q4_1},
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0, 8, tile_sc_q8_0},
     [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q5_0_q8_0, "avx2", tile_q5_0, 8, tile_sc_q5_0},

@@ -38,7 +38,27 @@ struct ll_type_kernels {
   // row group computing them again.
   void (*tile_sc)(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na, const float *sc,
                   const int32_t *ss, size_t sc_stride, float *out, size_t ostride);
+  // (optional) Decode over re-laid weights: groups of pack_rows rows interleaved block by block
+  // (the layout of ll_pack_rows), read as one stream instead of pack_rows row streams.
+  // tile_packed computes out[a * ostride + r] = row r · a_a for the group's pack_rows rows and
+  // a < na (<= 4) activation rows, given tile_sc's side tables; bit-identical to vec_dot.
+  // Used for batches of fewer than packed_max_t tokens (larger ones share more work per weight
+  // block in the tiles over the rows).
+  int pack_rows;
+  int packed_max_t;
+  void (*tile_packed)(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
+                      size_t sc_stride, float *out, size_t ostride);
 };
+
+// The interleaved layout of tile_packed, Q4_0 in groups of 8 rows: block i of a group is 144
+// bytes, the eight rows' fp16 scales in the order of rows 0 2 4 6 1 3 5 7 (16 B), then their
+// 16 bytes of nibbles, rows 0..7 (8 x 16 B). (The scale order is the lane order of the
+// kernel's reduction, so one vcvtph2ps loads them.) A group takes exactly the bytes of its 8
+// rows. Packs rows 0..nrows-1 (nrows a multiple of 8) of k elements, row_stride bytes apart,
+// into out (nrows * ll_row_size(Q4_0, k) bytes). Returns 0, or -1 for another type or shape.
+int ll_pack_rows(int type, const void *rows, size_t row_stride, int64_t nrows, int64_t k, void *out);
+// Row r of a packed matrix back in its own layout (the inverse, for tests and checks).
+int ll_unpack_row(int type, const void *packed, int64_t r, int64_t k, void *row);
 
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block (shared by every ISA's dots).
 static inline void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
@@ -57,6 +77,10 @@ void ll_act_quantize_q8_1(const float *x, void *y, int64_t n);
 // The same, vectorised (dot_avx2.c; only call where the CPU has AVX2/F16C).
 void ll_act_quantize_q8_0_avx2(const float *x, void *y, int64_t n);
 void ll_act_quantize_q8_1_avx2(const float *x, void *y, int64_t n);
+// The AVX2 Q4_0 tile_packed (dot_avx2.c), also the AVX-512 set's: the packed stream's integer
+// work per block is one pair of maddubs per row pair either way.
+void ll_q4_0_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
+                              size_t sc_stride, float *out, size_t ostride);
 
 // The side tables of ll_type_kernels.tile_sc for one row of n activations of type act_type
 // (Q8_0 or Q8_1; row a of T): sc[i * stride] = f32 of block i's d, ss[i * stride] = Q8_0:

@@ -1606,7 +1606,7 @@ static int self_test(struct ll_backend *b, char *err, size_t errlen) {
     kr->from_float(x + t * K, xq, K);
     for (int r = 0; r < N; r++) kr->vec_dot(K, &ref[t * N + r], wq + r * (K / 32), xq);
   }
-  struct ll_weight w = {LL_TYPE_Q8_0, K, N, wq, NULL};
+  struct ll_weight w = {LL_TYPE_Q8_0, K, N, wq, NULL, NULL};
   int rc = b->i->weight_upload(b, &w);
   if (rc == 0) rc = b->i->matmul(b, out, x, &w, T, 0);
   if (rc == 0) rc = b->i->matmul(b, out, x, &w, T, 1); // out = 2 * product

@@ -592,7 +592,7 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
     for (int64_t r = 0; r < s->n && rc == 0; r++)
       if (ll_dequantize_row(s->type, (const char *)s->data + (size_t)r * rs, dst + r * s->k, s->k) != 0)
         rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: cannot convert '%s'", mats[i].name);
-    *mats[i].dst = (struct ll_weight){LL_TYPE_F32, s->k, s->n, tr->P + off, NULL};
+    *mats[i].dst = (struct ll_weight){LL_TYPE_F32, s->k, s->n, tr->P + off, NULL, NULL};
     if (rc == 0 && add_pt(tr, mats[i].name, off, 2, s->k, s->n)) rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
     off += s->k * s->n;
   }

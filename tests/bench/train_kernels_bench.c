@@ -149,7 +149,7 @@ int main(int argc, char **argv) {
     void *wq = quant_weight(LL_TYPE_Q4_1, N, K);
     float *wf = randv((size_t)N * K, 0.05f), *x = randv((size_t)T * K, 1), *d = randv((size_t)T * N, 1);
     float *dx = calloc((size_t)T * K, sizeof *dx), *dw = calloc((size_t)N * K, sizeof *dw), *out = calloc((size_t)T * N, sizeof *out);
-    struct ll_weight wQ = {LL_TYPE_Q4_1, K, N, wq, NULL}, wF = {LL_TYPE_F32, K, N, wf, NULL};
+    struct ll_weight wQ = {LL_TYPE_Q4_1, K, N, wq, NULL, NULL}, wF = {LL_TYPE_F32, K, N, wf, NULL, NULL};
     double tq = 1e30, tr = 0, tf = 1e30, tw = 1e30, tfwd = 1e30, tdeq = 1e30;
     float *scratch = malloc((size_t)nt * 256 * K * sizeof *scratch);
     struct fwd_job fj = {out, x, wq, ll_row_size(LL_TYPE_Q4_1, K), LL_TYPE_Q4_1, T, N, K, scratch};
