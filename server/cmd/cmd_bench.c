@@ -71,13 +71,15 @@ int ll_cmd_bench(int argc, char **argv) {
     else if (ARG("-r")) reps = atoi(v);
     else if (ARG("--parallel") || ARG("-np")) np = atoi(v);
     else if (ARG("--device")) ep.device = v;
+    else if (strcmp(a, "--no-repack") == 0) ep.repack = 0;
     else if (ARG("-o")) json = strcmp(v, "json") == 0;
     else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      printf("usage: llsrv bench --model M [-p 128] [-n 64] [-t THREADS] [-r 3] [--parallel N] [-o md|json] [--device D]\n"
+      printf("usage: llsrv bench --model M [-p 128] [-n 64] [-t THREADS] [-r 3] [--parallel N] [-o md|json] [--device D] [--no-repack]\n"
              "pp: one batch of p prompt tokens; tg: n tokens generated one at a time. Mean +/- stddev\n"
              "over r repetitions after one warm-up, as llama-bench reports them.\n"
              "--parallel N adds tgNxP: N sequences generating together, one token each per step\n"
-             "(continuous batching), aggregate tok/s.\n");
+             "(continuous batching), aggregate tok/s.\n"
+             "--no-repack: no interleaved copy of the Q4_0 matrices for decode (the config's repack: false).\n");
       return 0;
     } else {
       fprintf(stderr, "llsrv bench: unknown or incomplete option '%s'\n", a);

@@ -200,6 +200,7 @@ int ll_cmd_serve(int argc, char **argv) {
   ep.n_ctx = (int)cfg.ctx;
   ep.n_parallel = (int)cfg.parallel;
   ep.kv_f16 = cfg.kv_f16;
+  ep.repack = cfg.repack;
   ep.batch_invariant = 1; // greedy outputs must not depend on which requests share a step
   ep.device = cfg.device;
   char cl_cache[1100];
@@ -268,6 +269,11 @@ int ll_cmd_serve(int argc, char **argv) {
           LL_VERSION, in->name, in->arch, in->quant, in->n_params / 1e6, model_path, in->n_ctx, in->n_parallel, in->n_vocab,
           in->backend, in->device_name, in->device_reason, in->n_threads, wb, kb, in->kv_f16 ? "f16" : "f32", in->kv_blocks_total,
           LL_KV_BLOCK);
+  if (in->packed_bytes > 0) {
+    char pb[32];
+    fmt_bytes(pb, sizeof pb, (double)in->packed_bytes);
+    fprintf(stderr, "  repack    %s more: the Q4_0 matrices interleaved for decode (repack: false saves it)\n", pb);
+  }
   if (strcmp(in->backend, "cpu") != 0)
     fprintf(stderr, "  opencl    %s, driver %s, %s; %d compute units, %.1f GiB global (max buffer %.1f GiB), fp16 %s, subgroups %s;"
                     " %.1f MiB allocated (weights resident)\n",

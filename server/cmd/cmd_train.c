@@ -125,6 +125,7 @@ int ll_cmd_train(int argc, char **argv) {
   ep.n_threads = (int)c.threads;
   ep.device = c.device;
   ep.n_ctx = (int)c.train_seq_len; // the engine's KV cache is not used by training: keep it small
+  ep.repack = 0;                   // training multiplies batches (no decode to stream): no second copy
   struct ll_engine *e = NULL;
   struct ll_train_run *run = NULL;
   struct ll_backend *cpu_be = NULL; // the trainer's, when the device cannot hold its buffers

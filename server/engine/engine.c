@@ -38,6 +38,8 @@ struct ll_engine {
   struct ll_model m; // hyperparameters and weights (ll_model.h; the trainer reads them too)
   int n_ctx;
   float *owned_f32; // dequantized norms / biases
+  const void **packed; // the CPU kernels' interleaved copies of the matrices (ll_cpu_weight_pack), owned here
+  int n_packed;
   // KV cache
   int kv_type, n_blocks, max_blocks_per_seq, n_free;
   void **k_pool, **v_pool; // per layer
@@ -62,6 +64,7 @@ void ll_engine_params_default(struct ll_engine_params *p) {
   p->n_parallel = 1;
   p->kv_f16 = -1;
   p->device = "auto";
+  p->repack = 1;
 }
 
 // ---------------------------------------------------------------- loading
@@ -275,6 +278,8 @@ void ll_engine_close(struct ll_engine *e) {
   free(e->free_list);
   free(e->m.layers);
   free(e->owned_f32);
+  for (int i = 0; i < e->n_packed; i++) free((void *)e->packed[i]);
+  free(e->packed);
   free(e->pos), free(e->ids);
   free(e->kvv), free(e->it0), free(e->itn);
   ll_modelfile_free(&e->mf);
@@ -321,6 +326,25 @@ static int upload_weights(struct ll_engine *e, const struct ll_engine_params *p,
   return rc;
 }
 
+// On the CPU backend: the interleaved copies that decode reads as one stream (Q4_0 on AVX2;
+// ll_cpu_weight_pack). The token embeddings are only gathered from, and stay as they are
+// (tied output: its own struct, packed as the head). Costs memory: the packed matrices' bytes
+// again (info.packed_bytes).
+static int pack_one(struct ll_weight *w, void *arg) {
+  struct ll_engine *e = arg;
+  if (w == &e->m.tok_embd) return 0;
+  const int64_t rc = ll_cpu_weight_pack(w);
+  if (rc < 0) return (int)rc;
+  if (rc > 0) e->packed[e->n_packed++] = w->packed, e->info.packed_bytes += rc;
+  return 0;
+}
+static int pack_weights(struct ll_engine *e, char *err, size_t errlen) {
+  e->packed = calloc(2 + 7 * (size_t)e->m.L, sizeof *e->packed);
+  if (!e->packed) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  const int rc = ll_model_each_matrix(&e->m, pack_one, e);
+  return rc ? ll_errf(err, errlen, rc, "engine: out of memory for the CPU kernels' packed weights") : 0;
+}
+
 int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, char *err, size_t errlen) {
   *out = NULL;
   if (!p || !p->model_path) return ll_errf(err, errlen, LL_EINVAL, "engine: no model path");
@@ -342,6 +366,7 @@ int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, cha
     // Weights, then activations, on the backend: a device that cannot hold them is given up.
     if (rc == 0) rc = e->be->i->weight_upload ? upload_weights(e, p, err, errlen) : alloc_scratch(e, err, errlen);
     if (rc == 0) rc = alloc_index(e, err, errlen);
+    if (rc == 0 && p->repack && !e->be->i->weight_upload) rc = pack_weights(e, err, errlen);
     // llama2.c checkpoints are compared with run.c (libm expf); everything else with llama.cpp.
     if (rc == 0) e->be->ggml_math = strcmp(e->mf.source_format, "llama2c") != 0;
     if (rc == 0) e->be->batch_invariant = p->batch_invariant;

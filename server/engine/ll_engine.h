@@ -28,6 +28,8 @@ struct ll_engine_params {
   const char *device;      // "auto", "cpu", "opencl[:P[:D]]" (NULL = auto)
   int batch_invariant;     // 1: outputs independent of batch composition (the server; see ll_backend)
   const char *cache_dir;   // OpenCL program binary cache (e.g. <state_dir>/opencl), NULL: none
+  int repack;              // 1 (default): on the CPU backend, interleaved copies of the matrices whose
+                           // kernels have one, for decode (info.packed_bytes more memory); 0: none
 };
 
 #define LL_KV_BLOCK 16
@@ -45,6 +47,7 @@ struct ll_engine_info {
   int64_t device_mem_total, device_mem_used, device_max_alloc; // bytes; used = our allocations
   int64_t n_params;
   int64_t weight_bytes;
+  int64_t packed_bytes;     // the CPU kernels' interleaved copies of matrices (decode), 0 if none
   int64_t kv_bytes;         // whole pool
   int n_vocab, n_ctx_train, n_ctx, n_embd, n_layer, n_head, n_head_kv, n_parallel, n_threads;
   int kv_blocks_total;

@@ -94,9 +94,9 @@ int ll_lora_alloc(struct ll_lora **out, int n_layer, int rank, float alpha, cons
       int64_t in, o;
       ll_lora_target_dims(d, t, &in, &o);
       struct ll_lora_pair *pr = ll_lora_at(a, l, t);
-      pr->a = (struct ll_weight){LL_TYPE_F32, in, rank, p, NULL}; // A (r, in)
+      pr->a = (struct ll_weight){LL_TYPE_F32, in, rank, p, NULL, NULL}; // A (r, in)
       p += (int64_t)rank * in;
-      pr->b = (struct ll_weight){LL_TYPE_F32, rank, o, p, NULL}; // B (out, r)
+      pr->b = (struct ll_weight){LL_TYPE_F32, rank, o, p, NULL, NULL}; // B (out, r)
       p += (int64_t)rank * o;
     }
   *out = a;

@@ -44,6 +44,7 @@ struct ll_config {
   int64_t parallel;     // sequences decoded together
   int kv_f16;           // 1 f16, 0 f32, -1 auto (f32 for llama2.c models, else f16)
   int64_t prefill_chunk;// prompt tokens per sequence per step
+  int repack;           // 1: interleaved copies of the matrices that have them, for CPU decode
   char *state_dir;      // NULL: $XDG_STATE_HOME/llsrv or ~/.local/state/llsrv
   // network
   char *listen;         // HOST:PORT ("127.0.0.1:8478"); "" or "off" disables TCP
