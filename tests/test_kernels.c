@@ -499,53 +499,54 @@ static void test_backend_ops(void) {
   ll_backend_free(b);
 }
 
-// The packed decode layout (ll_pack_rows, tile_packed): the copy round-trips to the rows, and the
-// packed tile gives vec_dot's bits for 1..4 tokens, extremes included (every nibble 15 or 0
-// against activations of -128 / 127: the int16 reduction levels at their limits); the backend's
-// matmul over a packed weight equals the one over its rows bit for bit, ragged tails included.
+// The packed decode layouts (ll_pack_rows, tile_packed; Q4_0 and Q4_1): the copy round-trips
+// to the rows, and the packed tile gives its kernel set's vec_dot's bits (the tiles' contract;
+// vec_dot itself is held to the scalar reference in test_dots) for 1..4 tokens, extremes included
+// (every nibble 15 or 0 against activations of -127 / 127, the quantizer's range: Q4_0's int16
+// reduction levels near their limits); the backend's matmul over a packed weight equals the one over its rows bit for
+// bit, ragged tails included.
 static void test_packed(void) {
-  const struct ll_type_kernels *k = ll_cpu_kernels(LL_TYPE_Q4_0), *ref = ll_cpu_kernels_ref(LL_TYPE_Q4_0);
-  CHECK(ll_pack_rows(LL_TYPE_Q4_1, NULL, 0, 8, 32, NULL) == -1 && ll_pack_rows(LL_TYPE_Q4_0, NULL, 0, 12, 32, NULL) == -1);
-  CHECK(ll_pack_rows(LL_TYPE_Q4_0, NULL, 0, 8, 48, NULL) == -1 && ll_unpack_row(LL_TYPE_Q8_0, NULL, 0, 32, NULL) == -1);
-  for (int trial = 0; trial < 40; trial++) {
+  CHECK(ll_pack_rows(LL_TYPE_Q5_0, NULL, 0, 8, 32, NULL) == -1 && ll_pack_rows(LL_TYPE_Q4_0, NULL, 0, 12, 32, NULL) == -1);
+  CHECK(ll_pack_rows(LL_TYPE_Q4_1, NULL, 0, 8, 48, NULL) == -1 && ll_unpack_row(LL_TYPE_Q8_0, NULL, 0, 32, NULL) == -1);
+  static const int types[] = {LL_TYPE_Q4_0, LL_TYPE_Q4_1};
+  for (int trial = 0; trial < 80; trial++) {
+    const int type = types[trial % 2];
+    const struct ll_type_kernels *k = ll_cpu_kernels(type), *ref = ll_cpu_kernels_ref(type);
     const int K = 32 * (1 + (int)(ll_test_rand(&rs) % 24)), G = 1 + (int)(ll_test_rand(&rs) % 3), N = 8 * G, nb = K / 32;
-    const size_t rsz = ll_row_size(LL_TYPE_Q4_0, K), asz = ll_row_size(LL_TYPE_Q8_0, K);
+    const size_t rsz = ll_row_size(type, K), asz = ll_row_size(k->act_type, K), bs = rsz / (size_t)nb, abs_ = asz / (size_t)nb;
     unsigned char *W = malloc(rsz * N), *P = malloc(rsz * N), *back = malloc(rsz), *A = malloc(asz * 4);
     float *sc = malloc(sizeof(float) * nb * 4), out[4][24];
     int32_t *ss = malloc(sizeof(int32_t) * nb * 4);
-    const int extreme = trial % 4 == 3; // all nibbles 15 (or 0) against -128 (or 127)
-    for (int n = 0; n < N; n++) random_row(LL_TYPE_Q4_0, W + rsz * n, K);
+    const int extreme = trial % 8 >= 6; // all nibbles 15 (or 0) against -127 (or 127)
+    for (int n = 0; n < N; n++) random_row(type, W + rsz * n, K);
     float x[768];
     for (int t = 0; t < 4; t++) {
       for (int i = 0; i < K; i++) x[i] = ll_test_randf(&rs);
       ref->from_float(x, A + asz * t, K);
     }
-    if (extreme)
-      for (int n = 0; n < N; n++)
-        for (int i = 0; i < nb; i++) memset(((ll_block_q4_0 *)(void *)(W + rsz * n))[i].qs, n % 2 ? 0x00 : 0xFF, 16);
-    if (extreme)
-      for (int t = 0; t < 4; t++)
-        for (int i = 0; i < nb; i++) memset(((ll_block_q8_0 *)(void *)(A + asz * t))[i].qs, t % 2 ? 0x7F : 0x80, 32);
-    CHECK(ll_pack_rows(LL_TYPE_Q4_0, W, rsz, N, K, P) == 0);
+    for (int n = 0; extreme && n < N; n++) // the nibbles end each weight block, the quants each activation block
+      for (int i = 0; i < nb; i++) memset(W + rsz * n + bs * (i + 1) - 16, n % 2 ? 0x00 : 0xFF, 16);
+    for (int t = 0; extreme && t < 4; t++)
+      for (int i = 0; i < nb; i++) memset(A + asz * t + abs_ * (i + 1) - 32, t % 2 ? 0x7F : 0x81, 32);
+    CHECK(ll_pack_rows(type, W, rsz, N, K, P) == 0);
     int same = 1;
-    for (int n = 0; n < N; n++) same &= ll_unpack_row(LL_TYPE_Q4_0, P, n, K, back) == 0 && memcmp(back, W + rsz * n, rsz) == 0;
-    CHECKF(same, "K=%d N=%d: a packed row does not unpack to itself", K, N);
-    for (int t = 0; t < 4; t++) ll_act_side(LL_TYPE_Q8_0, A + asz * t, K, sc + t, ss + t, 4);
-    if (!k->tile_packed) goto next; // the scalar set has no packed tile (the pack itself is tested above)
-    for (int na = 1; na <= 4; na++) {
+    for (int n = 0; n < N; n++) same &= ll_unpack_row(type, P, n, K, back) == 0 && memcmp(back, W + rsz * n, rsz) == 0;
+    CHECKF(same, "%s K=%d N=%d: a packed row does not unpack to itself", ll_type_name(type), K, N);
+    for (int t = 0; t < 4; t++) ll_act_side(k->act_type, A + asz * t, K, sc + t, ss + t, 4);
+    for (int na = 1; k->tile_packed && na <= 4; na++) { // (the scalar set has none: the pack itself is tested above)
       int bad = 0;
       for (int g = 0; g < G; g++) {
         k->tile_packed(K, P + (size_t)g * 8 * rsz, A, asz, na, sc, ss, 4, &out[0][8 * g], 24);
         for (int t = 0; t < na; t++)
           for (int r = 0; r < 8; r++) {
-            float s;
-            ref->vec_dot(K, &s, W + rsz * (8 * g + r), A + asz * t);
-            bad += memcmp(&s, &out[t][8 * g + r], sizeof s) != 0;
+            float d;
+            k->vec_dot(K, &d, W + rsz * (8 * g + r), A + asz * t);
+            bad += memcmp(&d, &out[t][8 * g + r], sizeof d) != 0;
           }
       }
-      CHECKF(bad == 0, "tile_packed Q4_0 K=%d na=%d%s: %d outputs differ from the scalar dot", K, na, extreme ? " (extremes)" : "", bad);
+      CHECKF(bad == 0, "tile_packed %s K=%d na=%d%s: %d outputs differ from vec_dot", ll_type_name(type), K, na,
+             extreme ? " (extremes)" : "", bad);
     }
-  next:
     free(W), free(P), free(back), free(A), free(sc), free(ss);
   }
   // Through the backend: the same matmul with and without the packed copy, bit for bit, T on
@@ -554,21 +555,25 @@ static void test_packed(void) {
   struct ll_backend *b;
   char err[256];
   CHECK(ll_backend_cpu_create(&b, 2, err, sizeof err) == 0);
-  for (int trial = 0; trial < 16; trial++) {
+  for (int trial = 0; trial < 32; trial++) {
+    const int type = types[trial % 2];
+    const struct ll_type_kernels *k = ll_cpu_kernels(type);
     const int K = 32 * (1 + (int)(ll_test_rand(&rs) % 24)), N = 1 + (int)(ll_test_rand(&rs) % 90), T = 1 + (int)(ll_test_rand(&rs) % 11);
-    const size_t rsz = ll_row_size(LL_TYPE_Q4_0, K);
+    const size_t rsz = ll_row_size(type, K);
     unsigned char *W = malloc(rsz * N);
     float *x = malloc(sizeof(float) * T * K), *o1 = malloc(sizeof(float) * T * N), *o2 = malloc(sizeof(float) * T * N);
-    for (int n = 0; n < N; n++) random_row(LL_TYPE_Q4_0, W + rsz * n, K);
+    for (int n = 0; n < N; n++) random_row(type, W + rsz * n, K);
     for (int i = 0; i < T * K; i++) x[i] = ll_test_randf(&rs);
-    struct ll_weight w = {LL_TYPE_Q4_0, K, N, W, NULL, NULL};
+    struct ll_weight w = {type, K, N, W, NULL, NULL};
     for (int i = 0; i < T * N; i++) o1[i] = o2[i] = 0.25f * (float)i;
-    const int acc = trial & 1;
-    CHECK(b->i->matmul(b, o1, x, &w, T, acc) == 0);
+    const int acc = (trial / 2) & 1, T1 = trial % 4 < 2 ? 1 : T; // half the trials decode (T = 1)
+    CHECK(b->i->matmul(b, o1, x, &w, T1, acc) == 0);
     const int64_t bytes = ll_cpu_weight_pack(&w);
-    CHECKF(bytes == (k->tile_packed && N >= 8 ? (int64_t)(rsz * (size_t)(N - N % 8)) : 0), "pack of N=%d: %lld bytes", N, (long long)bytes);
-    CHECK(b->i->matmul(b, o2, x, &w, T, acc) == 0);
-    CHECKF(memcmp(o1, o2, sizeof(float) * T * N) == 0, "matmul Q4_0 K=%d N=%d T=%d acc=%d: packed differs from the rows", K, N, T, acc);
+    CHECKF(bytes == (k->tile_packed && N >= 8 ? (int64_t)(rsz * (size_t)(N - N % 8)) : 0), "pack of %s N=%d: %lld bytes", ll_type_name(type), N,
+           (long long)bytes);
+    CHECK(b->i->matmul(b, o2, x, &w, T1, acc) == 0);
+    CHECKF(memcmp(o1, o2, sizeof(float) * T1 * N) == 0, "matmul %s K=%d N=%d T=%d acc=%d: packed differs from the rows", ll_type_name(type),
+           K, N, T1, acc);
     ll_cpu_weight_unpack(&w);
     CHECK(w.packed == NULL);
     free(W), free(x), free(o1), free(o2);

@@ -4,6 +4,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -463,35 +464,44 @@ int ll_act_side(int act_type, const void *row, int64_t n, float *sc, int32_t *ss
   return -1;
 }
 
-// Q4_0 in groups of 8 interleaved rows (ll_cpu_dot.h): per block, the scales in the kernel's
-// lane order, then each row's nibbles.
-static const int pack_q4_0_order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
-enum { PACK_Q4_0_ROWS = 8, PACK_Q4_0_BLOCK = PACK_Q4_0_ROWS * (int)sizeof(ll_block_q4_0) };
+// Groups of 8 interleaved rows (ll_cpu_dot.h): per block, the rows' scales (Q4_0 in the
+// kernel's lane order 0 2 4 6 1 3 5 7; Q4_1 in row order, then the mins), then each row's
+// nibbles.
+enum { PACK_ROWS = 8 };
+static const int pack_q4_0_order[PACK_ROWS] = {0, 2, 4, 6, 1, 3, 5, 7};
 
 int ll_pack_rows(int type, const void *rows, size_t row_stride, int64_t nrows, int64_t k, void *out) {
-  if (type != LL_TYPE_Q4_0 || k <= 0 || k % 32 != 0 || nrows < 0 || nrows % PACK_Q4_0_ROWS != 0) return -1;
+  if ((type != LL_TYPE_Q4_0 && type != LL_TYPE_Q4_1) || k <= 0 || k % 32 != 0 || nrows < 0 || nrows % PACK_ROWS != 0) return -1;
+  const int q41 = type == LL_TYPE_Q4_1;
+  const size_t bs = q41 ? sizeof(ll_block_q4_1) : sizeof(ll_block_q4_0), qs = PACK_ROWS * (q41 ? 4 : 2);
   const int64_t nb = k / 32;
-  for (int64_t g = 0; g < nrows / PACK_Q4_0_ROWS; g++)
+  for (int64_t g = 0; g < nrows / PACK_ROWS; g++)
     for (int64_t i = 0; i < nb; i++) {
-      uint8_t *o = (uint8_t *)out + ((size_t)g * (size_t)nb + (size_t)i) * PACK_Q4_0_BLOCK;
-      const ll_block_q4_0 *b[PACK_Q4_0_ROWS];
-      for (int r = 0; r < PACK_Q4_0_ROWS; r++)
-        b[r] = (const ll_block_q4_0 *)(const void *)((const char *)rows + (size_t)(PACK_Q4_0_ROWS * g + r) * row_stride) + i;
-      for (int j = 0; j < PACK_Q4_0_ROWS; j++) memcpy(o + 2 * j, &b[pack_q4_0_order[j]]->d, 2);
-      for (int r = 0; r < PACK_Q4_0_ROWS; r++) memcpy(o + 16 + 16 * r, b[r]->qs, 16);
+      uint8_t *o = (uint8_t *)out + ((size_t)g * (size_t)nb + (size_t)i) * PACK_ROWS * bs;
+      for (int j = 0; j < PACK_ROWS; j++) {
+        const int r = q41 ? j : pack_q4_0_order[j];
+        const char *b = (const char *)rows + (size_t)(PACK_ROWS * g + r) * row_stride + (size_t)i * bs;
+        memcpy(o + 2 * j, b, 2); // d
+        if (q41) memcpy(o + 16 + 2 * j, b + offsetof(ll_block_q4_1, m), 2);
+      }
+      for (int r = 0; r < PACK_ROWS; r++)
+        memcpy(o + qs + 16 * r, (const char *)rows + (size_t)(PACK_ROWS * g + r) * row_stride + (size_t)i * bs + bs - 16, 16);
     }
   return 0;
 }
 
 int ll_unpack_row(int type, const void *packed, int64_t r, int64_t k, void *row) {
-  if (type != LL_TYPE_Q4_0 || k <= 0 || k % 32 != 0 || r < 0) return -1;
-  const int64_t nb = k / 32, g = r / PACK_Q4_0_ROWS;
-  const int rr = (int)(r % PACK_Q4_0_ROWS), slot = rr / 2 + (rr % 2) * 4; // inverse of pack_q4_0_order
+  if ((type != LL_TYPE_Q4_0 && type != LL_TYPE_Q4_1) || k <= 0 || k % 32 != 0 || r < 0) return -1;
+  const int q41 = type == LL_TYPE_Q4_1;
+  const size_t bs = q41 ? sizeof(ll_block_q4_1) : sizeof(ll_block_q4_0), qs = PACK_ROWS * (q41 ? 4 : 2);
+  const int64_t nb = k / 32, g = r / PACK_ROWS;
+  const int rr = (int)(r % PACK_ROWS), slot = q41 ? rr : rr / 2 + (rr % 2) * 4; // Q4_0: the inverse of pack_q4_0_order
   for (int64_t i = 0; i < nb; i++) {
-    const uint8_t *o = (const uint8_t *)packed + ((size_t)g * (size_t)nb + (size_t)i) * PACK_Q4_0_BLOCK;
-    ll_block_q4_0 *b = (ll_block_q4_0 *)row + i;
-    memcpy(&b->d, o + 2 * slot, 2);
-    memcpy(b->qs, o + 16 + 16 * rr, 16);
+    const uint8_t *o = (const uint8_t *)packed + ((size_t)g * (size_t)nb + (size_t)i) * PACK_ROWS * bs;
+    char *b = (char *)row + (size_t)i * bs;
+    memcpy(b, o + 2 * slot, 2);
+    if (q41) memcpy(b + offsetof(ll_block_q4_1, m), o + 16 + 2 * slot, 2);
+    memcpy(b + bs - 16, o + qs + 16 * rr, 16);
   }
   return 0;
 }

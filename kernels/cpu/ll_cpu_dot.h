@@ -50,12 +50,14 @@ struct ll_type_kernels {
                       size_t sc_stride, float *out, size_t ostride);
 };
 
-// The interleaved layout of tile_packed, Q4_0 in groups of 8 rows: block i of a group is 144
-// bytes, the eight rows' fp16 scales in the order of rows 0 2 4 6 1 3 5 7 (16 B), then their
-// 16 bytes of nibbles, rows 0..7 (8 x 16 B). (The scale order is the lane order of the
-// kernel's reduction, so one vcvtph2ps loads them.) A group takes exactly the bytes of its 8
-// rows. Packs rows 0..nrows-1 (nrows a multiple of 8) of k elements, row_stride bytes apart,
-// into out (nrows * ll_row_size(Q4_0, k) bytes). Returns 0, or -1 for another type or shape.
+// The interleaved layouts of tile_packed, groups of 8 rows taking exactly their rows' bytes.
+// Q4_0: block i of a group is 144 bytes, the eight rows' fp16 scales in the order of rows
+// 0 2 4 6 1 3 5 7 (16 B; the lane order of the kernel's reduction, so one vcvtph2ps loads
+// them), then their 16 bytes of nibbles, rows 0..7 (8 x 16 B). Q4_1: 160 bytes, the scales d
+// of rows 0..7 (16 B), their mins m (16 B), then the nibbles as for Q4_0.
+// ll_pack_rows packs rows 0..nrows-1 (nrows a multiple of 8) of k elements, row_stride bytes
+// apart, into out (nrows * ll_row_size(type, k) bytes). Returns 0, or -1 for another type or
+// shape.
 int ll_pack_rows(int type, const void *rows, size_t row_stride, int64_t nrows, int64_t k, void *out);
 // Row r of a packed matrix back in its own layout (the inverse, for tests and checks).
 int ll_unpack_row(int type, const void *packed, int64_t r, int64_t k, void *row);
@@ -77,8 +79,10 @@ void ll_act_quantize_q8_1(const float *x, void *y, int64_t n);
 // The same, vectorised (dot_avx2.c; only call where the CPU has AVX2/F16C).
 void ll_act_quantize_q8_0_avx2(const float *x, void *y, int64_t n);
 void ll_act_quantize_q8_1_avx2(const float *x, void *y, int64_t n);
-// The AVX2 Q4_0 tile_packed (dot_avx2.c), also the AVX-512 set's: the packed stream's integer
-// work per block is one pair of maddubs per row pair either way.
+// The AVX2 tile_packed kernels (dot_avx2.c), also the AVX-512 set's where they are faster
+// there too (measured: Q4_0).
+void ll_q4_1_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
+                              size_t sc_stride, float *out, size_t ostride);
 void ll_q4_0_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
                               size_t sc_stride, float *out, size_t ostride);
 
