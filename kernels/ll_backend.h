@@ -243,6 +243,8 @@ int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, siz
 // where this CPU's kernels for w's type have one (x86 with AVX2: Q4_0, Q4_1). Returns its size in bytes (0
 // when none is made), or LL_ENOMEM. The caller owns w->packed: ll_cpu_weight_unpack frees it.
 int64_t ll_cpu_weight_pack(struct ll_weight *w);
+// The bytes ll_cpu_weight_pack would make for a matrix of n rows of k elements of type (0: none).
+int64_t ll_cpu_packed_bytes(int type, int64_t k, int64_t n);
 void ll_cpu_weight_unpack(struct ll_weight *w);
 
 // OpenCL backend (kernels/opencl/backend_opencl.c) on device D of platform P (indices as the

@@ -288,13 +288,18 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   return 0;
 }
 
+int64_t ll_cpu_packed_bytes(int type, int64_t k, int64_t n) {
+  const struct ll_type_kernels *kn = ll_cpu_kernels(type);
+  if (!kn || !kn->tile_packed || !kn->pack_rows || n < kn->pack_rows || k <= 0 || k > INT32_MAX) return 0;
+  return (int64_t)ll_row_size(type, k) * (n - n % kn->pack_rows);
+}
 int64_t ll_cpu_weight_pack(struct ll_weight *w) {
-  const struct ll_type_kernels *k = ll_cpu_kernels(w->type);
-  if (w->packed || !k || !k->tile_packed || !k->pack_rows || w->n < k->pack_rows || w->k > INT32_MAX) return 0;
+  const int64_t bytes = w->packed ? 0 : ll_cpu_packed_bytes(w->type, w->k, w->n);
+  if (bytes <= 0) return 0;
   const size_t rs = ll_row_size(w->type, w->k);
-  const int64_t rows = w->n - w->n % k->pack_rows;
+  const int64_t rows = bytes / (int64_t)rs;
   void *p = NULL;
-  if (!rs || posix_memalign(&p, 64, rs * (size_t)rows) != 0) return LL_ENOMEM;
+  if (posix_memalign(&p, 64, (size_t)bytes) != 0) return LL_ENOMEM;
   if (ll_pack_rows(w->type, w->data, rs, rows, w->k, p) != 0) {
     free(p);
     return 0;

@@ -3,6 +3,9 @@
 //
 // Components (bytes):
 //   weights    every matrix (2-D tensor), resident on the device (norms: cached as used, small)
+//   repack     on the CPU with repack on, the interleaved copies of the matrices decode reads
+//              (ll_cpu_packed_bytes: Q4_0 and Q4_1 where the CPU has AVX2; not token_embd
+//              unless it is also the output head)
 //   KV cache   2 * layers * ctx (in blocks of LL_KV_BLOCK) * parallel * kv_dim * (2 f16 | 4 f32)
 //   compute    the engine's activations and the OpenCL backend's staging buffers for one
 //              step of up to 512 tokens (4 of 512 x max(dim, ffn) floats), their Q8 form,
@@ -34,6 +37,7 @@
 struct shape {
   int64_t C, L, H, Hkv, F, V, kvd;
   int64_t weights;
+  int64_t packed; // the CPU kernels' interleaved copies (repack)
 };
 
 struct plan {
@@ -76,13 +80,14 @@ static int64_t train_bytes(const struct shape *s, const struct plan *p, int64_t 
 
 static int64_t total(const struct shape *s, const struct plan *p) {
   int64_t a, b, c;
-  return s->weights + kv_bytes(s, p) + compute_bytes(s, p) + train_bytes(s, p, &a, &b, &c);
+  return s->weights + s->packed + kv_bytes(s, p) + compute_bytes(s, p) + train_bytes(s, p, &a, &b, &c);
 }
 
 static void print_plan(const struct shape *s, const struct plan *p, int64_t budget) {
   int64_t ad, ac, own;
   const int64_t tr = train_bytes(s, p, &ad, &ac, &own), t = total(s, p);
   printf("  weights    %10.1f MiB  (%lld matrices' bytes, resident)\n", mib(s->weights), (long long)s->weights);
+  if (s->packed) printf("  repack     %10.1f MiB  (interleaved copies for decode; repack: false saves them)\n", mib(s->packed));
   printf("  KV cache   %10.1f MiB  (ctx %lld x %lld parallel, %s)\n", mib(kv_bytes(s, p)), (long long)p->ctx, (long long)p->parallel,
          p->kv_f16 ? "f16" : "f32");
   printf("  compute    %10.1f MiB  (staging for a 512-token step, attention scores over ctx)\n", mib(compute_bytes(s, p)));
@@ -159,6 +164,13 @@ int ll_cmd_plan(int argc, char **argv) {
   }
   struct ll_backend_info bi;
   be->i->get_info(be, &bi);
+  if (cfg.repack && !be->i->weight_upload) { // the CPU backend: the engine packs what the kernels read packed
+    const int tied = !ll_mf_find_tensor(&mf, "output.weight");
+    for (uint64_t i = 0; i < mf.n_tensors; i++) {
+      const struct ll_tensor_info *t = &mf.tensors[i];
+      if (t->n_dims == 2 && (t != te || tied)) s.packed += ll_cpu_packed_bytes(t->type, t->ne[0], t->ne[1]);
+    }
+  }
   const int64_t budget = bi.mem_total > 0 ? bi.mem_total / 10 * 9 : 0;
   struct plan p = {cfg.ctx > 0 ? cfg.ctx : (v[5] < 4096 ? v[5] : 4096), cfg.parallel, cfg.train_batch, cfg.train_seq_len, cfg.train_lora_rank,
                    0, cfg.train_enabled, cfg.kv_f16, cfg.train_mode && strcmp(cfg.train_mode, "full") == 0};
