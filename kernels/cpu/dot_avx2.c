@@ -761,6 +761,38 @@ void ll_q4_1_tile_packed_avx2(int n, const void *g, const void *a, size_t as, in
   for (int t = 0; t < na; t++) q4_1_packed1(n, g, (const char *)a + (size_t)t * as, sc + t, ss + t, scs, out + (size_t)t * os);
 }
 
+// ---- Q8_0 x Q8_0 over packed groups of 8 rows (ll_pack_rows), one token ----
+// dot_q8_0_q8_0's steps per row (|w|, the activations' signs moved onto it, maddubs, pmaddwd
+// by 1, fma(d_w·d_a, float(lanes), acc), hsum256 at the end), so the same bits; the 8 rows'
+// d_w·d_a come from one vcvtph2ps and one multiply per block, and the group is one stream
+// (measured 2026-11-24, AVX2 path, 1 thread, the 30 MB SmolLM2 output head: 26.7 GB/s
+// against 21.7 for the row tile).
+AI void q8_0_packed1(int n, const void *g, const void *a, const float *sca, size_t scs, float *out) {
+  const int nb = n / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[8];
+  _Pragma("GCC unroll 8")
+  for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+  for (int i = 0; i < nb; i++) {
+    const char *p = (const char *)g + (size_t)i * 272;
+    const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_broadcast_ss(sca + (size_t)i * scs));
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)((const char *)a + (size_t)i * sizeof(ll_block_q8_0) + offsetof(ll_block_q8_0, qs)));
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < 8; r++) {
+      const __m256i qx = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * r));
+      const __m256i d16 = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+      acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(r)), _mm256_cvtepi32_ps(_mm256_madd_epi16(d16, ones)), acc[r]);
+    }
+  }
+  _Pragma("GCC unroll 8")
+  for (int r = 0; r < 8; r++) out[r] = hsum256(acc[r]);
+}
+void ll_q8_0_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
+                              float *out, size_t os) {
+  (void)ss;
+  for (int t = 0; t < na; t++) q8_0_packed1(n, g, (const char *)a + (size_t)t * as, sc + t, scs, out + (size_t)t * os);
+}
+
 // ---- Q8_0 x Q8_0: one row per ymm (a block is 32 bytes), 2 rows x up to 4 tokens per pass ----
 // dot_q8_0_q8_0's steps per (row, token): |w| (once per row and block, shared by the
 // tokens), the activations' signs moved onto them, maddubs, pmaddwd by 1, and
@@ -934,7 +966,7 @@ static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
     [LL_TYPE_F16] = {LL_TYPE_F16, from_f16, dot_f16, "avx2", NULL},
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2", tile_q4_0, 8, tile_sc_q4_0, 8, 8, ll_q4_0_tile_packed_avx2},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q4_1_q8_1, "avx2", tile_q4_1, 8, tile_sc_q4_1, 8, 4, ll_q4_1_tile_packed_avx2},
-    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0, 8, tile_sc_q8_0},
+    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0, 8, tile_sc_q8_0, 8, 4, ll_q8_0_tile_packed_avx2},
     [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q5_0_q8_0, "avx2", tile_q5_0, 8, tile_sc_q5_0},
     [LL_TYPE_Q5_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q5_1_q8_1, "avx2", NULL},
     [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q4_K_q8_K, "avx2", tile_q4_K, 8},
