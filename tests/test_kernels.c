@@ -499,25 +499,25 @@ static void test_backend_ops(void) {
   ll_backend_free(b);
 }
 
-// The packed decode layouts (ll_pack_rows, tile_packed; Q4_0, Q4_1, Q8_0): the copy round-trips
+// The packed decode layouts (ll_pack_rows, tile_packed; Q4_0, Q4_1, Q8_0, Q5_0): the copy round-trips
 // to the rows, and the packed tile gives its kernel set's vec_dot's bits (the tiles' contract;
 // vec_dot itself is held to the scalar reference in test_dots) for 1..4 tokens, extremes included
 // (every nibble 15 or 0, Q8_0 quant -127 or 127, against activations of -127 / 127, the
 // quantizer's range: Q4_0's int16 reduction levels near their limits); the backend's matmul over a packed weight equals the one over its rows bit for
 // bit, ragged tails included.
 static void test_packed(void) {
-  CHECK(ll_pack_rows(LL_TYPE_Q5_0, NULL, 0, 8, 32, NULL) == -1 && ll_pack_rows(LL_TYPE_Q4_0, NULL, 0, 12, 32, NULL) == -1);
+  CHECK(ll_pack_rows(LL_TYPE_Q5_1, NULL, 0, 8, 32, NULL) == -1 && ll_pack_rows(LL_TYPE_Q4_0, NULL, 0, 12, 32, NULL) == -1);
   CHECK(ll_pack_rows(LL_TYPE_Q4_1, NULL, 0, 8, 48, NULL) == -1 && ll_unpack_row(LL_TYPE_Q6_K, NULL, 0, 256, NULL) == -1);
-  static const int types[] = {LL_TYPE_Q4_0, LL_TYPE_Q4_1, LL_TYPE_Q8_0};
-  for (int trial = 0; trial < 120; trial++) {
-    const int type = types[trial % 3];
+  static const int types[] = {LL_TYPE_Q4_0, LL_TYPE_Q4_1, LL_TYPE_Q8_0, LL_TYPE_Q5_0};
+  for (int trial = 0; trial < 160; trial++) {
+    const int type = types[trial % 4];
     const struct ll_type_kernels *k = ll_cpu_kernels(type), *ref = ll_cpu_kernels_ref(type);
     const int K = 32 * (1 + (int)(ll_test_rand(&rs) % 24)), G = 1 + (int)(ll_test_rand(&rs) % 3), N = 8 * G, nb = K / 32;
     const size_t rsz = ll_row_size(type, K), asz = ll_row_size(k->act_type, K), bs = rsz / (size_t)nb, abs_ = asz / (size_t)nb;
     unsigned char *W = malloc(rsz * N), *P = malloc(rsz * N), *back = malloc(rsz), *A = malloc(asz * 4);
     float *sc = malloc(sizeof(float) * nb * 4), out[4][24];
     int32_t *ss = malloc(sizeof(int32_t) * nb * 4);
-    const int extreme = trial % 12 >= 9; // all nibbles 15 or 0 (Q8_0: quants -127 or 127) against -127 or 127
+    const int extreme = trial % 16 >= 12; // all nibbles 15 or 0 (Q5_0 with every fifth bit set or clear; Q8_0: quants -127 or 127) against -127 or 127
     for (int n = 0; n < N; n++) random_row(type, W + rsz * n, K);
     float x[768];
     for (int t = 0; t < 4; t++) {
@@ -527,7 +527,7 @@ static void test_packed(void) {
     for (int n = 0; extreme && n < N; n++) // the nibbles end each weight block, the quants each activation block
       for (int i = 0; i < nb; i++)
         if (type == LL_TYPE_Q8_0) memset(W + rsz * n + bs * (i + 1) - 32, n % 2 ? 0x7F : 0x81, 32);
-        else memset(W + rsz * n + bs * (i + 1) - 16, n % 2 ? 0x00 : 0xFF, 16);
+        else memset(W + rsz * n + bs * (i + 1) - (type == LL_TYPE_Q5_0 ? 20 : 16), n % 2 ? 0x00 : 0xFF, type == LL_TYPE_Q5_0 ? 20 : 16);
     for (int t = 0; extreme && t < 4; t++)
       for (int i = 0; i < nb; i++) memset(A + asz * t + abs_ * (i + 1) - 32, t % 2 ? 0x7F : 0x81, 32);
     CHECK(ll_pack_rows(type, W, rsz, N, K, P) == 0);
@@ -557,8 +557,8 @@ static void test_packed(void) {
   struct ll_backend *b;
   char err[256];
   CHECK(ll_backend_cpu_create(&b, 2, err, sizeof err) == 0);
-  for (int trial = 0; trial < 48; trial++) {
-    const int type = types[trial % 3];
+  for (int trial = 0; trial < 64; trial++) {
+    const int type = types[trial % 4];
     const struct ll_type_kernels *k = ll_cpu_kernels(type);
     const int K = 32 * (1 + (int)(ll_test_rand(&rs) % 24)), N = 1 + (int)(ll_test_rand(&rs) % 90), T = 1 + (int)(ll_test_rand(&rs) % 11);
     const size_t rsz = ll_row_size(type, K);
@@ -568,7 +568,7 @@ static void test_packed(void) {
     for (int i = 0; i < T * K; i++) x[i] = ll_test_randf(&rs);
     struct ll_weight w = {type, K, N, W, NULL, NULL};
     for (int i = 0; i < T * N; i++) o1[i] = o2[i] = 0.25f * (float)i;
-    const int acc = (trial / 3) & 1, T1 = trial % 4 < 2 ? 1 : T; // half the trials decode (T = 1)
+    const int acc = (trial / 4) & 1, T1 = trial % 8 < 4 ? 1 : T; // half the trials decode (T = 1)
     CHECK(b->i->matmul(b, o1, x, &w, T1, acc) == 0);
     const int64_t bytes = ll_cpu_weight_pack(&w);
     CHECKF(bytes == (k->tile_packed && N >= 8 ? (int64_t)(rsz * (size_t)(N - N % 8)) : 0), "pack of %s N=%d: %lld bytes", ll_type_name(type), N,

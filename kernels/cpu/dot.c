@@ -464,9 +464,9 @@ int ll_act_side(int act_type, const void *row, int64_t n, float *sc, int32_t *ss
   return -1;
 }
 
-// Groups of 8 interleaved rows (ll_cpu_dot.h): per block, the rows' scales (Q4_0 in the
-// kernel's lane order 0 2 4 6 1 3 5 7; Q4_1 and Q8_0 in row order; Q4_1's mins after them),
-// then each row's quants.
+// Groups of 8 interleaved rows (ll_cpu_dot.h): per block, the rows' scales (Q4_0 and Q5_0 in
+// the kernel's lane order 0 2 4 6 1 3 5 7; Q4_1 and Q8_0 in row order; then Q4_1's mins or
+// Q5_0's qh in row order), then each row's quants.
 enum { PACK_ROWS = 8 };
 static const int pack_q4_0_order[PACK_ROWS] = {0, 2, 4, 6, 1, 3, 5, 7};
 
@@ -476,6 +476,7 @@ static size_t pack_shape(int type, size_t *nq, size_t *qoff) {
   case LL_TYPE_Q4_0: *nq = 16, *qoff = 2 * PACK_ROWS; return sizeof(ll_block_q4_0);
   case LL_TYPE_Q4_1: *nq = 16, *qoff = 4 * PACK_ROWS; return sizeof(ll_block_q4_1);
   case LL_TYPE_Q8_0: *nq = 32, *qoff = 2 * PACK_ROWS; return sizeof(ll_block_q8_0);
+  case LL_TYPE_Q5_0: *nq = 16, *qoff = 6 * PACK_ROWS; return sizeof(ll_block_q5_0);
   default: return 0;
   }
 }
@@ -490,10 +491,12 @@ int ll_pack_rows(int type, const void *rows, size_t row_stride, int64_t nrows, i
     for (int64_t i = 0; i < nb; i++) {
       uint8_t *o = (uint8_t *)out + ((size_t)g * (size_t)nb + (size_t)i) * PACK_ROWS * bs;
       for (int j = 0; j < PACK_ROWS; j++) {
-        const int r = type == LL_TYPE_Q4_0 ? pack_q4_0_order[j] : j;
+        const int r = type == LL_TYPE_Q4_0 || type == LL_TYPE_Q5_0 ? pack_q4_0_order[j] : j;
         const char *b = (const char *)rows + (size_t)(PACK_ROWS * g + r) * row_stride + (size_t)i * bs;
         memcpy(o + 2 * j, b, 2); // d
         if (q41) memcpy(o + 2 * PACK_ROWS + 2 * j, b + offsetof(ll_block_q4_1, m), 2);
+        if (type == LL_TYPE_Q5_0) // qh in row order
+          memcpy(o + 2 * PACK_ROWS + 4 * j, (const char *)rows + (size_t)(PACK_ROWS * g + j) * row_stride + (size_t)i * bs + offsetof(ll_block_q5_0, qh), 4);
       }
       for (int r = 0; r < PACK_ROWS; r++) // the quants end each block
         memcpy(o + qs + nq * r, (const char *)rows + (size_t)(PACK_ROWS * g + r) * row_stride + (size_t)i * bs + bs - nq, nq);
@@ -506,12 +509,14 @@ int ll_unpack_row(int type, const void *packed, int64_t r, int64_t k, void *row)
   const size_t bs = pack_shape(type, &nq, &qs);
   if (!bs || k <= 0 || k % 32 != 0 || r < 0) return -1;
   const int64_t nb = k / 32, g = r / PACK_ROWS;
-  const int rr = (int)(r % PACK_ROWS), slot = type == LL_TYPE_Q4_0 ? rr / 2 + (rr % 2) * 4 : rr; // Q4_0: the inverse of pack_q4_0_order
+  const int rr = (int)(r % PACK_ROWS), lane = type == LL_TYPE_Q4_0 || type == LL_TYPE_Q5_0;
+  const int slot = lane ? rr / 2 + (rr % 2) * 4 : rr; // Q4_0, Q5_0: the inverse of pack_q4_0_order
   for (int64_t i = 0; i < nb; i++) {
     const uint8_t *o = (const uint8_t *)packed + ((size_t)g * (size_t)nb + (size_t)i) * PACK_ROWS * bs;
     char *b = (char *)row + (size_t)i * bs;
     memcpy(b, o + 2 * slot, 2);
     if (type == LL_TYPE_Q4_1) memcpy(b + offsetof(ll_block_q4_1, m), o + 2 * PACK_ROWS + 2 * slot, 2);
+    if (type == LL_TYPE_Q5_0) memcpy(b + offsetof(ll_block_q5_0, qh), o + 2 * PACK_ROWS + 4 * rr, 4);
     memcpy(b + bs - nq, o + qs + nq * rr, nq);
   }
   return 0;

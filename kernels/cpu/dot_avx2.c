@@ -583,33 +583,48 @@ AI void qblk_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as
     }
 }
 
-// ---- Q4_0 x Q8_0 over packed groups of 8 rows (ll_pack_rows): one stream per group ----
-// The decode kernel. Each block of a group is 144 contiguous bytes: the 8 scales in lane order,
-// then rows (0,1), (2,3), (4,5), (6,7)'s nibbles, one 256-bit load per pair (row r in the low
-// half, r+1 in the high). Per token the integer work is qblk_pair_impl's (maddubs of the
-// unsigned nibbles against the signed activations, pmaddwd by 1), and the four pairs' partials
-// reduce together in three packs/pmaddwd levels to lanes [r0 r2 r4 r6 | r1 r3 r5 r7], the
-// order the scales are stored in; every level stays within int16 as there (at most
-// 16·15·128 = 30720 before the last). Adding -8·Σa from the side table gives dot.c's exact
-// block sum si, and one fma(si, d_w·d_a, sum) per block serves the group's 8 rows.
+// ---- Q4_0 / Q5_0 x Q8_0 over packed groups of 8 rows (ll_pack_rows): one stream per group ----
+// The decode kernel. Each block of a group is contiguous (Q4_0 144 bytes, Q5_0 176): the 8
+// scales in lane order, (Q5_0: the rows' qh, 4 bytes each,) then rows (0,1), (2,3), (4,5),
+// (6,7)'s nibbles, one 256-bit load per pair (row r in the low half, r+1 in the high). Per token
+// the integer work is qblk_pair_impl's (maddubs of the unsigned nibbles, with Q5_0's fifth bits
+// or-ed in, against the signed activations, pmaddwd by 1), and the four pairs' partials reduce
+// together to lanes [r0 r2 r4 r6 | r1 r3 r5 r7], the order the scales are stored in: packs /
+// pmaddwd levels within int16 as there (at most 16·15·128 = 30720 before Q4_0's last level;
+// Q5_0's last level adds in 32 bits with phaddd). Adding the offset from the side table
+// (-8·Σa, Q5_0 -16·Σa) gives dot.c's exact block sum si, and one float step per block serves
+// the group's 8 rows: Q4_0 fma(si, d_w·d_a, sum), Q5_0 sum + (si·d_w)·d_a.
 // Read as one stream, with no software prefetch (the hardware prefetcher follows it; measured
-// 2026-11-24 on the 2-vCPU EPYC, AVX2 path, 1 thread, a 42 MB matrix: 24.5-27.4 GB/s against
-// 17.7-18.8 for the 4-row tile over the rows, read bandwidth 24.9 GB/s).
-AI void q4_0_packed_impl(int n, const void *g, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs, float *out,
-                         size_t os, const int NA) {
+// 2026-11-24 on the 2-vCPU EPYC, AVX2 path, 1 thread, a 42 MB Q4_0 matrix: 24.5-27.4 GB/s
+// against 17.7-18.8 for the 4-row tile over the rows, read bandwidth 24.9 GB/s).
+AI void qblk_packed_impl(int n, const void *g, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs, float *out,
+                         size_t os, const int NA, const int Q5) {
   const int nb = n / 32;
+  const size_t bsz = Q5 ? 8 * sizeof(ll_block_q5_0) : 8 * sizeof(ll_block_q4_0), qoff = Q5 ? 48 : 16;
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  // Q5_0: a pair's 8 qh bytes (row 2k's, then 2k+1's) in both halves; the low half takes its
+  // bit j from row 2k's byte j / 8 (elements 0..15: bytes 0, 1; 16..31: bytes 2, 3), the high
+  // half from row 2k+1's (bytes 4..7).
+  const __m256i shl = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5);
+  const __m256i shh = _mm256_add_epi8(shl, _mm256_set1_epi8(2)), sel = _mm256_set1_epi64x(0x8040201008040201LL), b5 = _mm256_set1_epi8(16);
   __m256 acc[4];
   _Pragma("GCC unroll 4")
   for (int t = 0; t < NA; t++) acc[t] = _mm256_setzero_ps();
   for (int i = 0; i < nb; i++) {
-    const char *p = (const char *)g + (size_t)i * 144;
+    const char *p = (const char *)g + (size_t)i * bsz;
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); // [d0 d2 d4 d6 | d1 d3 d5 d7]
     __m256i lo[4], hi[4];
     _Pragma("GCC unroll 4")
     for (int k = 0; k < 4; k++) {
-      const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * k));
+      const __m256i q = _mm256_loadu_si256((const __m256i *)(p + qoff + 32 * k));
       lo[k] = _mm256_and_si256(q, m4), hi[k] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if (Q5) {
+        int64_t h;
+        memcpy(&h, p + 16 + 8 * k, 8);
+        const __m256i hv = _mm256_set1_epi64x(h);
+        lo[k] = _mm256_or_si256(lo[k], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(hv, shl), sel), sel), b5));
+        hi[k] = _mm256_or_si256(hi[k], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(hv, shh), sel), sel), b5));
+      }
     }
     _Pragma("GCC unroll 4")
     for (int t = 0; t < NA; t++) {
@@ -622,10 +637,12 @@ AI void q4_0_packed_impl(int n, const void *g, const void *a, size_t as, const f
         m[k] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[k], al), _mm256_maddubs_epi16(hi[k], ah)), ones);
       const __m256i q01 = _mm256_madd_epi16(_mm256_packs_epi32(m[0], m[1]), ones); // [r0 r0 r2 r2 | r1 r1 r3 r3]
       const __m256i q23 = _mm256_madd_epi16(_mm256_packs_epi32(m[2], m[3]), ones); // [r4 r4 r6 r6 | r5 r5 r7 r7]
-      __m256i si = _mm256_madd_epi16(_mm256_packs_epi32(q01, q23), ones);          // [r0 r2 r4 r6 | r1 r3 r5 r7]
-      si = _mm256_add_epi32(si, _mm256_set1_epi32(ssa[(size_t)i * scs + t]));
-      const __m256 da = _mm256_broadcast_ss(sca + (size_t)i * scs + t);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, da), acc[t]); // the product of two halves is exact
+      __m256i si = Q5 ? _mm256_hadd_epi32(q01, q23) : _mm256_madd_epi16(_mm256_packs_epi32(q01, q23), ones); // [r0 r2 r4 r6 | r1 r3 r5 r7]
+      const __m256i c = _mm256_set1_epi32(ssa[(size_t)i * scs + t]);
+      si = _mm256_add_epi32(si, Q5 ? _mm256_slli_epi32(c, 1) : c);
+      const __m256 da = _mm256_broadcast_ss(sca + (size_t)i * scs + t), f = _mm256_cvtepi32_ps(si);
+      if (Q5) acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(f, dw), da));
+      else acc[t] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw, da), acc[t]); // the product of two halves is exact
     }
   }
   _Pragma("GCC unroll 4")
@@ -639,16 +656,25 @@ AI void q4_0_packed_impl(int n, const void *g, const void *a, size_t as, const f
 #define PACKED_INST(NA)                                                                                                        \
   static void q4_0_packed_##NA(int n, const void *g, const void *a, size_t as, const float *sc, const int32_t *ss, size_t scs,   \
                                float *out, size_t os) {                                                                        \
-    q4_0_packed_impl(n, g, a, as, sc, ss, scs, out, os, NA);                                                                   \
+    qblk_packed_impl(n, g, a, as, sc, ss, scs, out, os, NA, 0);                                                                \
+  }                                                                                                                            \
+  static void q5_0_packed_##NA(int n, const void *g, const void *a, size_t as, const float *sc, const int32_t *ss, size_t scs,   \
+                               float *out, size_t os) {                                                                        \
+    qblk_packed_impl(n, g, a, as, sc, ss, scs, out, os, NA, 1);                                                                \
   }
 PACKED_INST(1)
 PACKED_INST(2)
 PACKED_INST(3)
 PACKED_INST(4)
+typedef void (*packed_fn)(int, const void *, const void *, size_t, const float *, const int32_t *, size_t, float *, size_t);
 void ll_q4_0_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
                               float *out, size_t os) {
-  static void (*const fn[4])(int, const void *, const void *, size_t, const float *, const int32_t *, size_t, float *, size_t) = {
-      q4_0_packed_1, q4_0_packed_2, q4_0_packed_3, q4_0_packed_4};
+  static const packed_fn fn[4] = {q4_0_packed_1, q4_0_packed_2, q4_0_packed_3, q4_0_packed_4};
+  fn[na - 1](n, g, a, as, sc, ss, scs, out, os);
+}
+void ll_q5_0_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
+                              float *out, size_t os) {
+  static const packed_fn fn[4] = {q5_0_packed_1, q5_0_packed_2, q5_0_packed_3, q5_0_packed_4};
   fn[na - 1](n, g, a, as, sc, ss, scs, out, os);
 }
 
@@ -967,7 +993,7 @@ static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2", tile_q4_0, 8, tile_sc_q4_0, 8, 8, ll_q4_0_tile_packed_avx2},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q4_1_q8_1, "avx2", tile_q4_1, 8, tile_sc_q4_1, 8, 4, ll_q4_1_tile_packed_avx2},
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0, 8, tile_sc_q8_0, 8, 4, ll_q8_0_tile_packed_avx2},
-    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q5_0_q8_0, "avx2", tile_q5_0, 8, tile_sc_q5_0},
+    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q5_0_q8_0, "avx2", tile_q5_0, 8, tile_sc_q5_0, 8, 8, ll_q5_0_tile_packed_avx2},
     [LL_TYPE_Q5_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q5_1_q8_1, "avx2", NULL},
     [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q4_K_q8_K, "avx2", tile_q4_K, 8},
     [LL_TYPE_Q5_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q5_K_q8_K, "avx2", tile_q5_K, 8},

@@ -399,7 +399,7 @@ static const struct ll_type_kernels avx512_table[LL_TYPE_COUNT] = {
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 8, tile_sc_q4_0, 8, 8, ll_q4_0_tile_packed_avx2},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile_q4_1, 8, tile_sc_q4_1, 8, 4, ll_q4_1_tile_packed_avx2},
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q8_0, "avx512vnni", tile_q8_0, 8, tile_sc_q8_0, 8, 4, ll_q8_0_tile_packed_avx2},
-    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q5_0, "avx512vnni", tile_q5_0, 8, tile_sc_q5_0},
+    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q5_0, "avx512vnni", tile_q5_0, 8, tile_sc_q5_0, 8, 8, ll_q5_0_tile_packed_avx2},
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_avx512(int t) {

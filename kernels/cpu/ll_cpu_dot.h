@@ -55,7 +55,8 @@ struct ll_type_kernels {
 // 0 2 4 6 1 3 5 7 (16 B; the lane order of the kernel's reduction, so one vcvtph2ps loads
 // them), then their 16 bytes of nibbles, rows 0..7 (8 x 16 B). Q4_1: 160 bytes, the scales d
 // of rows 0..7 (16 B), their mins m (16 B), then the nibbles as for Q4_0. Q8_0: 272 bytes,
-// the scales of rows 0..7 (16 B), then their 32 quants each (8 x 32 B).
+// the scales of rows 0..7 (16 B), then their 32 quants each (8 x 32 B). Q5_0: 176 bytes, the
+// scales as Q4_0's (16 B), the qh of rows 0..7 (8 x 4 B), then the nibbles as Q4_0's.
 // ll_pack_rows packs rows 0..nrows-1 (nrows a multiple of 8) of k elements, row_stride bytes
 // apart, into out (nrows * ll_row_size(type, k) bytes). Returns 0, or -1 for another type or
 // shape.
@@ -85,6 +86,8 @@ void ll_act_quantize_q8_1_avx2(const float *x, void *y, int64_t n);
 void ll_q4_1_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
                               size_t sc_stride, float *out, size_t ostride);
 void ll_q8_0_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
+                              size_t sc_stride, float *out, size_t ostride);
+void ll_q5_0_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
                               size_t sc_stride, float *out, size_t ostride);
 void ll_q4_0_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
                               size_t sc_stride, float *out, size_t ostride);
