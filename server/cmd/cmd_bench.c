@@ -79,7 +79,7 @@ int ll_cmd_bench(int argc, char **argv) {
              "over r repetitions after one warm-up, as llama-bench reports them.\n"
              "--parallel N adds tgNxP: N sequences generating together, one token each per step\n"
              "(continuous batching), aggregate tok/s.\n"
-             "--no-repack: no interleaved copy of the Q4_0, Q4_1 and Q8_0 matrices for decode (the config's repack: false).\n");
+             "--no-repack: no interleaved copy of the Q4_0, Q4_1, Q5_0 and Q8_0 matrices for decode (the config's repack: false).\n");
       return 0;
     } else {
       fprintf(stderr, "llsrv bench: unknown or incomplete option '%s'\n", a);

@@ -272,7 +272,7 @@ int ll_cmd_serve(int argc, char **argv) {
   if (in->packed_bytes > 0) {
     char pb[32];
     fmt_bytes(pb, sizeof pb, (double)in->packed_bytes);
-    fprintf(stderr, "  repack    %s more: the Q4_0, Q4_1 and Q8_0 matrices interleaved for decode (repack: false saves it)\n", pb);
+    fprintf(stderr, "  repack    %s more: the Q4_0, Q4_1, Q5_0 and Q8_0 matrices interleaved for decode (repack: false saves it)\n", pb);
   }
   if (strcmp(in->backend, "cpu") != 0)
     fprintf(stderr, "  opencl    %s, driver %s, %s; %d compute units, %.1f GiB global (max buffer %.1f GiB), fp16 %s, subgroups %s;"

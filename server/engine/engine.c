@@ -326,7 +326,7 @@ static int upload_weights(struct ll_engine *e, const struct ll_engine_params *p,
   return rc;
 }
 
-// On the CPU backend: the interleaved copies that decode reads as one stream (Q4_0, Q4_1 and Q8_0 on x86 with AVX2;
+// On the CPU backend: the interleaved copies that decode reads as one stream (Q4_0, Q4_1, Q5_0 and Q8_0 on x86 with AVX2;
 // ll_cpu_weight_pack). The token embeddings are only gathered from, and stay as they are
 // (tied output: its own struct, packed as the head). Costs memory: the packed matrices' bytes
 // again (info.packed_bytes).
