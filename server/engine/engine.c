@@ -326,10 +326,10 @@ static int upload_weights(struct ll_engine *e, const struct ll_engine_params *p,
   return rc;
 }
 
-// On the CPU backend: the interleaved copies that decode reads as one stream (Q4_0, Q4_1, Q5_0 and Q8_0 on x86 with AVX2;
-// ll_cpu_weight_pack). The token embeddings are only gathered from, and stay as they are
-// (tied output: its own struct, packed as the head). Costs memory: the packed matrices' bytes
-// again (info.packed_bytes).
+// On the CPU backend: the interleaved copies that decode reads as one stream (Q4_0, Q4_1,
+// Q5_0 and Q8_0 on x86 with AVX2; ll_cpu_weight_pack). The token embeddings are only gathered
+// from, and stay as they are (tied output: its own struct, packed as the head). Costs memory:
+// the packed matrices' bytes again (info.packed_bytes).
 static int pack_one(struct ll_weight *w, void *arg) {
   struct ll_engine *e = arg;
   if (w == &e->m.tok_embd) return 0;
@@ -338,11 +338,20 @@ static int pack_one(struct ll_weight *w, void *arg) {
   if (rc > 0) e->packed[e->n_packed++] = w->packed, e->info.packed_bytes += rc;
   return 0;
 }
-static int pack_weights(struct ll_engine *e, char *err, size_t errlen) {
+// The copies only speed decode up: without the memory for all of them, none (the matrices
+// are read as they are, at the old speed; info.packed_bytes 0 says so).
+static int unpack_each(struct ll_weight *w, void *arg) {
+  (void)arg;
+  w->packed = NULL;
+  return 0;
+}
+static void pack_weights(struct ll_engine *e) {
   e->packed = calloc(2 + 7 * (size_t)e->m.L, sizeof *e->packed);
-  if (!e->packed) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
-  const int rc = ll_model_each_matrix(&e->m, pack_one, e);
-  return rc ? ll_errf(err, errlen, rc, "engine: out of memory for the CPU kernels' packed weights") : 0;
+  if (e->packed && ll_model_each_matrix(&e->m, pack_one, e) == 0) return;
+  ll_model_each_matrix(&e->m, unpack_each, NULL);
+  for (int i = 0; i < e->n_packed; i++) free((void *)e->packed[i]);
+  free(e->packed);
+  e->packed = NULL, e->n_packed = 0, e->info.packed_bytes = 0;
 }
 
 int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, char *err, size_t errlen) {
@@ -366,7 +375,7 @@ int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, cha
     // Weights, then activations, on the backend: a device that cannot hold them is given up.
     if (rc == 0) rc = e->be->i->weight_upload ? upload_weights(e, p, err, errlen) : alloc_scratch(e, err, errlen);
     if (rc == 0) rc = alloc_index(e, err, errlen);
-    if (rc == 0 && p->repack && !e->be->i->weight_upload) rc = pack_weights(e, err, errlen);
+    if (rc == 0 && p->repack && !e->be->i->weight_upload) pack_weights(e);
     // llama2.c checkpoints are compared with run.c (libm expf); everything else with llama.cpp.
     if (rc == 0) e->be->ggml_math = strcmp(e->mf.source_format, "llama2c") != 0;
     if (rc == 0) e->be->batch_invariant = p->batch_invariant;
