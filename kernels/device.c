@@ -193,6 +193,15 @@ int ll_backend_copy(struct ll_backend *b, void *dst, const void *src, size_t n) 
 
 int ll_backend_sync(struct ll_backend *b) { return b && b->i && b->i->sync ? b->i->sync(b) : 0; }
 
+int ll_backend_matmul_n(struct ll_backend *b, int n, float *const out[], const float *x, const struct ll_weight *const w[], int T) {
+  if (b->i->matmul_n && n <= 4) return b->i->matmul_n(b, n, out, x, w, T);
+  for (int i = 0; i < n; i++) {
+    const int rc = b->i->matmul(b, out[i], x, w[i], T, 0);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 int ll_backend_zero(struct ll_backend *b, void *dst, size_t n) {
   if (n == 0) return 0;
   if (!ll_backend_host_buffers(b)) return b->i->zero ? b->i->zero(b, dst, n) : LL_EUNSUPPORTED;

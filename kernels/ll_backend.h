@@ -93,6 +93,11 @@ struct ll_backend_i {
   // out (T, N) = x (T, K) · W (N, K)ᵀ     [+= when accumulate]
   int (*matmul)(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w,
                 int T, int accumulate);
+  // (optional) out[i] (T, w[i]->n) = x (T, K) · w[i] (N_i, K)ᵀ for i < n (<= 4): the same
+  // results as n matmul calls (bit for bit), in one call so that a backend can share the work
+  // of the same input (q, k, v; gate, up): the CPU backend quantizes x once and hands all the
+  // rows to its threads at once. NULL: ll_backend_matmul_n makes the n calls.
+  int (*matmul_n)(struct ll_backend *b, int n, float *const out[], const float *x, const struct ll_weight *const w[], int T);
   // out (T, C) = W[ids[t], :] dequantized   (embedding lookup)
   int (*get_rows)(struct ll_backend *b, float *out, const struct ll_weight *w, const int32_t *ids, int T);
   // out (T, C) = x / rms(x) * g            (out may alias x)
@@ -236,6 +241,8 @@ int ll_backend_host_buffers(const struct ll_backend *b);
 int ll_backend_copy(struct ll_backend *b, void *dst, const void *src, size_t n);
 int ll_backend_sync(struct ll_backend *b); // 0 where the backend has nothing queued (no sync member)
 int ll_backend_zero(struct ll_backend *b, void *dst, size_t n);
+// matmul_n where the backend has it, else n matmul calls.
+int ll_backend_matmul_n(struct ll_backend *b, int n, float *const out[], const float *x, const struct ll_weight *const w[], int T);
 
 // CPU backend (always available).
 int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, size_t errlen);

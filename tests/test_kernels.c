@@ -580,6 +580,36 @@ static void test_packed(void) {
     CHECK(w.packed == NULL);
     free(W), free(x), free(o1), free(o2);
   }
+  // matmul_n (q, k, v; gate, up: one x, several matrices, one hand-off to the threads) equals
+  // one matmul per matrix bit for bit: same type and K (fused; packed or not, T on both sides
+  // of packed_max_t and of the sgemm threshold), and mixed types (one matmul each).
+  for (int trial = 0; trial < 24; trial++) {
+    const int n = 2 + trial % 3, mixed = trial % 4 == 3, K = 32 * (1 + (int)(ll_test_rand(&rs) % 24));
+    const int T = trial % 2 ? 1 + (int)(ll_test_rand(&rs) % 4) : 1 + (int)(ll_test_rand(&rs) % 40);
+    struct ll_weight ws[4];
+    const struct ll_weight *wp[4];
+    float *o1[4], *o2[4];
+    unsigned char *W[4];
+    float *x = malloc(sizeof(float) * T * K);
+    for (int i = 0; i < T * K; i++) x[i] = ll_test_randf(&rs);
+    for (int i = 0; i < n; i++) {
+      const int type = mixed ? types[i % 4] : types[trial % 4], N = 1 + (int)(ll_test_rand(&rs) % 70);
+      const size_t rsz = ll_row_size(type, K);
+      W[i] = malloc(rsz * N);
+      for (int r = 0; r < N; r++) random_row(type, W[i] + rsz * r, K);
+      ws[i] = (struct ll_weight){type, K, N, W[i], NULL, NULL};
+      if (trial % 3) CHECK(ll_cpu_weight_pack(&ws[i]) >= 0);
+      wp[i] = &ws[i];
+      o1[i] = malloc(sizeof(float) * T * N), o2[i] = malloc(sizeof(float) * T * N);
+      CHECK(b->i->matmul(b, o1[i], x, &ws[i], T, 0) == 0);
+    }
+    CHECK(ll_backend_matmul_n(b, n, o2, x, wp, T) == 0);
+    int diff = 0;
+    for (int i = 0; i < n; i++) diff += memcmp(o1[i], o2[i], sizeof(float) * T * (size_t)ws[i].n) != 0;
+    CHECKF(diff == 0, "matmul_n of %d matrices (K=%d T=%d%s): %d differ from matmul", n, K, T, mixed ? ", mixed types" : "", diff);
+    for (int i = 0; i < n; i++) ll_cpu_weight_unpack(&ws[i]), free(W[i]), free(o1[i]), free(o2[i]);
+    free(x);
+  }
   ll_backend_free(b);
 }
 

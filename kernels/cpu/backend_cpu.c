@@ -239,20 +239,27 @@ static int cpu_matmul_f32_ggml(struct cpu_ctx *c, float *out, const float *x, co
 }
 
 // out (T, N) = x (T, K) · W (N, K)ᵀ
-static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
-  struct cpu_ctx *c = C(b);
+// How a product is computed: OpenBLAS sgemm, ggml's F32 order, or our quantized tiles (*k
+// their kernel set, NULL when the type has none).
+enum mm_path { MM_BLAS, MM_F32_GGML, MM_TILES };
+static enum mm_path mm_path(struct ll_backend *b, const struct ll_weight *w, int T, const struct ll_type_kernels **k) {
+  *k = NULL;
   // Float weights and a batch (not in the server): sgemm beats our dot loops there.
-  if (!b->batch_invariant && T >= LL_BLAS_MIN_T && (w->type == LL_TYPE_F32 || w->type == LL_TYPE_F16 || w->type == LL_TYPE_BF16))
-    return cpu_matmul_blas(c, out, x, w, T, accumulate);
+  if (!b->batch_invariant && T >= LL_BLAS_MIN_T && (w->type == LL_TYPE_F32 || w->type == LL_TYPE_F16 || w->type == LL_TYPE_BF16)) return MM_BLAS;
   // Training's opt-in (ll_backend.train_sgemm): quantized weights through the same panels.
   if (b->train_sgemm && !b->batch_invariant && T >= LL_BLAS_MIN_T && strcmp(ll_cpu_isa(), "avx512vnni") != 0) {
     const struct ll_type_traits *tt = ll_type_traits_get(w->type);
-    if (tt && tt->has_dequant) return cpu_matmul_blas(c, out, x, w, T, accumulate);
+    if (tt && tt->has_dequant) return MM_BLAS;
   }
-  if (w->type == LL_TYPE_F32 && b->ggml_math && w->k <= INT32_MAX) return cpu_matmul_f32_ggml(c, out, x, w, T, accumulate);
-  const struct ll_type_kernels *k = ll_cpu_kernels(w->type);
-  if (!k) return LL_EUNSUPPORTED;
-  const size_t a_row = ll_row_size(k->act_type, w->k);
+  if (w->type == LL_TYPE_F32 && b->ggml_math && w->k <= INT32_MAX) return MM_F32_GGML;
+  *k = ll_cpu_kernels(w->type);
+  return MM_TILES;
+}
+
+// Quantize x (T, K) for kernel set k into c->act (and the side tables where k takes them), and
+// fill the job fields that depend only on them.
+static int quantize_act(struct cpu_ctx *c, const struct ll_type_kernels *k, const float *x, int64_t K, int T, struct mm_job *j) {
+  const size_t a_row = ll_row_size(k->act_type, K);
   if (!a_row) return LL_EINVAL;
   if (grow(&c->act, &c->act_cap, a_row * (size_t)T)) return LL_ENOMEM;
   // Quantize the activation rows (each row independently: the same bytes however it is split).
@@ -261,30 +268,91 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   int32_t *ss = NULL;
   // (A decode step too: with them the AVX2 Q4_0/Q5_0 tiles skip recomputing -8·Σa per block.)
   if (k->tile_sc && (k->act_type == LL_TYPE_Q8_0 || k->act_type == LL_TYPE_Q8_1)) {
-    const size_t nbt = (size_t)(w->k / 32) * (size_t)T;
+    const size_t nbt = (size_t)(K / 32) * (size_t)T;
     if (grow((void **)&c->asc, &c->asc_cap, nbt * (sizeof(float) + sizeof(int32_t)))) return LL_ENOMEM;
     sc = c->asc;
     ss = (int32_t *)(c->asc + nbt);
   }
-  struct quant_job qj = {x, c->act, k, a_row, w->k, sc, ss, T};
+  struct quant_job qj = {x, c->act, k, a_row, K, sc, ss, T};
   if (T >= 2 && c->n_threads > 1) ll_threadpool_run(c->pool, quant_task, &qj, T);
   else
     for (int t = 0; t < T; t++) quant_task(&qj, t, 0);
-  struct mm_job j = {out, w->data, ll_row_size(w->type, w->k), a_row, c->act, k, T, (int)w->n, (int)w->k, accumulate, 0, sc, ss, NULL};
-  if (w->packed && sc && k->tile_packed && T < k->packed_max_t) j.packed = w->packed;
+  *j = (struct mm_job){.a_row = a_row, .act = c->act, .k = k, .T = T, .K = (int)K, .sc = sc, .ss = ss};
+  return 0;
+}
+
+// The rest of w's job (j from quantize_act): its rows, the packed copy where decode uses it,
+// and the chunk schedule. Returns the number of tasks.
+static int plan_job(const struct cpu_ctx *c, struct mm_job *j, float *out, const struct ll_weight *w, int accumulate) {
+  const struct ll_type_kernels *k = j->k;
+  j->out = out, j->w = w->data, j->w_row = ll_row_size(w->type, w->k), j->N = (int)w->n, j->accumulate = accumulate;
+  j->packed = w->packed && j->sc && k->tile_packed && j->T < k->packed_max_t ? w->packed : NULL;
   // Chunk schedule (rows in multiples of 4). A decode step's matrices take microseconds: every
   // chunk costs a contended atomic claim and a restart of the hardware prefetcher, so small
   // batches get one contiguous chunk per thread (16 chunks per matmul cost a quarter of
   // 2-thread decode speed). Large batches are compute-bound and take longer: several chunks
   // per thread, claimed dynamically, so a thread slowed by the host does not hold the rest.
-  const int N = (int)w->n, nt = c->n_threads;
-  const int per_thread = T < 16 ? 1 : 4;
-  j.chunk = (N + nt * per_thread - 1) / (nt * per_thread);
-  const int align = j.packed ? k->pack_rows : 4; // whole groups per chunk
-  j.chunk = (j.chunk + align - 1) / align * align;
-  if (j.chunk < align) j.chunk = align;
-  const int n_tasks = (N + j.chunk - 1) / j.chunk;
+  const int N = j->N, nt = c->n_threads;
+  const int per_thread = j->T < 16 ? 1 : 4;
+  j->chunk = (N + nt * per_thread - 1) / (nt * per_thread);
+  const int align = j->packed ? k->pack_rows : 4; // whole groups per chunk
+  j->chunk = (j->chunk + align - 1) / align * align;
+  if (j->chunk < align) j->chunk = align;
+  return (N + j->chunk - 1) / j->chunk;
+}
+
+static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
+  struct cpu_ctx *c = C(b);
+  const struct ll_type_kernels *k;
+  const enum mm_path path = mm_path(b, w, T, &k);
+  if (path == MM_BLAS) return cpu_matmul_blas(c, out, x, w, T, accumulate);
+  if (path == MM_F32_GGML) return cpu_matmul_f32_ggml(c, out, x, w, T, accumulate);
+  if (!k) return LL_EUNSUPPORTED;
+  struct mm_job j;
+  int rc = quantize_act(c, k, x, w->k, T, &j);
+  if (rc) return rc;
+  const int n_tasks = plan_job(c, &j, out, w, accumulate);
   ll_threadpool_run(c->pool, mm_task, &j, n_tasks);
+  return 0;
+}
+
+// Several products of one x (q, k, v; gate, up) of the same weight type and K: x quantized once
+// and every matrix's chunks in one hand-off to the pool (claimed in order, so each thread takes
+// one chunk of each matrix in turn). Anything else: one cpu_matmul each.
+struct mm_multi {
+  struct mm_job j[4];
+  int first[5]; // task index where job i starts
+};
+static void mm_multi_task(void *vctx, int task, int thread) {
+  const struct mm_multi *m = vctx;
+  int i = 0;
+  while (task >= m->first[i + 1]) i++;
+  mm_task((void *)&m->j[i], task - m->first[i], thread);
+}
+static int cpu_matmul_n(struct ll_backend *b, int n, float *const out[], const float *x, const struct ll_weight *const w[], int T) {
+  struct cpu_ctx *c = C(b);
+  const struct ll_type_kernels *k = NULL, *ki;
+  int fuse = n >= 1 && n <= 4;
+  for (int i = 0; fuse && i < n; i++) {
+    fuse = mm_path(b, w[i], T, &ki) == MM_TILES && ki && (i == 0 || (ki == k && w[i]->k == w[0]->k));
+    k = i == 0 ? ki : k;
+  }
+  if (!fuse) {
+    for (int i = 0; i < n; i++) {
+      const int rc = cpu_matmul(b, out[i], x, w[i], T, 0);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  struct mm_multi m;
+  int rc = quantize_act(c, k, x, w[0]->k, T, &m.j[0]);
+  if (rc) return rc;
+  m.first[0] = 0;
+  for (int i = 0; i < n; i++) {
+    if (i > 0) m.j[i] = m.j[0];
+    m.first[i + 1] = m.first[i] + plan_job(c, &m.j[i], out[i], w[i], 0);
+  }
+  ll_threadpool_run(c->pool, mm_multi_task, &m, m.first[n]);
   return 0;
 }
 
@@ -635,6 +703,7 @@ static const struct ll_backend_i cpu_iface = {
     .free = cpu_free,
     .get_info = cpu_get_info,
     .matmul = cpu_matmul,
+    .matmul_n = cpu_matmul_n,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
