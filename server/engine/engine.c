@@ -562,9 +562,11 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
   for (int l = 0; l < e->m.L; l++) {
     const struct ll_layer *y = &e->m.layers[l];
     BK(B->rmsnorm(be, e->xn, e->x, y->attn_norm, T, C, e->m.eps), "rmsnorm"); // xn (T, C)
-    BK(B->matmul(be, e->q, e->xn, &y->wq, T, 0), "matmul q");              // q (T, C)
-    BK(B->matmul(be, e->k, e->xn, &y->wk, T, 0), "matmul k");              // k (T, kvd)
-    BK(B->matmul(be, e->v, e->xn, &y->wv, T, 0), "matmul v");              // v (T, kvd)
+    { // q (T, C), k (T, kvd), v (T, kvd): one product of xn by three matrices
+      const struct ll_weight *const w3[3] = {&y->wq, &y->wk, &y->wv};
+      float *const o3[3] = {e->q, e->k, e->v};
+      BK(ll_backend_matmul_n(be, 3, o3, e->xn, w3, T), "matmul q, k, v");
+    }
     if (any_lora) { // adapters before biases, as llama.cpp's build_lora_mm
       LORA(LL_LORA_Q, e->xn, C, e->q, C);
       LORA(LL_LORA_K, e->xn, C, e->k, kvd);
@@ -595,8 +597,11 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
       BK(B->add(be, e->x, e->x, e->tmp, (int64_t)T * C), "add");
     }
     BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->m.eps), "rmsnorm");
-    BK(B->matmul(be, e->g, e->xn, &y->gate, T, 0), "matmul gate"); // g (T, F)
-    BK(B->matmul(be, e->u, e->xn, &y->up, T, 0), "matmul up");     // u (T, F)
+    { // g (T, F), u (T, F)
+      const struct ll_weight *const w2[2] = {&y->gate, &y->up};
+      float *const o2[2] = {e->g, e->u};
+      BK(ll_backend_matmul_n(be, 2, o2, e->xn, w2, T), "matmul gate, up");
+    }
     if (any_lora) {
       LORA(LL_LORA_GATE, e->xn, C, e->g, e->m.F);
       LORA(LL_LORA_UP, e->xn, C, e->u, e->m.F);
