@@ -247,8 +247,9 @@ int ll_backend_matmul_n(struct ll_backend *b, int n, float *const out[], const f
 // CPU backend (always available).
 int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, size_t errlen);
 // The CPU kernels' interleaved copy of w's rows for decode (w->packed; see ll_cpu_dot.h), made
-// where this CPU's kernels for w's type have one (x86 with AVX2: Q4_0, Q4_1, Q5_0, Q8_0). Returns its size in bytes (0
-// when none is made), or LL_ENOMEM. The caller owns w->packed: ll_cpu_weight_unpack frees it.
+// where this CPU's kernels for w's type have one (x86 with AVX2: Q4_0, Q4_1, Q5_0, Q8_0).
+// Returns its size in bytes (0 when none is made), or LL_ENOMEM. The caller owns w->packed:
+// ll_cpu_weight_unpack frees it.
 int64_t ll_cpu_weight_pack(struct ll_weight *w);
 // The bytes ll_cpu_weight_pack would make for a matrix of n rows of k elements of type (0: none).
 int64_t ll_cpu_packed_bytes(int type, int64_t k, int64_t n);

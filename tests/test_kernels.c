@@ -499,12 +499,13 @@ static void test_backend_ops(void) {
   ll_backend_free(b);
 }
 
-// The packed decode layouts (ll_pack_rows, tile_packed; Q4_0, Q4_1, Q8_0, Q5_0): the copy round-trips
-// to the rows, and the packed tile gives its kernel set's vec_dot's bits (the tiles' contract;
-// vec_dot itself is held to the scalar reference in test_dots) for 1..4 tokens, extremes included
-// (every nibble 15 or 0, Q8_0 quant -127 or 127, against activations of -127 / 127, the
-// quantizer's range: Q4_0's int16 reduction levels near their limits); the backend's matmul over a packed weight equals the one over its rows bit for
-// bit, ragged tails included.
+// The packed decode layouts (ll_pack_rows, tile_packed; Q4_0, Q4_1, Q8_0, Q5_0): the copy
+// round-trips to the rows, and the packed tile gives its kernel set's vec_dot's bits (the
+// tiles' contract; vec_dot itself is held to the scalar reference in test_dots) for 1..4
+// tokens, extremes included (every nibble 15 or 0 - Q5_0 with every fifth bit set or clear -,
+// Q8_0 quants -127 or 127, against activations of -127 / 127, the quantizer's range: Q4_0's
+// int16 reduction levels near their limits); the backend's matmul over a packed weight equals
+// the one over its rows bit for bit, ragged tails included.
 static void test_packed(void) {
   CHECK(ll_pack_rows(LL_TYPE_Q5_1, NULL, 0, 8, 32, NULL) == -1 && ll_pack_rows(LL_TYPE_Q4_0, NULL, 0, 12, 32, NULL) == -1);
   CHECK(ll_pack_rows(LL_TYPE_Q4_1, NULL, 0, 8, 48, NULL) == -1 && ll_unpack_row(LL_TYPE_Q6_K, NULL, 0, 256, NULL) == -1);
@@ -517,7 +518,7 @@ static void test_packed(void) {
     unsigned char *W = malloc(rsz * N), *P = malloc(rsz * N), *back = malloc(rsz), *A = malloc(asz * 4);
     float *sc = malloc(sizeof(float) * nb * 4), out[4][24];
     int32_t *ss = malloc(sizeof(int32_t) * nb * 4);
-    const int extreme = trial % 16 >= 12; // all nibbles 15 or 0 (Q5_0 with every fifth bit set or clear; Q8_0: quants -127 or 127) against -127 or 127
+    const int extreme = trial % 16 >= 12; // the extremes above
     for (int n = 0; n < N; n++) random_row(type, W + rsz * n, K);
     float x[768];
     for (int t = 0; t < 4; t++) {

@@ -63,7 +63,7 @@ struct mm_job {
   const char *act;
   const struct ll_type_kernels *k;
   int T, N, K, accumulate;
-  int chunk;       // rows per task (a multiple of 4; see cpu_matmul)
+  int chunk;       // rows per task (a multiple of 4, of pack_rows with packed; see plan_job)
   const float *sc;   // (nb, T) activation scales for k->tile_sc, or NULL
   const int32_t *ss; // (nb, T) the second side table for k->tile_sc
   const char *packed; // w's interleaved copy for k->tile_packed (with sc), or NULL
@@ -238,7 +238,6 @@ static int cpu_matmul_f32_ggml(struct cpu_ctx *c, float *out, const float *x, co
   return 0;
 }
 
-// out (T, N) = x (T, K) · W (N, K)ᵀ
 // How a product is computed: OpenBLAS sgemm, ggml's F32 order, or our quantized tiles (*k
 // their kernel set, NULL when the type has none).
 enum mm_path { MM_BLAS, MM_F32_GGML, MM_TILES };
@@ -301,6 +300,7 @@ static int plan_job(const struct cpu_ctx *c, struct mm_job *j, float *out, const
   return (N + j->chunk - 1) / j->chunk;
 }
 
+// out (T, N) = x (T, K) · W (N, K)ᵀ
 static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
   struct cpu_ctx *c = C(b);
   const struct ll_type_kernels *k;
