@@ -150,11 +150,10 @@ int ll_cmd_train(int argc, char **argv) {
   if (rc == LL_ENOMEM && !ll_backend_host_buffers(be)) { // the device holds the weights but not the run: the CPU trains
     fprintf(stderr, "llsrv train: on the CPU: the device cannot hold the training buffers: %s\n", err);
     char cerr[256];
-    if ((rc = ll_backend_cpu_create(&cpu_be, (int)c.threads, cerr, sizeof cerr))) {
+    if ((rc = ll_trainer_cpu_backend(&cpu_be, be, (int)c.threads, cerr, sizeof cerr))) {
       fprintf(stderr, "llsrv train: %s\n", cerr);
       goto out;
     }
-    cpu_be->ggml_math = be->ggml_math, cpu_be->batch_invariant = 0, cpu_be->train_sgemm = 1;
     be = cpu_be;
     rc = ll_train_run_open(&run, ll_engine_model(e), be, ll_engine_tokenizer(e), &tp, &ro, err, sizeof err);
   }

@@ -422,16 +422,11 @@ static int open_device(struct ll_trainjob *j, const struct ll_backend_info *si, 
 // The trainer on a CPU backend of its own (on the training thread: its pool's workers share
 // the thread's lower priority). be_* change under mu (the monitor reads them).
 static int use_cpu(struct ll_trainjob *j, char *err, size_t errlen) {
+  // The products `llsrv train` takes, so the server trains as fast as it; the serving backend
+  // keeps batch invariance for requests.
   struct ll_backend *be = NULL;
-  int rc = ll_backend_cpu_create(&be, j->n_threads, err, errlen);
+  int rc = ll_trainer_cpu_backend(&be, ll_engine_backend(j->e), j->n_threads, err, errlen);
   if (rc) return rc;
-  be->ggml_math = ll_engine_backend(j->e)->ggml_math; // the model's transcendentals (ll_backend.h)
-  // Only requests need batch invariance (a token's answer must not depend on its batch): the
-  // serving backend keeps it, and this backend, which only trains and evaluates, takes the
-  // faster products `llsrv train` takes, so the server trains as fast as it (on CPUs without
-  // AVX-512 VNNI the dequantize+sgemm forward is 1.3-2x the integer tiles').
-  be->batch_invariant = 0;
-  be->train_sgemm = 1;
   struct ll_backend_info bi;
   be->i->get_info(be, &bi);
   pthread_mutex_lock(&j->mu);

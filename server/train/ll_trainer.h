@@ -100,6 +100,12 @@ struct ll_train_memory {
 int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct ll_backend *be, const struct ll_trainer_params *p,
                       char *err, size_t errlen);
 void ll_trainer_free(struct ll_trainer *tr); // accepts NULL
+// A CPU backend for training beside a serving backend `like`: its transcendentals (ggml_math),
+// and training's products rather than batch invariance (train_sgemm; only requests need their
+// answer independent of the batch, and on CPUs without AVX-512 VNNI the dequantize+sgemm
+// forward is 1.3-2x the integer tiles'). Used where a device cannot train (llsrv train, the
+// server's training job).
+int ll_trainer_cpu_backend(struct ll_backend **out, const struct ll_backend *like, int n_threads, char *err, size_t errlen);
 
 // Computes what ll_trainer_create would allocate (no allocation).
 void ll_trainer_estimate(const struct ll_model *m, const struct ll_trainer_params *p, struct ll_train_memory *mem);

@@ -435,6 +435,15 @@ static int64_t n_trainable(const struct ll_model *m, const struct ll_trainer_par
   return n + (int64_t)m->L * (2 * m->C + 2 * (int64_t)m->C * m->C + 2 * (int64_t)m->kvd * m->C + 3 * (int64_t)m->F * m->C);
 }
 
+int ll_trainer_cpu_backend(struct ll_backend **out, const struct ll_backend *like, int n_threads, char *err, size_t errlen) {
+  const int rc = ll_backend_cpu_create(out, n_threads, err, errlen);
+  if (rc) return rc;
+  (*out)->ggml_math = like->ggml_math;
+  (*out)->batch_invariant = 0;
+  (*out)->train_sgemm = 1;
+  return 0;
+}
+
 void ll_trainer_estimate(const struct ll_model *m, const struct ll_trainer_params *p, struct ll_train_memory *mem) {
   int64_t pl, fx;
   const int64_t np = n_trainable(m, p);
