@@ -495,11 +495,12 @@ int ll_pack_rows(int type, const void *rows, size_t row_stride, int64_t nrows, i
         const char *b = (const char *)rows + (size_t)(PACK_ROWS * g + r) * row_stride + (size_t)i * bs;
         memcpy(o + 2 * j, b, 2); // d
         if (q41) memcpy(o + 2 * PACK_ROWS + 2 * j, b + offsetof(ll_block_q4_1, m), 2);
-        if (type == LL_TYPE_Q5_0) // qh in row order
-          memcpy(o + 2 * PACK_ROWS + 4 * j, (const char *)rows + (size_t)(PACK_ROWS * g + j) * row_stride + (size_t)i * bs + offsetof(ll_block_q5_0, qh), 4);
       }
-      for (int r = 0; r < PACK_ROWS; r++) // the quants end each block
-        memcpy(o + qs + nq * r, (const char *)rows + (size_t)(PACK_ROWS * g + r) * row_stride + (size_t)i * bs + bs - nq, nq);
+      for (int r = 0; r < PACK_ROWS; r++) { // in row order: Q5_0's qh, and the quants (which end each block)
+        const char *b = (const char *)rows + (size_t)(PACK_ROWS * g + r) * row_stride + (size_t)i * bs;
+        if (type == LL_TYPE_Q5_0) memcpy(o + 2 * PACK_ROWS + 4 * r, b + offsetof(ll_block_q5_0, qh), 4);
+        memcpy(o + qs + nq * r, b + bs - nq, nq);
+      }
     }
   return 0;
 }
