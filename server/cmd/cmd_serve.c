@@ -273,6 +273,8 @@ int ll_cmd_serve(int argc, char **argv) {
     char pb[32];
     fmt_bytes(pb, sizeof pb, (double)in->packed_bytes);
     fprintf(stderr, "  repack    %s more: the Q4_0, Q4_1, Q5_0 and Q8_0 matrices interleaved for decode (repack: false saves it)\n", pb);
+  } else if (in->packed_failed) {
+    fprintf(stderr, "  repack    off: no memory for the interleaved copies; decode reads the matrices as they are (slower)\n");
   }
   if (strcmp(in->backend, "cpu") != 0)
     fprintf(stderr, "  opencl    %s, driver %s, %s; %d compute units, %.1f GiB global (max buffer %.1f GiB), fp16 %s, subgroups %s;"

@@ -339,7 +339,7 @@ static int pack_one(struct ll_weight *w, void *arg) {
   return 0;
 }
 // The copies only speed decode up: without the memory for all of them, none (the matrices
-// are read as they are, at the old speed; info.packed_bytes 0 says so).
+// are read as they are, at the old speed; info.packed_failed says so).
 static int unpack_each(struct ll_weight *w, void *arg) {
   (void)arg;
   w->packed = NULL;
@@ -351,7 +351,7 @@ static void pack_weights(struct ll_engine *e) {
   ll_model_each_matrix(&e->m, unpack_each, NULL);
   for (int i = 0; i < e->n_packed; i++) free((void *)e->packed[i]);
   free(e->packed);
-  e->packed = NULL, e->n_packed = 0, e->info.packed_bytes = 0;
+  e->packed = NULL, e->n_packed = 0, e->info.packed_bytes = 0, e->info.packed_failed = 1;
 }
 
 int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, char *err, size_t errlen) {

@@ -48,6 +48,7 @@ struct ll_engine_info {
   int64_t n_params;
   int64_t weight_bytes;
   int64_t packed_bytes;     // the CPU kernels' interleaved copies of matrices (decode), 0 if none
+  int packed_failed;        // repack was on but the copies could not be allocated (served without)
   int64_t kv_bytes;         // whole pool
   int n_vocab, n_ctx_train, n_ctx, n_embd, n_layer, n_head, n_head_kv, n_parallel, n_threads;
   int kv_blocks_total;
