@@ -481,6 +481,29 @@ static size_t pack_shape(int type, size_t *nq, size_t *qoff) {
   }
 }
 
+// Q5_0's fifth bits in bit planes, 32 bytes per block for the 8 rows: row r = 2k + h (pair k,
+// half h) puts element j's bit (j < 16) in bit 2k of byte 16h + j and element 16 + j's in bit
+// 2k + 1 of the same byte. That byte is where the kernel's pair k holds the element's nibble
+// (low nibbles of rows 2k | 2k+1 in one ymm, high nibbles in another), so one shift and one
+// and per ymm put the bits in place, where bytes_from_bits needed five operations.
+static void pack_q5_0_qh(uint8_t *h, int r, const uint8_t qh4[4]) {
+  const uint32_t qh = (uint32_t)qh4[0] | (uint32_t)qh4[1] << 8 | (uint32_t)qh4[2] << 16 | (uint32_t)qh4[3] << 24;
+  const int k = r / 2, half = r % 2;
+  for (int j = 0; j < 16; j++) {
+    uint8_t *byte = &h[16 * half + j];
+    *byte = (uint8_t)(*byte | ((qh >> j) & 1u) << 2 * k | ((qh >> (16 + j)) & 1u) << (2 * k + 1));
+  }
+}
+static void unpack_q5_0_qh(const uint8_t *h, int r, uint8_t qh4[4]) {
+  const int k = r / 2, half = r % 2;
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; j++) {
+    const unsigned byte = h[16 * half + j];
+    qh |= ((byte >> 2 * k) & 1u) << j | ((byte >> (2 * k + 1)) & 1u) << (16 + j);
+  }
+  for (int i = 0; i < 4; i++) qh4[i] = (uint8_t)(qh >> 8 * i);
+}
+
 int ll_pack_rows(int type, const void *rows, size_t row_stride, int64_t nrows, int64_t k, void *out) {
   size_t nq, qs;
   const size_t bs = pack_shape(type, &nq, &qs);
@@ -496,9 +519,10 @@ int ll_pack_rows(int type, const void *rows, size_t row_stride, int64_t nrows, i
         memcpy(o + 2 * j, b, 2); // d
         if (q41) memcpy(o + 2 * PACK_ROWS + 2 * j, b + offsetof(ll_block_q4_1, m), 2);
       }
+      if (type == LL_TYPE_Q5_0) memset(o + 2 * PACK_ROWS, 0, 4 * PACK_ROWS); // the rows or their bits in
       for (int r = 0; r < PACK_ROWS; r++) { // in row order: Q5_0's qh, and the quants (which end each block)
         const char *b = (const char *)rows + (size_t)(PACK_ROWS * g + r) * row_stride + (size_t)i * bs;
-        if (type == LL_TYPE_Q5_0) memcpy(o + 2 * PACK_ROWS + 4 * r, b + offsetof(ll_block_q5_0, qh), 4);
+        if (type == LL_TYPE_Q5_0) pack_q5_0_qh(o + 2 * PACK_ROWS, r, (const uint8_t *)b + offsetof(ll_block_q5_0, qh));
         memcpy(o + qs + nq * r, b + bs - nq, nq);
       }
     }
@@ -517,7 +541,7 @@ int ll_unpack_row(int type, const void *packed, int64_t r, int64_t k, void *row)
     char *b = (char *)row + (size_t)i * bs;
     memcpy(b, o + 2 * slot, 2);
     if (type == LL_TYPE_Q4_1) memcpy(b + offsetof(ll_block_q4_1, m), o + 2 * PACK_ROWS + 2 * slot, 2);
-    if (type == LL_TYPE_Q5_0) memcpy(b + offsetof(ll_block_q5_0, qh), o + 2 * PACK_ROWS + 4 * rr, 4);
+    if (type == LL_TYPE_Q5_0) unpack_q5_0_qh(o + 2 * PACK_ROWS, rr, (uint8_t *)b + offsetof(ll_block_q5_0, qh));
     memcpy(b + bs - nq, o + qs + nq * rr, nq);
   }
   return 0;

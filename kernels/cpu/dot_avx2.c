@@ -585,10 +585,10 @@ AI void qblk_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as
 
 // ---- Q4_0 / Q5_0 x Q8_0 over packed groups of 8 rows (ll_pack_rows): one stream per group ----
 // The decode kernel. Each block of a group is contiguous (Q4_0 144 bytes, Q5_0 176): the 8
-// scales in lane order, (Q5_0: the rows' qh, 4 bytes each,) then rows (0,1), (2,3), (4,5),
+// scales in lane order, (Q5_0: the rows' fifth bits in bit planes, 32 bytes,) then rows (0,1), (2,3), (4,5),
 // (6,7)'s nibbles, one 256-bit load per pair (row r in the low half, r+1 in the high). Per token
 // the integer work is qblk_pair_impl's (maddubs of the unsigned nibbles, with Q5_0's fifth bits
-// or-ed in, against the signed activations, pmaddwd by 1), and the four pairs' partials reduce
+// or-ed in - a shift and an and per ymm from the bit planes - against the signed activations, pmaddwd by 1), and the four pairs' partials reduce
 // together to lanes [r0 r2 r4 r6 | r1 r3 r5 r7], the order the scales are stored in: packs /
 // pmaddwd levels within int16 as there (at most 16·15·128 = 30720 before Q4_0's last level;
 // Q5_0's last level adds in 32 bits with phaddd). Adding the offset from the side table
@@ -602,28 +602,24 @@ AI void qblk_packed_impl(int n, const void *g, const void *a, size_t as, const f
   const int nb = n / 32;
   const size_t bsz = Q5 ? 8 * sizeof(ll_block_q5_0) : 8 * sizeof(ll_block_q4_0), qoff = Q5 ? 48 : 16;
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  // Q5_0: a pair's 8 qh bytes (row 2k's, then 2k+1's) in both halves; the low half takes its
-  // bit j from row 2k's byte j / 8 (elements 0..15: bytes 0, 1; 16..31: bytes 2, 3), the high
-  // half from row 2k+1's (bytes 4..7).
-  const __m256i shl = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5);
-  const __m256i shh = _mm256_add_epi8(shl, _mm256_set1_epi8(2)), sel = _mm256_set1_epi64x(0x8040201008040201LL), b5 = _mm256_set1_epi8(16);
+  const __m256i b5 = _mm256_set1_epi8(16), z = _mm256_setzero_si256();
   __m256 acc[4];
   _Pragma("GCC unroll 4")
   for (int t = 0; t < NA; t++) acc[t] = _mm256_setzero_ps();
   for (int i = 0; i < nb; i++) {
     const char *p = (const char *)g + (size_t)i * bsz;
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); // [d0 d2 d4 d6 | d1 d3 d5 d7]
+    const __m256i hb = Q5 ? _mm256_loadu_si256((const __m256i *)(p + 16)) : z; // Q5_0's bit planes
     __m256i lo[4], hi[4];
     _Pragma("GCC unroll 4")
     for (int k = 0; k < 4; k++) {
       const __m256i q = _mm256_loadu_si256((const __m256i *)(p + qoff + 32 * k));
       lo[k] = _mm256_and_si256(q, m4), hi[k] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      if (Q5) {
-        int64_t h;
-        memcpy(&h, p + 16 + 8 * k, 8);
-        const __m256i hv = _mm256_set1_epi64x(h);
-        lo[k] = _mm256_or_si256(lo[k], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(hv, shl), sel), sel), b5));
-        hi[k] = _mm256_or_si256(hi[k], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(hv, shh), sel), sel), b5));
+      if (Q5) { // bits 2k (low nibbles) and 2k+1 (high nibbles) of each byte to bit 4
+        const __m256i l = k < 3 ? _mm256_slli_epi16(hb, 4 - 2 * k) : _mm256_srli_epi16(hb, 2);
+        const __m256i h = k < 2 ? _mm256_slli_epi16(hb, 3 - 2 * k) : _mm256_srli_epi16(hb, 2 * k - 3);
+        lo[k] = _mm256_or_si256(lo[k], _mm256_and_si256(l, b5));
+        hi[k] = _mm256_or_si256(hi[k], _mm256_and_si256(h, b5));
       }
     }
     _Pragma("GCC unroll 4")

@@ -56,7 +56,9 @@ struct ll_type_kernels {
 // them), then their 16 bytes of nibbles, rows 0..7 (8 x 16 B). Q4_1: 160 bytes, the scales d
 // of rows 0..7 (16 B), their mins m (16 B), then the nibbles as for Q4_0. Q8_0: 272 bytes,
 // the scales of rows 0..7 (16 B), then their 32 quants each (8 x 32 B). Q5_0: 176 bytes, the
-// scales as Q4_0's (16 B), the qh of rows 0..7 (8 x 4 B), then the nibbles as Q4_0's.
+// scales as Q4_0's (16 B), the rows' fifth bits in bit planes (32 B: row 2k+h's bit for
+// element j < 16 is bit 2k of byte 16h + j, for element 16 + j bit 2k + 1), then the nibbles
+// as Q4_0's.
 // ll_pack_rows packs rows 0..nrows-1 (nrows a multiple of 8) of k elements, row_stride bytes
 // apart, into out (nrows * ll_row_size(type, k) bytes). Returns 0, or -1 for another type or
 // shape.
