@@ -83,6 +83,7 @@ void ll_act_quantize_q8_1(const float *x, void *y, int64_t n);
 // The same, vectorised (dot_avx2.c; only call where the CPU has AVX2/F16C).
 void ll_act_quantize_q8_0_avx2(const float *x, void *y, int64_t n);
 void ll_act_quantize_q8_1_avx2(const float *x, void *y, int64_t n);
+void ll_act_quantize_q8_K_avx2(const float *x, void *y, int64_t n);
 // The AVX2 tile_packed kernels (dot_avx2.c), also the AVX-512 set's: at one token they beat
 // its VNNI row tiles too (measured for all four types, docs/PERFORMANCE.md).
 void ll_q4_1_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
