@@ -508,17 +508,20 @@ static void test_backend_ops(void) {
 // the one over its rows bit for bit, ragged tails included.
 static void test_packed(void) {
   CHECK(ll_pack_rows(LL_TYPE_Q5_1, NULL, 0, 8, 32, NULL) == -1 && ll_pack_rows(LL_TYPE_Q4_0, NULL, 0, 12, 32, NULL) == -1);
-  CHECK(ll_pack_rows(LL_TYPE_Q4_1, NULL, 0, 8, 48, NULL) == -1 && ll_unpack_row(LL_TYPE_Q6_K, NULL, 0, 256, NULL) == -1);
-  static const int types[] = {LL_TYPE_Q4_0, LL_TYPE_Q4_1, LL_TYPE_Q8_0, LL_TYPE_Q5_0};
-  for (int trial = 0; trial < 160; trial++) {
-    const int type = types[trial % 4];
+  CHECK(ll_pack_rows(LL_TYPE_Q4_1, NULL, 0, 8, 48, NULL) == -1 && ll_unpack_row(LL_TYPE_Q5_1, NULL, 0, 256, NULL) == -1);
+  CHECK(ll_pack_rows(LL_TYPE_Q6_K, NULL, 0, 8, 128, NULL) == -1 && ll_unpack_row(LL_TYPE_Q4_K, NULL, 0, 288, NULL) == -1);
+  // (the K-quants' groups are their rows' super-blocks, whole)
+  enum { NT = 7 };
+  static const int types[NT] = {LL_TYPE_Q4_0, LL_TYPE_Q4_1, LL_TYPE_Q8_0, LL_TYPE_Q5_0, LL_TYPE_Q4_K, LL_TYPE_Q5_K, LL_TYPE_Q6_K};
+  for (int trial = 0; trial < 280; trial++) {
+    const int type = types[trial % NT], unit = ll_type_traits_get(type)->blck_size; // 32, 256
     const struct ll_type_kernels *k = ll_cpu_kernels(type), *ref = ll_cpu_kernels_ref(type);
-    const int K = 32 * (1 + (int)(ll_test_rand(&rs) % 24)), G = 1 + (int)(ll_test_rand(&rs) % 3), N = 8 * G, nb = K / 32;
+    const int K = unit * (1 + (int)(ll_test_rand(&rs) % (768 / unit))), G = 1 + (int)(ll_test_rand(&rs) % 3), N = 8 * G, nb = K / unit;
     const size_t rsz = ll_row_size(type, K), asz = ll_row_size(k->act_type, K), bs = rsz / (size_t)nb, abs_ = asz / (size_t)nb;
     unsigned char *W = malloc(rsz * N), *P = malloc(rsz * N), *back = malloc(rsz), *A = malloc(asz * 4);
     float *sc = malloc(sizeof(float) * nb * 4), out[4][24];
     int32_t *ss = malloc(sizeof(int32_t) * nb * 4);
-    const int extreme = trial % 16 >= 12; // the extremes above
+    const int extreme = trial % 16 >= 12 && unit == 32; // the extremes above
     for (int n = 0; n < N; n++) random_row(type, W + rsz * n, K);
     float x[768];
     for (int t = 0; t < 4; t++) {
@@ -558,10 +561,10 @@ static void test_packed(void) {
   struct ll_backend *b;
   char err[256];
   CHECK(ll_backend_cpu_create(&b, 2, err, sizeof err) == 0);
-  for (int trial = 0; trial < 64; trial++) {
-    const int type = types[trial % 4];
+  for (int trial = 0; trial < 112; trial++) {
+    const int type = types[trial % NT], unit = ll_type_traits_get(type)->blck_size;
     const struct ll_type_kernels *k = ll_cpu_kernels(type);
-    const int K = 32 * (1 + (int)(ll_test_rand(&rs) % 24)), N = 1 + (int)(ll_test_rand(&rs) % 90), T = 1 + (int)(ll_test_rand(&rs) % 11);
+    const int K = unit * (1 + (int)(ll_test_rand(&rs) % (768 / unit))), N = 1 + (int)(ll_test_rand(&rs) % 90), T = 1 + (int)(ll_test_rand(&rs) % 11);
     const size_t rsz = ll_row_size(type, K);
     unsigned char *W = malloc(rsz * N);
     float *x = malloc(sizeof(float) * T * K), *o1 = malloc(sizeof(float) * T * N), *o2 = malloc(sizeof(float) * T * N);
@@ -569,7 +572,7 @@ static void test_packed(void) {
     for (int i = 0; i < T * K; i++) x[i] = ll_test_randf(&rs);
     struct ll_weight w = {type, K, N, W, NULL, NULL};
     for (int i = 0; i < T * N; i++) o1[i] = o2[i] = 0.25f * (float)i;
-    const int acc = (trial / 4) & 1, T1 = trial % 8 < 4 ? 1 : T; // half the trials decode (T = 1)
+    const int acc = (trial / NT) & 1, T1 = trial % (2 * NT) < NT ? 1 : T; // half the trials decode (T = 1)
     CHECK(b->i->matmul(b, o1, x, &w, T1, acc) == 0);
     const int64_t bytes = ll_cpu_weight_pack(&w);
     CHECKF(bytes == (k->tile_packed && N >= 8 ? (int64_t)(rsz * (size_t)(N - N % 8)) : 0), "pack of %s N=%d: %lld bytes", ll_type_name(type), N,
@@ -584,8 +587,9 @@ static void test_packed(void) {
   // matmul_n (q, k, v; gate, up: one x, several matrices, one hand-off to the threads) equals
   // one matmul per matrix bit for bit: same type and K (fused; packed or not, T on both sides
   // of packed_max_t and of the sgemm threshold), and mixed types (one matmul each).
-  for (int trial = 0; trial < 24; trial++) {
-    const int n = 2 + trial % 3, mixed = trial % 4 == 3, K = 32 * (1 + (int)(ll_test_rand(&rs) % 24));
+  for (int trial = 0; trial < 42; trial++) {
+    const int n = 2 + trial % 3, mixed = trial % 4 == 3, kq = ll_type_traits_get(types[trial % NT])->blck_size == 256;
+    const int K = (mixed || kq ? 256 * (1 + (int)(ll_test_rand(&rs) % 3)) : 32 * (1 + (int)(ll_test_rand(&rs) % 24)));
     const int T = trial % 2 ? 1 + (int)(ll_test_rand(&rs) % 4) : 1 + (int)(ll_test_rand(&rs) % 40);
     struct ll_weight ws[4];
     const struct ll_weight *wp[4];
@@ -594,7 +598,7 @@ static void test_packed(void) {
     float *x = malloc(sizeof(float) * T * K);
     for (int i = 0; i < T * K; i++) x[i] = ll_test_randf(&rs);
     for (int i = 0; i < n; i++) {
-      const int type = mixed ? types[i % 4] : types[trial % 4], N = 1 + (int)(ll_test_rand(&rs) % 70);
+      const int type = mixed ? types[(i + trial) % NT] : types[trial % NT], N = 1 + (int)(ll_test_rand(&rs) % 70);
       const size_t rsz = ll_row_size(type, K);
       W[i] = malloc(rsz * N);
       for (int r = 0; r < N; r++) random_row(type, W[i] + rsz * r, K);

@@ -79,11 +79,13 @@ static int mm_packed(const struct mm_job *j, int n, int n1) {
     for (int t = 0; t < j->T; t += 4) {
       const int na = j->T - t >= 4 ? 4 : j->T - t;
       const char *at = j->act + (size_t)t * j->a_row;
+      const float *sc = j->sc ? j->sc + t : NULL; // (the K-quants' kernels take no side tables)
+      const int32_t *ss = j->ss ? j->ss + t : NULL;
       if (!j->accumulate) {
-        j->k->tile_packed(j->K, g, at, j->a_row, na, j->sc + t, j->ss + t, (size_t)j->T, j->out + (size_t)t * j->N + n, (size_t)j->N);
+        j->k->tile_packed(j->K, g, at, j->a_row, na, sc, ss, (size_t)j->T, j->out + (size_t)t * j->N + n, (size_t)j->N);
         continue;
       }
-      j->k->tile_packed(j->K, g, at, j->a_row, na, j->sc + t, j->ss + t, (size_t)j->T, &tile[0][0], 8);
+      j->k->tile_packed(j->K, g, at, j->a_row, na, sc, ss, (size_t)j->T, &tile[0][0], 8);
       for (int q = 0; q < na; q++)
         for (int r = 0; r < PR; r++) j->out[(size_t)(t + q) * j->N + n + r] += tile[q][r];
     }
@@ -285,7 +287,7 @@ static int quantize_act(struct cpu_ctx *c, const struct ll_type_kernels *k, cons
 static int plan_job(const struct cpu_ctx *c, struct mm_job *j, float *out, const struct ll_weight *w, int accumulate) {
   const struct ll_type_kernels *k = j->k;
   j->out = out, j->w = w->data, j->w_row = ll_row_size(w->type, w->k), j->N = (int)w->n, j->accumulate = accumulate;
-  j->packed = w->packed && j->sc && k->tile_packed && j->T < k->packed_max_t ? w->packed : NULL;
+  j->packed = w->packed && (j->sc || !k->tile_sc) && k->tile_packed && j->T < k->packed_max_t ? w->packed : NULL;
   // Chunk schedule (rows in multiples of 4). A decode step's matrices take microseconds: every
   // chunk costs a contended atomic claim and a restart of the hardware prefetcher, so small
   // batches get one contiguous chunk per thread (16 chunks per matmul cost a quarter of

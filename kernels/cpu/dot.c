@@ -477,6 +477,10 @@ static size_t pack_shape(int type, size_t *nq, size_t *qoff) {
   case LL_TYPE_Q4_1: *nq = 16, *qoff = 4 * PACK_ROWS; return sizeof(ll_block_q4_1);
   case LL_TYPE_Q8_0: *nq = 32, *qoff = 2 * PACK_ROWS; return sizeof(ll_block_q8_0);
   case LL_TYPE_Q5_0: *nq = 16, *qoff = 6 * PACK_ROWS; return sizeof(ll_block_q5_0);
+  // whole super-blocks (nothing before the quants: *nq is the block)
+  case LL_TYPE_Q4_K: *nq = sizeof(ll_block_q4_K), *qoff = 0; return sizeof(ll_block_q4_K);
+  case LL_TYPE_Q5_K: *nq = sizeof(ll_block_q5_K), *qoff = 0; return sizeof(ll_block_q5_K);
+  case LL_TYPE_Q6_K: *nq = sizeof(ll_block_q6_K), *qoff = 0; return sizeof(ll_block_q6_K);
   default: return 0;
   }
 }
@@ -507,13 +511,14 @@ static void unpack_q5_0_qh(const uint8_t *h, int r, uint8_t qh4[4]) {
 int ll_pack_rows(int type, const void *rows, size_t row_stride, int64_t nrows, int64_t k, void *out) {
   size_t nq, qs;
   const size_t bs = pack_shape(type, &nq, &qs);
-  if (!bs || k <= 0 || k % 32 != 0 || nrows < 0 || nrows % PACK_ROWS != 0) return -1;
+  const int64_t blk = bs && nq == bs ? 256 : 32; // elements per block
+  if (!bs || k <= 0 || k % blk != 0 || nrows < 0 || nrows % PACK_ROWS != 0) return -1;
   const int q41 = type == LL_TYPE_Q4_1;
-  const int64_t nb = k / 32;
+  const int64_t nb = k / blk;
   for (int64_t g = 0; g < nrows / PACK_ROWS; g++)
     for (int64_t i = 0; i < nb; i++) {
       uint8_t *o = (uint8_t *)out + ((size_t)g * (size_t)nb + (size_t)i) * PACK_ROWS * bs;
-      for (int j = 0; j < PACK_ROWS; j++) {
+      for (int j = 0; j < PACK_ROWS && qs > 0; j++) {
         const int r = type == LL_TYPE_Q4_0 || type == LL_TYPE_Q5_0 ? pack_q4_0_order[j] : j;
         const char *b = (const char *)rows + (size_t)(PACK_ROWS * g + r) * row_stride + (size_t)i * bs;
         memcpy(o + 2 * j, b, 2); // d
@@ -532,14 +537,15 @@ int ll_pack_rows(int type, const void *rows, size_t row_stride, int64_t nrows, i
 int ll_unpack_row(int type, const void *packed, int64_t r, int64_t k, void *row) {
   size_t nq, qs;
   const size_t bs = pack_shape(type, &nq, &qs);
-  if (!bs || k <= 0 || k % 32 != 0 || r < 0) return -1;
-  const int64_t nb = k / 32, g = r / PACK_ROWS;
+  const int64_t blk = bs && nq == bs ? 256 : 32;
+  if (!bs || k <= 0 || k % blk != 0 || r < 0) return -1;
+  const int64_t nb = k / blk, g = r / PACK_ROWS;
   const int rr = (int)(r % PACK_ROWS), lane = type == LL_TYPE_Q4_0 || type == LL_TYPE_Q5_0;
   const int slot = lane ? rr / 2 + (rr % 2) * 4 : rr; // Q4_0, Q5_0: the inverse of pack_q4_0_order
   for (int64_t i = 0; i < nb; i++) {
     const uint8_t *o = (const uint8_t *)packed + ((size_t)g * (size_t)nb + (size_t)i) * PACK_ROWS * bs;
     char *b = (char *)row + (size_t)i * bs;
-    memcpy(b, o + 2 * slot, 2);
+    if (qs > 0) memcpy(b, o + 2 * slot, 2);
     if (type == LL_TYPE_Q4_1) memcpy(b + offsetof(ll_block_q4_1, m), o + 2 * PACK_ROWS + 2 * slot, 2);
     if (type == LL_TYPE_Q5_0) unpack_q5_0_qh(o + 2 * PACK_ROWS, rr, (uint8_t *)b + offsetof(ll_block_q5_0, qh));
     memcpy(b + bs - nq, o + qs + nq * rr, nq);

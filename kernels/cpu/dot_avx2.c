@@ -358,44 +358,43 @@ static inline __m128i hsum4_i32(const __m256i a[4]) {
 // the rows' lane sums reduce together, and the float step runs on 4 lanes - per lane the
 // dot's expression, operation by operation, so each output keeps the dot's bits. One row at
 // a time this was compute-bound at 14-16 GB/s on one AVX2 thread.
-static void k4_rows4(int n, const void *w, size_t ws, const void *a, float *out, int q5) {
-  __m128 sum = _mm_setzero_ps();
-  for (int i = 0; i < n / 256; i++) {
-    const ll_block_q8_K *y = (const ll_block_q8_K *)a + i;
-    const __m128i b = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums), _mm_loadu_si128((const __m128i *)(y->bsums + 8)));
-    __m256i acc[4];
-    __m128i ms[4];
-    float d[4], dmin[4];
-    for (int r = 0; r < 4; r++) {
-      const uint8_t *qs, *qh = NULL, *scales;
-      if (q5) {
-        const ll_block_q5_K *x = (const ll_block_q5_K *)(const void *)((const char *)w + (size_t)r * ws) + i;
-        qs = x->qs, qh = x->qh, scales = x->scales, d[r] = h2f(x->d), dmin[r] = h2f(x->dmin);
-      } else {
-        const ll_block_q4_K *x = (const ll_block_q4_K *)(const void *)((const char *)w + (size_t)r * ws) + i;
-        qs = x->qs, scales = x->scales, d[r] = h2f(x->d), dmin[r] = h2f(x->dmin);
-      }
-      const __m256i qhv = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-      const __m256i sm = _mm256_cvtepu8_epi16(k4_scales_mins(scales));
-      const __m256i scv = _mm256_permute2x128_si256(sm, sm, 0x00);
-      acc[r] = _mm256_setzero_si256();
-      for (int j = 0; j < 8; j++) {
-        const __m256i p = _mm256_maddubs_epi16(k4_q(qs, qhv, qh != NULL, j), _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)));
-        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, _mm256_shuffle_epi8(scv, k_word_bcast(j))));
-      }
-      ms[r] = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), b);
+// k4_block4 adds super-block y's terms of rows at x, x + rs, x + 2rs, x + 3rs to sum.
+static inline __m128 k4_block4(const char *x0, size_t rs, const ll_block_q8_K *y, __m128 sum, int q5) {
+  const __m128i b = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums), _mm_loadu_si128((const __m128i *)(y->bsums + 8)));
+  __m256i acc[4];
+  __m128i ms[4];
+  float d[4], dmin[4];
+  for (int r = 0; r < 4; r++) {
+    const uint8_t *qs, *qh = NULL, *scales;
+    if (q5) {
+      const ll_block_q5_K *x = (const ll_block_q5_K *)(const void *)(x0 + (size_t)r * rs);
+      qs = x->qs, qh = x->qh, scales = x->scales, d[r] = h2f(x->d), dmin[r] = h2f(x->dmin);
+    } else {
+      const ll_block_q4_K *x = (const ll_block_q4_K *)(const void *)(x0 + (size_t)r * rs);
+      qs = x->qs, scales = x->scales, d[r] = h2f(x->d), dmin[r] = h2f(x->dmin);
     }
-    const __m128 isum = _mm_cvtepi32_ps(hsum4_i32(acc));
-    const __m128 msum = _mm_cvtepi32_ps(_mm_hadd_epi32(_mm_hadd_epi32(ms[0], ms[1]), _mm_hadd_epi32(ms[2], ms[3])));
-    // sum += y->d * (d * isum - dmin * msum)
-    const __m128 t = _mm_sub_ps(_mm_mul_ps(_mm_loadu_ps(d), isum), _mm_mul_ps(_mm_loadu_ps(dmin), msum));
-    sum = _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(y->d), t));
+    const __m256i qhv = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+    const __m256i sm = _mm256_cvtepu8_epi16(k4_scales_mins(scales));
+    const __m256i scv = _mm256_permute2x128_si256(sm, sm, 0x00);
+    acc[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+      const __m256i p = _mm256_maddubs_epi16(k4_q(qs, qhv, qh != NULL, j), _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)));
+      acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, _mm256_shuffle_epi8(scv, k_word_bcast(j))));
+    }
+    ms[r] = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), b);
   }
-  _mm_storeu_ps(out, sum);
+  const __m128 isum = _mm_cvtepi32_ps(hsum4_i32(acc));
+  const __m128 msum = _mm_cvtepi32_ps(_mm_hadd_epi32(_mm_hadd_epi32(ms[0], ms[1]), _mm_hadd_epi32(ms[2], ms[3])));
+  // sum += y->d * (d * isum - dmin * msum)
+  const __m128 t = _mm_sub_ps(_mm_mul_ps(_mm_loadu_ps(d), isum), _mm_mul_ps(_mm_loadu_ps(dmin), msum));
+  return _mm_add_ps(sum, _mm_mul_ps(_mm_set1_ps(y->d), t));
 }
 static void tile_k4(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os, int q5) {
   if (na == 1 && nw == 4) {
-    k4_rows4(n, w, ws, a, out, q5);
+    const size_t bs = q5 ? sizeof(ll_block_q5_K) : sizeof(ll_block_q4_K);
+    __m128 sum = _mm_setzero_ps();
+    for (int i = 0; i < n / 256; i++) sum = k4_block4((const char *)w + (size_t)i * bs, ws, (const ll_block_q8_K *)a + i, sum, q5);
+    _mm_storeu_ps(out, sum);
     return;
   }
   for (int r = 0; r < nw; r++) {
@@ -435,38 +434,35 @@ static void tile_q4_K(int n, const void *w, size_t ws, int nw, const void *a, si
 static void tile_q5_K(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
   tile_k4(n, w, ws, nw, a, as, na, out, os, 1);
 }
-// Decode over 4 rows at once, as k4_rows4.
-static void k6_rows4(int n, const void *w, size_t ws, const void *a, float *out) {
-  __m128 sum = _mm_setzero_ps();
-  for (int i = 0; i < n / 256; i++) {
-    const ll_block_q8_K *y = (const ll_block_q8_K *)a + i;
-    __m256i acc[4];
-    float d[4];
-    for (int r = 0; r < 4; r++) {
-      const ll_block_q6_K *x = (const ll_block_q6_K *)(const void *)((const char *)w + (size_t)r * ws) + i;
-      d[r] = h2f(x->d);
-      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
-      acc[r] = _mm256_sub_epi32(_mm256_setzero_si256(), k6_offset(y, sc16));
-      for (int half = 0; half < 2; half++) {
-        const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-        const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-        const __m256i s8 = half ? _mm256_permute2x128_si256(sc16, sc16, 0x11) : _mm256_permute2x128_si256(sc16, sc16, 0x00);
-        for (int k = 0; k < 4; k++) {
-          const __m256i yv = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * half + 32 * k));
-          const __m256i p = _mm256_maddubs_epi16(k6_q(l0, l1, h, k), yv);
-          acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, _mm256_shuffle_epi8(s8, k6_word_pair(2 * k, 2 * k + 1))));
-        }
+// Decode over 4 rows at once, as k4_block4.
+static inline __m128 k6_block4(const char *x0, size_t rs, const ll_block_q8_K *y, __m128 sum) {
+  __m256i acc[4];
+  float d[4];
+  for (int r = 0; r < 4; r++) {
+    const ll_block_q6_K *x = (const ll_block_q6_K *)(const void *)(x0 + (size_t)r * rs);
+    d[r] = h2f(x->d);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+    acc[r] = _mm256_sub_epi32(_mm256_setzero_si256(), k6_offset(y, sc16));
+    for (int half = 0; half < 2; half++) {
+      const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
+      const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+      const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+      const __m256i s8 = half ? _mm256_permute2x128_si256(sc16, sc16, 0x11) : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+      for (int k = 0; k < 4; k++) {
+        const __m256i yv = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * half + 32 * k));
+        const __m256i p = _mm256_maddubs_epi16(k6_q(l0, l1, h, k), yv);
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, _mm256_shuffle_epi8(s8, k6_word_pair(2 * k, 2 * k + 1))));
       }
     }
-    // sum += h2f(x->d) * y->d * isum
-    sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(d), _mm_set1_ps(y->d)), _mm_cvtepi32_ps(hsum4_i32(acc))));
   }
-  _mm_storeu_ps(out, sum);
+  // sum += h2f(x->d) * y->d * isum
+  return _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(d), _mm_set1_ps(y->d)), _mm_cvtepi32_ps(hsum4_i32(acc))));
 }
 static void tile_q6_K(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, float *out, size_t os) {
   if (na == 1 && nw == 4) {
-    k6_rows4(n, w, ws, a, out);
+    __m128 sum = _mm_setzero_ps();
+    for (int i = 0; i < n / 256; i++) sum = k6_block4((const char *)w + (size_t)i * sizeof(ll_block_q6_K), ws, (const ll_block_q8_K *)a + i, sum);
+    _mm_storeu_ps(out, sum);
     return;
   }
   for (int r = 0; r < nw; r++) {
@@ -487,6 +483,59 @@ static void tile_q6_K(int n, const void *w, size_t ws, int nw, const void *a, si
       }
     }
     for (int t = 0; t < na; t++) out[(size_t)t * os + r] = sum[t];
+  }
+}
+
+// K-quants over packed groups of 8 rows (ll_pack_rows: the rows' super-blocks interleaved,
+// whole, block by block), so a group is one stream: each super-block's two halves of 4 rows
+// go through k4_block4 / k6_block4, the rows' dot bits. Tokens one at a time (decode: the
+// row tiles unpack a block once for several tokens).
+void ll_q4_K_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
+                              float *out, size_t os) {
+  (void)sc, (void)ss, (void)scs;
+  const size_t bs = sizeof(ll_block_q4_K);
+  for (int t = 0; t < na; t++) {
+    const ll_block_q8_K *y = (const ll_block_q8_K *)(const void *)((const char *)a + (size_t)t * as);
+    __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps();
+    for (int i = 0; i < n / 256; i++) {
+      const char *p = (const char *)g + (size_t)i * 8 * bs;
+      s0 = k4_block4(p, bs, y + i, s0, 0);
+      s1 = k4_block4(p + 4 * bs, bs, y + i, s1, 0);
+    }
+    _mm_storeu_ps(out + (size_t)t * os, s0);
+    _mm_storeu_ps(out + (size_t)t * os + 4, s1);
+  }
+}
+void ll_q5_K_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
+                              float *out, size_t os) {
+  (void)sc, (void)ss, (void)scs;
+  const size_t bs = sizeof(ll_block_q5_K);
+  for (int t = 0; t < na; t++) {
+    const ll_block_q8_K *y = (const ll_block_q8_K *)(const void *)((const char *)a + (size_t)t * as);
+    __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps();
+    for (int i = 0; i < n / 256; i++) {
+      const char *p = (const char *)g + (size_t)i * 8 * bs;
+      s0 = k4_block4(p, bs, y + i, s0, 1);
+      s1 = k4_block4(p + 4 * bs, bs, y + i, s1, 1);
+    }
+    _mm_storeu_ps(out + (size_t)t * os, s0);
+    _mm_storeu_ps(out + (size_t)t * os + 4, s1);
+  }
+}
+void ll_q6_K_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
+                              float *out, size_t os) {
+  (void)sc, (void)ss, (void)scs;
+  const size_t bs = sizeof(ll_block_q6_K);
+  for (int t = 0; t < na; t++) {
+    const ll_block_q8_K *y = (const ll_block_q8_K *)(const void *)((const char *)a + (size_t)t * as);
+    __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps();
+    for (int i = 0; i < n / 256; i++) {
+      const char *p = (const char *)g + (size_t)i * 8 * bs;
+      s0 = k6_block4(p, bs, y + i, s0);
+      s1 = k6_block4(p + 4 * bs, bs, y + i, s1);
+    }
+    _mm_storeu_ps(out + (size_t)t * os, s0);
+    _mm_storeu_ps(out + (size_t)t * os + 4, s1);
   }
 }
 
@@ -1122,9 +1171,9 @@ static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0, 8, tile_sc_q8_0, 8, 4, ll_q8_0_tile_packed_avx2},
     [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q5_0_q8_0, "avx2", tile_q5_0, 8, tile_sc_q5_0, 8, 8, ll_q5_0_tile_packed_avx2},
     [LL_TYPE_Q5_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q5_1_q8_1, "avx2", NULL},
-    [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q4_K_q8_K, "avx2", tile_q4_K, 8},
-    [LL_TYPE_Q5_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q5_K_q8_K, "avx2", tile_q5_K, 8},
-    [LL_TYPE_Q6_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q6_K_q8_K, "avx2", tile_q6_K, 8},
+    [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q4_K_q8_K, "avx2", tile_q4_K, 8, NULL, 8, 2, ll_q4_K_tile_packed_avx2},
+    [LL_TYPE_Q5_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q5_K_q8_K, "avx2", tile_q5_K, 8, NULL, 8, 2, ll_q5_K_tile_packed_avx2},
+    [LL_TYPE_Q6_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q6_K_q8_K, "avx2", tile_q6_K, 8, NULL, 8, 2, ll_q6_K_tile_packed_avx2},
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_avx2(int t) {

@@ -41,7 +41,8 @@ struct ll_type_kernels {
   // (optional) Decode over re-laid weights: groups of pack_rows rows interleaved block by block
   // (the layout of ll_pack_rows), read as one stream instead of pack_rows row streams.
   // tile_packed computes out[a * ostride + r] = row r · a_a for the group's pack_rows rows and
-  // a < na (<= 4) activation rows, given tile_sc's side tables; bit-identical to vec_dot.
+  // a < na (<= 4) activation rows, given tile_sc's side tables (Q8_0/Q8_1 activations; the
+  // K-quants' take none); bit-identical to vec_dot.
   // Used for batches of fewer than packed_max_t tokens (larger ones share more work per weight
   // block in the tiles over the rows).
   int pack_rows;
@@ -58,7 +59,7 @@ struct ll_type_kernels {
 // the scales of rows 0..7 (16 B), then their 32 quants each (8 x 32 B). Q5_0: 176 bytes, the
 // scales as Q4_0's (16 B), the rows' fifth bits in bit planes (32 B: row 2k+h's bit for
 // element j < 16 is bit 2k of byte 16h + j, for element 16 + j bit 2k + 1), then the nibbles
-// as Q4_0's.
+// as Q4_0's. Q4_K, Q5_K, Q6_K: the 8 rows' super-blocks i, whole, one after the other.
 // ll_pack_rows packs rows 0..nrows-1 (nrows a multiple of 8) of k elements, row_stride bytes
 // apart, into out (nrows * ll_row_size(type, k) bytes). Returns 0, or -1 for another type or
 // shape.
@@ -91,6 +92,12 @@ void ll_q4_1_tile_packed_avx2(int n, const void *group, const void *a, size_t a_
 void ll_q8_0_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
                               size_t sc_stride, float *out, size_t ostride);
 void ll_q5_0_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
+                              size_t sc_stride, float *out, size_t ostride);
+void ll_q4_K_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
+                              size_t sc_stride, float *out, size_t ostride);
+void ll_q5_K_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
+                              size_t sc_stride, float *out, size_t ostride);
+void ll_q6_K_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
                               size_t sc_stride, float *out, size_t ostride);
 void ll_q4_0_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
                               size_t sc_stride, float *out, size_t ostride);
