@@ -280,11 +280,14 @@ struct k6_unpacked {
   __m256i sc16;  // the 16 scales as int16 (for the bsums)
 };
 // Part k (0..3) of half h's 32 values, from that half's ql (l0, l1) and qh (h).
+// The high bits 2k, 2k+1 of each qh byte go to bits 4, 5 with one 16-bit shift and one and
+// (bits crossing between the bytes of a word land outside 0x30).
 static inline __m256i k6_q(__m256i l0, __m256i l1, __m256i h, int k) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
   const __m256i l = k & 1 ? l1 : l0;
   const __m256i lo = k < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
-  return _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(k ? _mm256_srli_epi16(h, 2 * k) : h, m3), 4));
+  const __m256i hs = k == 0 ? _mm256_slli_epi16(h, 4) : k == 1 ? _mm256_slli_epi16(h, 2) : k == 2 ? h : _mm256_srli_epi16(h, 2);
+  return _mm256_or_si256(lo, _mm256_and_si256(hs, m30));
 }
 // Pattern for _mm256_shuffle_epi8 on [scales as int16 | the same]: word a in the low half's 8
 // words, word b in the high half's.
