@@ -247,13 +247,22 @@ int ll_backend_matmul_n(struct ll_backend *b, int n, float *const out[], const f
 // CPU backend (always available).
 int ll_backend_cpu_create(struct ll_backend **out, int n_threads, char *err, size_t errlen);
 // The CPU kernels' interleaved copy of w's rows for decode (w->packed; see ll_cpu_dot.h), made
-// where this CPU's kernels for w's type have one (x86 with AVX2: Q4_0, Q4_1, Q5_0, Q8_0).
-// Returns its size in bytes (0 when none is made), or LL_ENOMEM. The caller owns w->packed:
-// ll_cpu_weight_unpack frees it.
+// where this CPU's kernels for w's type have one (x86 with AVX2: Q4_0, Q4_1, Q5_0, Q8_0 and
+// the K-quants). Returns its size in bytes (0 when none is made), or LL_ENOMEM. The caller
+// owns w->packed: ll_cpu_weight_unpack frees it.
 int64_t ll_cpu_weight_pack(struct ll_weight *w);
+// The same into dst (64-byte aligned, cap bytes, owned by the caller; w->packed points into
+// it): 0 when none is made, LL_EINVAL when it does not fit.
+int64_t ll_cpu_weight_pack_into(struct ll_weight *w, void *dst, int64_t cap);
 // The bytes ll_cpu_weight_pack would make for a matrix of n rows of k elements of type (0: none).
 int64_t ll_cpu_packed_bytes(int type, int64_t k, int64_t n);
 void ll_cpu_weight_unpack(struct ll_weight *w);
+// Memory for weights that decode streams (the packed copies of a whole model in one block):
+// 2 MiB aligned and, where the OS has transparent huge pages on request (Linux "madvise"
+// mode), in huge pages - decode reads every weight once per token, and in 4 KiB pages that
+// is a TLB miss every 4 KiB. NULL when out of memory; free with ll_cpu_stream_free.
+void *ll_cpu_stream_alloc(size_t bytes);
+void ll_cpu_stream_free(void *p);
 
 // OpenCL backend (kernels/opencl/backend_opencl.c) on device D of platform P (indices as the
 // ICD loader lists them): builds the kernels (or loads them from the binary cache in

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -363,20 +364,38 @@ int64_t ll_cpu_packed_bytes(int type, int64_t k, int64_t n) {
   if (!kn || !kn->tile_packed || !kn->pack_rows || n < kn->pack_rows || k <= 0 || k > INT32_MAX) return 0;
   return (int64_t)ll_row_size(type, k) * (n - n % kn->pack_rows);
 }
+int64_t ll_cpu_weight_pack_into(struct ll_weight *w, void *dst, int64_t cap) {
+  const int64_t bytes = w->packed ? 0 : ll_cpu_packed_bytes(w->type, w->k, w->n);
+  if (bytes <= 0) return 0;
+  if (bytes > cap || !dst) return LL_EINVAL;
+  const size_t rs = ll_row_size(w->type, w->k);
+  if (ll_pack_rows(w->type, w->data, rs, bytes / (int64_t)rs, w->k, dst) != 0) return 0;
+  w->packed = dst;
+  return bytes;
+}
 int64_t ll_cpu_weight_pack(struct ll_weight *w) {
   const int64_t bytes = w->packed ? 0 : ll_cpu_packed_bytes(w->type, w->k, w->n);
   if (bytes <= 0) return 0;
-  const size_t rs = ll_row_size(w->type, w->k);
-  const int64_t rows = bytes / (int64_t)rs;
   void *p = NULL;
   if (posix_memalign(&p, 64, (size_t)bytes) != 0) return LL_ENOMEM;
-  if (ll_pack_rows(w->type, w->data, rs, rows, w->k, p) != 0) {
-    free(p);
-    return 0;
-  }
-  w->packed = p;
-  return (int64_t)(rs * (size_t)rows);
+  const int64_t rc = ll_cpu_weight_pack_into(w, p, bytes);
+  if (rc <= 0) free(p);
+  return rc;
 }
+
+// Measured 2026-11-24 on the 2-vCPU EPYC (THP "madvise"), one AVX2 thread streaming an 85 MB
+// packed Q4_0 matrix: 20.4-23.5 GB/s in 4 KiB pages, 24.3-25.1 in 2 MiB pages.
+void *ll_cpu_stream_alloc(size_t bytes) {
+  enum { HUGE = 2 << 20 };
+  void *p = NULL;
+  if (posix_memalign(&p, bytes >= HUGE ? HUGE : 64, bytes ? bytes : 1) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+  // Advice only: where THP is off (or "always") this changes nothing, and a failure is ignored.
+  if (bytes >= HUGE) (void)madvise(p, bytes / HUGE * HUGE, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+void ll_cpu_stream_free(void *p) { free(p); }
 void ll_cpu_weight_unpack(struct ll_weight *w) {
   free((void *)w->packed);
   w->packed = NULL;

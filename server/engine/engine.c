@@ -38,8 +38,7 @@ struct ll_engine {
   struct ll_model m; // hyperparameters and weights (ll_model.h; the trainer reads them too)
   int n_ctx;
   float *owned_f32; // dequantized norms / biases
-  const void **packed; // the CPU kernels' interleaved copies of the matrices (ll_cpu_weight_pack), owned here
-  int n_packed;
+  void *packed; // the CPU kernels' interleaved copies of the matrices (ll_cpu_weight_pack_into), one block owned here
   // KV cache
   int kv_type, n_blocks, max_blocks_per_seq, n_free;
   void **k_pool, **v_pool; // per layer
@@ -278,8 +277,7 @@ void ll_engine_close(struct ll_engine *e) {
   free(e->free_list);
   free(e->m.layers);
   free(e->owned_f32);
-  for (int i = 0; i < e->n_packed; i++) free((void *)e->packed[i]);
-  free(e->packed);
+  ll_cpu_stream_free(e->packed);
   free(e->pos), free(e->ids);
   free(e->kvv), free(e->it0), free(e->itn);
   ll_modelfile_free(&e->mf);
@@ -327,15 +325,26 @@ static int upload_weights(struct ll_engine *e, const struct ll_engine_params *p,
 }
 
 // On the CPU backend: the interleaved copies that decode reads as one stream (Q4_0, Q4_1,
-// Q5_0 and Q8_0 on x86 with AVX2; ll_cpu_weight_pack). The token embeddings are only gathered
-// from, and stay as they are (tied output: its own struct, packed as the head). Costs memory:
-// the packed matrices' bytes again (info.packed_bytes).
+// Q5_0, Q8_0 and the K-quants on x86 with AVX2; ll_cpu_weight_pack_into), all in one block of
+// ll_cpu_stream_alloc (huge pages where the OS gives them). The token embeddings are only
+// gathered from, and stay as they are (tied output: its own struct, packed as the head).
+// Costs memory: the packed matrices' bytes again (info.packed_bytes).
+struct pack_state {
+  struct ll_engine *e;
+  int64_t total, used; // bytes of the block (each copy 64-byte aligned), bytes given out
+};
+static int64_t pack_slot(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+static int size_one(struct ll_weight *w, void *arg) {
+  struct pack_state *ps = arg;
+  if (w != &ps->e->m.tok_embd && !w->packed) ps->total += pack_slot(ll_cpu_packed_bytes(w->type, w->k, w->n));
+  return 0;
+}
 static int pack_one(struct ll_weight *w, void *arg) {
-  struct ll_engine *e = arg;
-  if (w == &e->m.tok_embd) return 0;
-  const int64_t rc = ll_cpu_weight_pack(w);
+  struct pack_state *ps = arg;
+  if (w == &ps->e->m.tok_embd) return 0;
+  const int64_t rc = ll_cpu_weight_pack_into(w, (char *)ps->e->packed + ps->used, ps->total - ps->used);
   if (rc < 0) return (int)rc;
-  if (rc > 0) e->packed[e->n_packed++] = w->packed, e->info.packed_bytes += rc;
+  ps->used += pack_slot(rc), ps->e->info.packed_bytes += rc;
   return 0;
 }
 // The copies only speed decode up: without the memory for all of them, none (the matrices
@@ -346,12 +355,14 @@ static int unpack_each(struct ll_weight *w, void *arg) {
   return 0;
 }
 static void pack_weights(struct ll_engine *e) {
-  e->packed = calloc(2 + 7 * (size_t)e->m.L, sizeof *e->packed);
-  if (e->packed && ll_model_each_matrix(&e->m, pack_one, e) == 0) return;
+  struct pack_state ps = {e, 0, 0};
+  ll_model_each_matrix(&e->m, size_one, &ps);
+  if (ps.total == 0) return; // no type here has a packed form on this CPU
+  e->packed = ll_cpu_stream_alloc((size_t)ps.total);
+  if (e->packed && ll_model_each_matrix(&e->m, pack_one, &ps) == 0) return;
   ll_model_each_matrix(&e->m, unpack_each, NULL);
-  for (int i = 0; i < e->n_packed; i++) free((void *)e->packed[i]);
-  free(e->packed);
-  e->packed = NULL, e->n_packed = 0, e->info.packed_bytes = 0, e->info.packed_failed = 1;
+  ll_cpu_stream_free(e->packed);
+  e->packed = NULL, e->info.packed_bytes = 0, e->info.packed_failed = 1;
 }
 
 int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, char *err, size_t errlen) {
