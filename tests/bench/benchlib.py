@@ -26,7 +26,8 @@ def load():
 
 
 def readbw(build, threads):
-    """Read bandwidth in GB/s with 1..threads threads (tests/bench/readbw.c), as text."""
+    """Read bandwidth in GB/s with 1..threads threads (tests/bench/readbw.c), as text: in 4 KiB
+    pages, then in 2 MiB pages where the kernel grants them (llsrv's packed weights live there)."""
     out = subprocess.run([os.path.join(build, "tests", "readbw"), "-t", str(threads), "-m", "512", "-r", "5"], capture_output=True, text=True).stdout
     return " / ".join(re.findall(r"([\d.]+) GB/s", out))
 

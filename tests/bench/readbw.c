@@ -3,15 +3,19 @@
 // the widest loads the CPU has (AVX-512, else AVX2, else 8-byte words), best of several passes.
 // Every speed figure in docs/PERFORMANCE.md names this measurement, taken the same minute.
 //
-//   build/tests/readbw [-t MAX_THREADS] [-m MIB] [-r PASSES]
+//   build/tests/readbw [-t MAX_THREADS] [-m MIB] [-r PASSES] [-p 4k|huge|both]
 //
-// Prints one line per thread count: "read bandwidth: T threads X.X GB/s (isa, MIB MiB, best of R)".
-// Not a test: numbers only.
+// Prints one line per page size and thread count: "read bandwidth: T threads X.X GB/s (isa,
+// MIB MiB, best of R, 4 KiB pages)", then the same in 2 MiB pages where the kernel grants
+// transparent huge pages on request (madvise; llsrv keeps its packed weights there, so that
+// is the ceiling to compare decode with; "(2 MiB pages requested, N% granted)" says how many
+// it got). Not a test: numbers only.
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #if defined(__x86_64__)
@@ -55,6 +59,17 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const uint64_t *p
 }
 #endif
 
+// The process's anonymous memory in transparent huge pages now (0 where not reported).
+static size_t anon_huge_bytes(void) {
+  FILE *f = fopen("/proc/self/smaps_rollup", "r");
+  char line[256];
+  size_t kb = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "AnonHugePages: %zu kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb << 10;
+}
+
 typedef uint64_t (*read_fn)(const uint64_t *, size_t);
 static read_fn g_read = read_scalar;
 static const char *g_isa = "scalar";
@@ -76,18 +91,21 @@ static void *reader(void *u) {
 
 int main(int argc, char **argv) {
   int max_t = 2, reps = 7;
+  const char *pages = "both";
   size_t mib = 512;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-t") && i + 1 < argc) max_t = atoi(argv[++i]);
     else if (!strcmp(argv[i], "-m") && i + 1 < argc) mib = (size_t)atol(argv[++i]);
     else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "-p") && i + 1 < argc) pages = argv[++i];
     else {
-      fprintf(stderr, "usage: %s [-t MAX_THREADS] [-m MIB] [-r PASSES]\n", argv[0]);
+      fprintf(stderr, "usage: %s [-t MAX_THREADS] [-m MIB] [-r PASSES] [-p 4k|huge|both]\n", argv[0]);
       return 2;
     }
   }
-  if (max_t < 1 || max_t > 256 || mib < 64 || mib > 65536 || reps < 1 || reps > 1000) {
-    fprintf(stderr, "readbw: -t in 1..256, -m in 64..65536, -r in 1..1000\n");
+  if (max_t < 1 || max_t > 256 || mib < 64 || mib > 65536 || reps < 1 || reps > 1000 ||
+      (strcmp(pages, "4k") && strcmp(pages, "huge") && strcmp(pages, "both"))) {
+    fprintf(stderr, "readbw: -t in 1..256, -m in 64..65536, -r in 1..1000, -p 4k, huge or both\n");
     return 2;
   }
 #if defined(__x86_64__)
@@ -96,34 +114,42 @@ int main(int argc, char **argv) {
   else if (__builtin_cpu_supports("avx2")) g_read = read_avx2, g_isa = "avx2";
 #endif
   const size_t bytes = mib << 20, n = bytes / 8;
-  uint64_t *buf = aligned_alloc(64, bytes);
-  if (!buf) return fprintf(stderr, "readbw: cannot allocate %zu MiB\n", mib), 1;
-  for (size_t i = 0; i < n; i++) buf[i] = i * 0x9E3779B97F4A7C15ull; // touch every page
   uint64_t sink = 0;
-  for (int t = 1; t <= max_t; t++) {
-    double best = 1e30;
-    for (int r = 0; r < reps; r++) {
-      pthread_barrier_t bar;
-      pthread_barrier_init(&bar, NULL, (unsigned)t + 1);
-      struct job js[256];
-      pthread_t th[256];
-      const size_t per = (n / (size_t)t) & ~(size_t)31; // whole 256-byte groups per thread
-      for (int k = 0; k < t; k++) {
-        js[k] = (struct job){buf + (size_t)k * per, per, 0, &bar};
-        pthread_create(&th[k], NULL, reader, &js[k]);
+  for (int huge = 0; huge < 2; huge++) {
+    if (huge ? !strcmp(pages, "4k") : !strcmp(pages, "huge")) continue;
+    uint64_t *buf = aligned_alloc(2u << 20, bytes);
+    if (!buf) return fprintf(stderr, "readbw: cannot allocate %zu MiB\n", mib), 1;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(buf, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE); // (4 KiB even where THP is "always")
+#endif
+    for (size_t i = 0; i < n; i++) buf[i] = i * 0x9E3779B97F4A7C15ull; // touch every page
+    char what[64] = "4 KiB pages";
+    if (huge) snprintf(what, sizeof what, "2 MiB pages requested, %.0f%% granted", 100.0 * (double)anon_huge_bytes() / (double)bytes);
+    for (int t = 1; t <= max_t; t++) {
+      double best = 1e30;
+      for (int r = 0; r < reps; r++) {
+        pthread_barrier_t bar;
+        pthread_barrier_init(&bar, NULL, (unsigned)t + 1);
+        struct job js[256];
+        pthread_t th[256];
+        const size_t per = (n / (size_t)t) & ~(size_t)31; // whole 256-byte groups per thread
+        for (int k = 0; k < t; k++) {
+          js[k] = (struct job){buf + (size_t)k * per, per, 0, &bar};
+          pthread_create(&th[k], NULL, reader, &js[k]);
+        }
+        pthread_barrier_wait(&bar);
+        const double t0 = now();
+        pthread_barrier_wait(&bar);
+        const double dt = now() - t0;
+        for (int k = 0; k < t; k++) pthread_join(th[k], NULL), sink ^= js[k].sum;
+        pthread_barrier_destroy(&bar);
+        if (dt < best) best = dt;
       }
-      pthread_barrier_wait(&bar);
-      const double t0 = now();
-      pthread_barrier_wait(&bar);
-      const double dt = now() - t0;
-      for (int k = 0; k < t; k++) pthread_join(th[k], NULL), sink ^= js[k].sum;
-      pthread_barrier_destroy(&bar);
-      if (dt < best) best = dt;
+      const size_t per = (n / (size_t)t) & ~(size_t)31;
+      printf("read bandwidth: %d thread%s %.1f GB/s (%s loads, %zu MiB, best of %d, %s)\n", t, t > 1 ? "s" : "", (double)per * 8 * t / best * 1e-9,
+             g_isa, mib, reps, what);
     }
-    const size_t per = (n / (size_t)t) & ~(size_t)31;
-    printf("read bandwidth: %d thread%s %.1f GB/s (%s loads, %zu MiB, best of %d)\n", t, t > 1 ? "s" : "", (double)per * 8 * t / best * 1e-9,
-           g_isa, mib, reps);
+    free(buf);
   }
-  free(buf);
   return sink == 0x1234567 ? 3 : 0; // keeps the sums alive
 }
