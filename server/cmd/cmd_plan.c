@@ -4,7 +4,7 @@
 // Components (bytes):
 //   weights    every matrix (2-D tensor), resident on the device (norms: cached as used, small)
 //   repack     on the CPU with repack on, the interleaved copies of the matrices decode reads
-//              (ll_cpu_packed_bytes: Q4_0, Q4_1, Q5_0 and Q8_0 where the CPU has AVX2; not
+//              (ll_cpu_packed_bytes: Q4_0, Q4_1, Q5_0, Q8_0, K-quants where the CPU has AVX2; not
 //              token_embd unless it is also the output head)
 //   KV cache   2 * layers * ctx (in blocks of LL_KV_BLOCK) * parallel * kv_dim * (2 f16 | 4 f32)
 //   compute    the engine's activations and the OpenCL backend's staging buffers for one
