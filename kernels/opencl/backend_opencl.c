@@ -325,6 +325,17 @@ static int stage(struct ocl_ctx *c, int slot, size_t bytes) {
   return rc;
 }
 
+// Slot's staging buffer as the operand's copy (bytes), filled when load: by a device-side
+// copy from backend buffer r at off, or (r NULL) by an upload from host memory at p.
+static int stage_copy(struct ocl_ctx *c, int slot, const void *p, size_t bytes, const struct rbuf *r, size_t off, int load) {
+  struct sbuf *s = &c->s[slot];
+  const int rc = grow(c, slot, bytes);
+  if (rc) return rc;
+  s->use = s->m;
+  if (!load) return 0;
+  return r ? cl_rc(clEnqueueCopyBuffer(c->q, r->m, s->m, off, 0, bytes, 0, NULL, NULL)) : upload(c, s->m, 0, p, bytes);
+}
+
 // Slot for the operand at p (bytes): a backend buffer is used where it is (itself, or a
 // sub-buffer at the offset; where the device cannot start one there, a device-side copy in
 // the staging buffer); host memory gets the staging buffer, filled from p when load.
@@ -354,28 +365,20 @@ static int bind(struct ocl_ctx *c, int slot, const void *p, size_t bytes, int lo
       return 0;
     }
   }
-  int rc = grow(c, slot, bytes);
-  if (rc) return rc;
-  s->use = s->m;
-  if (in) {
-    s->res = r, s->off = off, s->len = bytes, s->copied = 1;
-    return load ? cl_rc(clEnqueueCopyBuffer(c->q, r->m, s->m, off, 0, bytes, 0, NULL, NULL)) : 0;
-  }
-  return load ? upload(c, s->m, 0, p, bytes) : 0;
+  const int rc = stage_copy(c, slot, p, bytes, in ? r : NULL, off, load);
+  if (rc == 0 && in) s->res = r, s->off = off, s->len = bytes, s->copied = 1; // get() copies it back
+  return rc;
 }
 
-// An input the op's kernels change (act_round rounds its x): always the slot's own copy.
+// An input the op's kernels change (act_round rounds its x): always the slot's own copy, and
+// not remembered as the range's (get() must not copy the changed bytes back).
 static int put_copy(struct ocl_ctx *c, int slot, const void *src, size_t bytes) {
-  struct sbuf *s = &c->s[slot];
-  unbind(s);
-  int rc = grow(c, slot, bytes);
-  if (rc) return rc;
-  s->use = s->m;
+  unbind(&c->s[slot]);
   const struct rbuf *r = NULL;
   size_t off = 0;
-  int in = bytes ? resident(c, src, bytes, &r, &off) : 0;
+  const int in = bytes ? resident(c, src, bytes, &r, &off) : 0;
   if (in < 0) return in;
-  return in ? cl_rc(clEnqueueCopyBuffer(c->q, r->m, s->m, off, 0, bytes, 0, NULL, NULL)) : upload(c, s->m, 0, src, bytes);
+  return stage_copy(c, slot, src, bytes, in ? r : NULL, off, 1);
 }
 
 // An input that repeats across calls (struct cconst): a backend buffer as put; host bytes from
