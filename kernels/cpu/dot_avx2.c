@@ -1000,6 +1000,68 @@ AI void q8_0_tile_impl(int n, const void *w, size_t ws, const void *a, size_t as
     for (int t = 0; t < NA; t++) out[(size_t)(t0 + t) * os + r0 + r] = hsum256(acc[r][t]);
 }
 
+// ---- Q8_0 x Q8_0 with side tables, a full tile (4 rows x 8 tokens: prompts) ----
+// The same four passes of 2 rows x 4 tokens as q8_0_tile_impl, but the tile's 32 scale
+// products d_w·d_a of a block are made once, 8 at a time, into a table in L1 that the passes
+// read: q8_0_tile_impl makes its 8 in each pass (two fp16 lookups, a multiply, a store, per
+// block). Blocks go in chunks of 64 (an 8 KiB table), the passes' accumulators kept between
+// chunks; per block and output the dot's fma in block order, so the dot's bits. Measured
+// 2026-11-24 on the 2-vCPU EPYC, AVX2 path, 128 tokens x 1536 rows x 576: 5% faster.
+AI void q8_0_pass_tab(int nb, const char *w, size_t ws, const char *a, size_t as, const float *S, const int r0, const int t0, __m256 *accp) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[2][4];
+  _Pragma("GCC unroll 2")
+  for (int r = 0; r < 2; r++)
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < 4; t++) acc[r][t] = accp[4 * r + t];
+  for (int i = 0; i < nb; i++) {
+    const size_t blk = (size_t)i * sizeof(ll_block_q8_0) + offsetof(ll_block_q8_0, qs);
+    __m256i wv[2], wa[2];
+    _Pragma("GCC unroll 2")
+    for (int r = 0; r < 2; r++) {
+      wv[r] = _mm256_loadu_si256((const __m256i *)(w + (size_t)(r0 + r) * ws + blk));
+      wa[r] = _mm256_sign_epi8(wv[r], wv[r]);
+    }
+    const float *si = S + (size_t)i * 32;
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < 4; t++) {
+      const __m256i av = _mm256_loadu_si256((const __m256i *)(a + (size_t)(t0 + t) * as + blk));
+      _Pragma("GCC unroll 2")
+      for (int r = 0; r < 2; r++) {
+        const __m256i d16 = _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(av, wv[r]));
+        acc[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&si[8 * (r0 + r) + t0 + t]), _mm256_cvtepi32_ps(_mm256_madd_epi16(d16, ones)), acc[r][t]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 2")
+  for (int r = 0; r < 2; r++)
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < 4; t++) accp[4 * r + t] = acc[r][t];
+}
+static void q8_0s_4x8_tab(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, size_t scs, float *out, size_t os) {
+  enum { CB = 64 };
+  float S[CB * 32] __attribute__((aligned(32))); // (block, row, token) products
+  __m256 acc[4][8];                               // pass (rows 2(p/2).., tokens 4(p%2)..): (row, token)
+  for (int p = 0; p < 4; p++)
+    for (int q = 0; q < 8; q++) acc[p][q] = _mm256_setzero_ps();
+  const int nb = n / 32;
+  for (int i0 = 0; i0 < nb; i0 += CB) {
+    const int cb = nb - i0 < CB ? nb - i0 : CB;
+    for (int i = 0; i < cb; i++) {
+      const __m256 da = _mm256_loadu_ps(sc + (size_t)(i0 + i) * scs); // the 8 tokens' scales
+      for (int r = 0; r < 4; r++) {
+        const ll_block_q8_0 *x = (const ll_block_q8_0 *)(const void *)((const char *)w + (size_t)r * ws) + i0 + i;
+        _mm256_store_ps(S + 32 * i + 8 * r, _mm256_mul_ps(_mm256_broadcast_ss(&fp16_table[x->d]), da));
+      }
+    }
+    const size_t off = (size_t)i0 * sizeof(ll_block_q8_0);
+    for (int p = 0; p < 4; p++) q8_0_pass_tab(cb, (const char *)w + off, ws, (const char *)a + off, as, S, 2 * (p / 2), 4 * (p % 2), acc[p]);
+  }
+  for (int p = 0; p < 4; p++)
+    for (int r = 0; r < 2; r++)
+      for (int t = 0; t < 4; t++) out[(size_t)(4 * (p % 2) + t) * os + 2 * (p / 2) + r] = hsum256(acc[p][4 * r + t]);
+}
+
 // ---- instantiation: one function per shape so that accumulators stay in registers ----
 typedef void (*tile_fn)(int n, const void *w, size_t ws, const void *a, size_t as, const float *sc, const int32_t *ss, size_t scs,
                         float *out, size_t os);
@@ -1051,6 +1113,11 @@ ENTRY(q4_0)
 ENTRY(q5_0)
 ENTRY(q4_1)
 ENTRY(q8_0)
+static void tile_sc_q8_0_tab(int n, const void *w, size_t ws, int nw, const void *a, size_t as, int na, const float *sc, const int32_t *ss,
+                             size_t scs, float *out, size_t os) {
+  if (nw == 4 && na == 8) q8_0s_4x8_tab(n, w, ws, a, as, sc, scs, out, os);
+  else tile_sc_q8_0(n, w, ws, nw, a, as, na, sc, ss, scs, out, os);
+}
 // Activation quantizers: the shared scalar ones of dot.c (a few thousand elements per token,
 // negligible next to the weight stream), identical on every ISA.
 // Activation quantizers, vectorised: the same bytes as ll_act_quantize_q8_0/_q8_1 in dot.c
@@ -1171,7 +1238,7 @@ static const struct ll_type_kernels avx2_table[LL_TYPE_COUNT] = {
     [LL_TYPE_F16] = {LL_TYPE_F16, from_f16, dot_f16, "avx2", NULL},
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q4_0_q8_0, "avx2", tile_q4_0, 8, tile_sc_q4_0, 8, 8, ll_q4_0_tile_packed_avx2},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q4_1_q8_1, "avx2", tile_q4_1, 8, tile_sc_q4_1, 8, 4, ll_q4_1_tile_packed_avx2},
-    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0, 8, tile_sc_q8_0, 8, 4, ll_q8_0_tile_packed_avx2},
+    [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q8_0_q8_0, "avx2", tile_q8_0, 8, tile_sc_q8_0_tab, 8, 4, ll_q8_0_tile_packed_avx2},
     [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, quantize_q8_0, dot_q5_0_q8_0, "avx2", tile_q5_0, 8, tile_sc_q5_0, 8, 8, ll_q5_0_tile_packed_avx2},
     [LL_TYPE_Q5_1] = {LL_TYPE_Q8_1, quantize_q8_1, dot_q5_1_q8_1, "avx2", NULL},
     [LL_TYPE_Q4_K] = {LL_TYPE_Q8_K, quantize_q8_K, dot_q4_K_q8_K, "avx2", tile_q4_K, 8, NULL, 8, 2, ll_q4_K_tile_packed_avx2},
