@@ -31,7 +31,7 @@ const struct ll_option ll_options[] = {
     {"kv_f16", LL_OPT_BOOL, 0, 1, "auto", "auto", OFF(kv_f16), NULL,
      "Store the KV cache as f16 (else f32); auto: f32 for a llama2.c model (as run.c), f16 otherwise (as llama.cpp)."},
     {"repack", LL_OPT_BOOL, 0, 1, "true", NULL, OFF(repack), NULL,
-     "On the CPU, keep an interleaved copy of the matrices whose kernels read one (Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K on x86 with AVX2), so decode streams each in one pass; costs their size again in memory."},
+     "On the CPU, keep an interleaved copy of the matrices whose kernels read one (Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K on x86 with AVX2), so decode streams each in one pass; costs their size again in memory (one block, in 2 MiB pages where Linux grants transparent huge pages on request)."},
     {"prefill_chunk", LL_OPT_INT, 1, 512, "256", NULL, OFF(prefill_chunk), "N",
      "Prompt tokens read per sequence per step, so long prompts do not stall streams."},
     {"state_dir", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(state_dir), "DIR",
