@@ -582,6 +582,17 @@ static void test_packed(void) {
            K, N, T1, acc);
     ll_cpu_weight_unpack(&w);
     CHECK(w.packed == NULL);
+    if (bytes > 0) { // into a caller's block: too small is refused and leaves w as it was
+      void *blk = ll_cpu_stream_alloc((size_t)bytes);
+      CHECK(blk != NULL);
+      CHECK(ll_cpu_weight_pack_into(&w, blk, bytes - 1) == LL_EINVAL && w.packed == NULL);
+      CHECK(ll_cpu_weight_pack_into(&w, blk, bytes) == bytes && w.packed == blk);
+      for (int i = 0; i < T * N; i++) o2[i] = 0.25f * (float)i;
+      CHECK(b->i->matmul(b, o2, x, &w, T1, acc) == 0);
+      CHECK(memcmp(o1, o2, sizeof(float) * T1 * N) == 0);
+      w.packed = NULL;
+      ll_cpu_stream_free(blk);
+    }
     free(W), free(x), free(o1), free(o2);
   }
   // matmul_n (q, k, v; gate, up: one x, several matrices, one hand-off to the threads) equals

@@ -524,7 +524,7 @@ int ll_pack_rows(int type, const void *rows, size_t row_stride, int64_t nrows, i
         memcpy(o + 2 * j, b, 2); // d
         if (q41) memcpy(o + 2 * PACK_ROWS + 2 * j, b + offsetof(ll_block_q4_1, m), 2);
       }
-      if (type == LL_TYPE_Q5_0) memset(o + 2 * PACK_ROWS, 0, 4 * PACK_ROWS); // the rows or their bits in
+      if (type == LL_TYPE_Q5_0) memset(o + 2 * PACK_ROWS, 0, 4 * PACK_ROWS); // each row ors its bits in
       for (int r = 0; r < PACK_ROWS; r++) { // in row order: Q5_0's qh, and the quants (which end each block)
         const char *b = (const char *)rows + (size_t)(PACK_ROWS * g + r) * row_stride + (size_t)i * bs;
         if (type == LL_TYPE_Q5_0) pack_q5_0_qh(o + 2 * PACK_ROWS, r, (const uint8_t *)b + offsetof(ll_block_q5_0, qh));
