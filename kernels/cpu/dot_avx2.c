@@ -493,37 +493,29 @@ static void tile_q6_K(int n, const void *w, size_t ws, int nw, const void *a, si
 // whole, block by block), so a group is one stream: each super-block's two halves of 4 rows
 // go through k4_block4 / k6_block4, the rows' dot bits. Tokens one at a time (decode: the
 // row tiles unpack a block once for several tokens).
-void ll_q4_K_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
-                              float *out, size_t os) {
-  (void)sc, (void)ss, (void)scs;
-  const size_t bs = sizeof(ll_block_q4_K);
+static void k4_packed(int n, const void *g, const void *a, size_t as, int na, float *out, size_t os, int q5) {
+  const size_t bs = q5 ? sizeof(ll_block_q5_K) : sizeof(ll_block_q4_K);
   for (int t = 0; t < na; t++) {
     const ll_block_q8_K *y = (const ll_block_q8_K *)(const void *)((const char *)a + (size_t)t * as);
     __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps();
     for (int i = 0; i < n / 256; i++) {
       const char *p = (const char *)g + (size_t)i * 8 * bs;
-      s0 = k4_block4(p, bs, y + i, s0, 0);
-      s1 = k4_block4(p + 4 * bs, bs, y + i, s1, 0);
+      s0 = k4_block4(p, bs, y + i, s0, q5);
+      s1 = k4_block4(p + 4 * bs, bs, y + i, s1, q5);
     }
     _mm_storeu_ps(out + (size_t)t * os, s0);
     _mm_storeu_ps(out + (size_t)t * os + 4, s1);
   }
 }
+void ll_q4_K_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
+                              float *out, size_t os) {
+  (void)sc, (void)ss, (void)scs;
+  k4_packed(n, g, a, as, na, out, os, 0);
+}
 void ll_q5_K_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
                               float *out, size_t os) {
   (void)sc, (void)ss, (void)scs;
-  const size_t bs = sizeof(ll_block_q5_K);
-  for (int t = 0; t < na; t++) {
-    const ll_block_q8_K *y = (const ll_block_q8_K *)(const void *)((const char *)a + (size_t)t * as);
-    __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps();
-    for (int i = 0; i < n / 256; i++) {
-      const char *p = (const char *)g + (size_t)i * 8 * bs;
-      s0 = k4_block4(p, bs, y + i, s0, 1);
-      s1 = k4_block4(p + 4 * bs, bs, y + i, s1, 1);
-    }
-    _mm_storeu_ps(out + (size_t)t * os, s0);
-    _mm_storeu_ps(out + (size_t)t * os + 4, s1);
-  }
+  k4_packed(n, g, a, as, na, out, os, 1);
 }
 void ll_q6_K_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
                               float *out, size_t os) {
