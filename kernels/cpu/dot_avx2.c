@@ -320,8 +320,8 @@ static inline int k6_isum(const ll_block_q8_K *y, const struct k6_unpacked *u) {
   }
   return hsum_i32(_mm256_sub_epi32(acc, k6_offset(y, u->sc16)));
 }
-// The same for one token without the unpacked copy.
-static inline int k6_isum1(const ll_block_q8_K *y, const ll_block_q6_K *x) {
+// The same for one token without the unpacked copy: its 8 int32 lanes, then their sum.
+static inline __m256i k6_lanes1(const ll_block_q8_K *y, const ll_block_q6_K *x) {
   const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
   __m256i acc = _mm256_setzero_si256();
   for (int half = 0; half < 2; half++) {
@@ -335,8 +335,9 @@ static inline int k6_isum1(const ll_block_q8_K *y, const ll_block_q6_K *x) {
       acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_shuffle_epi8(s8, k6_word_pair(2 * k, 2 * k + 1))));
     }
   }
-  return hsum_i32(_mm256_sub_epi32(acc, k6_offset(y, sc16)));
+  return _mm256_sub_epi32(acc, k6_offset(y, sc16));
 }
+static inline int k6_isum1(const ll_block_q8_K *y, const ll_block_q6_K *x) { return hsum_i32(k6_lanes1(y, x)); }
 static void dot_q6_K_q8_K(int n, float *s, const void *w, const void *a) {
   const ll_block_q6_K *x = w;
   const ll_block_q8_K *y = a;
@@ -444,19 +445,7 @@ static inline __m128 k6_block4(const char *x0, size_t rs, const ll_block_q8_K *y
   for (int r = 0; r < 4; r++) {
     const ll_block_q6_K *x = (const ll_block_q6_K *)(const void *)(x0 + (size_t)r * rs);
     d[r] = h2f(x->d);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
-    acc[r] = _mm256_sub_epi32(_mm256_setzero_si256(), k6_offset(y, sc16));
-    for (int half = 0; half < 2; half++) {
-      const uint8_t *ql = x->ql + 64 * half, *qh = x->qh + 32 * half;
-      const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-      const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-      const __m256i s8 = half ? _mm256_permute2x128_si256(sc16, sc16, 0x11) : _mm256_permute2x128_si256(sc16, sc16, 0x00);
-      for (int k = 0; k < 4; k++) {
-        const __m256i yv = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * half + 32 * k));
-        const __m256i p = _mm256_maddubs_epi16(k6_q(l0, l1, h, k), yv);
-        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, _mm256_shuffle_epi8(s8, k6_word_pair(2 * k, 2 * k + 1))));
-      }
-    }
+    acc[r] = k6_lanes1(y, x);
   }
   // sum += h2f(x->d) * y->d * isum
   return _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(d), _mm_set1_ps(y->d)), _mm_cvtepi32_ps(hsum4_i32(acc))));
