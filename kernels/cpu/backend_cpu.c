@@ -67,7 +67,7 @@ struct mm_job {
   int chunk;       // rows per task (a multiple of 4, of pack_rows with packed; see plan_job)
   const float *sc;   // (nb, T) activation scales for k->tile_sc, or NULL
   const int32_t *ss; // (nb, T) the second side table for k->tile_sc
-  const char *packed; // w's interleaved copy for k->tile_packed (with sc), or NULL
+  const char *packed; // w's interleaved copy for k->tile_packed (with sc where k takes them), or NULL
 };
 
 // Rows [n, n1) of the packed copy, group by group (n a multiple of pack_rows; a short group at

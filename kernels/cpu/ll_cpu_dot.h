@@ -23,6 +23,10 @@ typedef void (*ll_from_float_fn)(const float *x, void *y, int64_t n);
 typedef void (*ll_vec_dot_tile_fn)(int n, const void *w, size_t w_stride, int nw, const void *a, size_t a_stride, int na,
                                    float *out, size_t ostride);
 
+// ll_type_kernels.tile_packed (below).
+typedef void ll_tile_packed_fn(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
+                               size_t sc_stride, float *out, size_t ostride);
+
 struct ll_type_kernels {
   int act_type;              // enum ll_type of the quantized activations
   ll_from_float_fn from_float;
@@ -47,8 +51,7 @@ struct ll_type_kernels {
   // block in the tiles over the rows).
   int pack_rows;
   int packed_max_t;
-  void (*tile_packed)(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
-                      size_t sc_stride, float *out, size_t ostride);
+  ll_tile_packed_fn *tile_packed;
 };
 
 // The interleaved layouts of tile_packed, groups of 8 rows taking exactly their rows' bytes.
@@ -85,22 +88,11 @@ void ll_act_quantize_q8_1(const float *x, void *y, int64_t n);
 void ll_act_quantize_q8_0_avx2(const float *x, void *y, int64_t n);
 void ll_act_quantize_q8_1_avx2(const float *x, void *y, int64_t n);
 void ll_act_quantize_q8_K_avx2(const float *x, void *y, int64_t n);
-// The AVX2 tile_packed kernels (dot_avx2.c), also the AVX-512 set's: at one token they beat
-// its VNNI row tiles too (measured for all four types, docs/PERFORMANCE.md).
-void ll_q4_1_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
-                              size_t sc_stride, float *out, size_t ostride);
-void ll_q8_0_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
-                              size_t sc_stride, float *out, size_t ostride);
-void ll_q5_0_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
-                              size_t sc_stride, float *out, size_t ostride);
-void ll_q4_K_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
-                              size_t sc_stride, float *out, size_t ostride);
-void ll_q5_K_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
-                              size_t sc_stride, float *out, size_t ostride);
-void ll_q6_K_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
-                              size_t sc_stride, float *out, size_t ostride);
-void ll_q4_0_tile_packed_avx2(int n, const void *group, const void *a, size_t a_stride, int na, const float *sc, const int32_t *ss,
-                              size_t sc_stride, float *out, size_t ostride);
+// The AVX2 tile_packed kernels (dot_avx2.c). The AVX-512 set takes the Q4_0, Q4_1, Q5_0 and
+// Q8_0 ones too: at one token they beat its VNNI row tiles (measured, docs/PERFORMANCE.md);
+// it has no K-quant kernels of its own.
+ll_tile_packed_fn ll_q4_0_tile_packed_avx2, ll_q4_1_tile_packed_avx2, ll_q5_0_tile_packed_avx2, ll_q8_0_tile_packed_avx2;
+ll_tile_packed_fn ll_q4_K_tile_packed_avx2, ll_q5_K_tile_packed_avx2, ll_q6_K_tile_packed_avx2;
 
 // The side tables of ll_type_kernels.tile_sc for one row of n activations of type act_type
 // (Q8_0 or Q8_1; row a of T): sc[i * stride] = f32 of block i's d, ss[i * stride] = Q8_0:
