@@ -3,6 +3,8 @@
 // only the order of the float reduction differs (tested against them).
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <math.h>
 #include <string.h>
 
@@ -26,17 +28,31 @@ static void fp16_table_init(void) {
 }
 static inline float h2f(ll_fp16 h) { return fp16_table[h]; }
 
-// The packed decode kernels (tile_packed) read their group as one stream and prefetch it
-// PACKED_PF bytes ahead: every line of the block `bytes` long at p + PACKED_PF. Measured
-// 2026-11-24 on a 2-vCPU Zen 3 EPYC (AVX2 only, 1 thread, a 256 MiB packed Q8_0 matrix in 2 MiB
-// pages, read bandwidth 20-21 GB/s): 14.5 GB/s without, 19.5-20.1 with 3-16 KiB: with its loads
-// spread among the arithmetic the kernel alone does not keep enough lines in flight for the
-// hardware prefetcher to reach the read bandwidth. Past the end of a group the next group
-// follows (one matrix is one run of groups); past the end of the matrix a prefetch only wastes
-// a few lines (it never faults).
+// The packed decode kernels (tile_packed) read their group as one stream and, on CPUs without
+// AVX-512, prefetch it PACKED_PF bytes ahead: every line of the block `bytes` long at
+// p + PACKED_PF. Measured 2026-11-24 on a 2-vCPU Zen 3 EPYC (AVX2 only, 1 thread, 256 MiB packed
+// matrices in 2 MiB pages, read bandwidth 20-21 GB/s): Q8_0 14.5 GB/s without, 19.5-20.1 with
+// 3-16 KiB ahead, Q4_0 15.1 -> 18.7, Q5_0 13.2 -> 18.7: with its loads spread among the
+// arithmetic the kernel alone does not keep enough lines in flight for the hardware
+// prefetcher. On the Zen 4 (AVX-512) VM the same prefetch, 1-8 KiB ahead, cost one thread
+// 5-30% (its prefetcher keeps up: 24.5-27.4 GB/s against a read bandwidth of 24.9), so CPUs
+// with AVX-512 go without; LL_CPU_PREFETCH=0 or 1 overrides either way. Past the end of a
+// group the next group follows (one matrix is one run of groups); past the end of the matrix
+// a prefetch only wastes a few lines (it never faults).
 #define PACKED_PF 4096
-__attribute__((always_inline)) static inline void packed_prefetch(const char *p, const size_t bytes) {
-  for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(p + PACKED_PF + l, _MM_HINT_T0);
+static atomic_int packed_pf = -1; // 1: prefetch, 0: not, -1: not decided yet (any thread may decide: same answer)
+static int packed_pf_on(void) {
+  int v = atomic_load_explicit(&packed_pf, memory_order_relaxed);
+  if (v < 0) {
+    const char *e = getenv("LL_CPU_PREFETCH");
+    v = e && *e ? atoi(e) != 0 : !__builtin_cpu_supports("avx512f");
+    atomic_store_explicit(&packed_pf, v, memory_order_relaxed);
+  }
+  return v;
+}
+__attribute__((always_inline)) static inline void packed_prefetch(const int on, const char *p, const size_t bytes) {
+  if (on)
+    for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(p + PACKED_PF + l, _MM_HINT_T0);
 }
 
 // Row r of a tile's weights.
@@ -499,12 +515,13 @@ static void tile_q6_K(int n, const void *w, size_t ws, int nw, const void *a, si
 // Q4_K at 14.5 GB/s from L3 instead of 20.3.)
 __attribute__((always_inline)) static inline void k4_packed(int n, const void *g, const void *a, size_t as, int na, float *out, size_t os, int q5) {
   const size_t bs = q5 ? sizeof(ll_block_q5_K) : sizeof(ll_block_q4_K);
+  const int pf = packed_pf_on();
   for (int t = 0; t < na; t++) {
     const ll_block_q8_K *y = (const ll_block_q8_K *)(const void *)((const char *)a + (size_t)t * as);
     __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps();
     for (int i = 0; i < n / 256; i++) {
       const char *p = (const char *)g + (size_t)i * 8 * bs;
-      if (t == 0) packed_prefetch(p, 8 * bs);
+      packed_prefetch(pf && t == 0, p, 8 * bs);
       s0 = k4_block4(p, bs, y + i, s0, q5);
       s1 = k4_block4(p + 4 * bs, bs, y + i, s1, q5);
     }
@@ -526,12 +543,13 @@ void ll_q6_K_tile_packed_avx2(int n, const void *g, const void *a, size_t as, in
                               float *out, size_t os) {
   (void)sc, (void)ss, (void)scs;
   const size_t bs = sizeof(ll_block_q6_K);
+  const int pf = packed_pf_on();
   for (int t = 0; t < na; t++) {
     const ll_block_q8_K *y = (const ll_block_q8_K *)(const void *)((const char *)a + (size_t)t * as);
     __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps();
     for (int i = 0; i < n / 256; i++) {
       const char *p = (const char *)g + (size_t)i * 8 * bs;
-      if (t == 0) packed_prefetch(p, 8 * bs);
+      packed_prefetch(pf && t == 0, p, 8 * bs);
       s0 = k6_block4(p, bs, y + i, s0);
       s1 = k6_block4(p + 4 * bs, bs, y + i, s1);
     }
@@ -733,6 +751,7 @@ AI void qblk_packed_impl(int n, const void *g, const void *a, size_t as, const f
                          size_t os, const int NA, const int Q5) {
   const int nb = n / 32;
   const size_t bsz = Q5 ? 8 * sizeof(ll_block_q5_0) : 8 * sizeof(ll_block_q4_0), qoff = Q5 ? 48 : 16;
+  const int pf = packed_pf_on();
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const __m256i b5 = _mm256_set1_epi8(16), z = _mm256_setzero_si256();
   __m256 acc[4];
@@ -740,7 +759,7 @@ AI void qblk_packed_impl(int n, const void *g, const void *a, size_t as, const f
   for (int t = 0; t < NA; t++) acc[t] = _mm256_setzero_ps();
   for (int i = 0; i < nb; i++) {
     const char *p = (const char *)g + (size_t)i * bsz;
-    packed_prefetch(p, bsz);
+    packed_prefetch(pf, p, bsz);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); // [d0 d2 d4 d6 | d1 d3 d5 d7]
     const __m256i hb = Q5 ? _mm256_loadu_si256((const __m256i *)(p + 16)) : z; // Q5_0's bit planes
     __m256i lo[4], hi[4];
@@ -871,14 +890,14 @@ AI void q4_1_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as
 // take one multiply and one add, and the group is one stream (measured 2026-11-24, AVX2 path,
 // 1 thread, a 24 MB matrix: 25.4-26.1 GB/s against 15.3-15.6 for the 4-row tile).
 AI void q4_1_packed1(int n, const void *g, const void *a, const float *sca, const int32_t *ssa, size_t scs, float *out) {
-  const int nb = n / 32;
+  const int nb = n / 32, pf = packed_pf_on();
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 accl[4], acch[4], sm = _mm256_setzero_ps(); // sm lane r: row r's Σ m·s
   _Pragma("GCC unroll 4")
   for (int k = 0; k < 4; k++) accl[k] = acch[k] = _mm256_setzero_ps();
   for (int i = 0; i < nb; i++) {
     const char *p = (const char *)g + (size_t)i * 160;
-    packed_prefetch(p, 160);
+    packed_prefetch(pf, p, 160);
     const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));        // d of rows 0..7
     const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))); // m of rows 0..7
     sm = _mm256_add_ps(sm, _mm256_mul_ps(mv, _mm256_broadcast_ss((const float *)(const void *)(ssa + (size_t)i * scs))));
@@ -923,14 +942,14 @@ void ll_q4_1_tile_packed_avx2(int n, const void *g, const void *a, size_t as, in
 // (measured 2026-11-24, AVX2 path, 1 thread, the 30 MB SmolLM2 output head: 26.7 GB/s
 // against 21.7 for the row tile).
 AI void q8_0_packed1(int n, const void *g, const void *a, const float *sca, size_t scs, float *out) {
-  const int nb = n / 32;
+  const int nb = n / 32, pf = packed_pf_on();
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[8];
   _Pragma("GCC unroll 8")
   for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
   for (int i = 0; i < nb; i++) {
     const char *p = (const char *)g + (size_t)i * 272;
-    packed_prefetch(p, 272);
+    packed_prefetch(pf, p, 272);
     const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_broadcast_ss(sca + (size_t)i * scs));
     const __m256i qy = _mm256_loadu_si256((const __m256i *)((const char *)a + (size_t)i * sizeof(ll_block_q8_0) + offsetof(ll_block_q8_0, qs)));
     _Pragma("GCC unroll 8")
