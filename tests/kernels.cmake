@@ -11,6 +11,8 @@ target_link_libraries(readbw PRIVATE Threads::Threads)
 # `make bench` builds what the benchmarks under tests/bench/ run (see docs/PERFORMANCE.md)
 add_custom_target(bench DEPENDS llsrv train_kernels_bench readbw)
 # test_kernels again with the AVX2 kernels pinned (LL_CPU_ISA=avx2): on AVX-512 machines the backend's
-# batched matmuls (tiles, side tables, ragged tails) otherwise never reach the AVX2 tiles.
+# batched matmuls (tiles, side tables, ragged tails) otherwise never reach the AVX2 tiles. And with
+# the packed decode kernels' prefetch on (LL_CPU_PREFETCH=1; by default only CPUs without AVX-512
+# prefetch), so every machine runs both.
 add_test(NAME test_kernels_avx2 COMMAND test_kernels)
-set_tests_properties(test_kernels_avx2 PROPERTIES TIMEOUT 120 LABELS unit ENVIRONMENT "${LL_TEST_ENV};LL_CPU_ISA=avx2")
+set_tests_properties(test_kernels_avx2 PROPERTIES TIMEOUT 120 LABELS unit ENVIRONMENT "${LL_TEST_ENV};LL_CPU_ISA=avx2;LL_CPU_PREFETCH=1")

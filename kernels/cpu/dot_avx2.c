@@ -52,7 +52,8 @@ static int packed_pf_on(void) {
 }
 __attribute__((always_inline)) static inline void packed_prefetch(const int on, const char *p, const size_t bytes) {
   if (on)
-    for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(p + PACKED_PF + l, _MM_HINT_T0);
+    for (size_t l = 0; l < bytes; l += 64) // (as an integer: the address may lie past the matrix)
+      _mm_prefetch((const char *)((uintptr_t)p + PACKED_PF + l), _MM_HINT_T0);
 }
 
 // Row r of a tile's weights.
