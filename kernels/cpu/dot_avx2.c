@@ -472,6 +472,7 @@ static void tile_q5_K(int n, const void *w, size_t ws, int nw, const void *a, si
 static inline __m128 k6_block4(const char *x0, size_t rs, const ll_block_q8_K *y, __m128 sum) {
   __m256i acc[4];
   float d[4];
+  _Pragma("GCC unroll 4")
   for (int r = 0; r < 4; r++) {
     const ll_block_q6_K *x = (const ll_block_q6_K *)(const void *)(x0 + (size_t)r * rs);
     d[r] = h2f(x->d);
