@@ -748,7 +748,8 @@ AI void qblk_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as
 // the group's 8 rows: Q4_0 fma(si, d_w·d_a, sum), Q5_0 sum + (si·d_w)·d_a.
 // Read as one stream (measured 2026-11-24 on a 2-vCPU Zen 4 EPYC, AVX2 path, 1 thread, a
 // 42 MB Q4_0 matrix: 24.5-27.4 GB/s against 17.7-18.8 for the 4-row tile over the rows, read
-// bandwidth 24.9 GB/s), prefetched PACKED_PF ahead (a Zen 3 needs it: 15.1 -> 18.7 GB/s).
+// bandwidth 24.9 GB/s), prefetched PACKED_PF ahead on CPUs without AVX-512 (a Zen 3 needs it:
+// 15.1 -> 18.7 GB/s; packed_prefetch).
 AI void qblk_packed_impl(int n, const void *g, const void *a, size_t as, const float *sca, const int32_t *ssa, size_t scs, float *out,
                          size_t os, const int NA, const int Q5) {
   const int nb = n / 32;
