@@ -892,8 +892,8 @@ AI void q4_1_pair_impl(int n, const void *w, size_t ws, const void *a, size_t as
 // vcvtph2ps each (instead of a table lookup per row and block), the m·s products of all 8 rows
 // take one multiply and one add, and the group is one stream (measured 2026-11-24, AVX2 path,
 // 1 thread, a 24 MB matrix: 25.4-26.1 GB/s against 15.3-15.6 for the 4-row tile).
-AI void q4_1_packed1(int n, const void *g, const void *a, const float *sca, const int32_t *ssa, size_t scs, float *out) {
-  const int nb = n / 32, pf = packed_pf_on();
+AI void q4_1_packed1(int n, const void *g, const void *a, const float *sca, const int32_t *ssa, size_t scs, float *out, const int pf) {
+  const int nb = n / 32;
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 accl[4], acch[4], sm = _mm256_setzero_ps(); // sm lane r: row r's Σ m·s
   _Pragma("GCC unroll 4")
@@ -935,7 +935,9 @@ AI void q4_1_packed1(int n, const void *g, const void *a, const float *sca, cons
 // block once for several tokens, are as fast).
 void ll_q4_1_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
                               float *out, size_t os) {
-  for (int t = 0; t < na; t++) q4_1_packed1(n, g, (const char *)a + (size_t)t * as, sc + t, ss + t, scs, out + (size_t)t * os);
+  // Only the first token's pass prefetches: the later ones find the group in L1/L2.
+  const int pf = packed_pf_on();
+  for (int t = 0; t < na; t++) q4_1_packed1(n, g, (const char *)a + (size_t)t * as, sc + t, ss + t, scs, out + (size_t)t * os, pf && t == 0);
 }
 
 // ---- Q8_0 x Q8_0 over packed groups of 8 rows (ll_pack_rows), one token ----
@@ -944,8 +946,8 @@ void ll_q4_1_tile_packed_avx2(int n, const void *g, const void *a, size_t as, in
 // d_w·d_a come from one vcvtph2ps and one multiply per block, and the group is one stream
 // (measured 2026-11-24, AVX2 path, 1 thread, the 30 MB SmolLM2 output head: 26.7 GB/s
 // against 21.7 for the row tile).
-AI void q8_0_packed1(int n, const void *g, const void *a, const float *sca, size_t scs, float *out) {
-  const int nb = n / 32, pf = packed_pf_on();
+AI void q8_0_packed1(int n, const void *g, const void *a, const float *sca, size_t scs, float *out, const int pf) {
+  const int nb = n / 32;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[8];
   _Pragma("GCC unroll 8")
@@ -968,7 +970,8 @@ AI void q8_0_packed1(int n, const void *g, const void *a, const float *sca, size
 void ll_q8_0_tile_packed_avx2(int n, const void *g, const void *a, size_t as, int na, const float *sc, const int32_t *ss, size_t scs,
                               float *out, size_t os) {
   (void)ss;
-  for (int t = 0; t < na; t++) q8_0_packed1(n, g, (const char *)a + (size_t)t * as, sc + t, scs, out + (size_t)t * os);
+  const int pf = packed_pf_on(); // the first token's pass only, as for Q4_1
+  for (int t = 0; t < na; t++) q8_0_packed1(n, g, (const char *)a + (size_t)t * as, sc + t, scs, out + (size_t)t * os, pf && t == 0);
 }
 
 // ---- Q8_0 x Q8_0: one row per ymm (a block is 32 bytes), 2 rows x up to 4 tokens per pass ----
