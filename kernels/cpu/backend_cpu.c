@@ -117,7 +117,10 @@ static void mm_task(void *vctx, int task, int thread) {
       // 21:25 UTC on the quiet 2-vCPU EPYC, 1 thread, tg64, AVX2 path: Q8_0 52-59 -> 103-123
       // tok/s, Q4_0 69-78 -> 117-148, Q4_1 69 -> 131-149, Q4_K_M 70 -> 84-95; AVX-512 VNNI
       // Q4_1 97-117 -> 116-126 (prefetcht0 and none: no better than nta).
-      for (size_t off = here + (n == n0 ? g : PD * g); off < to; off += 64) __builtin_prefetch((const char *)j->w + off, 0, 2);
+      // Not for prompt-sized batches: they are compute-bound, each group is used by T/8 tiles
+      // from L1, and the loop itself took 0.6% of a Q8_0 pp128 (perf, 2026-11-24, Zen 3).
+      if (j->T < 32)
+        for (size_t off = here + (n == n0 ? g : PD * g); off < to; off += 64) __builtin_prefetch((const char *)j->w + off, 0, 2);
       // 4 weight rows x up to 4 tokens per pass: weights unpacked once, independent chains.
       for (int t = 0; t < j->T; t += tna) {
         const int na = j->T - t >= tna ? tna : j->T - t;
