@@ -309,8 +309,11 @@ static int plan_job(const struct cpu_ctx *c, struct mm_job *j, float *out, const
   // batches get one contiguous chunk per thread (16 chunks per matmul cost a quarter of
   // 2-thread decode speed). Large batches are compute-bound and take longer: several chunks
   // per thread, claimed dynamically, so a thread slowed by the host does not hold the rest.
+  // Prompts (64 tokens and more) take 16 per thread: the last chunk leaves the other threads
+  // idle for about half its time, and with 4 per thread that was 4.0-4.3% of a 2-thread Q8_0
+  // pp128 in the pool's wait loops (perf, 2026-11-24, Zen 3), 2.0-2.3% with 16.
   const int N = j->N, nt = c->n_threads;
-  const int per_thread = j->T < 16 ? 1 : 4;
+  const int per_thread = j->T < 16 ? 1 : j->T < 64 ? 4 : 16;
   j->chunk = (N + nt * per_thread - 1) / (nt * per_thread);
   const int align = j->packed ? k->pack_rows : 4; // whole groups per chunk
   j->chunk = (j->chunk + align - 1) / align * align;
