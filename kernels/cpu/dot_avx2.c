@@ -1508,10 +1508,38 @@ static inline float hsum8_tb(__m256 x) {
   return _mm_cvtss_f32(v);
 }
 
-// Four positions at a time: four independent FMA chains instead of one (a single chain of
-// hd/8 dependent FMAs per position was latency-bound); each position's lane order is unchanged.
+// hsum8_tb of eight vectors at once, into one vector (lane r: x[r]'s sum): the same adds in
+// the same order per vector, (hi + lo), then lanes 0,1 + 2,3, then lane 0 + lane 1.
+static inline __m256 hsum8_tb_x8(const __m256 x[8]) {
+  __m256 s[4], u[2];
+  for (int p = 0; p < 4; p++) // [x(2p): lo + hi | x(2p+1): lo + hi]
+    s[p] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * p], x[2 * p + 1], 0x31), _mm256_permute2f128_ps(x[2 * p], x[2 * p + 1], 0x20));
+  for (int p = 0; p < 2; p++) // [x(4p): l0+l2, l1+l3, x(4p+2): .., .. | x(4p+1): .., .., x(4p+3): .., ..]
+    u[p] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * p], s[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(s[2 * p], s[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)), // [x0 x2 x4 x6 | x1 x3 x5 x7]
+                                 _mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Eight positions at a time (then four, then one): independent FMA chains (one chain of hd/8
+// dependent FMAs per position was latency-bound), and the eight scores reduced together and
+// stored with one store (one position at a time the reductions were half the time: 8 at once
+// measured 27% faster, 128 queries x 1-128 positions x 64, 2026-11-24, Zen 3). Each
+// position's lane order and reduction tree are unchanged.
 static void avx2_dot_rows8_f16(float *s, const float *q, const uint16_t *const *k, int rows, int n) {
   int p = 0;
+  for (; p + 8 <= rows; p += 8) {
+    __m256 a[8];
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + i);
+      _Pragma("GCC unroll 8")
+      for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[p + r] + i))), a[r]);
+    }
+    _mm256_storeu_ps(s + p, hsum8_tb_x8(a));
+  }
   for (; p + 4 <= rows; p += 4) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     const uint16_t *k0 = k[p], *k1 = k[p + 1], *k2 = k[p + 2], *k3 = k[p + 3];
@@ -1540,7 +1568,35 @@ static void avx2_wsum_rows8_f16(float *o, const uint16_t *const *v, const float 
     return;
   }
   const int full = rows & ~7;
-  for (int i = 0; i < n; i += 8) {
+  int i = 0;
+  // Two 8-element chunks per pass over the positions (16 accumulators): each weight's
+  // broadcast serves both (12-22% faster, 128 queries x 1-128 positions x 64, 2026-11-24,
+  // Zen 3). Per lane the same fused adds in the same order.
+  for (; i + 16 <= n; i += 16) {
+    __m256 l[8], h[8];
+    _Pragma("GCC unroll 8")
+    for (int L = 0; L < 8; L++) l[L] = h[L] = _mm256_setzero_ps();
+    for (int p = 0; p < full; p += 8) {
+      _Pragma("GCC unroll 8")
+      for (int L = 0; L < 8; L++) {
+        const __m256 b = _mm256_broadcast_ss(w + p + L);
+        l[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p + L] + i))), b, l[L]);
+        h[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p + L] + i + 8))), b, h[L]);
+      }
+    }
+    _Pragma("GCC unroll 8")
+    for (int L = 0; L < 8; L++)
+      if (full + L < rows) {
+        const __m256 b = _mm256_broadcast_ss(w + full + L);
+        l[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[full + L] + i))), b, l[L]);
+        h[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[full + L] + i + 8))), b, h[L]);
+      }
+    _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+                                          _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]))));
+    _mm256_storeu_ps(o + i + 8, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(h[0], h[4]), _mm256_add_ps(h[2], h[6])),
+                                              _mm256_add_ps(_mm256_add_ps(h[1], h[5]), _mm256_add_ps(h[3], h[7]))));
+  }
+  for (; i < n; i += 8) { // an 8-element tail
     __m256 l[8];
     _Pragma("GCC unroll 8")
     for (int L = 0; L < 8; L++) l[L] = _mm256_setzero_ps();
