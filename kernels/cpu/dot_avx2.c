@@ -1561,56 +1561,36 @@ static void avx2_dot_rows8_f16(float *s, const float *q, const uint16_t *const *
 
 // Lanes are positions here (p % 8) and the vector runs over output elements: lane L of 8
 // elements accumulates positions L, L+8, ... in order, then the lanes meet in hsum's tree.
-// The eight lane accumulators stay in registers (whole groups of 8 positions, then the tail).
+// C (1 or 2) chunks of 8 elements per pass over the positions, 8 lane accumulators each, all
+// in registers: with two, each weight's broadcast serves both (12-22% faster than one,
+// 128 queries x 1-128 positions x 64, 2026-11-24, Zen 3).
+AI void wsum8_chunks(float *o, const uint16_t *const *v, const float *w, int rows, int i, const int C) {
+  const int full = rows & ~7;
+  __m256 l[2][8];
+  for (int c = 0; c < C; c++)
+    _Pragma("GCC unroll 8")
+    for (int L = 0; L < 8; L++) l[c][L] = _mm256_setzero_ps();
+  for (int p = 0; p < rows; p += 8) {
+    _Pragma("GCC unroll 8")
+    for (int L = 0; L < 8; L++) {
+      if (p == full && full + L >= rows) break; // the tail group: positions up to rows
+      const __m256 b = _mm256_broadcast_ss(w + p + L);
+      for (int c = 0; c < C; c++)
+        l[c][L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p + L] + i + 8 * c))), b, l[c][L]);
+    }
+  }
+  for (int c = 0; c < C; c++)
+    _mm256_storeu_ps(o + i + 8 * c, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[c][0], l[c][4]), _mm256_add_ps(l[c][2], l[c][6])),
+                                                  _mm256_add_ps(_mm256_add_ps(l[c][1], l[c][5]), _mm256_add_ps(l[c][3], l[c][7]))));
+}
 static void avx2_wsum_rows8_f16(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes) {
   if (n % 8) {
     ll_cpu_f16_ops_ref()->wsum_rows8_f16(o, v, w, rows, n, lanes);
     return;
   }
-  const int full = rows & ~7;
   int i = 0;
-  // Two 8-element chunks per pass over the positions (16 accumulators): each weight's
-  // broadcast serves both (12-22% faster, 128 queries x 1-128 positions x 64, 2026-11-24,
-  // Zen 3). Per lane the same fused adds in the same order.
-  for (; i + 16 <= n; i += 16) {
-    __m256 l[8], h[8];
-    _Pragma("GCC unroll 8")
-    for (int L = 0; L < 8; L++) l[L] = h[L] = _mm256_setzero_ps();
-    for (int p = 0; p < full; p += 8) {
-      _Pragma("GCC unroll 8")
-      for (int L = 0; L < 8; L++) {
-        const __m256 b = _mm256_broadcast_ss(w + p + L);
-        l[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p + L] + i))), b, l[L]);
-        h[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p + L] + i + 8))), b, h[L]);
-      }
-    }
-    _Pragma("GCC unroll 8")
-    for (int L = 0; L < 8; L++)
-      if (full + L < rows) {
-        const __m256 b = _mm256_broadcast_ss(w + full + L);
-        l[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[full + L] + i))), b, l[L]);
-        h[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[full + L] + i + 8))), b, h[L]);
-      }
-    _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
-                                          _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]))));
-    _mm256_storeu_ps(o + i + 8, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(h[0], h[4]), _mm256_add_ps(h[2], h[6])),
-                                              _mm256_add_ps(_mm256_add_ps(h[1], h[5]), _mm256_add_ps(h[3], h[7]))));
-  }
-  for (; i < n; i += 8) { // an 8-element tail
-    __m256 l[8];
-    _Pragma("GCC unroll 8")
-    for (int L = 0; L < 8; L++) l[L] = _mm256_setzero_ps();
-    for (int p = 0; p < full; p += 8) {
-      _Pragma("GCC unroll 8")
-      for (int L = 0; L < 8; L++)
-        l[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p + L] + i))), _mm256_broadcast_ss(w + p + L), l[L]);
-    }
-    _Pragma("GCC unroll 8")
-    for (int L = 0; L < 8; L++)
-      if (full + L < rows) l[L] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[full + L] + i))), _mm256_broadcast_ss(w + full + L), l[L]);
-    _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
-                                          _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]))));
-  }
+  for (; i + 16 <= n; i += 16) wsum8_chunks(o, v, w, rows, i, 2);
+  if (i < n) wsum8_chunks(o, v, w, rows, i, 1); // an 8-element tail
 }
 
 static const struct ll_f16_ops f16_avx2 = {avx2_dot_f32_f16, avx2_axpy_f16, avx2_from_f32, avx2_round_f16, avx2_dot_rows_f16, avx2_wsum_rows_f16,
