@@ -8,8 +8,13 @@
 #   llsrv is pinned to its AVX2 kernels with LL_CPU_ISA=avx2 either way.
 #   llama.cpp runs with -fa 0 (the attention llsrv computes bit for bit); LLAMA_FA=auto runs it
 #   with its default (flash attention on for this model), faster on prompts: report both.
+# After the rounds, a summary per (model, threads, test): each program's best round (a busy
+# neighbour only ever slows a run down, so on a shared VM the best rounds are the comparable
+# ones), their ratio, and the median of the rounds' own ratios.
 set -eu
 LLSRV=$1 LB=$2 DIR=$3 ROUNDS=${4:-3}
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
 echo "# $(date -u '+%F %T') $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) load:$(cut -d' ' -f1-3 /proc/loadavg) llama.cpp -fa ${LLAMA_FA:-0}"
 for r in $(seq "$ROUNDS"); do
   for m in Q4_0 Q4_1 Q8_0 Q4_K_M; do
@@ -21,4 +26,21 @@ for r in $(seq "$ROUNDS"); do
     done
   done
   echo "# load after round $r:$(cut -d' ' -f1-3 /proc/loadavg)"
-done
+done | tee "$LOG"
+echo "# best of $ROUNDS rounds: model threads test llama.cpp llsrv ratio | median of the rounds' ratios"
+awk '$1 == "llama.cpp" || $1 == "llsrv" {
+  k = $2 " " $3 " " $4; split($5, v, "±"); x = v[1] + 0
+  if (!(k in seen)) { seen[k] = 1; order[++n] = k }
+  if (x > best[$1, k]) best[$1, k] = x
+  val[$1, k, $6] = x; if ($6 > nr) nr = $6
+}
+END {
+  for (i = 1; i <= n; i++) {
+    k = order[i]; m = 0
+    for (r = 1; r <= nr; r++) if (val["llama.cpp", k, r] > 0 && val["llsrv", k, r] > 0) q[++m] = val["llsrv", k, r] / val["llama.cpp", k, r]
+    for (a = 2; a <= m; a++) for (b = a; b > 1 && q[b - 1] > q[b]; b--) { t = q[b]; q[b] = q[b - 1]; q[b - 1] = t }
+    med = m ? (m % 2 ? q[(m + 1) / 2] : (q[m / 2] + q[m / 2 + 1]) / 2) : 0
+    l = best["llama.cpp", k]; s = best["llsrv", k]
+    printf "best %s %.2f %.2f %.2f | %.2f\n", k, l, s, (l > 0 ? s / l : 0), med
+  }
+}' "$LOG"
