@@ -1459,27 +1459,35 @@ static void avx2_dot_rows_f16(float *s, const float *q, const uint16_t *const *k
   for (int p = 0; p < rows; p++) s[p] = dot_f32_f16_body(q, k[p], n);
 }
 
-// Head sizes that are a multiple of 64 (64, 128, 256): each lane's 64-element chunks in eight
-// registers, no branches on the chunk's width, and the reduction reads every lane through a
-// pointer (lanes no position reaches point at 8 zeros), so it has no per-lane tests either.
-// The same fused steps and adds as below; 2.4x faster at 32-64 positions, 1.25x at 1000
-// (n = 64, 2026-11-24, Zen 3).
+// Head sizes that are a multiple of 8: lane L's positions L, L+32, ... are accumulated in
+// registers, 64 elements (nv = 8 chunks of 8) at a time, and stored once (the reference
+// updates a lane in memory per position): the same fused steps in the same order per element,
+// so bit-identical. Whole 64-element chunks run with nv fixed at 8 (no branches on the
+// chunk's width); the reduction reads every lane through a pointer, lanes no position reaches
+// pointing at 8 zeros (+0, as in the reference's zeroed scratch), so it has no per-lane tests.
+// 2.4x faster than with those branches at 32-64 positions, 1.25x at 1000 (n = 64, 2026-11-24,
+// Zen 3).
+AI void wsum_lane_chunk(float *dst, const uint16_t *const *v, const float *w, int rows, int L, int c, const int nv) {
+  __m256 acc[8];
+  _Pragma("GCC unroll 8")
+  for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
+  for (int p = L; p < rows; p += 32) {
+    const __m256 wv = _mm256_set1_ps(w[p]);
+    const uint16_t *vp = v[p] + c;
+    _Pragma("GCC unroll 8")
+    for (int u = 0; u < nv; u++) acc[u] = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vp + 8 * u))), acc[u]);
+  }
+  _Pragma("GCC unroll 8")
+  for (int u = 0; u < nv; u++) _mm256_storeu_ps(dst + 8 * u, acc[u]);
+}
 static const float zero8_f32[8] __attribute__((aligned(32)));
-static void wsum_rows_f16_n64(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes) {
+static void wsum_rows_f16_lanes(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes) {
   const int nl = rows < 32 ? rows : 32;
   for (int c = 0; c < n; c += 64)
     for (int L = 0; L < nl; L++) {
-      __m256 acc[8];
-      _Pragma("GCC unroll 8")
-      for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
-      for (int p = L; p < rows; p += 32) {
-        const __m256 wv = _mm256_set1_ps(w[p]);
-        const uint16_t *vp = v[p] + c;
-        _Pragma("GCC unroll 8")
-        for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vp + 8 * u))), acc[u]);
-      }
-      _Pragma("GCC unroll 8")
-      for (int u = 0; u < 8; u++) _mm256_storeu_ps(lanes + (size_t)L * n + c + 8 * u, acc[u]);
+      float *dst = lanes + (size_t)L * n + c;
+      if (n - c >= 64) wsum_lane_chunk(dst, v, w, rows, L, c, 8);
+      else wsum_lane_chunk(dst, v, w, rows, L, c, (n - c) / 8);
     }
   const float *lp[32];
   for (int L = 0; L < 32; L++) lp[L] = L < nl ? lanes + (size_t)L * n : zero8_f32;
@@ -1496,49 +1504,14 @@ static void wsum_rows_f16_n64(float *o, const uint16_t *const *v, const float *w
   }
 }
 
-// Lane L's positions L, L+32, ... are accumulated in registers, 64 elements at a time, and
-// stored once (the reference updates a lane in memory per position): the same fused steps in
-// the same order per element, so bit-identical. Lanes no position reaches are +0 in the
-// reference's zeroed scratch; the reduction adds a +0 register in their place.
+// Other head sizes: the reference's steps, each position's axpy vectorized.
 static void avx2_wsum_rows_f16(float *o, const uint16_t *const *v, const float *w, int rows, int n, float *lanes) {
-  if (n % 64 == 0) {
-    wsum_rows_f16_n64(o, v, w, rows, n, lanes);
+  if (n % 8 == 0) {
+    wsum_rows_f16_lanes(o, v, w, rows, n, lanes);
     return;
   }
-  if (n % 8) {
-    memset(lanes, 0, (size_t)32 * n * sizeof *lanes);
-    for (int p = 0; p < rows; p++) avx2_axpy_f16(lanes + (size_t)(p % 32) * n, v[p], w[p], n);
-  } else {
-    const int nl = rows < 32 ? rows : 32;
-    for (int c = 0; c < n; c += 64) {
-      const int nv = (n - c) / 8 < 8 ? (n - c) / 8 : 8;
-      for (int L = 0; L < nl; L++) {
-        __m256 acc[8];
-        for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
-        for (int p = L; p < rows; p += 32) {
-          const __m256 wv = _mm256_set1_ps(w[p]);
-          const uint16_t *vp = v[p] + c;
-          if (nv == 8) {
-            _Pragma("GCC unroll 8")
-            for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vp + 8 * u))), acc[u]);
-          } else {
-            for (int u = 0; u < nv; u++) acc[u] = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vp + 8 * u))), acc[u]);
-          }
-        }
-        for (int u = 0; u < nv; u++) _mm256_storeu_ps(lanes + (size_t)L * n + c + 8 * u, acc[u]);
-      }
-    }
-    for (int i = 0; i < n; i += 8) {
-      __m256 x[8];
-#define LANE(l) ((l) < nl ? _mm256_loadu_ps(lanes + (size_t)(l) * n + i) : _mm256_setzero_ps())
-      for (int e = 0; e < 8; e++)
-        x[e] = _mm256_add_ps(_mm256_add_ps(LANE(e), LANE(16 + e)), _mm256_add_ps(LANE(8 + e), LANE(24 + e)));
-#undef LANE
-      _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(x[0], x[4]), _mm256_add_ps(x[1], x[5])),
-                                            _mm256_add_ps(_mm256_add_ps(x[2], x[6]), _mm256_add_ps(x[3], x[7]))));
-    }
-    return;
-  }
+  memset(lanes, 0, (size_t)32 * n * sizeof *lanes);
+  for (int p = 0; p < rows; p++) avx2_axpy_f16(lanes + (size_t)(p % 32) * n, v[p], w[p], n);
   for (int i = 0; i < n; i++) {
     float x[8];
     for (int e = 0; e < 8; e++)
