@@ -19,6 +19,20 @@ static inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// hsum256 of eight vectors at once, into one vector (lane r: x[r]'s sum): the same adds in
+// the same order per vector, (hi + lo), then lanes 0,1 + 2,3, then lane 0 + lane 1.
+static inline __m256 hsum8_tb_x8(const __m256 x[8]) {
+  __m256 s[4], u[2];
+  for (int p = 0; p < 4; p++) // [x(2p): lo + hi | x(2p+1): lo + hi]
+    s[p] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * p], x[2 * p + 1], 0x31), _mm256_permute2f128_ps(x[2 * p], x[2 * p + 1], 0x20));
+  for (int p = 0; p < 2; p++) // [x(4p): l0+l2, l1+l3, x(4p+2): .., .. | x(4p+1): .., .., x(4p+3): .., ..]
+    u[p] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * p], s[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(s[2 * p], s[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)), // [x0 x2 x4 x6 | x1 x3 x5 x7]
+                                 _mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // fp16 -> fp32 through a 256 KiB table (built once): a load instead of the vpinsrw+vcvtph2ps
 // pair, which competes for the shuffle port with the nibble unpacking in the dot loops.
 static float fp16_table[65536];
@@ -1095,9 +1109,19 @@ static void q8_0s_4x8_tab(int n, const void *w, size_t ws, const void *a, size_t
     q8_0_pass_tab(cb, wc, ws, ac, as, S, 0, 0, acc[0], scc, scs, 1);
     for (int p = 1; p < 4; p++) q8_0_pass_tab(cb, wc, ws, ac, as, S, 2 * (p / 2), 4 * (p % 2), acc[p], NULL, 0, 0);
   }
-  for (int p = 0; p < 4; p++)
-    for (int r = 0; r < 2; r++)
-      for (int t = 0; t < 4; t++) out[(size_t)(4 * (p % 2) + t) * os + 2 * (p / 2) + r] = hsum256(acc[p][4 * r + t]);
+  // Tokens 2u and 2u + 1, rows 0..3 (pass 2 (r / 2) + t / 4, accumulator 4 (r % 2) + t % 4):
+  // eight sums in one reduction, two stores.
+  _Pragma("GCC unroll 4")
+  for (int u = 0; u < 4; u++) {
+    __m256 x[8];
+    _Pragma("GCC unroll 2")
+    for (int e = 0; e < 2; e++)
+      _Pragma("GCC unroll 4")
+      for (int r = 0; r < 4; r++) x[4 * e + r] = acc[2 * (r / 2) + (2 * u + e) / 4][4 * (r % 2) + (2 * u + e) % 4];
+    const __m256 s = hsum8_tb_x8(x);
+    _mm_storeu_ps(out + (size_t)(2 * u) * os, _mm256_castps256_ps128(s));
+    _mm_storeu_ps(out + (size_t)(2 * u + 1) * os, _mm256_extractf128_ps(s, 1));
+  }
 }
 
 // ---- instantiation: one function per shape so that accumulators stay in registers ----
@@ -1542,19 +1566,6 @@ static inline float hsum8_tb(__m256 x) {
   return _mm_cvtss_f32(v);
 }
 
-// hsum8_tb of eight vectors at once, into one vector (lane r: x[r]'s sum): the same adds in
-// the same order per vector, (hi + lo), then lanes 0,1 + 2,3, then lane 0 + lane 1.
-static inline __m256 hsum8_tb_x8(const __m256 x[8]) {
-  __m256 s[4], u[2];
-  for (int p = 0; p < 4; p++) // [x(2p): lo + hi | x(2p+1): lo + hi]
-    s[p] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * p], x[2 * p + 1], 0x31), _mm256_permute2f128_ps(x[2 * p], x[2 * p + 1], 0x20));
-  for (int p = 0; p < 2; p++) // [x(4p): l0+l2, l1+l3, x(4p+2): .., .. | x(4p+1): .., .., x(4p+3): .., ..]
-    u[p] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * p], s[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm256_shuffle_ps(s[2 * p], s[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)), // [x0 x2 x4 x6 | x1 x3 x5 x7]
-                                 _mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
 
 // Eight positions at a time (then four, then one): independent FMA chains (one chain of hd/8
 // dependent FMAs per position was latency-bound), and the eight scores reduced together and
