@@ -19,8 +19,9 @@ static inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-// hsum256 of eight vectors at once, into one vector (lane r: x[r]'s sum): the same adds in
-// the same order per vector, (hi + lo), then lanes 0,1 + 2,3, then lane 0 + lane 1.
+// hsum256 (= hsum8_tb, tinyBLAS's hsum) of eight vectors at once, into one vector (lane r:
+// x[r]'s sum): the same adds in the same order per vector, the two halves, then lanes 0,1 +
+// 2,3, then lane 0 + lane 1.
 static inline __m256 hsum8_tb_x8(const __m256 x[8]) {
   __m256 s[4], u[2];
   for (int p = 0; p < 4; p++) // [x(2p): lo + hi | x(2p+1): lo + hi]
@@ -1565,7 +1566,6 @@ static inline float hsum8_tb(__m256 x) {
   v = _mm_add_ss(v, _mm_movehdup_ps(v));
   return _mm_cvtss_f32(v);
 }
-
 
 // Eight positions at a time (then four, then one): independent FMA chains (one chain of hd/8
 // dependent FMAs per position was latency-bound), and the eight scores reduced together and
