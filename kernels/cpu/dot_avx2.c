@@ -11,6 +11,8 @@
 #include "ll_cpu_dot.h"
 #include "ll_quant.h"
 
+// The halves added, then lanes 0,1 + 2,3, then lane 0 + lane 1: ggml's and tinyBLAS's hsum
+// (theirs add hi + lo; the same bits).
 static inline float hsum256(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
@@ -19,10 +21,9 @@ static inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-// hsum256 (= hsum8_tb, tinyBLAS's hsum) of eight vectors at once, into one vector (lane r:
-// x[r]'s sum): the same adds in the same order per vector, the two halves, then lanes 0,1 +
-// 2,3, then lane 0 + lane 1.
-static inline __m256 hsum8_tb_x8(const __m256 x[8]) {
+// hsum256 of eight vectors at once, into one vector (lane r: x[r]'s sum): the same adds in
+// the same order per vector.
+static inline __m256 hsum256_x8(const __m256 x[8]) {
   __m256 s[4], u[2];
   for (int p = 0; p < 4; p++) // [x(2p): lo + hi | x(2p+1): lo + hi]
     s[p] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * p], x[2 * p + 1], 0x31), _mm256_permute2f128_ps(x[2 * p], x[2 * p + 1], 0x20));
@@ -1119,7 +1120,7 @@ static void q8_0s_4x8_tab(int n, const void *w, size_t ws, const void *a, size_t
     for (int e = 0; e < 2; e++)
       _Pragma("GCC unroll 4")
       for (int r = 0; r < 4; r++) x[4 * e + r] = acc[2 * (r / 2) + (2 * u + e) / 4][4 * (r % 2) + (2 * u + e) % 4];
-    const __m256 s = hsum8_tb_x8(x);
+    const __m256 s = hsum256_x8(x);
     _mm_storeu_ps(out + (size_t)(2 * u) * os, _mm256_castps256_ps128(s));
     _mm_storeu_ps(out + (size_t)(2 * u + 1) * os, _mm256_extractf128_ps(s, 1));
   }
@@ -1559,14 +1560,6 @@ static void avx2_wsum_rows_f16(float *o, const uint16_t *const *v, const float *
   }
 }
 
-// tinyBLAS's hsum(__m256): (hi + lo), then + movehl, then + movehdup.
-static inline float hsum8_tb(__m256 x) {
-  __m128 v = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-  v = _mm_add_ss(v, _mm_movehdup_ps(v));
-  return _mm_cvtss_f32(v);
-}
-
 // Eight positions at a time (then four, then one): independent FMA chains (one chain of hd/8
 // dependent FMAs per position was latency-bound), and the eight scores reduced together and
 // stored with one store (one position at a time the reductions were half the time: 8 at once
@@ -1583,7 +1576,7 @@ static void avx2_dot_rows8_f16(float *s, const float *q, const uint16_t *const *
       _Pragma("GCC unroll 8")
       for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[p + r] + i))), a[r]);
     }
-    _mm256_storeu_ps(s + p, hsum8_tb_x8(a));
+    _mm256_storeu_ps(s + p, hsum256_x8(a));
   }
   for (; p + 4 <= rows; p += 4) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -1595,12 +1588,12 @@ static void avx2_dot_rows8_f16(float *s, const float *q, const uint16_t *const *
       a2 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k2 + i))), a2);
       a3 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k3 + i))), a3);
     }
-    s[p] = hsum8_tb(a0), s[p + 1] = hsum8_tb(a1), s[p + 2] = hsum8_tb(a2), s[p + 3] = hsum8_tb(a3);
+    s[p] = hsum256(a0), s[p + 1] = hsum256(a1), s[p + 2] = hsum256(a2), s[p + 3] = hsum256(a3);
   }
   for (; p < rows; p++) {
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[p] + i))), acc);
-    s[p] = hsum8_tb(acc);
+    s[p] = hsum256(acc);
   }
 }
 
