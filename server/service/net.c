@@ -204,8 +204,8 @@ static int hand_off(struct ll_conn *c, struct ll_sched_req *r) {
   struct ll_server *s = c->srv;
   struct inflight *f = malloc(sizeof *f);
   if (!f) {
-    ll_sched_req_free(r);
     send_err(c, r->id, "internal", "out of memory");
+    ll_sched_req_free(r);
     return LL_ENOMEM;
   }
   snprintf(f->id, sizeof f->id, "%s", r->id);
