@@ -310,7 +310,7 @@ static void on_mconnection(uv_stream_t *server, int status) {
   }
   int n = 0;
   for (struct ll_mconn *x = s->mconns; x; x = x->next) n += !x->closing;
-  // Only the socket's owner may attach (the 0700 directory already keeps others out).
+  // Only the socket's owner may attach (the socket is 0600 as well).
   uv_os_fd_t fd;
   struct ucred cr;
   socklen_t cl = sizeof cr;
@@ -355,17 +355,24 @@ int ll_monitor_default_path(char *out, size_t cap, char *err, size_t errlen) {
   return 0;
 }
 
-// The socket's directory: created 0700 if missing; if present it must be ours and private.
+// The socket's directory: created 0700 when missing. A directory that was already there is
+// never chmod'ed (it may be shared, e.g. /tmp, or set up so on purpose); it must be ours and
+// writable by no one else, since whoever may write there could put their own socket at our path
+// before us or after us. The socket's own mode (0600) and the peer-uid check keep readers out.
 static int private_dir(const char *dir, char *err, size_t errlen) {
-  if (mkdir(dir, 0700) != 0 && errno != EEXIST) return ll_errf(err, errlen, LL_EIO, "monitor: cannot create %s: %s", dir, strerror(errno));
+  if (mkdir(dir, 0700) == 0) return 0;
+  if (errno != EEXIST) return ll_errf(err, errlen, LL_EIO, "monitor: cannot create %s: %s", dir, strerror(errno));
   struct stat st;
   if (lstat(dir, &st) != 0) return ll_errf(err, errlen, LL_EIO, "monitor: %s: %s", dir, strerror(errno));
   if (!S_ISDIR(st.st_mode)) return ll_errf(err, errlen, LL_EINVAL, "monitor: %s is not a directory", dir);
   if (st.st_uid != geteuid())
     return ll_errf(err, errlen, LL_EINVAL, "monitor: directory %s belongs to uid %u, not to us (uid %u); refusing to put the socket there",
                    dir, (unsigned)st.st_uid, (unsigned)geteuid());
-  if ((st.st_mode & 077) != 0 && chmod(dir, 0700) != 0)
-    return ll_errf(err, errlen, LL_EIO, "monitor: cannot make %s private (0700): %s", dir, strerror(errno));
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    return ll_errf(err, errlen, LL_EINVAL,
+                   "monitor: directory %s is writable by %s (mode %04o); refusing to put the socket there "
+                   "(give --socket a path in a directory of your own, e.g. %s/llsrv/llsrv.sock, which llsrv creates 0700)",
+                   dir, (st.st_mode & S_IWOTH) ? "everyone" : "its group", (unsigned)(st.st_mode & 07777), dir);
   return 0;
 }
 

@@ -466,4 +466,27 @@ if os.geteuid() == 0:
                         os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
     check(r.returncode != 0 and "belongs to uid 65534" in r.stderr, "foreign directory refused: %r" % r.stderr[-200:])
 
+# A directory that exists is never chmod'ed: one writable by others (here 1777, like /tmp) is
+# refused and left as it was; one of ours at 0755 is used as it is.
+shared = os.path.join(tmp, "ww")
+os.makedirs(shared)
+os.chmod(shared, 0o1777)
+r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", os.path.join(shared, "m.sock"), "--state-dir",
+                    os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
+check(r.returncode != 0 and "writable by everyone" in r.stderr and shared in r.stderr,
+      "world-writable socket directory refused: %r" % r.stderr[-300:])
+check(stat.S_IMODE(os.stat(shared).st_mode) == 0o1777, "the refused directory keeps its mode 1777 (got %o)" %
+      stat.S_IMODE(os.stat(shared).st_mode))
+os.chmod(shared, 0o775)
+r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", os.path.join(shared, "m.sock"), "--state-dir",
+                    os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
+check(r.returncode != 0 and "writable by its group" in r.stderr, "group-writable socket directory refused: %r" % r.stderr[-300:])
+mine = os.path.join(tmp, "mine")
+os.makedirs(mine)
+os.chmod(mine, 0o755)
+srv4 = Server(tmp, ["--parallel", "1", "--ctx", "128", "--socket", os.path.join(mine, "m.sock")], name="mine2")
+check(os.path.exists(os.path.join(mine, "m.sock")), "a 0755 directory of ours holds the socket")
+check(stat.S_IMODE(os.stat(mine).st_mode) == 0o755, "our 0755 directory keeps its mode (got %o)" % stat.S_IMODE(os.stat(mine).st_mode))
+check(srv4.stop() == 0, "the server on a 0755 directory exits 0")
+
 sys.exit(check.summary())
