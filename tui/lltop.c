@@ -609,7 +609,7 @@ static void draw_training(int y, int h, int W) {
   int iw = W, x = 0, r = y + 1;
   char a[32], b[32], c[32], d[32], e[32], f[32];
   const char *stt = s->tr_state.known ? s->tr_state.s : "N/A";
-  int pair = !strcmp(stt, "running") ? CP_OK : !strcmp(stt, "error") ? CP_ERR : !strcmp(stt, "paused") ? CP_WARN : 0;
+  int pair = !strcmp(stt, "running") ? CP_OK : !strcmp(stt, "error") ? CP_ERR : (!strcmp(stt, "paused") || !strcmp(stt, "pausing")) ? CP_WARN : 0;
   int k = put(r, x, iw, " state ");
   attron(A_BOLD | A(pair));
   k += put(r, x + k, iw - k, stt);
@@ -965,12 +965,12 @@ static void on_key(int ch) {
   case '?':
   case 'h': show_help = 1; break;
   case 'p':
-    if (!strcmp(st, "paused")) ask(ch, "resume", "Resume training?");
+    if (!strcmp(st, "paused") || !strcmp(st, "pausing")) ask(ch, "resume", "Resume training?");
     else ask(ch, "pause", "Pause training?");
     break;
   case 's': ask(ch, "save", "Save a checkpoint now?"); break;
   case 't':
-    if (!strcmp(st, "running") || !strcmp(st, "paused")) ask(ch, "train stop", "Stop training?");
+    if (!strcmp(st, "running") || !strcmp(st, "paused") || !strcmp(st, "pausing")) ask(ch, "train stop", "Stop training?");
     else ask(ch, "train start", "Start training?");
     break;
   case 'l': logy = !logy; break;

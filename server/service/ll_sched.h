@@ -103,6 +103,9 @@ void ll_sched_get_stats(struct ll_sched *s, struct ll_sched_stats *st);
 #define LL_SCHED_MAX_ADAPTERS 32
 struct ll_lora;
 int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct ll_lora *a);
+// Why `live` is not registered now, for the bad_adapter message of requests that name it (NULL
+// or "": "training is not running"). Any thread.
+void ll_sched_live_reason(struct ll_sched *s, const char *why);
 // The adapter of requests that name none ("none" or NULL: the base model; the default).
 int ll_sched_adapter_default(struct ll_sched *s, const char *name);
 

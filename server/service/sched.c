@@ -79,6 +79,7 @@ struct ll_sched {
   struct { char name[64]; const struct ll_lora *a; } adapters[LL_SCHED_MAX_ADAPTERS];
   int n_adapters;
   char default_adapter[64];
+  char live_why[256]; // why adapter=live names no adapter now ("": training is not running)
 
   // compute thread only
   struct slot *wait_head, *wait_tail;
@@ -308,7 +309,9 @@ static int resolve_adapter(struct ll_sched *s, struct slot *sl, char *msg, size_
   for (int i = 0; !found && i < s->n_adapters; i++)
     if (strcmp(s->adapters[i].name, want) == 0) a = s->adapters[i].a, found = 1;
   if (!found) {
-    size_t k = (size_t)snprintf(msg, cap, strcmp(want, "live") == 0 ? "no live adapter: training is not running (adapters:" : "unknown adapter '%s' (adapters:", want);
+    size_t k = strcmp(want, "live") == 0
+                   ? (size_t)snprintf(msg, cap, "no live adapter: %s (adapters:", s->live_why[0] ? s->live_why : "training is not running")
+                   : (size_t)snprintf(msg, cap, "unknown adapter '%s' (adapters:", want);
     for (int i = 0; i < s->n_adapters && k < cap; i++) k += (size_t)snprintf(msg + k, cap - k, " %s", s->adapters[i].name);
     if (k < cap) snprintf(msg + k, cap - k, "%s)", s->n_adapters ? "" : " none loaded");
   }
@@ -349,6 +352,12 @@ int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct
   }
   pthread_mutex_unlock(&s->mu);
   return rc;
+}
+
+void ll_sched_live_reason(struct ll_sched *s, const char *why) {
+  pthread_mutex_lock(&s->mu);
+  snprintf(s->live_why, sizeof s->live_why, "%s", why ? why : "");
+  pthread_mutex_unlock(&s->mu);
 }
 
 int ll_sched_adapter_default(struct ll_sched *s, const char *name) {

@@ -21,8 +21,10 @@
 #include "ll_train_run.h"
 #include "ll_trainer.h"
 
-enum job_state { ST_OFF, ST_RUNNING, ST_PAUSED, ST_STOPPED, ST_DONE, ST_ERROR };
-static const char *const state_names[] = {"off", "running", "paused", "stopped", "done", "error"};
+// ST_PAUSING: a pause was asked for while a step runs; the step finishes (its update is
+// applied), then the job is paused. A resume in that window cancels the pause.
+enum job_state { ST_OFF, ST_RUNNING, ST_PAUSED, ST_STOPPED, ST_DONE, ST_ERROR, ST_PAUSING };
+static const char *const state_names[] = {"off", "running", "paused", "stopped", "done", "error", "pausing"};
 
 enum { CMD_START = 1, CMD_PAUSE = 2, CMD_RESUME = 4, CMD_STOP = 8, CMD_SAVE = 16 };
 
@@ -155,8 +157,20 @@ static void train_yield(void *user) {
 
 static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
+// adapter=live names the adapter of a LoRA run that is running, pausing, paused or done; after
+// `train stop` or an error it is withdrawn (requests that began with it finish with it: the
+// run keeps it alive) and requests naming it are told why.
+static void live_withdraw(struct ll_trainjob *j, const char *why) {
+  if (j->tp.mode != LL_TRAIN_LORA) return;
+  ll_sched_adapter_register(j->s, "live", NULL);
+  ll_sched_live_reason(j->s, why);
+}
+
 static void fail(struct ll_trainjob *j, const char *msg) {
   ll_log(LL_LOG_ERROR, "training: %s", msg);
+  char why[256];
+  snprintf(why, sizeof why, "training stopped with an error: %.200s", msg);
+  live_withdraw(j, why);
   pthread_mutex_lock(&j->mu);
   j->state = ST_ERROR;
   snprintf(j->error, sizeof j->error, "%s", msg);
@@ -298,18 +312,27 @@ static int slice(struct ll_trainjob *j, int cmds) {
   int state = j->state;
   pthread_mutex_unlock(&j->mu);
   if ((cmds & CMD_START) && state != ST_RUNNING && state != ST_PAUSED) {
-    if (!j->run && open_run(j) != 0) return 0;
+    const int had_run = j->run != NULL;
+    if (!had_run && open_run(j) != 0) return 0; // a new run publishes itself
     state = ll_train_run_done(j->run) ? ST_DONE : ST_RUNNING;
+    if (had_run) {
+      // Started again after a stop: requests see the run again.
+      int rc = on_compute(j, publish_weights, j);
+      if (rc) ll_log(LL_LOG_WARN, "training: the trained adapter (adapter=live) cannot be served: %s", ll_strerror(rc));
+    }
   }
-  if ((cmds & CMD_PAUSE) && state == ST_RUNNING) state = ST_PAUSED;
+  if ((cmds & CMD_PAUSE) && (state == ST_RUNNING || state == ST_PAUSING)) state = ST_PAUSED;
   if ((cmds & CMD_RESUME) && state == ST_PAUSED) state = ST_RUNNING;
-  if ((cmds & CMD_STOP) && (state == ST_RUNNING || state == ST_PAUSED)) {
+  if ((cmds & CMD_STOP) && (state == ST_RUNNING || state == ST_PAUSED || state == ST_PAUSING)) {
     save(j, 1);
     state = ST_STOPPED;
+    live_withdraw(j, "training was stopped (train start continues it; its checkpoints are in train.checkpoint_dir)");
   }
   if ((cmds & CMD_SAVE) && j->run) save(j, 1);
   pthread_mutex_lock(&j->mu);
-  j->state = state;
+  // A pause asked for since this slice read the state stays pending (its command is queued).
+  if (!(state == ST_RUNNING && j->state == ST_PAUSING)) j->state = state;
+  state = j->state;
   pthread_mutex_unlock(&j->mu);
   if (state != ST_RUNNING) return 0;
 
@@ -340,7 +363,7 @@ static int slice(struct ll_trainjob *j, int cmds) {
   if (ev.evaluated) j->val = ev.val_loss;
   if (ev.saved) snprintf(j->last_ckpt, sizeof j->last_ckpt, "%s", ev.path);
   hist_add(j, ev.info.step, ev.info.skipped ? NAN : ev.info.loss, ev.evaluated ? ev.val_loss : NAN);
-  if (ev.finished) j->state = ST_DONE;
+  if (ev.finished) j->state = ST_DONE, j->cmds &= ~(CMD_PAUSE | CMD_RESUME);
   pthread_mutex_unlock(&j->mu);
   if (ev.info.skipped) {
     json_t *e = json_object();
@@ -472,6 +495,9 @@ static void *train_main(void *arg) {
     while (!j->quit && !j->cmds && j->state != ST_RUNNING) pthread_cond_wait(&j->cv, &j->mu);
     const int quit = j->quit, cmds = j->cmds;
     j->cmds = 0;
+    // A pause that waited for its step takes effect here, under the lock, so that a resume
+    // arriving now either cancels it (still pausing) or is queued behind it (paused).
+    if ((cmds & CMD_PAUSE) && j->state == ST_PAUSING) j->state = ST_PAUSED;
     pthread_mutex_unlock(&j->mu);
     if (quit) break;
     slice(j, cmds);
@@ -535,6 +561,9 @@ int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_
     return rc;
   }
   ll_sched_set_background(s, compute_slice, j, 1.0);
+  if (j->tp.mode == LL_TRAIN_FULL)
+    ll_sched_live_reason(s, "this run trains every weight (train.mode: full): the trained weights are the served model itself, "
+                            "so send no adapter (or adapter=none)");
   *out = j;
   return 0;
 }
@@ -548,7 +577,7 @@ void ll_trainjob_stop(struct ll_trainjob *j) {
   pthread_join(j->th, NULL); // ends after its current step (whose update the compute thread runs)
   j->th_started = 0;
   // This thread owns the run now. A running job keeps its work.
-  if (j->run && (j->state == ST_RUNNING || j->state == ST_PAUSED)) {
+  if (j->run && (j->state == ST_RUNNING || j->state == ST_PAUSED || j->state == ST_PAUSING)) {
     char err[512];
     struct ll_train_run_event ev;
     if (ll_train_run_save(j->run, &ev, err, sizeof err) == 0) ll_log(LL_LOG_INFO, "training: saved %s at shutdown", ev.path);
@@ -576,14 +605,27 @@ int ll_trainjob_control(struct ll_trainjob *j, const char *cmd, char *msg, size_
   pthread_mutex_lock(&j->mu);
   const int st = j->state, pending_start = j->cmds & CMD_START;
   int rc = 0;
-  if (bit == CMD_START && (st == ST_RUNNING || st == ST_PAUSED)) rc = ll_errf(msg, cap, LL_ESTATE, "training is already %s", state_names[st]);
+  if (bit == CMD_START && (st == ST_RUNNING || st == ST_PAUSED || st == ST_PAUSING))
+    rc = ll_errf(msg, cap, LL_ESTATE, "training is already %s", state_names[st]);
   else if (bit == CMD_START && st == ST_DONE) rc = ll_errf(msg, cap, LL_ESTATE, "training is done (all %lld steps ran)", (long long)j->total);
+  else if (bit == CMD_PAUSE && st == ST_PAUSING) rc = 0; // already asked for: the same answer again
   else if (bit == CMD_PAUSE && st != ST_RUNNING && !pending_start) rc = ll_errf(msg, cap, LL_ESTATE, "training is %s, not running", state_names[st]);
-  else if (bit == CMD_RESUME && st != ST_PAUSED) rc = ll_errf(msg, cap, LL_ESTATE, "training is %s, not paused", state_names[st]);
-  else if (bit == CMD_STOP && st != ST_RUNNING && st != ST_PAUSED && !pending_start)
+  else if (bit == CMD_RESUME && st != ST_PAUSED && st != ST_PAUSING)
+    rc = ll_errf(msg, cap, LL_ESTATE, "training is %s, not paused", state_names[st]);
+  else if (bit == CMD_STOP && st != ST_RUNNING && st != ST_PAUSED && st != ST_PAUSING && !pending_start)
     rc = ll_errf(msg, cap, LL_ESTATE, "training is %s", state_names[st]);
   else if (bit == CMD_SAVE && st == ST_OFF && !pending_start) rc = ll_errf(msg, cap, LL_ESTATE, "no training run to save (train start first)");
-  if (rc == 0) j->cmds |= bit;
+  if (rc == 0 && bit == CMD_RESUME && st == ST_PAUSING) {
+    // The step has not ended yet: the pending pause is cancelled and it never stops.
+    j->cmds &= ~CMD_PAUSE;
+    j->state = ST_RUNNING;
+  } else if (rc == 0) {
+    j->cmds |= bit;
+    // Paused for the monitor from now on; the step in flight finishes first.
+    if (bit == CMD_PAUSE && st == ST_RUNNING) j->state = ST_PAUSING;
+    if (bit == CMD_PAUSE) j->cmds &= ~CMD_RESUME;
+    if (bit == CMD_RESUME) j->cmds &= ~CMD_PAUSE;
+  }
   pthread_cond_broadcast(&j->cv);
   pthread_mutex_unlock(&j->mu);
   return rc;

@@ -90,7 +90,57 @@ try:
     wait_until(lambda: "resumed" in srv3.output(), "resume after kill -9", 60)
     wait_until(lambda: mon3.snapshot()["training"]["state"] == "running", "running again after kill -9", 60)
     check(mon3.snapshot()["training"]["step"] >= 10, "from a periodic checkpoint")
+    # adapter=live in a full-parameter run: refused, saying what is true (the model itself is trained)
+    c3 = srv3.conn(timeout=120)
+    r = c3.request("GEN max_tokens=2 adapter=live :x")
+    check(r.startswith("ERR") and "bad_adapter" in r and "served model itself" in r and "not running" not in r,
+          "adapter=live in full mode says the weights are the model: %r" % r)
+    c3.close()
     srv3.stop()
+
+    # A LoRA run with long steps (32 x 256 tokens): pause waits for the step in flight and says
+    # so (pausing); a resume in that window cancels the pause; adapter=live serves the adapter
+    # while the run runs, is withdrawn by train stop (bad_adapter, saying why) and comes back
+    # with train start.
+    lora_args = ["--config", os.path.join(os.environ["LL_SOURCE_DIR"], "configs", "demo.yaml"), "--train-mode", "lora", "--train-data", data,
+                 "--train-seq-len", "256", "--train-batch", "32", "--train-eval-every", "0", "--train-checkpoint-every", "0",
+                 "--train-steps", "100000", "--train-checkpoint-dir", os.path.join(tmp, "lora-run"), "--parallel", "2", "--threads", "2",
+                 "--idle-timeout", "3600"]
+    srv4 = Server(tmp, lora_args, name="srv4")
+    mon4 = Monitor(srv4.sock)
+    wait_until(lambda: (mon4.snapshot()["training"]["step"] or 0) >= 1, "the LoRA run's first step", 300)
+    c4 = srv4.conn(timeout=300)
+    t, kv, lines = c4.generate("GEN max_tokens=3 adapter=live :x")
+    check(t is not None and kv.get("reason") in ("length", "stop"), "adapter=live answers while the LoRA run runs: %r" % lines[-1:])
+    r = mon4.cmd("train pause")
+    check(r["ok"], "pause: %r" % r)
+    st = mon4.snapshot()["training"]["state"]
+    check(st in ("pausing", "paused"), "after pause the state is pausing or paused, never running: %r" % st)
+    r = mon4.cmd("train pause")
+    check(r["ok"] or "paused" in r.get("error", ""), "pause again while pausing is the same answer: %r" % r)
+    r = mon4.cmd("train resume")
+    check(r["ok"], "resume right after pause (the step still in flight) is accepted: %r" % r)
+    s0 = mon4.snapshot()["training"]["step"]
+    wait_until(lambda: mon4.snapshot()["training"]["step"] > s0 + 1, "steps go on after a cancelled pause", 300)
+    check(mon4.snapshot()["training"]["state"] == "running", "running after the cancelled pause")
+    r = mon4.cmd("train pause")
+    wait_until(lambda: mon4.snapshot()["training"]["state"] == "paused", "paused once the step ended", 300)
+    t, kv, lines = c4.generate("GEN max_tokens=3 adapter=live :x")
+    check(t is not None, "adapter=live answers while paused: %r" % lines[-1:])
+    r = mon4.cmd("train stop")
+    check(r["ok"], "stop: %r" % r)
+    wait_until(lambda: mon4.snapshot()["training"]["state"] == "stopped", "stopped", 300)
+    r = c4.request("GEN max_tokens=3 adapter=live :x")
+    check(r.startswith("ERR") and "bad_adapter" in r and "stopped" in r, "adapter=live after train stop: bad_adapter saying why: %r" % r)
+    t, kv, lines = c4.generate("GEN max_tokens=3 :x")
+    check(t is not None, "the base model still answers after train stop")
+    r = mon4.cmd("train start")
+    check(r["ok"], "start again: %r" % r)
+    wait_until(lambda: mon4.snapshot()["training"]["state"] == "running", "running again", 300)
+    t, kv, lines = c4.generate("GEN max_tokens=3 adapter=live :x")
+    check(t is not None, "adapter=live answers again after train start: %r" % lines[-1:])
+    c4.close()
+    check(srv4.stop() == 0, "the LoRA server exits 0")
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(check.summary())
