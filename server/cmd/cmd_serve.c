@@ -48,6 +48,12 @@ static void close_walk(uv_handle_t *h, void *arg) {
   if (!uv_is_closing(h)) uv_close(h, NULL);
 }
 
+static int adapter_index(struct ll_lora *const *out, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(out[i]->name, name) == 0) return i;
+  return -1;
+}
+
 // The adapters of the `adapter` option, registered by file stem; the first is the default.
 // One that cannot be used (missing, corrupt, made for another model) is reported and left
 // out: the server serves the others, and requests naming it get ERR bad_adapter.
@@ -56,6 +62,7 @@ static int load_adapters(struct ll_server *srv, const char *list, struct ll_lora
   struct ll_lora_dims d;
   ll_engine_lora_dims(srv->e, &d);
   char *copy = strdup(list), *save = NULL;
+  const char *paths[LL_SCHED_MAX_ADAPTERS];
   int n = 0, first = 1;
   for (char *p = copy ? strtok_r(copy, ",", &save) : NULL; p; p = strtok_r(NULL, ",", &save)) {
     char err[768];
@@ -69,6 +76,19 @@ static int load_adapters(struct ll_server *srv, const char *list, struct ll_lora
       first = 0;
       continue;
     }
+    // Two files with the same stem (a/dup.gguf, b/dup.ckpt): the later one is served as dup-2
+    // (dup-3, ...) and the log says so, so that neither is silently unreachable.
+    int prev = adapter_index(out, n, a->name);
+    if (prev >= 0) {
+      char alt[sizeof a->name];
+      for (int k = 2;; k++) { // ends: at most n names are taken
+        snprintf(alt, sizeof alt, "%.56s-%d", a->name, k % 1000);
+        if (adapter_index(out, n, alt) < 0) break;
+      }
+      ll_log(LL_LOG_WARN, "adapter %s: the name '%s' is already taken by %s; serving this one as '%s' (adapter=%s)", p, a->name, paths[prev],
+             alt, alt);
+      snprintf(a->name, sizeof a->name, "%s", alt);
+    }
     int rc = strcmp(a->name, "none") == 0 || strcmp(a->name, "live") == 0 ? LL_EINVAL : ll_sched_adapter_register(srv->sched, a->name, a);
     if (rc) {
       ll_log(LL_LOG_ERROR, "adapter %s: its name '%s' cannot be used (reserved, or not [A-Za-z0-9._-]); rename the file", p, a->name);
@@ -79,6 +99,7 @@ static int load_adapters(struct ll_server *srv, const char *list, struct ll_lora
     ll_log(LL_LOG_INFO, "adapter '%s' from %s: rank %d, alpha %g, %lld parameters%s", a->name, p, a->rank, (double)a->alpha,
            (long long)a->n_params, first ? " (default for requests that name none)" : "");
     first = 0;
+    paths[n] = p;
     out[n++] = a;
   }
   free(copy);

@@ -127,5 +127,21 @@ c.close()
 print("monitor: adapter of the running request: %r" % seen)
 check(seen in ("other", "finished before a snapshot"), "monitor shows the request's adapter: %r" % seen)
 check(srv.stop() == 0, "SIGTERM exits 0")
+
+# Two adapters with the same file stem (a/dup.gguf, b/dup.gguf): the second is served as dup-2,
+# the log says so, and each name gives its own adapter's ids.
+os.makedirs(os.path.join(tmp, "a"))
+os.makedirs(os.path.join(tmp, "b"))
+shutil.copy(good, os.path.join(tmp, "a", "dup.gguf"))
+shutil.copy(other, os.path.join(tmp, "b", "dup.gguf"))
+srv = Server(tmp, ["--model", model, "--parallel", "2", "--ctx", "256", "--threads", "1",
+                   "--adapter", os.path.join(tmp, "a", "dup.gguf") + "," + os.path.join(tmp, "b", "dup.gguf")], name="dup")
+log = srv.output()
+check("name 'dup' is already taken by " + os.path.join(tmp, "a", "dup.gguf") in log and "as 'dup-2'" in log,
+      "the second dup is renamed dup-2 and the log says so: %r" % log[-600:])
+for name, ref in (("dup", "good"), ("dup-2", "other")):
+    ids, e = run("GEN max_tokens=16 temperature=0 adapter=%s :%s" % (name, prompt))
+    check(ids == want[ref], "adapter=%s gives %s's ids: %r (want %r)" % (name, ref, ids, want[ref]))
+check(srv.stop() == 0, "the dup server exits 0")
 shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(check.summary())
