@@ -29,7 +29,9 @@ struct ll_mconn {
   struct ll_mconn *next;
   char in[MON_MAX_LINE];
   size_t in_len;
-  int closing;
+  int closing;  // uv_close called
+  int draining; // a last reply queued: nothing more is sent or read, closed once it is out
+  uv_shutdown_t sd;
 };
 
 int64_t ll_host_rss_bytes(void) {
@@ -191,13 +193,27 @@ static void mclose(struct ll_mconn *m) {
   uv_close((uv_handle_t *)&m->h, on_mclosed);
 }
 
+static void on_mdrained(uv_shutdown_t *req, int status) {
+  (void)status;
+  mclose(req->data);
+}
+
+// Closes once what is queued has been written (a reply saying why the connection ends).
+static void mdrain(struct ll_mconn *m) {
+  if (m->closing || m->draining) return;
+  m->draining = 1;
+  uv_read_stop((uv_stream_t *)&m->h);
+  m->sd.data = m;
+  if (uv_shutdown(&m->sd, (uv_stream_t *)&m->h, on_mdrained) != 0) mclose(m);
+}
+
 static void on_mwrite(uv_write_t *req, int status) {
   (void)status;
   free(req);
 }
 
 static void msend(struct ll_mconn *m, const char *data, size_t len) {
-  if (m->closing) return;
+  if (m->closing || m->draining) return;
   if (uv_stream_get_write_queue_size((uv_stream_t *)&m->h) + len > MON_MAX_PENDING) {
     mclose(m); // a monitor that does not read is dropped, it does not grow our memory
     return;
@@ -287,11 +303,17 @@ static void on_mread(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
     m->in[i] = 0;
     handle_control(m, m->in + start);
     start = i + 1;
-    if (m->closing) return;
+    if (m->closing || m->draining) return;
   }
   memmove(m->in, m->in + start, m->in_len - start);
   m->in_len -= start;
-  if (m->in_len >= sizeof m->in - 1) mclose(m); // a control line is short
+  if (m->in_len >= sizeof m->in - 1) { // a control line is short: this is not a monitor client
+    char e[128];
+    snprintf(e, sizeof e, "control line longer than %d bytes; closing the connection", MON_MAX_LINE - 1);
+    ll_log(LL_LOG_WARN, "monitor: a client sent a %s", e + strlen("control "));
+    reply(m, "?", 0, e);
+    mdrain(m);
+  }
 }
 
 static void on_mconnection(uv_stream_t *server, int status) {

@@ -361,6 +361,32 @@ while True:
         break
 check(j["ok"] is False and "training" in j["error"], "train pause refused honestly without a trainer: %r" % j)
 m.close()
+# A control line over the limit: a reply saying why, then the connection closes; the log says
+# so too, and the monitor keeps serving others.
+m = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+m.settimeout(60)
+m.connect(srv.sock)
+mf = m.makefile("rwb")
+mf.write(b"x" * 5000)
+mf.flush()
+got = None
+while True:
+    l = mf.readline()
+    if not l:
+        break
+    j = json.loads(l)
+    if j["type"] == "reply":
+        got = j
+check(got is not None and got["ok"] is False and "longer than 4095 bytes" in got["error"],
+      "an over-long monitor line gets a reply saying why before the close: %r" % got)
+m.close()
+check(wait_until(lambda: "line longer than 4095 bytes" in srv.output(), "the over-long monitor line logged", 30),
+      "the over-long monitor line is logged")
+m = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+m.settimeout(60)
+m.connect(srv.sock)
+check(json.loads(m.makefile("rb").readline())["type"] == "snapshot", "the monitor serves a new client after the over-long line")
+m.close()
 
 print("-- A second server on the same monitor", flush=True)
 # A second server on the same monitor socket refuses to start.
