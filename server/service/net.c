@@ -200,9 +200,16 @@ static void inflight_remove(struct ll_conn *c, const char *id) {
 static const char *help_text =
     "GEN CHAT CANCEL TOKENIZE DETOKENIZE INFO STATS PING QUIT AUTH HELP (man 7 llsrv-protocol)";
 
+// Testing aid: LL_NET_FAULT=oom makes the in-flight record's allocation fail, to exercise the
+// out-of-memory answer (the request is freed; its id must have been used before).
+static int net_fault_oom(void) {
+  const char *f = getenv("LL_NET_FAULT");
+  return f && strcmp(f, "oom") == 0;
+}
+
 static int hand_off(struct ll_conn *c, struct ll_sched_req *r) {
   struct ll_server *s = c->srv;
-  struct inflight *f = malloc(sizeof *f);
+  struct inflight *f = net_fault_oom() ? NULL : malloc(sizeof *f);
   if (!f) {
     send_err(c, r->id, "internal", "out of memory");
     ll_sched_req_free(r);

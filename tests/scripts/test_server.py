@@ -492,6 +492,16 @@ if os.geteuid() == 0:
                         os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
     check(r.returncode != 0 and "belongs to uid 65534" in r.stderr, "foreign directory refused: %r" % r.stderr[-200:])
 
+# Out of memory when a request is handed over (LL_NET_FAULT=oom): ERR with the request's own id
+# (read before the request is freed; ASan's build catches a read after), and the server serves on.
+srv5 = Server(tmp, ["--parallel", "1", "--ctx", "128"], env={"LL_NET_FAULT": "oom"}, name="oom")
+c5 = srv5.conn()
+r = c5.request("GEN id=oom1 max_tokens=2 :x")
+check(r == "ERR oom1 internal :out of memory", "out of memory at hand-off: ERR with the request's id: %r" % r)
+check(c5.request("PING") == "PONG", "PING after the out-of-memory answer")
+c5.close()
+check(srv5.stop() == 0, "the oom server exits 0")
+
 # A directory that exists is never chmod'ed: one writable by others (here 1777, like /tmp) is
 # refused and left as it was; one of ours at 0755 is used as it is.
 shared = os.path.join(tmp, "ww")
