@@ -45,6 +45,19 @@ const char *ll_tokenizer_chat_template(const struct ll_tokenizer *t);
 int ll_tokenize(const struct ll_tokenizer *t, const char *text, size_t len, int add_bos,
                 int parse_special, int32_t *ids, int cap);
 
+// A byte range [start, end) of a text.
+struct ll_tok_span {
+  size_t start, end;
+};
+
+// ll_tokenize with control-token texts recognised only where they lie wholly inside one of
+// the n_marks spans (sorted, disjoint, inside the text; else LL_EINVAL): a chat template's own
+// markup. Elsewhere - the messages' contents - "<|im_end|>" is text like any other, so a user
+// cannot close their turn and write the assistant's. User-defined tokens are recognised
+// everywhere, as by ll_tokenize.
+int ll_tokenize_marked(const struct ll_tokenizer *t, const char *text, size_t len, int add_bos,
+                       const struct ll_tok_span *marks, int n_marks, int32_t *ids, int cap);
+
 // Bytes of token id's text as it appears in the output (byte tokens give their raw byte,
 // SPM's U+2581 becomes a space, BPE's byte-to-unicode mapping is undone). Control tokens
 // give "" unless render_special. Writes at most cap bytes; returns the full length or a

@@ -966,8 +966,22 @@ struct frag {
   int32_t token; // -1: raw text
 };
 
-int ll_tokenize(const struct ll_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special, int32_t *ids, int cap) {
-  if (!t || (!text && len) || cap < 0) return LL_EINVAL;
+// A control token's text at [off, off + n) may be parsed as the token only inside one marked
+// span (marks sorted and disjoint); straddling a span's edge is text too.
+static int in_marks(size_t off, size_t n, const struct ll_tok_span *m, int nm) {
+  int lo = 0, hi = nm - 1, at = -1;
+  while (lo <= hi) { // last span starting at or before off
+    int mid = lo + (hi - lo) / 2;
+    if (m[mid].start <= off) at = mid, lo = mid + 1;
+    else hi = mid - 1;
+  }
+  return at >= 0 && off + n <= m[at].end;
+}
+
+// mode 0: control texts are text; 1: recognised everywhere; 2: only inside marks.
+static int tokenize(const struct ll_tokenizer *t, const char *text, size_t len, int add_bos, int mode,
+                    const struct ll_tok_span *marks, int n_marks, int32_t *ids, int cap) {
+  if (!t || (!text && len) || cap < 0 || n_marks < 0 || (n_marks && !marks)) return LL_EINVAL;
   if (len > (size_t)1 << 30) return LL_ELIMIT;
   struct idbuf out = {ids, cap, 0};
   // Split special tokens out of the text, longest first.
@@ -978,11 +992,17 @@ int ll_tokenize(const struct ll_tokenizer *t, const char *text, size_t len, int 
   for (int si = 0; si < t->n_special; si++) {
     int32_t id = t->special[si];
     const struct tok_entry *e = &t->tok[id];
-    if (!parse_special && (e->attr & (LL_TOKEN_CONTROL | LL_TOKEN_UNKNOWN))) continue;
+    const int gated = (e->attr & (LL_TOKEN_CONTROL | LL_TOKEN_UNKNOWN)) != 0; // user-defined: always parsed (llama.cpp)
+    if (gated && mode == 0) continue;
     for (size_t k = 0; k < nf; k++) {
       if (f[k].token >= 0 || f[k].len < e->len) continue;
       const char *base = text + f[k].off;
       const char *hit = memmem(base, f[k].len, e->text, e->len);
+      // Outside the marks (a chat message's content) the text stays text: look further on.
+      while (hit && gated && mode == 2 && !in_marks((size_t)(hit - text), e->len, marks, n_marks)) {
+        size_t from = (size_t)(hit - base) + 1;
+        hit = from + e->len <= f[k].len ? memmem(base + from, f[k].len - from, e->text, e->len) : NULL;
+      }
       if (!hit) continue;
       size_t pre = (size_t)(hit - base), post_off = f[k].off + pre + e->len, post_len = f[k].len - pre - e->len;
       if (nf + 2 > fcap) {
@@ -1055,6 +1075,17 @@ int ll_tokenize(const struct ll_tokenizer *t, const char *text, size_t len, int 
   if (rc) return rc;
   if (add_bos && t->add_eos && t->eos >= 0) idbuf_push(&out, t->eos);
   return out.n;
+}
+
+int ll_tokenize(const struct ll_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special, int32_t *ids, int cap) {
+  return tokenize(t, text, len, add_bos, parse_special ? 1 : 0, NULL, 0, ids, cap);
+}
+
+int ll_tokenize_marked(const struct ll_tokenizer *t, const char *text, size_t len, int add_bos, const struct ll_tok_span *marks,
+                       int n_marks, int32_t *ids, int cap) {
+  for (int i = 0; i < n_marks; i++) // sorted, disjoint, inside the text: else binary search lies
+    if (!marks || marks[i].start > marks[i].end || marks[i].end > len || (i && marks[i].start < marks[i - 1].end)) return LL_EINVAL;
+  return tokenize(t, text, len, add_bos, 2, marks, n_marks, ids, cap);
 }
 
 // ---------------------------------------------------------------- decode

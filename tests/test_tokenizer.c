@@ -138,6 +138,13 @@ static void check_smollm2(void) {
   for (int i = 0; i < n; i++) has1 |= ids[i] == 1;
   CHECK(n > 9 && !has1);
   CHECK(ll_tokenizer_is_eog(t, 2)); // <|im_end|>
+  // Marked: the template's <|im_start|> (in the mark) is id 1, the message's is text.
+  const char *two = "<|im_start|>user\n<|im_start|>";
+  const struct ll_tok_span mk = {0, 17};
+  n = ll_tokenize_marked(t, two, strlen(two), 0, &mk, 1, ids, 64);
+  int ones = 0;
+  for (int i = 0; i < n; i++) ones += ids[i] == 1;
+  CHECKF(n > 4 && ids[0] == 1 && ones == 1, "%d ids, %d <|im_start|>", n, ones);
   CHECK(ll_tokenizer_chat_template(t) != NULL);
   const char *texts[] = {"The quick brown fox jumps over the lazy dog.", "naïve café — 日本語のテキスト 🦙🚀 end",
                          "  leading spaces\n\n\ttabs and\r\nCRLF  ", "emoji pair 👨‍👩‍👧 and ‰ ½"};
@@ -187,6 +194,31 @@ static void check_handmade(void) {
   CHECK(bl == 4 && memcmp(back, "hi\xc3\xa9", 4) == 0);
   CHECK(ll_tokenize(t, "hi", 2, 1, 0, ids, 1) == 2); // reports the size needed
   CHECK(ll_token_to_piece(t, 99999, back, sizeof back, 0) == LL_EINVAL);
+  // Control texts only inside the marks (a chat template's markup): "</s>" in [0, 4) is EOS,
+  // the same text outside, or straddling a mark's edge, is bytes (issue 28).
+  {
+    const char *txt = "</s>a</s></s>";
+    struct ll_tok_span mk[] = {{0, 4}, {7, 13}}; // the 3rd "</s>" starts at 9, straddling [5, 9) is outside
+    int32_t v[32];
+    int nv = ll_tokenize_marked(t, txt, strlen(txt), 0, mk, 2, v, 32);
+    // </s> | "a</s>" as text | </s>
+    int eos = 0;
+    for (int i = 0; i < nv; i++) eos += v[i] == 2;
+    CHECKF(nv > 6 && v[0] == 2 && eos == 2 && v[nv - 1] == 2, "%d ids, %d EOS", nv, eos);
+    struct ll_tok_span mid[] = {{2, 11}}; // "s>a</s></" : holds the 2nd "</s>" (5..9) only
+    nv = ll_tokenize_marked(t, txt, strlen(txt), 0, mid, 1, v, 32);
+    eos = 0;
+    for (int i = 0; i < nv; i++) eos += v[i] == 2;
+    CHECKF(eos == 1 && v[0] != 2 && v[nv - 1] != 2, "%d ids, %d EOS", nv, eos);
+    nv = ll_tokenize_marked(t, txt, strlen(txt), 0, NULL, 0, v, 32); // no marks: all text
+    eos = 0;
+    for (int i = 0; i < nv; i++) eos += v[i] == 2;
+    CHECK(nv > 12 && eos == 0);
+    struct ll_tok_span bad1[] = {{4, 2}}, bad2[] = {{0, 14}}, bad3[] = {{0, 5}, {4, 6}};
+    CHECK(ll_tokenize_marked(t, txt, strlen(txt), 0, bad1, 1, v, 32) == LL_EINVAL);
+    CHECK(ll_tokenize_marked(t, txt, strlen(txt), 0, bad2, 1, v, 32) == LL_EINVAL);
+    CHECK(ll_tokenize_marked(t, txt, strlen(txt), 0, bad3, 2, v, 32) == LL_EINVAL);
+  }
   ll_tokenizer_free(t);
   // Unknown model / pre-tokenizer are refused with a message.
   ll_mf_set_str(&mf, "tokenizer.ggml.model", "gpt2");

@@ -84,6 +84,36 @@ static void run(struct ll_tokenizer *t, const uint8_t *data, size_t size) {
   free(ids);
 }
 
+// ll_tokenize_marked: one mark over the whole text is parse_special=1, no mark is
+// parse_special=0; marks drawn from the bytes (the chat case) never crash.
+static int same(struct ll_tokenizer *t, const char *text, size_t size, const struct ll_tok_span *mk, int nm, int special) {
+  int nb = ll_tokenize(t, text, size, 1, special, NULL, 0);
+  if (nb < 0) return 1;
+  int32_t *a = malloc(((size_t)nb + 1) * sizeof *a), *b = malloc(((size_t)nb + 1) * sizeof *b);
+  int ok = !a || !b ||
+           (ll_tokenize_marked(t, text, size, 1, mk, nm, a, nb) == nb && ll_tokenize(t, text, size, 1, special, b, nb) == nb &&
+            !memcmp(a, b, (size_t)nb * sizeof *a));
+  free(a), free(b);
+  return ok;
+}
+
+static void run_marked(struct ll_tokenizer *t, const uint8_t *data, size_t size) {
+  if (!t) return;
+  const char *text = (const char *)data;
+  const struct ll_tok_span all = {0, size};
+  if (!same(t, text, size, &all, 1, 1) || !same(t, text, size, NULL, 0, 0)) __builtin_trap();
+  struct ll_tok_span mk[64];
+  int nm = 0;
+  for (size_t at = 0; nm < 64 && at < size; nm++) { // lengths from the bytes: gaps and marks alternate
+    size_t gap = data[at] % 8, len = 1 + data[(at + 1) % size] % 16;
+    if (at + gap >= size) break;
+    mk[nm].start = at + gap;
+    mk[nm].end = at + gap + len < size ? at + gap + len : size;
+    at = mk[nm].end + 1;
+  }
+  if (ll_tokenize_marked(t, text, size, 0, mk, nm, NULL, 0) < 0) __builtin_trap();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!built) {
     spm = build(0, NULL);
@@ -93,5 +123,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size > 4096) size = 4096;
   run(spm, data, size);
   run(bpe[size ? data[0] % N_PRE : 0], data, size);
+  run_marked(spm, data, size);
+  run_marked(bpe[size ? data[0] % N_PRE : 0], data, size);
   return 0;
 }
