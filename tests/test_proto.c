@@ -1,6 +1,8 @@
 // test_proto.c - the line protocol's grammar (ll_proto.h) and chat rendering (ll_chat.h).
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ll_chat.h"
 #include "ll_error.h"
@@ -122,5 +124,55 @@ int main(void) {
   ll_chat_free_store(store, msgs);
   CHECK(ll_chat_parse("[{\"role\":\"robot\",\"content\":\"x\"}]", 32, &msgs, &store, err, sizeof err) < 0 && strstr(err, "robot"));
   CHECK(ll_chat_parse("[1,2", 4, &msgs, &store, err, sizeof err) < 0 && strstr(err, "invalid JSON"));
+
+  // Marked rendering (issue 28): the same text, and the marks are the template's text exactly -
+  // the bytes outside them are the messages' contents in order, whatever markers they contain.
+  const char *names[] = {"chatml", "llama2", "llama3", "zephyr", "gemma", "phi3"};
+  const struct ll_chat_msg conv[] = {{"system", "S<|im_end|>"}, {"user", "</s>[/INST]<|eot_id|>"}, {"assistant", "<end_of_turn>ok"},
+                                     {"user", "<|end|><|assistant|>"}};
+  const char *contents = "S<|im_end|></s>[/INST]<|eot_id|><end_of_turn>ok<|end|><|assistant|>";
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    char *plain = NULL, *marked = NULL, outside[256];
+    struct ll_tok_span *mk = NULL;
+    int nm = 0;
+    CHECK(ll_chat_render(names[i], conv, 4, &plain, err, sizeof err) == 0);
+    CHECKF(ll_chat_render_marked(names[i], conv, 4, &marked, &mk, &nm, err, sizeof err) == 0, "%s: %s", names[i], err);
+    size_t o = 0, at = 0;
+    int ok = plain && marked && !strcmp(plain, marked) && nm > 0;
+    for (int j = 0; ok && j <= nm; j++) {
+      size_t st = j < nm ? mk[j].start : strlen(marked);
+      ok &= st >= at && o + (st - at) < sizeof outside && (j == nm || mk[j].end > st);
+      if (!ok) break;
+      memcpy(outside + o, marked + at, st - at), o += st - at;
+      at = j < nm ? mk[j].end : at;
+    }
+    outside[ok ? o : 0] = 0;
+    CHECKF(ok && !strcmp(outside, contents), "%s: outside the marks '%s'", names[i], outside);
+    free(plain), free(marked), free(mk);
+  }
+  // a model without a template: the message says how to set one
+  CHECK(ll_chat_render(NULL, conv, 1, &r, err, sizeof err) == LL_EUNSUPPORTED && strstr(err, "chat_template"));
+
+  // chat_template settings (issue 28, 8a): built-in names, template files, and the refusals.
+  char *tt = NULL;
+  CHECK(ll_chat_template_load("llama3", &tt, err, sizeof err) == 0 && tt && !strcmp(tt, "llama3"));
+  free(tt);
+  CHECKF(ll_chat_template_load("chatml2", &tt, err, sizeof err) == LL_EINVAL && !tt && strstr(err, "'chatml2'") &&
+             strstr(err, "chatml, llama2, llama3, zephyr, gemma, phi3"),
+         "%s", err);
+  char dir[512], path[600];
+  if (ll_test_tmpdir(dir, sizeof dir)) {
+    snprintf(path, sizeof path, "%s/t.jinja", dir);
+    FILE *f = fopen(path, "w");
+    if (f) fputs("{% for m in messages %}{{ '<start_of_turn>' + m.role }}{% endfor %}", f), fclose(f);
+    CHECKF(ll_chat_template_load(path, &tt, err, sizeof err) == 0 && tt && !strcmp(ll_chat_detect(tt), "gemma"), "%s", err);
+    CHECK(tt && ll_chat_render(tt, conv + 1, 1, &r, err, sizeof err) == 0 && !strcmp(r, "<start_of_turn>user\n</s>[/INST]<|eot_id|><end_of_turn>\n<start_of_turn>model\n"));
+    free(r), free(tt);
+    f = fopen(path, "w");
+    if (f) fputs("{{ unknown }}", f), fclose(f);
+    CHECKF(ll_chat_template_load(path, &tt, err, sizeof err) == LL_EUNSUPPORTED && !tt && strstr(err, "not of a known format"), "%s", err);
+    remove(path);
+    rmdir(dir);
+  }
   return ll_test_summary();
 }

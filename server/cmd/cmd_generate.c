@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ll_chat.h"
 #include "ll_cmd.h"
 #include "ll_engine.h"
 #include "ll_error.h"
@@ -23,10 +24,11 @@ static void usage(FILE *f) {
   fprintf(f, "usage: llsrv generate --model M [-p TEXT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
              "                      [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--ids] [--no-bos]\n"
              "                      [-t THREADS] [--ctx N] [--kv-f32|--kv-f16] [--device D] [--ignore-eos] [--dump-logits K] [--chat]\n"
-             "                      [--adapter A.gguf|A.ckpt|PEFT_DIR]\n"
+             "                      [--chat-template NAME|FILE] [--adapter A.gguf|A.ckpt|PEFT_DIR]\n"
              "Greedy when --temp 0. --ids prints token ids instead of text. A model without a tokenizer\n"
              "(llama2.c .bin) generates from BOS (id 1) when no prompt is given; -p then takes ids.\n"
-             "--chat sends -p as a user message through the model's chat template (ChatML models).\n"
+             "--chat sends -p as a user message through the model's chat template (its text stays text);\n"
+             "--chat-template (implies --chat) uses chatml, llama2, llama3, zephyr, gemma, phi3 or a template file.\n"
              "--adapter applies a LoRA adapter (GGUF LoRA file, .ckpt with adapter tensors, PEFT directory).\n"
              "--dump-logits K prints the prompt ids and the K largest logits after the prompt to stderr.\n");
 }
@@ -49,7 +51,7 @@ int ll_cmd_generate(int argc, char **argv) {
   ll_engine_params_default(&ep);
   struct ll_sampler_params sp;
   ll_sampler_params_default(&sp);
-  const char *prompt = NULL, *adapter_path = NULL;
+  const char *prompt = NULL, *adapter_path = NULL, *chat_template = NULL;
   struct ll_lora *adapter = NULL;
   int n_predict = 128, print_ids = 0, no_bos = 0, ignore_eos = 0, dump_logits = 0, chat = 0;
   for (int i = 1; i < argc; i++) {
@@ -71,6 +73,7 @@ int ll_cmd_generate(int argc, char **argv) {
     else if (ARG("--device")) ep.device = v;
     else if (ARG("--dump-logits")) dump_logits = atoi(v);
     else if (ARG("--adapter")) adapter_path = v;
+    else if (ARG("--chat-template")) chat_template = v, chat = 1;
     else if (strcmp(a, "--ids") == 0) print_ids = 1;
     else if (strcmp(a, "--chat") == 0) chat = 1;
     else if (strcmp(a, "--no-bos") == 0) no_bos = 1;
@@ -105,25 +108,34 @@ int ll_cmd_generate(int argc, char **argv) {
   float *logits = malloc((size_t)V * sizeof *logits);
   struct ll_sampler *smp = ll_sampler_new(&sp, V);
   int n_prompt = 0, rc = 1;
-  char *rendered = NULL;
+  char *rendered = NULL, *tmpl_text = NULL;
+  struct ll_tok_span *marks = NULL;
+  int n_marks = 0;
   if (!ids || !logits || !smp) goto out;
   if (chat) {
-    // Chat templates beyond ChatML (<|im_start|>, used by SmolLM2 and Qwen) arrive with the server.
-    const char *tmpl = tok ? ll_tokenizer_chat_template(tok) : NULL;
-    if (!tmpl || !strstr(tmpl, "<|im_start|>")) {
-      fprintf(stderr, "llsrv generate: --chat needs a ChatML chat template; this model has %s\n", tmpl ? "another one" : "none");
+    // The same rendering as the server's CHAT: -p is one user message, and it stays text (only
+    // the template's markers become control tokens).
+    if (!tok) {
+      fprintf(stderr, "llsrv generate: --chat needs a model with a tokenizer\n");
       goto out;
     }
-    const char *msg = prompt ? prompt : "";
-    size_t cap = strlen(msg) + 128;
-    if (!(rendered = malloc(cap))) goto out;
-    snprintf(rendered, cap, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", msg);
+    if (chat_template && ll_chat_template_load(chat_template, &tmpl_text, err, sizeof err) != 0) {
+      fprintf(stderr, "llsrv generate: %s\n", err);
+      goto out;
+    }
+    const struct ll_chat_msg msg = {"user", prompt ? prompt : ""};
+    if (ll_chat_render_marked(tmpl_text ? tmpl_text : ll_tokenizer_chat_template(tok), &msg, 1, &rendered, &marks, &n_marks, err,
+                              sizeof err) != 0) {
+      fprintf(stderr, "llsrv generate: --chat: %s\n", err);
+      goto out;
+    }
     prompt = rendered;
   }
   if (tok) {
     const char *text = prompt ? prompt : "";
     int add_bos = !no_bos && ll_tokenizer_add_bos(tok);
-    n_prompt = ll_tokenize(tok, text, strlen(text), add_bos, 1, ids, info.n_ctx);
+    n_prompt = chat ? ll_tokenize_marked(tok, text, strlen(text), add_bos, marks, n_marks, ids, info.n_ctx)
+                    : ll_tokenize(tok, text, strlen(text), add_bos, 1, ids, info.n_ctx);
     if (n_prompt < 0 || n_prompt > info.n_ctx) {
       fprintf(stderr, "llsrv generate: prompt of %d tokens does not fit the context of %d\n", n_prompt, info.n_ctx);
       goto out;
@@ -218,6 +230,8 @@ int ll_cmd_generate(int argc, char **argv) {
   rc = 0;
 out:
   free(rendered);
+  free(tmpl_text);
+  free(marks);
   ll_sampler_free(smp);
   free(ids);
   free(logits);

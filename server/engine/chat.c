@@ -2,8 +2,8 @@
 // known format (the same approach and output as llama.cpp's llm_chat_apply_template).
 #include "ll_chat.h"
 
+#include <errno.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,88 +21,151 @@ const char *ll_chat_detect(const char *t) {
   return NULL;
 }
 
+// The rendered text and, beside it, the spans of the template's own markup (merged where they
+// touch): the only places where control-token texts become tokens (ll_tokenize_marked).
 struct sb {
   char *p;
   size_t n, cap;
+  struct ll_tok_span *m;
+  int nm, mcap;
   int oom;
 };
 
-static void sb_add(struct sb *b, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  va_list ap2;
-  va_copy(ap2, ap);
-  int k = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (k < 0 || b->oom) {
-    va_end(ap2);
-    b->oom = 1;
-    return;
-  }
-  if (b->n + (size_t)k + 1 > b->cap) {
-    size_t nc = (b->n + (size_t)k + 1) * 2;
+static void sb_put(struct sb *b, const char *s, size_t k, int markup) {
+  if (b->oom) return;
+  if (b->n + k + 1 > b->cap) {
+    size_t nc = (b->n + k + 1) * 2;
     char *q = realloc(b->p, nc);
     if (!q) {
-      va_end(ap2);
       b->oom = 1;
       return;
     }
     b->p = q, b->cap = nc;
   }
-  vsnprintf(b->p + b->n, (size_t)k + 1, fmt, ap2);
-  va_end(ap2);
-  b->n += (size_t)k;
+  memcpy(b->p + b->n, s, k);
+  b->p[b->n + k] = 0;
+  if (markup && k) {
+    if (b->nm && b->m[b->nm - 1].end == b->n) {
+      b->m[b->nm - 1].end += k;
+    } else {
+      if (b->nm == b->mcap) {
+        int nc = b->mcap ? b->mcap * 2 : 16;
+        struct ll_tok_span *q = realloc(b->m, (size_t)nc * sizeof *q);
+        if (!q) {
+          b->oom = 1;
+          return;
+        }
+        b->m = q, b->mcap = nc;
+      }
+      b->m[b->nm++] = (struct ll_tok_span){b->n, b->n + k};
+    }
+  }
+  b->n += k;
 }
 
-int ll_chat_render(const char *tmpl, const struct ll_chat_msg *m, int n, char **out, char *err, size_t errlen) {
-  const char *fmt = ll_chat_detect(tmpl);
+static void mark(struct sb *b, const char *s) { sb_put(b, s, strlen(s), 1); } // the template's text
+static void text(struct sb *b, const char *s) { sb_put(b, s, strlen(s), 0); } // a message's content
+
+static const char *const chat_names[] = {"chatml", "llama2", "llama3", "zephyr", "gemma", "phi3"};
+#define CHAT_NAMES "chatml, llama2, llama3, zephyr, gemma, phi3"
+
+const char *ll_chat_builtin(const char *name) {
+  for (size_t i = 0; name && i < sizeof chat_names / sizeof chat_names[0]; i++)
+    if (!strcmp(name, chat_names[i])) return chat_names[i];
+  return NULL;
+}
+
+int ll_chat_render_marked(const char *tmpl, const struct ll_chat_msg *m, int n, char **out, struct ll_tok_span **marks,
+                          int *n_marks, char *err, size_t errlen) {
+  const char *fmt = ll_chat_builtin(tmpl);
+  if (!fmt) fmt = ll_chat_detect(tmpl);
   *out = NULL;
+  if (marks) *marks = NULL, *n_marks = 0;
   if (!fmt)
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, tmpl ? "chat: the model's chat template is not one of chatml, llama2, llama3, zephyr, gemma, phi3"
-                                                      : "chat: the model has no chat template (use GEN with a prompt)");
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, tmpl ? "chat: the model's chat template is not one of " CHAT_NAMES " (set one: chat_template)"
+                                                      : "chat: the model has no chat template (set one: chat_template " CHAT_NAMES "; or use GEN with a prompt)");
   struct sb b = {0};
-  sb_add(&b, "%s", "");
+  sb_put(&b, "", 0, 0);
   if (!strcmp(fmt, "chatml")) {
-    for (int i = 0; i < n; i++) sb_add(&b, "<|im_start|>%s\n%s<|im_end|>\n", m[i].role, m[i].content);
-    sb_add(&b, "<|im_start|>assistant\n");
+    for (int i = 0; i < n; i++) mark(&b, "<|im_start|>"), mark(&b, m[i].role), mark(&b, "\n"), text(&b, m[i].content), mark(&b, "<|im_end|>\n");
+    mark(&b, "<|im_start|>assistant\n");
   } else if (!strcmp(fmt, "llama3")) {
-    for (int i = 0; i < n; i++) sb_add(&b, "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>", m[i].role, m[i].content);
-    sb_add(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    for (int i = 0; i < n; i++)
+      mark(&b, "<|start_header_id|>"), mark(&b, m[i].role), mark(&b, "<|end_header_id|>\n\n"), text(&b, m[i].content), mark(&b, "<|eot_id|>");
+    mark(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
   } else if (!strcmp(fmt, "gemma")) {
     const char *sys = NULL;
     for (int i = 0; i < n; i++) {
       if (!strcmp(m[i].role, "system")) { sys = m[i].content; continue; } // merged into the next user turn
-      const char *role = !strcmp(m[i].role, "assistant") ? "model" : m[i].role;
-      sb_add(&b, "<start_of_turn>%s\n%s%s%s<end_of_turn>\n", role, sys ? sys : "", sys ? "\n\n" : "", m[i].content);
+      mark(&b, "<start_of_turn>"), mark(&b, !strcmp(m[i].role, "assistant") ? "model" : m[i].role), mark(&b, "\n");
+      if (sys) text(&b, sys), mark(&b, "\n\n");
+      text(&b, m[i].content), mark(&b, "<end_of_turn>\n");
       sys = NULL;
     }
-    sb_add(&b, "<start_of_turn>model\n");
-  } else if (!strcmp(fmt, "phi3")) {
-    for (int i = 0; i < n; i++) sb_add(&b, "<|%s|>\n%s<|end|>\n", m[i].role, m[i].content);
-    sb_add(&b, "<|assistant|>\n");
-  } else if (!strcmp(fmt, "zephyr")) {
-    for (int i = 0; i < n; i++) sb_add(&b, "<|%s|>\n%s</s>\n", m[i].role, m[i].content);
-    sb_add(&b, "<|assistant|>\n");
+    mark(&b, "<start_of_turn>model\n");
+  } else if (!strcmp(fmt, "phi3") || !strcmp(fmt, "zephyr")) {
+    const char *end = !strcmp(fmt, "phi3") ? "<|end|>\n" : "</s>\n";
+    for (int i = 0; i < n; i++) mark(&b, "<|"), mark(&b, m[i].role), mark(&b, "|>\n"), text(&b, m[i].content), mark(&b, end);
+    mark(&b, "<|assistant|>\n");
   } else { // llama2: [INST] <<SYS>> ... [/INST]
     int open = 0;
     for (int i = 0; i < n; i++) {
       if (!strcmp(m[i].role, "system")) {
-        sb_add(&b, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n", m[i].content);
+        mark(&b, "[INST] <<SYS>>\n"), text(&b, m[i].content), mark(&b, "\n<</SYS>>\n\n");
         open = 1;
       } else if (!strcmp(m[i].role, "user")) {
-        sb_add(&b, open ? "%s [/INST]" : "[INST] %s [/INST]", m[i].content);
+        if (!open) mark(&b, "[INST] ");
+        text(&b, m[i].content), mark(&b, " [/INST]");
         open = 0;
       } else {
-        sb_add(&b, " %s</s>", m[i].content);
+        mark(&b, " "), text(&b, m[i].content), mark(&b, "</s>");
       }
     }
   }
   if (b.oom) {
     free(b.p);
+    free(b.m);
     return ll_errf(err, errlen, LL_ENOMEM, "chat: out of memory");
   }
   *out = b.p;
+  if (marks) *marks = b.m, *n_marks = b.nm;
+  else free(b.m);
   return 0;
+}
+
+int ll_chat_template_load(const char *spec, char **out, char *err, size_t errlen) {
+  *out = NULL;
+  const char *name = ll_chat_builtin(spec);
+  if (name) {
+    if (!(*out = strdup(name))) return ll_errf(err, errlen, LL_ENOMEM, "chat_template: out of memory");
+    return 0;
+  }
+  if (!spec || !*spec) return ll_errf(err, errlen, LL_EINVAL, "chat_template: empty (one of " CHAT_NAMES ", or a template file)");
+  FILE *f = fopen(spec, "rb");
+  if (!f)
+    return ll_errf(err, errlen, LL_EINVAL, "chat_template '%.200s' is neither a built-in template (" CHAT_NAMES ") nor a readable file (%s)",
+                   spec, strerror(errno));
+  enum { CAP = 1 << 20 }; // a template is a few KiB; a bigger file is not one
+  char *t = malloc(CAP + 1);
+  size_t n = t ? fread(t, 1, CAP + 1, f) : 0;
+  int bad = ferror(f);
+  fclose(f);
+  if (!t) return ll_errf(err, errlen, LL_ENOMEM, "chat_template: out of memory");
+  if (bad || n > CAP || memchr(t, 0, n)) {
+    free(t);
+    return ll_errf(err, errlen, LL_EINVAL, "chat_template file '%.200s': %s", spec, bad ? "read error" : "not a template (over 1 MiB or binary)");
+  }
+  t[n] = 0;
+  if (!ll_chat_detect(t)) {
+    free(t);
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "chat_template file '%.200s' is not of a known format (" CHAT_NAMES ")", spec);
+  }
+  *out = t;
+  return 0;
+}
+
+int ll_chat_render(const char *tmpl, const struct ll_chat_msg *m, int n, char **out, char *err, size_t errlen) {
+  return ll_chat_render_marked(tmpl, m, n, out, NULL, NULL, err, errlen);
 }
 
 int ll_chat_parse(const char *text, size_t len, struct ll_chat_msg **msgs, void **store, char *err, size_t errlen) {

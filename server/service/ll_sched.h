@@ -31,7 +31,9 @@ struct ll_sched_req {
   int max_tokens;
   int ignore_eos;
   int add_bos;                     // -1: the model's default
-  int special;                     // parse special tokens in the prompt (default 1)
+  int special;                     // GEN: parse special tokens in the prompt (default 1); CHAT:
+                                   // in the messages' contents too (default 0: only the
+                                   // template's markers are special tokens)
   int n_stops;
   char *stops[LL_MAX_STOP];        // owned
   char adapter[64];                // "" (the server's default), "none", "live" or a registered name
@@ -40,6 +42,8 @@ struct ll_sched_req {
 
 struct ll_sched_params {
   int prefill_chunk;               // prompt tokens per sequence per step
+  const char *chat_template;       // CHAT's template (a built-in name or template text, copied);
+                                   // NULL: the model's tokenizer.chat_template
 };
 
 // One output line (with its '\n') for connection `conn`; final = the request is complete.
@@ -75,6 +79,9 @@ struct ll_sched_stats {
 };
 
 typedef void (*ll_sched_notify_fn)(void *user);
+
+// The template CHAT renders with (chat_template of the params, else the model's), or NULL.
+const char *ll_sched_chat_template(const struct ll_sched *s);
 
 int ll_sched_create(struct ll_sched **out, struct ll_engine *e, const struct ll_sched_params *p,
                     ll_sched_notify_fn notify, void *user, char *err, size_t errlen);

@@ -238,7 +238,7 @@ static int parse_gen(struct ll_conn *c, const struct ll_proto_req *q, struct ll_
   ll_sampler_params_default(&r->sp);
   r->max_tokens = (int)cfg->default_max_tokens;
   r->add_bos = -1;
-  r->special = 1;
+  r->special = r->kind != LL_REQ_CHAT; // CHAT: the messages are text (ll_tokenize_marked)
   for (int i = 0; i < q->n_params; i++) {
     const struct ll_proto_param *p = &q->params[i];
     int64_t iv;
@@ -352,7 +352,8 @@ static void handle_line(struct ll_conn *c, char *line, size_t len) {
   } else if (!strcmp(v, "INFO")) {
     const struct ll_engine_info *in = &s->info;
     const struct ll_tokenizer *tk = ll_engine_tokenizer(s->e);
-    const char *tmpl = tk ? ll_chat_detect(ll_tokenizer_chat_template(tk)) : NULL;
+    const char *ct = tk ? ll_sched_chat_template(s->sched) : NULL;
+    const char *tmpl = ll_chat_builtin(ct) ? ll_chat_builtin(ct) : ll_chat_detect(ct);
     char name[400], dev[400], path[1100];
     esc_value(in->name, name, sizeof name);
     esc_value(in->device_name, dev, sizeof dev);

@@ -62,6 +62,7 @@ struct cancel_req {
 struct ll_sched {
   struct ll_engine *e;
   const struct ll_tokenizer *tok;
+  char *chat_template; // the configured one (owned); NULL: the model's
   int V, n_ctx, parallel, chunk;
   ll_sched_notify_fn notify;
   void *user;
@@ -374,6 +375,8 @@ static struct slot *admit(struct ll_sched *s, struct slot *sl) {
   struct ll_sched_req *r = sl->r;
   char msg[512];
   char *rendered = NULL;
+  struct ll_tok_span *marks = NULL; // CHAT: the template's markup in `rendered`
+  int n_marks = 0;
   const char *text = r->text;
   size_t text_len = r->text_len;
   sl->t_admit = now_ms();
@@ -383,7 +386,7 @@ static struct slot *admit(struct ll_sched *s, struct slot *sl) {
     void *store;
     int n = ll_chat_parse(r->text, r->text_len, &msgs, &store, msg, sizeof msg);
     if (n < 0) goto bad_param;
-    int rc = ll_chat_render(ll_tokenizer_chat_template(s->tok), msgs, n, &rendered, msg, sizeof msg);
+    int rc = ll_chat_render_marked(ll_sched_chat_template(s), msgs, n, &rendered, &marks, &n_marks, msg, sizeof msg);
     ll_chat_free_store(store, msgs);
     if (rc != 0) {
       err_final(s, r, rc == LL_EUNSUPPORTED ? "unsupported" : "internal", msg);
@@ -402,7 +405,11 @@ static struct slot *admit(struct ll_sched *s, struct slot *sl) {
     sl->tokens = malloc(cap * sizeof *sl->tokens);
     if (!sl->tokens) goto oom;
     int add_bos = r->add_bos >= 0 ? r->add_bos : ll_tokenizer_add_bos(s->tok);
-    int n = ll_tokenize(s->tok, text, text_len, add_bos, r->special || r->kind == LL_REQ_CHAT, sl->tokens, (int)cap);
+    // CHAT: the messages are the client's text; only the template's markers become control
+    // tokens unless the client asks for special=1 (it then writes markup in its messages).
+    int n = r->kind == LL_REQ_CHAT && !r->special
+                ? ll_tokenize_marked(s->tok, text, text_len, add_bos, marks, n_marks, sl->tokens, (int)cap)
+                : ll_tokenize(s->tok, text, text_len, add_bos, r->special, sl->tokens, (int)cap);
     if (n < 0) {
       snprintf(msg, sizeof msg, "prompt could not be tokenized (%s)", ll_strerror(n));
       goto bad_param;
@@ -443,6 +450,7 @@ static struct slot *admit(struct ll_sched *s, struct slot *sl) {
   for (int i = 0; i < sl->n_prompt; i++) ll_sampler_accept(sl->smp, sl->tokens[i]);
   ll_detok_stream_init(&sl->ds);
   free(rendered);
+  free(marks);
   return sl;
 no_tok:
   err_final(s, r, "unsupported", "this model has no tokenizer (no chat template)");
@@ -454,6 +462,7 @@ oom:
   err_final(s, r, "internal", sl->seq < 0 && sl->logits ? "no free sequence slot" : "out of memory");
 fail:
   free(rendered);
+  free(marks);
   slot_free(s, sl);
   return NULL;
 }
@@ -763,6 +772,10 @@ void ll_sched_emit_event(struct ll_sched *s, const char *json) { emit(s, 0, NULL
 
 // ---- loop-thread API ----
 
+const char *ll_sched_chat_template(const struct ll_sched *s) {
+  return s->chat_template ? s->chat_template : s->tok ? ll_tokenizer_chat_template(s->tok) : NULL;
+}
+
 int ll_sched_create(struct ll_sched **out, struct ll_engine *e, const struct ll_sched_params *p, ll_sched_notify_fn notify, void *user,
                     char *err, size_t errlen) {
   struct ll_engine_info info;
@@ -775,6 +788,10 @@ int ll_sched_create(struct ll_sched **out, struct ll_engine *e, const struct ll_
   s->n_ctx = info.n_ctx;
   s->parallel = info.n_parallel;
   s->chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 256;
+  if (p->chat_template && !(s->chat_template = strdup(p->chat_template))) {
+    free(s);
+    return ll_errf(err, errlen, LL_ENOMEM, "scheduler: out of memory");
+  }
   if (s->chunk > MAX_BATCH_TOKENS) s->chunk = MAX_BATCH_TOKENS;
   s->notify = notify;
   s->user = user;
@@ -825,6 +842,7 @@ void ll_sched_destroy(struct ll_sched *s) {
   for (struct ll_sched_out *o = s->pend_head, *n; o; o = n) n = o->next, free(o);
   free(s->active);
   free(s->items);
+  free(s->chat_template);
   free(s->esc);
   free(s);
 }

@@ -110,6 +110,23 @@ static int add_span(struct ll_data_record *rec, size_t start, size_t end) {
   return 0;
 }
 
+// Appends the template's markup s[0..n) to b and to rec's marks (merged where they touch): the
+// only text where control-token texts become tokens.
+static int put_markup(struct ll_data_record *rec, struct sbuf *b, const char *s, size_t n) {
+  size_t at = b->n;
+  int rc = sb_put(b, s, n);
+  if (rc || !n) return rc;
+  if (rec->n_marks && rec->marks[rec->n_marks - 1].end == at) {
+    rec->marks[rec->n_marks - 1].end = b->n;
+    return 0;
+  }
+  struct ll_tok_span *v = realloc(rec->marks, (size_t)(rec->n_marks + 1) * sizeof *v);
+  if (!v) return LL_ENOMEM;
+  rec->marks = v;
+  v[rec->n_marks++] = (struct ll_tok_span){at, b->n};
+  return 0;
+}
+
 // Renders a conversation: each content is first a placeholder, so the template's markup and
 // the contents' places in the text are known exactly; the loss spans are the assistant contents
 // with the end-of-turn marker that follows them.
@@ -174,7 +191,7 @@ static int chat_record(json_t *arr, const char *tmpl, struct ll_data_record *rec
   while (i < rl && !rc) {
     const char *h = memchr(r + i, '\x01', rl - i);
     size_t hi = h ? (size_t)(h - r) : rl;
-    rc = sb_put(&b, r + i, hi - i);
+    rc = put_markup(rec, &b, r + i, hi - i);
     if (!h || rc) break;
     char *stop;
     unsigned long k = strtoul(h + 7, &stop, 10);
@@ -188,7 +205,7 @@ static int chat_record(json_t *arr, const char *tmpl, struct ll_data_record *rec
     i = (size_t)(stop + 1 - r);
     if (!strcmp(m[k].role, "assistant")) {
       size_t tail = i + el <= rl && memcmp(r + i, end, el) == 0 ? el : 0;
-      if ((rc = sb_put(&b, r + i, tail)) || (rc = add_span(rec, start, b.n))) break;
+      if ((rc = put_markup(rec, &b, r + i, tail)) || (rc = add_span(rec, start, b.n))) break;
       i += tail;
     }
   }
@@ -199,7 +216,6 @@ static int chat_record(json_t *arr, const char *tmpl, struct ll_data_record *rec
     rec->text = b.p;
     rec->len = b.n;
     b.p = NULL;
-    rec->special = 1;
     rec->eos = 0;
   }
 out:
@@ -271,6 +287,7 @@ int ll_data_record_parse(const char *line, size_t len, const char *tmpl, struct 
 void ll_data_record_free(struct ll_data_record *rec) {
   free(rec->text);
   free(rec->spans);
+  free(rec->marks);
   memset(rec, 0, sizeof *rec);
 }
 
@@ -527,18 +544,20 @@ static int mark_spans(const struct ll_data *d, const char *text, size_t len, con
 }
 
 // Tokenizes one document into tb: [BOS] text [EOS]. spans NULL: every text token counts.
-static int doc_tokens(struct ll_data *d, struct tokbuf *tb, const char *text, size_t len, int special, int bos,
-                      int eos, const struct ll_data_span *sp, int ns, char *err, size_t errlen) {
+// marks: the chat template's markup, where control-token texts are tokens (elsewhere, and in
+// text files, "<|im_end|>" is text: training data cannot smuggle in a turn).
+static int doc_tokens(struct ll_data *d, struct tokbuf *tb, const char *text, size_t len, const struct ll_tok_span *marks,
+                      int n_marks, int bos, int eos, const struct ll_data_span *sp, int ns, char *err, size_t errlen) {
   tb->n = 0;
   if (len > (size_t)INT_MAX - 16) return ll_errf(err, errlen, LL_ELIMIT, "document too long");
   int rc = tb_reserve(tb, len + 16, err, errlen);
   if (rc) return rc;
   size_t at = 0;
   if (bos && d->add_bos && d->bos >= 0) tb->ids[at] = d->bos, tb->loss[at++] = 0;
-  int k = ll_tokenize(d->tok, text, len, 0, special, tb->ids + at, (int)(tb->cap - at - 1));
+  int k = ll_tokenize_marked(d->tok, text, len, 0, marks, n_marks, tb->ids + at, (int)(tb->cap - at - 1));
   if (k >= 0 && (size_t)k > tb->cap - at - 1) {
     if ((rc = tb_reserve(tb, at + (size_t)k + 1, err, errlen))) return rc;
-    k = ll_tokenize(d->tok, text, len, 0, special, tb->ids + at, (int)(tb->cap - at - 1));
+    k = ll_tokenize_marked(d->tok, text, len, 0, marks, n_marks, tb->ids + at, (int)(tb->cap - at - 1));
   }
   if (k < 0) return ll_errf(err, errlen, k, "tokenizer: %s", ll_strerror(k));
   if (sp) {
@@ -563,7 +582,7 @@ static int doc_tokenize(struct ll_data *d, struct tokbuf *tb, size_t fi, uint64_
   char e2[256];
   int rc;
   if (!f->jsonl) {
-    rc = doc_tokens(d, tb, dc->text, dc->len, 0, dc->first, dc->last, NULL, 0, e2, sizeof e2);
+    rc = doc_tokens(d, tb, dc->text, dc->len, NULL, 0, dc->first, dc->last, NULL, 0, e2, sizeof e2);
     if (rc) return ll_errf(err, errlen, rc, "data: '%s' at byte %lld: %s", f->path, (long long)(dc->next_off - (int64_t)dc->len), e2);
     return 0;
   }
@@ -575,7 +594,7 @@ static int doc_tokenize(struct ll_data *d, struct tokbuf *tb, size_t fi, uint64_
   }
   if (rc == 0) {
     int whole = rec.n_spans == 1 && rec.spans[0].start == 0 && rec.spans[0].end == rec.len;
-    rc = doc_tokens(d, tb, rec.text, rec.len, rec.special, 1, rec.eos, whole ? NULL : rec.spans, rec.n_spans, e2,
+    rc = doc_tokens(d, tb, rec.text, rec.len, rec.marks, rec.n_marks, 1, rec.eos, whole ? NULL : rec.spans, rec.n_spans, e2,
                     sizeof e2);
     ll_data_record_free(&rec);
   }

@@ -36,6 +36,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ll_tokenizer.h"
+
 struct ll_tokenizer;
 struct ll_data;
 
@@ -139,7 +141,8 @@ struct ll_data_record {
   size_t len;
   struct ll_data_span *spans; // sorted, disjoint, inside [0, len]
   int n_spans;
-  int special;       // tokenize with control-token texts recognised (chat markup)
+  struct ll_tok_span *marks; // the chat template's markup (sorted, disjoint): tokenized with
+  int n_marks;               // ll_tokenize_marked, so only it gives control tokens; none: text
   int eos;           // 1: append EOS, counted in the loss (text, completion); 0: none (chat: the
                      // template's end-of-turn marker ends the record)
 };

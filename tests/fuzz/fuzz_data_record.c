@@ -1,7 +1,8 @@
 // fuzz_data_record.c - one JSONL line of training data, arbitrary bytes: the record parser
 // never crashes or reads outside the line; a parsed record's text is NUL-terminated and its
 // loss spans are sorted, disjoint and inside the text; a refusal always says why. Every chat
-// format is tried (chat records render through ll_chat_render with placeholders).
+// format is tried (chat records render through ll_chat_render with placeholders); the markup
+// spans are sorted, disjoint and inside the text too.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,11 @@ static void check(const char *line, size_t n, const char *tmpl) {
   for (int i = 0; i < r.n_spans; i++) {
     if (r.spans[i].start < prev || r.spans[i].end < r.spans[i].start || r.spans[i].end > r.len) __builtin_trap();
     prev = r.spans[i].end;
+  }
+  prev = 0;
+  for (int i = 0; i < r.n_marks; i++) { // the template's markup: what ll_tokenize_marked accepts
+    if (r.marks[i].start < prev || r.marks[i].end <= r.marks[i].start || r.marks[i].end > r.len) __builtin_trap();
+    prev = r.marks[i].end;
   }
   ll_data_record_free(&r);
 }
