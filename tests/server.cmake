@@ -6,6 +6,10 @@ ll_test(NAME test_proto SOURCES test_proto.c LIBS ll_server LABELS unit)
 # Runs in the ASan build too (LSan checks the server's exit).
 ll_script_test(NAME server_sockets COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server.py
   LABELS integration TIMEOUT 300)
+# Chat templates on the demo's byte vocabulary: chat_template (built-in names, a template file,
+# unknown names refused) for CHAT, generate --chat and train; message contents stay text.
+ll_script_test(NAME server_chat COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_chat.py
+  LABELS integration TIMEOUT 300)
 # The real model behind the server: 64 clients x 32 tokens equal to alone, CHAT = generate --chat.
 ll_script_test(NAME server_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_smollm2.py
   LABELS "integration;slow" TIMEOUT 600 FIXTURES smollm2)

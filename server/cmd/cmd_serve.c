@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "ll_cmd.h"
+#include "ll_chat.h"
 #include "ll_config.h"
 #include "ll_demo.h"
 #include "ll_error.h"
@@ -243,7 +244,15 @@ int ll_cmd_serve(int argc, char **argv) {
   struct ll_sched_params sp = {.prefill_chunk = (int)cfg.prefill_chunk};
   int exit_code = 1, n_adapters = 0;
   struct ll_lora *adapters[LL_SCHED_MAX_ADAPTERS];
-  if (ll_sched_create(&srv.sched, srv.e, &sp, notify, &srv, err, sizeof err) != 0) {
+  char *chat_tmpl = NULL;
+  if (cfg.chat_template && ll_chat_template_load(cfg.chat_template, &chat_tmpl, err, sizeof err) != 0) {
+    fprintf(stderr, "llsrv: %s\n", err);
+    goto out;
+  }
+  sp.chat_template = chat_tmpl;
+  int sc = ll_sched_create(&srv.sched, srv.e, &sp, notify, &srv, err, sizeof err);
+  free(chat_tmpl); // the scheduler keeps its own copy
+  if (sc != 0) {
     fprintf(stderr, "llsrv: %s\n", err);
     goto out;
   }

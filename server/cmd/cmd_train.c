@@ -37,6 +37,8 @@ static void train_usage(FILE *f) {
              "  --restart       start over even if RUN_DIR holds a run (default: resume from RUN_DIR/last.ckpt)\n"
              "  --log-every N   progress lines every N steps when stdout is not a terminal (default 10)\n"
              "  --device D, --ctx N (engine options)\n"
+             "  --chat-template NAME|FILE  chat records' template over the model's (chatml, llama2, llama3,\n"
+             "                  zephyr, gemma, phi3, or a template file)\n"
              "RUN_DIR gets last.ckpt, best.ckpt and the last `keep` step checkpoints; SIGINT/SIGTERM save one\n"
              "and stop. See llsrv(1) TRAINING.\n");
 }
@@ -81,6 +83,7 @@ int ll_cmd_train(int argc, char **argv) {
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) name = "threads";
     else if (!strcmp(a, "--data")) name = "train.data";
     else if (!strcmp(a, "--device")) name = "device";
+    else if (!strcmp(a, "--chat-template")) name = "chat_template";
     if (!name && !strncmp(a, "--", 2)) {
       // --lora-rank -> train.lora_rank (also --train-lora-rank); a boolean may stand alone (--recompute, --no-recompute)
       char key[96];
@@ -139,7 +142,7 @@ int ll_cmd_train(int argc, char **argv) {
   fprintf(stderr, "model: %s (%s, %s, %lld parameters), %s: %s, %d threads\n", info.name, info.arch, info.quant, (long long)info.n_params,
           info.backend, info.device_name, info.n_threads);
   struct ll_train_run_opts ro = {run_dir ? run_dir : "(dry run)", c.train_data, c.model, info.arch, c.train_checkpoint_every, c.train_eval_every,
-                                 c.train_eval_seqs, c.train_keep, c.train_val_fraction, restart || dry};
+                                 c.train_eval_seqs, c.train_keep, c.train_val_fraction, restart || dry, c.chat_template};
   // This backend serves nothing else: quantized products of training batches may take
   // dequantize + sgemm where that beats the integer tiles (ll_backend.train_sgemm; CPUs without
   // AVX-512 VNNI). The server's training thread sets it on its own backend too (trainjob.c); the

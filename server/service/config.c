@@ -24,6 +24,8 @@ const struct ll_option ll_options[] = {
      "Model file (GGUF, .ckpt, llama2.c .bin, safetensors directory); unset: the demo model under state_dir."},
     {"adapter", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(adapter), "PATHS",
      "LoRA adapters to serve (GGUF LoRA, .ckpt, PEFT directory), comma-separated; each is named by its file stem; the first is used by requests that name none."},
+    {"chat_template", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(chat_template), "NAME|FILE",
+     "Chat template for CHAT requests and chat training records, over the model's own: chatml, llama2, llama3, zephyr, gemma, phi3, or a template file (Jinja text of one of those formats); unset: the model's."},
     {"device", LL_OPT_STRING, 0, 0, "auto", NULL, OFF(device), "DEV", "Compute device: auto (the best OpenCL GPU that passes its self-test, else the CPU), cpu, opencl, opencl:P or opencl:P:D (llsrv(1), DEVICES)."},
     {"threads", LL_OPT_INT, 0, 256, "0", NULL, OFF(threads), "N", "Compute threads; 0 uses every online CPU."},
     {"ctx", LL_OPT_INT, 16, 131072, "2048", NULL, OFF(ctx), "N", "Context positions per sequence."},

@@ -526,7 +526,7 @@ int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_
   j->dev_bytes = -1;
   snprintf(j->arch, sizeof j->arch, "%s", info.arch);
   j->ro = (struct ll_train_run_opts){j->run_dir, j->data, j->model_path, j->arch, cfg->train_checkpoint_every, cfg->train_eval_every,
-                                     cfg->train_eval_seqs, cfg->train_keep, cfg->train_val_fraction, 0};
+                                     cfg->train_eval_seqs, cfg->train_keep, cfg->train_val_fraction, 0, cfg->chat_template};
   pthread_mutex_init(&j->mu, NULL);
   j->state = ST_OFF;
   j->total = j->tp.steps;

@@ -142,7 +142,8 @@ static int chat_record(json_t *arr, const char *tmpl, struct ll_data_record *rec
   if (!fmt)
     return ll_errf(err, errlen, LL_EUNSUPPORTED,
                    tmpl ? "chat records need a chat template of a known format (chatml, llama2, llama3, zephyr, gemma, phi3)"
-                        : "chat records need a chat template and the model has none (set one: chatml, llama2, llama3, zephyr, gemma, phi3)");
+                        : "chat records need a chat template and the model has none (set one with chat_template / "
+                          "--chat-template: chatml, llama2, llama3, zephyr, gemma, phi3, or a template file)");
   fi = find_format(fmt);
   struct ll_chat_msg *m = calloc(n, sizeof *m);
   char(*ph)[24] = calloc(n, sizeof *ph);

@@ -28,6 +28,8 @@ struct ll_train_run_opts {
   int64_t keep;                 // step checkpoints kept
   double val_fraction;
   int restart;                  // 1: ignore an existing last.ckpt (start over)
+  const char *chat_template;    // chat records: a chat_template setting (built-in name or template
+                                // file, ll_chat_template_load); NULL: the model's
 };
 
 // What one ll_train_run_step did (for progress lines, monitor fields and events).

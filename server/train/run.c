@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ll_chat.h"
 #include "ll_config.h"
 #include "ll_data.h"
 #include "ll_error.h"
@@ -133,7 +134,11 @@ int ll_train_run_open(struct ll_train_run **out, const struct ll_model *m, struc
   dp.seq_len = p->seq_len;
   dp.val_fraction = o->val_fraction;
   dp.seed = p->seed;
-  int rc = ll_data_open(&r->data, &dp, tok, err, errlen);
+  char *tmpl = NULL;
+  int rc = o->chat_template ? ll_chat_template_load(o->chat_template, &tmpl, err, errlen) : 0;
+  dp.chat_template = tmpl;
+  if (rc == 0) rc = ll_data_open(&r->data, &dp, tok, err, errlen);
+  free(tmpl); // the data keeps its own copy
   if (rc == 0) {
     ll_data_train_source(r->data, &r->src);
     struct ll_trainer_params tp = *p;
