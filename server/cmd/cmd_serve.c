@@ -185,6 +185,16 @@ int ll_cmd_serve(int argc, char **argv) {
     free(cfg.auth_token);
     cfg.auth_token = NULL;
   }
+  if (cfg.chat_template) { // refused before anything is loaded (and by --check-config); read again for the scheduler
+    char *t = NULL;
+    rc = ll_chat_template_load(cfg.chat_template, &t, err, sizeof err);
+    free(t);
+    if (rc != 0) {
+      fprintf(stderr, "llsrv: %s\n", err);
+      ll_config_free(&cfg);
+      return 2;
+    }
+  }
   if (check) {
     ll_config_print_yaml(stdout, &cfg);
     fprintf(stderr, "llsrv: configuration OK\n");

@@ -45,6 +45,11 @@ p = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", os.path.join(tmp
                     os.path.join(tmp, "state"), "--chat-template", "chatml3"], capture_output=True, text=True, timeout=120)
 check(p.returncode != 0 and "chatml3" in p.stderr and NAMES in p.stderr, "unknown --chat-template: %d %r" % (p.returncode, p.stderr))
 
+p = subprocess.run([BIN, "--check-config", "--chat-template", "gemma2"], capture_output=True, text=True, timeout=60)
+check(p.returncode == 2 and "gemma2" in p.stderr and NAMES in p.stderr, "--check-config refuses an unknown template: %r" % p.stderr)
+p = subprocess.run([BIN, "--check-config", "--chat-template", "gemma"], capture_output=True, text=True, timeout=60)
+check(p.returncode == 0 and "chat_template: \"gemma\"" in p.stdout, "--check-config shows chat_template: %r" % p.stdout[:200])
+
 # ---- llama2 on the byte vocabulary: contents are text ----
 srv = Server(tmp, ["--threads", "2", "--ctx", "256", "--parallel", "2", "--chat-template", "llama2"], name="llama2")
 c = srv.conn()
