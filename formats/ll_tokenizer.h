@@ -53,8 +53,9 @@ struct ll_tok_span {
 // ll_tokenize with control-token texts recognised only where they lie wholly inside one of
 // the n_marks spans (sorted, disjoint, inside the text; else LL_EINVAL): a chat template's own
 // markup. Elsewhere - the messages' contents - "<|im_end|>" is text like any other, so a user
-// cannot close their turn and write the assistant's. User-defined tokens are recognised
-// everywhere, as by ll_tokenize.
+// cannot close their turn and write the assistant's. A user-defined token is recognised
+// everywhere, as by ll_tokenize, unless its text occurs in the marks (a turn marker some
+// vocabularies make user-defined): then it too is a token only inside them.
 int ll_tokenize_marked(const struct ll_tokenizer *t, const char *text, size_t len, int add_bos,
                        const struct ll_tok_span *marks, int n_marks, int32_t *ids, int cap);
 

@@ -994,12 +994,22 @@ static int tokenize(const struct ll_tokenizer *t, const char *text, size_t len, 
     const struct tok_entry *e = &t->tok[id];
     const int gated = (e->attr & (LL_TOKEN_CONTROL | LL_TOKEN_UNKNOWN)) != 0; // user-defined: always parsed (llama.cpp)
     if (gated && mode == 0) continue;
+    // Marked text: a user-defined token is gated too when the template's markup uses it (some
+    // vocabularies, Gemma's, make turn markers user-defined); others stay parsed as llama.cpp
+    // parses them. Decided at the token's first hit outside the marks (-1: not yet).
+    int user_marker = gated ? 1 : -1;
     for (size_t k = 0; k < nf; k++) {
       if (f[k].token >= 0 || f[k].len < e->len) continue;
       const char *base = text + f[k].off;
       const char *hit = memmem(base, f[k].len, e->text, e->len);
       // Outside the marks (a chat message's content) the text stays text: look further on.
-      while (hit && gated && mode == 2 && !in_marks((size_t)(hit - text), e->len, marks, n_marks)) {
+      while (hit && mode == 2 && !in_marks((size_t)(hit - text), e->len, marks, n_marks)) {
+        if (user_marker < 0) {
+          user_marker = 0;
+          for (int j = 0; j < n_marks && !user_marker; j++)
+            user_marker = memmem(text + marks[j].start, marks[j].end - marks[j].start, e->text, e->len) != NULL;
+        }
+        if (!user_marker) break;
         size_t from = (size_t)(hit - base) + 1;
         hit = from + e->len <= f[k].len ? memmem(base + from, f[k].len - from, e->text, e->len) : NULL;
       }

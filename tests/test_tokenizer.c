@@ -167,10 +167,10 @@ static void check_handmade(void) {
   char err[256];
   ll_modelfile_init(&mf);
   CHECK(ll_tokenizer_from_mf(&mf, &t, err, sizeof err) == LL_ENOTFOUND); // no tokenizer: ids only
-  const char *toks[3 + 256 + 4];
+  const char *toks[3 + 256 + 6];
   char bytes[256][8];
-  float scores[3 + 256 + 4];
-  int32_t types[3 + 256 + 4];
+  float scores[3 + 256 + 6];
+  int32_t types[3 + 256 + 6];
   int n = 0;
   toks[n] = "<unk>", types[n] = 2, scores[n++] = 0;
   toks[n] = "<s>", types[n] = 3, scores[n++] = 0;
@@ -180,6 +180,9 @@ static void check_handmade(void) {
   toks[n] = "i", types[n] = 1, scores[n++] = -2;
   toks[n] = "\xe2\x96\x81hi", types[n] = 1, scores[n++] = -0.5f;
   toks[n] = "\xe2\x96\x81", types[n] = 1, scores[n++] = -3;
+  toks[n] = "<eot>", types[n] = 4, scores[n++] = 0; // user-defined: a turn marker (as Gemma's can be)
+  toks[n] = "<tab>", types[n] = 4, scores[n++] = 0; // user-defined: an ordinary word
+  const int32_t EOT = 3 + 256 + 4, TAB = 3 + 256 + 5;
   ll_mf_set_str(&mf, "tokenizer.ggml.model", "llama");
   ll_mf_set_arr(&mf, "tokenizer.ggml.tokens", LL_KV_STR, toks, (uint64_t)n);
   ll_mf_set_arr(&mf, "tokenizer.ggml.scores", LL_KV_F32, scores, (uint64_t)n);
@@ -214,6 +217,18 @@ static void check_handmade(void) {
     eos = 0;
     for (int i = 0; i < nv; i++) eos += v[i] == 2;
     CHECK(nv > 12 && eos == 0);
+    // User-defined tokens: parsed anywhere (llama.cpp), unless the marks use them - then a
+    // message's copy is text too.
+    const char *ud = "<eot>x<tab><eot>";
+    const struct ll_tok_span tail = {11, 16};
+    nv = ll_tokenize_marked(t, ud, strlen(ud), 0, &tail, 1, v, 32);
+    int eots = 0, tabs = 0;
+    for (int i = 0; i < nv; i++) eots += v[i] == EOT, tabs += v[i] == TAB;
+    CHECKF(eots == 1 && v[nv - 1] == EOT && tabs == 1, "%d ids: %d <eot>, %d <tab>", nv, eots, tabs);
+    nv = ll_tokenize_marked(t, ud, strlen(ud), 0, NULL, 0, v, 32);
+    eots = tabs = 0;
+    for (int i = 0; i < nv; i++) eots += v[i] == EOT, tabs += v[i] == TAB;
+    CHECKF(v[0] == EOT && eots == 2 && tabs == 1, "no marks: %d ids: %d <eot>, %d <tab>", nv, eots, tabs);
     struct ll_tok_span bad1[] = {{4, 2}}, bad2[] = {{0, 14}}, bad3[] = {{0, 5}, {4, 6}};
     CHECK(ll_tokenize_marked(t, txt, strlen(txt), 0, bad1, 1, v, 32) == LL_EINVAL);
     CHECK(ll_tokenize_marked(t, txt, strlen(txt), 0, bad2, 1, v, 32) == LL_EINVAL);
