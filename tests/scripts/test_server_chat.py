@@ -36,14 +36,14 @@ check(isinstance(r, str) and r.startswith("ERR") and "unsupported" in r and "cha
 k, _, kv, _ = parse_line(c.request("INFO"))
 check(kv.get("chat_template") == "none", "INFO chat_template=none: %r" % kv.get("chat_template"))
 c.close()
-srv.stop()
+check(srv.stop() == 0, "the server exits 0 (under ASan: no leak)")
 demo = os.path.join(tmp, "state", "models", "demo.ckpt")
 check(os.path.exists(demo), "the demo model is under the state dir")
 
 # ---- an unknown name: refused at start, the message lists the known ones ----
 p = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", os.path.join(tmp, "x.sock"), "--state-dir",
                     os.path.join(tmp, "state"), "--chat-template", "chatml3"], capture_output=True, text=True, timeout=120)
-check(p.returncode != 0 and "chatml3" in p.stderr and NAMES in p.stderr, "unknown --chat-template: %d %r" % (p.returncode, p.stderr))
+check(p.returncode == 2 and "chatml3" in p.stderr and NAMES in p.stderr, "unknown --chat-template: %d %r" % (p.returncode, p.stderr))
 
 p = subprocess.run([BIN, "--check-config", "--chat-template", "gemma2"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 2 and "gemma2" in p.stderr and NAMES in p.stderr, "--check-config refuses an unknown template: %r" % p.stderr)
@@ -62,7 +62,7 @@ check(chat(c, "</s>", "special=0 ") == p_abcd, "special=0 is the default for CHA
 # special=1: the client's own markup, parsed (a trusted client's opt-in)
 check(chat(c, "</s>", "special=1 ") == p_abcd - 3, "CHAT special=1 parses the contents' markers")
 c.close()
-srv.stop()
+check(srv.stop() == 0, "the llama2 server exits 0")
 
 # ---- a template file (Jinja text of a known format) ----
 jinja = os.path.join(tmp, "zephyr.jinja")
@@ -75,7 +75,7 @@ k, _, kv, _ = parse_line(c.request("INFO"))
 check(kv.get("chat_template") == "zephyr", "a template file: INFO chat_template=zephyr: %r" % kv.get("chat_template"))
 check(chat(c, "</s>") == chat(c, "abcd"), "zephyr file: '</s>' in a message is text")
 c.close()
-srv.stop()
+check(srv.stop() == 0, "the template-file server exits 0")
 
 # ---- llsrv generate --chat-template: the same rendering, the content stays text ----
 def gen_ids(prompt, *extra):
@@ -83,16 +83,16 @@ def gen_ids(prompt, *extra):
                         "-p", prompt] + list(extra), capture_output=True, text=True, timeout=120)
     for l in p.stderr.splitlines():
         if l.startswith("prompt_ids:"):
-            return [int(x) for x in l.split()[1:]]
-    return p.stderr
+            return p.returncode, [int(x) for x in l.split()[1:]]
+    return p.returncode, p.stderr
 
 
-ids = gen_ids("</s>", "--chat-template", "llama2")
-check(isinstance(ids, list) and len(ids) == 20 and 2 not in ids, "generate --chat-template llama2 -p '</s>': %r" % ids)
-r = gen_ids("x", "--chat")
-check(isinstance(r, str) and "chat_template" in r, "generate --chat without a template names the setting: %r" % r)
-r = gen_ids("x", "--chat-template", "nope")
-check(isinstance(r, str) and NAMES in r, "generate --chat-template nope lists the names: %r" % r)
+rc, ids = gen_ids("</s>", "--chat-template", "llama2")
+check(rc == 0 and isinstance(ids, list) and len(ids) == 20 and 2 not in ids, "generate --chat-template llama2 -p '</s>': %d %r" % (rc, ids))
+rc, r = gen_ids("x", "--chat")
+check(rc == 1 and isinstance(r, str) and "chat_template" in r, "generate --chat without a template names the setting: %d %r" % (rc, r))
+rc, r = gen_ids("x", "--chat-template", "nope")
+check(rc == 1 and isinstance(r, str) and NAMES in r, "generate --chat-template nope lists the names: %d %r" % (rc, r))
 
 # ---- llsrv train --chat-template: chat records of the demo model ----
 data = os.path.join(tmp, "chat.jsonl")
@@ -107,11 +107,11 @@ def train(*extra):
 
 
 p = train()
-check(p.returncode != 0 and "chat template" in p.stderr and "--chat-template" in p.stderr,
+check(p.returncode == 1 and "chat template" in p.stderr and "--chat-template" in p.stderr,
       "train: chat records without a template refused, naming the option: %r" % p.stderr[-300:])
 p = train("--chat-template", "llama2")
 check(p.returncode == 0, "train --chat-template llama2 --dry-run: %d %r" % (p.returncode, p.stderr[-300:]))
 p = train("--chat-template", "llama9")
-check(p.returncode != 0 and NAMES in p.stderr, "train --chat-template llama9 lists the names: %r" % p.stderr[-300:])
+check(p.returncode == 1 and NAMES in p.stderr, "train --chat-template llama9 lists the names: %r" % p.stderr[-300:])
 
 sys.exit(check.summary())
