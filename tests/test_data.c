@@ -493,6 +493,23 @@ static void test_chat_contents(const struct ll_tokenizer *t) {
   for (int i = 0; i < n - 1; i++) counted += tg[i] >= 0;
   CHECK(counted == 3 && tg[n - 2] == 2);
   ll_data_close(d);
+  // text and prompt/completion records, and text files, never had markup: "</s>" in them is
+  // text too (only the EOS the reader appends is id 2)
+  puts_(dir, "t.jsonl", "{\"text\":\"a</s>b\"}\n{\"prompt\":\"</s>\",\"completion\":\"</s>\"}\n");
+  puts_(dir, "f.txt", "x</s>y");
+  const char *files[] = {"t.jsonl", "f.txt"};
+  for (int fi = 0; fi < 2; fi++) {
+    p.path = sub(dir, files[fi]);
+    p.seq_len = 2;
+    d = NULL;
+    rc = ll_data_open(&d, &p, t, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    if (!d) continue;
+    ll_data_stats(d, &st);
+    int64_t want = fi == 0 ? (1 + 6 + 1) + (1 + 8 + 1) : 1 + 6 + 1; // BOS bytes EOS per record / file
+    CHECKF(st.tokens_train == want, "%s: %lld tokens, want %lld", files[fi], (long long)st.tokens_train, (long long)want);
+    ll_data_close(d);
+  }
 }
 
 // ---------------------------------------------------------------- split, cursor
