@@ -82,8 +82,9 @@ int ll_chat_render_marked(const char *tmpl, const struct ll_chat_msg *m, int n, 
   *out = NULL;
   if (marks) *marks = NULL, *n_marks = 0;
   if (!fmt)
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, tmpl ? "chat: the model's chat template is not one of " CHAT_NAMES " (set one: chat_template)"
-                                                      : "chat: the model has no chat template (set one: chat_template " CHAT_NAMES "; or use GEN with a prompt)");
+    return ll_errf(err, errlen, LL_EUNSUPPORTED,
+                   tmpl ? "chat: the model's chat template is not one of " CHAT_NAMES " (set one with chat_template)"
+                        : "chat: the model has no chat template (set one with chat_template: " CHAT_NAMES ", or a template file; or use GEN with a prompt)");
   struct sb b = {0};
   sb_put(&b, "", 0, 0);
   if (!strcmp(fmt, "chatml")) {
