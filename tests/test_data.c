@@ -322,6 +322,22 @@ static void test_git(const struct ll_tokenizer *t) {
   rc = ll_data_list_files(sub(dir, "sub"), 4096, &l, err, sizeof err);
   CHECK(rc == 0 && l.git && l.n == 1 && listed(&l, "deep/c.c"));
   ll_data_filelist_free(&l);
+  // a comma-separated list: the union, each file named by the part it came from, a file met
+  // through two parts counted once, spaces and trailing slashes around the parts ignored
+  char list[4096];
+  snprintf(list, sizeof list, "%s/a.txt, %s/sub/ ,%s/sub/deep/c.c,", dir, dir, dir);
+  rc = ll_data_list_files(list, 4096, &l, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  char a_rel[1100], c_rel[1100];
+  snprintf(a_rel, sizeof a_rel, "%s/a.txt", dir);
+  snprintf(c_rel, sizeof c_rel, "%s/sub/deep/c.c", dir);
+  CHECKF(l.n == 2 && listed(&l, a_rel) && listed(&l, c_rel) && l.is_dir, "%zu files", l.n);
+  ll_data_filelist_free(&l);
+  snprintf(list, sizeof list, "%s/a.txt,%s/missing", dir, dir);
+  rc = ll_data_list_files(list, 4096, &l, err, sizeof err);
+  CHECKF(rc == LL_ENOTFOUND && strstr(err, "missing"), "%d %s", rc, err);
+  rc = ll_data_list_files(" , ,", 4096, &l, err, sizeof err);
+  CHECKF(rc == LL_EINVAL && strstr(err, "no data path"), "%d %s", rc, err);
   (void)t;
 }
 

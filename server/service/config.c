@@ -62,7 +62,7 @@ const struct ll_option ll_options[] = {
     // training
     {"train.enabled", LL_OPT_BOOL, 0, 1, "false", NULL, OFF(train_enabled), NULL, "Fine-tune LoRA adapters in the background while serving."},
     {"train.data", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(train_data), "PATH",
-     "Training text (file or directory); unset: the demo corpus (the project's sources and docs)."},
+     "Training text: a file, a directory, or a comma-separated list of them; unset: the demo corpus (the project's sources and docs)."},
     {"train.lora_rank", LL_OPT_INT, 1, 256, "16", NULL, OFF(train_lora_rank), "N", "LoRA rank."},
     {"train.lora_alpha", LL_OPT_FLOAT, 0.01, 1e4, "32", NULL, OFF(train_lora_alpha), "X", "LoRA alpha (scale alpha/rank)."},
     {"train.lora_targets", LL_OPT_LIST, 0, 0, "q,k,v,o,gate,up,down", "q|k|v|o|gate|up|down", OFF(train_lora_targets), "LIST",

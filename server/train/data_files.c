@@ -588,7 +588,7 @@ static int cmp_file(const void *a, const void *b) {
   return strcmp(((const struct ll_data_file *)a)->rel, ((const struct ll_data_file *)b)->rel);
 }
 
-int ll_data_list_files(const char *path, int64_t max_bytes, struct ll_data_filelist *l, char *err, size_t errlen) {
+static int list_one(const char *path, int64_t max_bytes, struct ll_data_filelist *l, char *err, size_t errlen) {
   memset(l, 0, sizeof *l);
   if (!path || !path[0]) return ll_errf(err, errlen, LL_EINVAL, "data: no data path given");
   struct stat st;
@@ -688,4 +688,67 @@ void ll_data_filelist_free(struct ll_data_filelist *l) {
   free(l->v);
   l->v = NULL;
   l->n = l->cap = 0;
+}
+
+// A comma-separated list ("README.md,man,docs"): the union of what each part lists, each file
+// named by the part it came from ("man/llsrv.1"), so that the same file met twice counts once
+// and a split decided by those names does not depend on the order of the parts. A path that
+// exists as written is one path, commas and all.
+int ll_data_list_files(const char *path, int64_t max_bytes, struct ll_data_filelist *l, char *err, size_t errlen) {
+  struct stat st;
+  if (!path || !strchr(path, ',') || stat(path, &st) == 0) return list_one(path, max_bytes, l, err, errlen);
+  memset(l, 0, sizeof *l);
+  l->is_dir = 1, l->git = 1;
+  const char *p = path;
+  int rc = 0, parts = 0;
+  while (!rc && *p) {
+    const char *e = strchr(p, ',');
+    size_t n = e ? (size_t)(e - p) : strlen(p);
+    while (n && (*p == ' ' || *p == '\t')) p++, n--;
+    while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+    while (n > 1 && p[n - 1] == '/') n--;
+    if (n >= PATH_MAX) {
+      rc = ll_errf(err, errlen, LL_ELIMIT, "data: path '%.64s...' is too long", p);
+      break;
+    }
+    if (n) {
+      char part[PATH_MAX];
+      memcpy(part, p, n);
+      part[n] = '\0';
+      struct ll_data_filelist one;
+      rc = list_one(part, max_bytes, &one, err, errlen);
+      for (size_t i = 0; !rc && i < one.n; i++) {
+        char rel[PATH_MAX];
+        int k = one.is_dir ? snprintf(rel, sizeof rel, "%s/%s", part, one.v[i].rel) : snprintf(rel, sizeof rel, "%s", part);
+        if (k < 0 || (size_t)k >= sizeof rel) rc = ll_errf(err, errlen, LL_ELIMIT, "data: path '%s/%s' is too long", part, one.v[i].rel);
+        else if ((rc = push_file(l, one.v[i].path, rel, one.v[i].size)) != 0)
+          rc = ll_errf(err, errlen, rc, rc == LL_ELIMIT ? "data: more than %d files" : "data: out of memory (%d files)", LL_DATA_MAX_FILES);
+      }
+      for (int r = 0; !rc && r < LL_DATA_SKIP_N; r++) {
+        l->skipped[r] += one.skipped[r];
+        if (!l->example[r][0]) snprintf(l->example[r], sizeof l->example[r], "%s", one.example[r]);
+      }
+      if (!rc && !l->note[0]) snprintf(l->note, sizeof l->note, "%s", one.note);
+      l->git = l->git && one.git;
+      ll_data_filelist_free(&one);
+      parts++;
+    }
+    p = e ? e + 1 : p + strlen(p);
+  }
+  if (!rc && !parts) rc = ll_errf(err, errlen, LL_EINVAL, "data: no data path given");
+  if (rc) {
+    ll_data_filelist_free(l);
+    return rc;
+  }
+  if (l->n > 1) qsort(l->v, l->n, sizeof *l->v, cmp_file);
+  size_t k = 0; // the same file through two parts ("man,man/llsrv.1") counts once
+  for (size_t i = 0; i < l->n; i++) {
+    if (k && strcmp(l->v[k - 1].rel, l->v[i].rel) == 0) {
+      free(l->v[i].path), free(l->v[i].rel);
+      continue;
+    }
+    l->v[k++] = l->v[i];
+  }
+  l->n = k;
+  return 0;
 }
