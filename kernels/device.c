@@ -9,9 +9,12 @@
 // Only a malformed device string is an error.
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ll_backend.h"
 #include "ll_error.h"
@@ -93,6 +96,91 @@ static int parse_device(const char *s, int *kind, int *P, int *D) {
   return 0;
 }
 
+// ---------------------------------------------------------------- a missing ICD file
+
+// Vendors whose driver ships an OpenCL library that the ICD loader finds only through a file
+// in its vendors directory; driver images (NVIDIA's on Ubuntu, for one) often ship the library
+// without that file, and then the GPU is invisible to every OpenCL program.
+static const struct {
+  const char *vendor, *lib, *icd;
+} known_icds[] = {
+    {"NVIDIA", "libnvidia-opencl.so.1", "nvidia.icd"},
+    {"AMD ROCm", "libamdocl64.so", "amdocl64.icd"},
+    {"Intel", "libigdrcl.so", "intel.icd"},
+};
+
+static const char *const default_lib_dirs = "/usr/lib/x86_64-linux-gnu:/usr/lib/aarch64-linux-gnu:/usr/lib64:/usr/lib:/usr/local/lib:"
+                                            "/usr/lib/wsl/lib:/opt/rocm/lib:/opt/rocm/opencl/lib";
+
+// 1 when an ICD file (one file, or the *.icd files of a directory) names lib, by its base name
+// or a path that ends with it.
+static int icd_names(const char *icd, const char *lib) {
+  struct stat st;
+  if (stat(icd, &st) != 0) return 0;
+  char files[64][300];
+  int nf = 0;
+  if (S_ISDIR(st.st_mode)) {
+    DIR *d = opendir(icd);
+    if (!d) return 0;
+    for (struct dirent *e; (e = readdir(d)) && nf < 64;) {
+      size_t n = strlen(e->d_name);
+      if (n > 4 && strcmp(e->d_name + n - 4, ".icd") == 0) snprintf(files[nf++], sizeof files[0], "%.120s/%.170s", icd, e->d_name);
+    }
+    closedir(d);
+  } else {
+    snprintf(files[nf++], sizeof files[0], "%.290s", icd);
+  }
+  for (int i = 0; i < nf; i++) {
+    FILE *f = fopen(files[i], "r");
+    if (!f) continue;
+    char line[512];
+    int hit = 0;
+    while (!hit && fgets(line, sizeof line, f)) {
+      line[strcspn(line, "\r\n")] = 0;
+      size_t n = strlen(line), m = strlen(lib);
+      hit = n >= m && strcmp(line + n - m, lib) == 0 && (n == m || line[n - m - 1] == '/');
+    }
+    fclose(f);
+    if (hit) return 1;
+  }
+  return 0;
+}
+
+int ll_opencl_icd_hint(char *out, size_t cap, const char *lib_dirs, const char *icd) {
+  if (cap) out[0] = 0;
+  char dirs[2048];
+  const char *ld = getenv("LD_LIBRARY_PATH");
+  if (!lib_dirs) snprintf(dirs, sizeof dirs, "%s%s%s", ld ? ld : "", ld && *ld ? ":" : "", default_lib_dirs);
+  else snprintf(dirs, sizeof dirs, "%s", lib_dirs);
+  const char *env_icd = getenv("OCL_ICD_VENDORS");
+  if (!icd) icd = env_icd && *env_icd ? env_icd : "/etc/OpenCL/vendors";
+  for (size_t v = 0; v < sizeof known_icds / sizeof known_icds[0]; v++) {
+    char found[600] = "";
+    for (const char *p = dirs; *p && !found[0];) {
+      size_t n = strcspn(p, ":");
+      if (n > 0 && n < 400) {
+        char path[600];
+        snprintf(path, sizeof path, "%.*s/%s", (int)n, p, known_icds[v].lib);
+        if (access(path, F_OK) == 0) snprintf(found, sizeof found, "%s", path);
+      }
+      p += n + (p[n] == ':');
+    }
+    if (!found[0] || icd_names(icd, known_icds[v].lib)) continue;
+    struct stat st;
+    const int is_dir = stat(icd, &st) != 0 || S_ISDIR(st.st_mode);
+    if (is_dir)
+      snprintf(out, cap, "%s's OpenCL library %s is installed but no ICD file in %s names it, so no OpenCL program sees that GPU; "
+                         "fix (as root): mkdir -p %s && echo %s > %s/%s",
+               known_icds[v].vendor, found, icd, icd, known_icds[v].lib, icd, known_icds[v].icd);
+    else
+      snprintf(out, cap, "%s's OpenCL library %s is installed but the ICD file %s (OCL_ICD_VENDORS) does not name it; "
+                         "fix: point OCL_ICD_VENDORS at a file holding the line %s",
+               known_icds[v].vendor, found, icd, known_icds[v].lib);
+    return 1;
+  }
+  return 0;
+}
+
 static int cpu_with(struct ll_backend **out, int threads, char *reason, size_t rl, char *err, size_t errlen, const char *fmt, const char *a,
                     const char *b) {
   int rc = ll_backend_cpu_create(out, threads, err, errlen);
@@ -111,9 +199,11 @@ int ll_backend_create(struct ll_backend **out, const struct ll_backend_params *p
   struct cand cands[MAX_CAND];
   int n_plat;
   const int n = enumerate(cands, &n_plat);
-  char why[512];
+  char why[1024];
+  char hint[700] = "";
   if (n < 0) {
-    snprintf(why, sizeof why, "no OpenCL platform found (ICD loader status %d%s)", n, n == -1001 ? ": no usable ICD file" : "");
+    if (ll_opencl_icd_hint(hint + 2, sizeof hint - 2, NULL, NULL)) memcpy(hint, "; ", 2);
+    snprintf(why, sizeof why, "no OpenCL platform found (ICD loader status %d%s)%s", n, n == -1001 ? ": no usable ICD file" : "", hint);
     return cpu_with(out, threads, reason, reason_len, err, errlen, "cpu: %s%s", why, kind == 2 ? " for the requested OpenCL device" : "");
   }
   qsort(cands, (size_t)n, sizeof cands[0], cand_cmp);
@@ -131,11 +221,12 @@ int ll_backend_create(struct ll_backend **out, const struct ll_backend_params *p
     order[m++] = i;
   }
   if (m == 0) {
+    if (P < 0 && ll_opencl_icd_hint(hint + 2, sizeof hint - 2, NULL, NULL)) memcpy(hint, "; ", 2);
     if (P >= 0) snprintf(why, sizeof why, "no OpenCL device %s (%d platform(s), %d device(s) found)", want, n_plat, n);
     else if (skipped_cpu)
-      snprintf(why, sizeof why, "no OpenCL GPU; CPU OpenCL devices are used only when named (--device opencl:%d:%d is '%s')", cands[0].p, cands[0].d,
-               cands[0].name);
-    else snprintf(why, sizeof why, "no OpenCL device found on %d platform(s)", n_plat);
+      snprintf(why, sizeof why, "no OpenCL GPU; CPU OpenCL devices are used only when named (--device opencl:%d:%d is '%s')%s", cands[0].p,
+               cands[0].d, cands[0].name, hint);
+    else snprintf(why, sizeof why, "no OpenCL device found on %d platform(s)%s", n_plat, hint);
     return cpu_with(out, threads, reason, reason_len, err, errlen, "cpu: %s%s", why, "");
   }
   why[0] = 0;

@@ -232,6 +232,12 @@ struct ll_backend_params {
 int ll_backend_create(struct ll_backend **out, const struct ll_backend_params *p, char *reason,
                       size_t reason_len, char *err, size_t errlen);
 void ll_backend_free(struct ll_backend *b); // accepts NULL
+// When a known vendor's OpenCL library (NVIDIA's libnvidia-opencl.so.1, ...) is installed but
+// no ICD file names it: 1, with one line in out saying so and how to write the file; else 0.
+// lib_dirs: ':'-separated (NULL: $LD_LIBRARY_PATH and the usual library directories); icd: the
+// vendors directory or one ICD file (NULL: $OCL_ICD_VENDORS, else /etc/OpenCL/vendors).
+// ll_backend_create adds it to its reason when it finds no OpenCL GPU.
+int ll_opencl_icd_hint(char *out, size_t cap, const char *lib_dirs, const char *icd);
 // Backend memory (see alloc above); host memory when the backend has no allocator.
 void *ll_backend_alloc(struct ll_backend *b, size_t n);
 void ll_backend_free_buf(struct ll_backend *b, void *p); // accepts NULL

@@ -16,3 +16,6 @@ add_custom_target(bench DEPENDS llsrv train_kernels_bench readbw)
 # prefetch), so every machine runs both.
 add_test(NAME test_kernels_avx2 COMMAND test_kernels)
 set_tests_properties(test_kernels_avx2 PROPERTIES TIMEOUT 120 LABELS unit ENVIRONMENT "${LL_TEST_ENV};LL_CPU_ISA=avx2;LL_CPU_PREFETCH=1")
+# The CPU fallback when a vendor's OpenCL library is installed without its ICD file: the
+# reason names the library and the fix (llsrv plan, the server's start-up summary).
+ll_script_test(NAME opencl_icd_hint COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_icd_hint.sh LABELS integration)

@@ -156,7 +156,7 @@ int ll_cmd_plan(int argc, char **argv) {
 
   // The device, chosen as the server would choose it (kernels built and self-tested).
   struct ll_backend_params bp = {(int)cfg.threads, cfg.device, NULL};
-  char reason[512], cache[1100];
+  char reason[1024], cache[1100];
   bp.cache_dir = ll_cmd_opencl_cache(cfg.state_dir, cfg.device, cache, sizeof cache);
   if (ll_backend_create(&be, &bp, reason, sizeof reason, err, sizeof err) != 0) {
     fprintf(stderr, "llsrv plan: %s\n", err);

@@ -40,7 +40,7 @@ struct ll_engine_info {
   char quant[16];           // dominant weight type ("q4_1")
   char backend[16];         // "cpu", "opencl"
   char device_name[128];    // CPU model / GPU name
-  char device_reason[320];  // why this device was chosen ("no OpenCL GPU platform found")
+  char device_reason[1024];  // why this device was chosen ("no OpenCL GPU platform found")
   // Device details (OpenCL backend; empty / 0 on the CPU): see struct ll_backend_info.
   char device_vendor[64], device_driver[64], device_version[64];
   int device_fp16, device_subgroups;
