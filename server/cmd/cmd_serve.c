@@ -344,7 +344,24 @@ int ll_cmd_serve(int argc, char **argv) {
     char host[100];
     int port = 0;
     ll_net_parse_listen(srv.listen_addr, host, sizeof host, &port, err, sizeof err);
-    fprintf(stderr, "  try       printf 'GEN max_tokens=32 :Once upon a time\\n' | nc -q 5 %s %d\n", host, port);
+    const int chat = ll_engine_tokenizer(srv.e) && ll_sched_chat_template(srv.sched);
+    const int live = srv.job && cfg.train_enabled && strcmp(cfg.train_mode ? cfg.train_mode : "lora", "full") != 0;
+    if (chat && live) {
+      // The point of the LoRA run: the same question to the base model and to the adapter as
+      // trained so far, then a look at the run and its adapter.
+      fprintf(stderr,
+              "  try       printf 'CHAT max_tokens=64 temperature=0 adapter=none :What is llsrv?\\nQUIT\\n' | nc %s %d   (the base model)\n"
+              "            printf 'CHAT max_tokens=64 temperature=0 adapter=live :What is llsrv?\\nQUIT\\n' | nc %s %d   (the adapter as trained so far)\n"
+              "            also: How do I watch training? / What does train.share do?\n"
+              "  watch     %s --socket %s   (p pause/resume, s save, t stop, q quit)\n"
+              "  export    %s export %s/last.ckpt adapter.gguf   (a GGUF LoRA for llama.cpp --lora)\n",
+              host, port, host, port, access("build/tui/lltop", X_OK) == 0 ? "./build/tui/lltop" : "lltop", srv.mon_path,
+              access("build/server/llsrv", X_OK) == 0 ? "./build/server/llsrv" : "llsrv", run_dir);
+    } else if (chat) {
+      fprintf(stderr, "  try       printf 'CHAT max_tokens=64 :What is a llama?\\nQUIT\\n' | nc %s %d\n", host, port);
+    } else {
+      fprintf(stderr, "  try       printf 'GEN max_tokens=32 :Once upon a time\\n' | nc -q 5 %s %d\n", host, port);
+    }
   }
   fflush(stderr);
 
