@@ -8,6 +8,8 @@ NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 CACHE=${LL_MODEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llsrv}
 OUT=$CACHE/$NAME
 mkdir -p "$CACHE"
+# Downloads a killed fetch left behind (an hour old: not a concurrent fetch still running).
+find "$CACHE" -maxdepth 1 -name 'fetch.??????' -type d -mmin +60 -exec rm -rf {} + 2>/dev/null || true
 if [ -f "$OUT" ] && echo "$SHA  $OUT" | sha256sum -c --quiet - 2>/dev/null; then
   echo "$OUT"; exit 0
 fi
