@@ -23,8 +23,10 @@
 
 // ST_PAUSING: a pause was asked for while a step runs; the step finishes (its update is
 // applied), then the job is paused. A resume in that window cancels the pause.
-enum job_state { ST_OFF, ST_RUNNING, ST_PAUSED, ST_STOPPED, ST_DONE, ST_ERROR, ST_PAUSING };
-static const char *const state_names[] = {"off", "running", "paused", "stopped", "done", "error", "pausing"};
+// ST_STARTING: the run is being opened (data scanned and tokenized, the step-0 evaluation),
+// which takes a while on a real model; commands then act as on a start still pending.
+enum job_state { ST_OFF, ST_RUNNING, ST_PAUSED, ST_STOPPED, ST_DONE, ST_ERROR, ST_PAUSING, ST_STARTING };
+static const char *const state_names[] = {"off", "running", "paused", "stopped", "done", "error", "pausing", "starting"};
 
 enum { CMD_START = 1, CMD_PAUSE = 2, CMD_RESUME = 4, CMD_STOP = 8, CMD_SAVE = 16 };
 
@@ -313,6 +315,11 @@ static int slice(struct ll_trainjob *j, int cmds) {
   pthread_mutex_unlock(&j->mu);
   if ((cmds & CMD_START) && state != ST_RUNNING && state != ST_PAUSED) {
     const int had_run = j->run != NULL;
+    if (!had_run) {
+      pthread_mutex_lock(&j->mu);
+      j->state = ST_STARTING;
+      pthread_mutex_unlock(&j->mu);
+    }
     if (!had_run && open_run(j) != 0) return 0; // a new run publishes itself
     state = ll_train_run_done(j->run) ? ST_DONE : ST_RUNNING;
     if (had_run) {
@@ -603,9 +610,9 @@ int ll_trainjob_control(struct ll_trainjob *j, const char *cmd, char *msg, size_
             : !strcmp(cmd, "stop") ? CMD_STOP : !strcmp(cmd, "save") ? CMD_SAVE : 0;
   if (!bit) return ll_errf(msg, cap, LL_EINVAL, "unknown training command '%.32s' (start, pause, resume, stop, save)", cmd);
   pthread_mutex_lock(&j->mu);
-  const int st = j->state, pending_start = j->cmds & CMD_START;
+  const int st = j->state, pending_start = (j->cmds & CMD_START) || st == ST_STARTING;
   int rc = 0;
-  if (bit == CMD_START && (st == ST_RUNNING || st == ST_PAUSED || st == ST_PAUSING))
+  if (bit == CMD_START && (st == ST_RUNNING || st == ST_PAUSED || st == ST_PAUSING || st == ST_STARTING))
     rc = ll_errf(msg, cap, LL_ESTATE, "training is already %s", state_names[st]);
   else if (bit == CMD_START && st == ST_DONE) rc = ll_errf(msg, cap, LL_ESTATE, "training is done (all %lld steps ran)", (long long)j->total);
   else if (bit == CMD_PAUSE && st == ST_PAUSING) rc = 0; // already asked for: the same answer again

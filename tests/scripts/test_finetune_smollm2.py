@@ -113,6 +113,10 @@ try:
     req = Requests(srv)
     req.start()
     mon = Monitor(srv.sock, timeout=300)
+    # The run opens (data tokenized, the step-0 validation over SmolLM2) for seconds: the
+    # monitor says so from the first snapshot on, never "off" for a run that is starting.
+    st0 = mon.snapshot()["training"]["state"]
+    check(st0 in ("starting", "running"), "training.state right after start: %r (starting or running, not off)" % st0)
     ck = mon.wait_event(lambda e: e.get("event") == "checkpoint_saved" and e.get("step") == CKPT_STEP, timeout=900)
     check(ck is not None and os.path.exists(ck["path"]), "checkpoint at step %d: %r" % (CKPT_STEP, ck))
     snap = wait_until(lambda: (lambda s: s if (s["training"]["step"] or 0) >= CKPT_STEP + 4 else None)(mon.snapshot()), "4 steps past it", 600)
