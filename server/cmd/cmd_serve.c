@@ -366,10 +366,12 @@ int ll_cmd_serve(int argc, char **argv) {
   fflush(stderr);
 
   uv_run(srv.loop, UV_RUN_DEFAULT);
-  exit_code = 0;
-  ll_log(LL_LOG_INFO, "stopped");
+  // Joins the training thread and saves a running job's checkpoint (SIGTERM keeps the work);
+  // when that save fails the work is lost: an error, logged before "stopped", and exit 1.
+  exit_code = ll_trainjob_stop(srv.job) == 0 ? 0 : 1;
+  ll_log(exit_code ? LL_LOG_ERROR : LL_LOG_INFO, "stopped%s", exit_code ? " (the training checkpoint failed: see above)" : "");
 out:
-  ll_trainjob_stop(srv.job); // joins the training thread; saves a running job's checkpoint (SIGTERM keeps the work)
+  ll_trainjob_stop(srv.job); // an error path: a job started before it (a no-op once stopped)
   ll_sched_destroy(srv.sched); // joins the compute thread before the engine goes
   srv.sched = NULL;
   ll_trainjob_destroy(srv.job); // after the compute thread: requests may still have read its adapter

@@ -32,7 +32,9 @@ struct ll_trainjob;
 // On an OpenCL engine the trainer opens an instance beside the engine's (e must outlive j).
 int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_sched *s, const struct ll_config *cfg, const char *model_path,
                        const char *data, const char *run_dir, int autostart, char *err, size_t errlen);
-void ll_trainjob_stop(struct ll_trainjob *j);    // accepts NULL; before the scheduler stops
+// Joins the training thread and saves a running job's checkpoint: 0, or the failed save's code
+// (logged as an error; the server then exits non-zero). Accepts NULL; before the scheduler stops.
+int ll_trainjob_stop(struct ll_trainjob *j);
 void ll_trainjob_destroy(struct ll_trainjob *j); // accepts NULL; stops it first if need be
 
 // "start", "pause", "resume", "stop", "save": 0, or a negative code with the reason in msg.

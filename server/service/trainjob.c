@@ -575,8 +575,8 @@ int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_
   return 0;
 }
 
-void ll_trainjob_stop(struct ll_trainjob *j) {
-  if (!j || !j->th_started) return;
+int ll_trainjob_stop(struct ll_trainjob *j) {
+  if (!j || !j->th_started) return 0;
   pthread_mutex_lock(&j->mu);
   __atomic_store_n(&j->quit, 1, __ATOMIC_RELAXED); // train_yield reads it without the lock
   pthread_cond_broadcast(&j->cv);
@@ -584,13 +584,17 @@ void ll_trainjob_stop(struct ll_trainjob *j) {
   pthread_join(j->th, NULL); // ends after its current step (whose update the compute thread runs)
   j->th_started = 0;
   // This thread owns the run now. A running job keeps its work.
+  int rc = 0;
   if (j->run && (j->state == ST_RUNNING || j->state == ST_PAUSED || j->state == ST_PAUSING)) {
     char err[512];
     struct ll_train_run_event ev;
-    if (ll_train_run_save(j->run, &ev, err, sizeof err) == 0) ll_log(LL_LOG_INFO, "training: saved %s at shutdown", ev.path);
-    else ll_log(LL_LOG_ERROR, "training: the shutdown checkpoint failed: %s", err);
+    if ((rc = ll_train_run_save(j->run, &ev, err, sizeof err)) == 0) ll_log(LL_LOG_INFO, "training: saved %s at shutdown", ev.path);
+    else
+      ll_log(LL_LOG_ERROR, "training: the shutdown checkpoint failed: %s (the work since %s is lost)", err,
+             j->last_ckpt[0] ? j->last_ckpt : "the start");
   }
   ll_sched_set_background(j->s, NULL, NULL, 0);
+  return rc;
 }
 
 void ll_trainjob_destroy(struct ll_trainjob *j) {

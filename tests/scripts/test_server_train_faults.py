@@ -12,6 +12,8 @@
 #   the file, training stops in state "error", requests are answered, last.ckpt is untouched;
 #   with the data back, `train start` goes on from where it stopped.
 # - A restart after all this resumes from last.ckpt at its step (so it was intact and loadable).
+# - The checkpoint at shutdown failing (last.ckpt replaced by a directory, so the new one cannot
+#   be published): the error is logged before "stopped" and the server exits non-zero.
 import os
 import re
 import resource
@@ -118,7 +120,26 @@ try:
     m = re.search(r"resumed \S+ at step (\d+)", srv2.output())
     check(m is not None and int(m.group(1)) == last_step, "the restart resumes at step %d: %s" % (last_step, srv2.output()[-400:]))
     answered(srv2, "after the restart")
-    srv2.stop()
+
+    # ---- the checkpoint at shutdown fails (last.ckpt cannot be replaced: a directory stands
+    # there): the error is logged before "stopped" and the server exits non-zero.
+    def block_last():
+        try:
+            os.unlink(last)
+        except FileNotFoundError:
+            pass
+        try:
+            os.makedirs(os.path.join(last, "x"))
+            return True
+        except FileExistsError:  # a checkpoint published in between: again
+            return os.path.isdir(last)
+
+    check(wait_until(block_last, "last.ckpt a directory", 60), "last.ckpt replaced by a directory")
+    rc = srv2.stop()
+    out = srv2.output()
+    i_err, i_stop = out.find("shutdown checkpoint failed"), out.rfind("stopped")
+    check(rc not in (0, None), "a failed shutdown checkpoint exits non-zero (rc %r)" % rc)
+    check(0 <= i_err < i_stop, "the error is logged, then stopped: %s" % out[-600:])
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(check.summary())
