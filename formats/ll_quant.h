@@ -101,6 +101,13 @@ int ll_type_from_name(const char *name); // -1 if unknown (case-insensitive)
 // or the type is unknown. Overflow-safe.
 size_t ll_row_size(int type, int64_t n);
 
+// Index of the first element that is NaN or Inf in nbytes of tensor data: of a float type
+// (f32, f16, bf16) the element itself; of a block type the first element of the first block
+// whose f16 scale d (or m / dmin, where the layout has one) is. -1 when all are finite, and for
+// types without float fields (integers). A bit test per value: a model's load checks each
+// tensor once.
+int64_t ll_tensor_find_nonfinite(int type, const void *data, size_t nbytes);
+
 // ---- scalar element conversions (reference, bit-exact with ggml) ----
 float ll_fp16_to_fp32(ll_fp16 h);
 ll_fp16 ll_fp32_to_fp16(float f);  // round to nearest even, as ggml's GGML_FP32_TO_FP16

@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <string.h>
 #include <strings.h>
 
@@ -59,6 +60,61 @@ size_t ll_row_size(int type, int64_t n) {
   uint64_t blocks = (uint64_t)n / (uint64_t)t->blck_size;
   if (blocks > SIZE_MAX / t->type_size) return 0;
   return (size_t)(blocks * t->type_size);
+}
+
+// ---------------------------------------------------------------- NaN / Inf
+
+// Scans n elements of width w (bytes) at stride `stride` from p, at byte offsets off[0..n_off),
+// for exponent bits all set (Inf or NaN: IEEE f32, f16 and bf16 alike) under mask.
+static int64_t first_nonfinite(const uint8_t *p, size_t n, size_t stride, const size_t *off, int n_off, int w, uint32_t mask) {
+  for (size_t i = 0; i < n; i++)
+    for (int k = 0; k < n_off; k++) {
+      uint32_t v = 0;
+      if (w == 4) {
+        memcpy(&v, p + i * stride + off[k], 4);
+      } else {
+        uint16_t h;
+        memcpy(&h, p + i * stride + off[k], 2);
+        v = h;
+      }
+      if ((v & mask) == mask) return (int64_t)i;
+    }
+  return -1;
+}
+
+int64_t ll_tensor_find_nonfinite(int type, const void *data, size_t nbytes) {
+  const uint8_t *p = data;
+  static const size_t o0[1] = {0}, o01[2] = {0, 2};
+  if (!p) return -1;
+  int64_t i = -1;
+  switch (type) {
+  case LL_TYPE_F32:
+    return first_nonfinite(p, nbytes / 4, 4, o0, 1, 4, 0x7f800000u);
+  case LL_TYPE_F16:
+    return first_nonfinite(p, nbytes / 2, 2, o0, 1, 2, 0x7c00u);
+  case LL_TYPE_BF16:
+    return first_nonfinite(p, nbytes / 2, 2, o0, 1, 2, 0x7f80u);
+  case LL_TYPE_Q4_0: case LL_TYPE_Q5_0: case LL_TYPE_Q8_0: // d first
+  case LL_TYPE_Q4_1: case LL_TYPE_Q5_1: case LL_TYPE_Q4_K: case LL_TYPE_Q5_K: { // d, m / dmin first
+    const struct ll_type_traits *t = ll_type_traits_get(type);
+    const int two = type == LL_TYPE_Q4_1 || type == LL_TYPE_Q5_1 || type == LL_TYPE_Q4_K || type == LL_TYPE_Q5_K;
+    i = first_nonfinite(p, nbytes / t->type_size, t->type_size, two ? o01 : o0, two ? 2 : 1, 2, 0x7c00u);
+    return i < 0 ? -1 : i * t->blck_size;
+  }
+  case LL_TYPE_Q6_K: { // d last
+    static const size_t od[1] = {offsetof(ll_block_q6_K, d)};
+    i = first_nonfinite(p, nbytes / sizeof(ll_block_q6_K), sizeof(ll_block_q6_K), od, 1, 2, 0x7c00u);
+    return i < 0 ? -1 : i * LL_QK_K;
+  }
+  case LL_TYPE_Q2_K: case LL_TYPE_Q3_K: { // d (and dmin) at the end: ggml's layouts
+    const struct ll_type_traits *t = ll_type_traits_get(type);
+    const size_t offs[2] = {t->type_size - (type == LL_TYPE_Q2_K ? 4 : 2), t->type_size - 2};
+    i = first_nonfinite(p, nbytes / t->type_size, t->type_size, offs, type == LL_TYPE_Q2_K ? 2 : 1, 2, 0x7c00u);
+    return i < 0 ? -1 : i * LL_QK_K;
+  }
+  default:
+    return -1;
+  }
 }
 
 // ---------------------------------------------------------------- fp16 / bf16

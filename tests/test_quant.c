@@ -59,6 +59,50 @@ static void test_traits(void) {
   CHECK(strcmp(ll_type_name(LL_TYPE_BF16), "bf16") == 0);
 }
 
+// ll_tensor_find_nonfinite: each float type's NaN and Inf, each block type's scale fields
+// (offsets written out here from ggml's layouts), nothing else of a block.
+static void test_nonfinite(void) {
+  float f[8] = {0, 1, -2, 3e38f, -3e38f, 1e-45f, 0, 5};
+  CHECK(ll_tensor_find_nonfinite(LL_TYPE_F32, f, sizeof f) == -1);
+  f[6] = NAN;
+  CHECK(ll_tensor_find_nonfinite(LL_TYPE_F32, f, sizeof f) == 6);
+  f[6] = 0, f[2] = -INFINITY;
+  CHECK(ll_tensor_find_nonfinite(LL_TYPE_F32, f, sizeof f) == 2);
+  uint16_t h[4] = {0x3C00, 0x7BFF, 0xFBFF, 0x0001}; // 1, +-65504, the smallest subnormal
+  CHECK(ll_tensor_find_nonfinite(LL_TYPE_F16, h, sizeof h) == -1);
+  h[3] = 0xFC00; // -inf
+  CHECK(ll_tensor_find_nonfinite(LL_TYPE_F16, h, sizeof h) == 3);
+  uint16_t b[3] = {0x3F80, 0x7F7F, 0x0001};
+  CHECK(ll_tensor_find_nonfinite(LL_TYPE_BF16, b, sizeof b) == -1);
+  b[1] = 0x7FC0; // NaN
+  CHECK(ll_tensor_find_nonfinite(LL_TYPE_BF16, b, sizeof b) == 1);
+  // Per block type: the byte offsets of its f16 scales; a 0xFF-filled quant body is no NaN.
+  static const struct { int type; int n_off; size_t off[2]; } bt[] = {
+      {LL_TYPE_Q4_0, 1, {0}},  {LL_TYPE_Q4_1, 2, {0, 2}},  {LL_TYPE_Q5_0, 1, {0}},   {LL_TYPE_Q5_1, 2, {0, 2}},
+      {LL_TYPE_Q8_0, 1, {0}},  {LL_TYPE_Q4_K, 2, {0, 2}},  {LL_TYPE_Q5_K, 2, {0, 2}}, {LL_TYPE_Q6_K, 1, {208}},
+      {LL_TYPE_Q2_K, 2, {80, 82}}, {LL_TYPE_Q3_K, 1, {108}},
+  };
+  for (size_t t = 0; t < sizeof bt / sizeof bt[0]; t++) {
+    const struct ll_type_traits *tt = ll_type_traits_get(bt[t].type);
+    const size_t bs = tt->type_size;
+    uint8_t *blk = malloc(3 * bs);
+    CHECK(blk != NULL);
+    if (!blk) continue;
+    for (int k = 0; k < bt[t].n_off; k++) {
+      memset(blk, 0xFF, 3 * bs);
+      for (int j = 0; j < 3; j++)
+        for (int m = 0; m < bt[t].n_off; m++) blk[j * bs + bt[t].off[m]] = 0x00, blk[j * bs + bt[t].off[m] + 1] = 0x3C; // 1.0
+      CHECKF(ll_tensor_find_nonfinite(bt[t].type, blk, 3 * bs) == -1, "%s: finite scales", tt->name);
+      blk[2 * bs + bt[t].off[k]] = 0x00, blk[2 * bs + bt[t].off[k] + 1] = 0x7E; // NaN in block 2's scale k
+      CHECKF(ll_tensor_find_nonfinite(bt[t].type, blk, 3 * bs) == 2 * tt->blck_size, "%s: NaN in scale %d of block 2", tt->name, k);
+    }
+    free(blk);
+  }
+  int32_t ints[2] = {-1, 0x7FFFFFFF}; // integers hold no NaN
+  CHECK(ll_tensor_find_nonfinite(LL_TYPE_I32, ints, sizeof ints) == -1);
+  CHECK(ll_tensor_find_nonfinite(LL_TYPE_F32, NULL, 16) == -1);
+}
+
 // Hand-built blocks decoded with the layout written out here, element by element.
 static void test_dequant_layouts(uint64_t *rs) {
   unsigned char raw[512];
@@ -198,6 +242,7 @@ int main(void) {
   uint64_t rs = ll_test_seed();
   test_fp16();
   test_traits();
+  test_nonfinite();
   test_dequant_layouts(&rs);
   test_round_trip(&rs);
   return ll_test_summary();

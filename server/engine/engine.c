@@ -176,6 +176,15 @@ static int load_weights(struct ll_engine *e, char *err, size_t errlen) {
 #undef W
 #undef V
   }
+  // A NaN or Inf weight poisons every output (and makes every training step skip for ever):
+  // refused here, naming the tensor, rather than found out later. Every tensor of the file, once.
+  for (uint64_t i = 0; i < e->mf.n_tensors; i++) {
+    const struct ll_tensor_info *t = &e->mf.tensors[i];
+    const int64_t at = ll_tensor_find_nonfinite(t->type, t->data, (size_t)t->nbytes);
+    if (at >= 0)
+      return ll_errf(err, errlen, LL_EFORMAT, "model: tensor '%s' (%s) holds a non-finite value (NaN or Inf) at element %lld%s", t->name.ptr,
+                     ll_type_name(t->type), (long long)at, t->type == LL_TYPE_F32 || t->type == LL_TYPE_F16 || t->type == LL_TYPE_BF16 ? "" : " (a block scale)");
+  }
   // Statistics for the start-up summary.
   int64_t params = 0, bytes = 0, counts[LL_TYPE_COUNT] = {0};
   for (uint64_t i = 0; i < e->mf.n_tensors; i++) {

@@ -73,5 +73,19 @@ mkdir -p "$D/empty"
 rc=$?
 check '[ $rc -eq 1 ] && grep -qF "$D/empty" "$D/empty.out"' "empty data refused naming it (rc $rc): $(cat "$D/empty.out")"
 
+# ---- Issue 28 (hardening): NaN weights, the run directory, divergence, messages.
+# A base with a NaN weight is refused at load, naming the tensor (every step of it was skipped).
+"$LLSRV" convert "$D/tiny.ckpt" "$D/tiny.gguf" >/dev/null 2>&1
+python3 -c "
+import struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+i = b.find(struct.pack('<f', 1.0) * 32)  # the first norm weight (32 dims) of llsrv init
+b[i + 8:i + 12] = struct.pack('<f', float('nan'))
+open(sys.argv[2], 'wb').write(b)" "$D/tiny.gguf" "$D/nan.gguf"
+"$LLSRV" train --model "$D/nan.gguf" --data "$DATA" --mode full --seq-len 32 --steps 3 -o "$D/nanrun" >"$D/nan.out" 2>&1
+rc=$?
+check '[ $rc -eq 1 ] && grep -q "tensor .output_norm.weight. (f32) holds a non-finite value" "$D/nan.out" && [ ! -e "$D/nanrun" ]' \
+  "a NaN weight refused at load naming the tensor (rc $rc): $(tail -1 "$D/nan.out")"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
