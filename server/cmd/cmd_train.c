@@ -1,6 +1,7 @@
 // cmd_train.c - `llsrv train` (foreground training with a progress line) and `llsrv init`
 // (a randomly initialised Llama .ckpt to train from scratch).
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -197,7 +198,12 @@ int ll_cmd_train(int argc, char **argv) {
     status = 0;
     goto out;
   }
-  if (ll_train_run_resumed_from(run) >= 0) printf("resuming %s/last.ckpt at step %lld\n", run_dir, (long long)ll_train_run_resumed_from(run));
+  for (const char *nt = ll_train_run_notes(run); *nt;) { // skipped damaged checkpoints, stale files removed
+    const size_t l = strcspn(nt, "\n");
+    fprintf(stderr, "llsrv train: %.*s\n", (int)l, nt);
+    nt += l + (nt[l] == '\n');
+  }
+  if (ll_train_run_resumed_from(run) >= 0) printf("resuming %s at step %lld\n", ll_train_run_resumed_path(run), (long long)ll_train_run_resumed_from(run));
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -268,8 +274,15 @@ int ll_cmd_train(int argc, char **argv) {
     goto out;
   } else {
     const double el = now_s() - t_start;
-    printf("done: %lld steps in %.1f s, %.1f tokens/s, %lld skipped, last loss %.4f, val %.4f, best val %.4f; %s/last.ckpt, %s/best.ckpt\n",
-           (long long)steps_done, el, tokens / (el > 0 ? el : 1), (long long)st.skipped, st.last_loss, val, st.best_val, run_dir, run_dir);
+    // Only the files that are there (no validation data: no best.ckpt).
+    char files[2 * PATH_MAX + 64] = "", p[PATH_MAX + 16];
+    for (int k = 0; k < 2; k++) {
+      snprintf(p, sizeof p, "%s/%s", run_dir, k ? "best.ckpt" : "last.ckpt");
+      const size_t l = strlen(files);
+      if (access(p, F_OK) == 0) snprintf(files + l, sizeof files - l, "%s%s", l ? ", " : "; ", p);
+    }
+    printf("done: %lld steps in %.1f s, %.1f tokens/s, %lld skipped, last loss %.4f, val %.4f, best val %.4f%s\n", (long long)steps_done, el,
+           tokens / (el > 0 ? el : 1), (long long)st.skipped, st.last_loss, val, st.best_val, files);
   }
   status = 0;
 out:

@@ -271,7 +271,19 @@ static int open_run(struct ll_trainjob *j) {
   struct ll_trainer_state st;
   ll_trainer_state(tr, &st);
   double val = NAN;
-  if (ll_train_run_resumed_from(j->run) >= 0) ll_log(LL_LOG_INFO, "training: resumed %s/last.ckpt at step %lld", j->run_dir, (long long)st.step);
+  for (const char *nt = ll_train_run_notes(j->run); *nt;) { // skipped damaged checkpoints, stale files removed
+    const size_t l = strcspn(nt, "\n");
+    char m[2100];
+    snprintf(m, sizeof m, "%.*s", (int)l, nt);
+    ll_log(LL_LOG_WARN, "training: %s", m);
+    json_t *w = json_object();
+    json_object_set_new(w, "event", json_string("warning"));
+    json_object_set_new(w, "message", json_string(m));
+    event_json(j, w);
+    nt += l + (nt[l] == '\n');
+  }
+  if (ll_train_run_resumed_from(j->run) >= 0)
+    ll_log(LL_LOG_INFO, "training: resumed %s at step %lld", ll_train_run_resumed_path(j->run), (long long)st.step);
   else if (j->ro.eval_every > 0 && ll_train_run_eval(j->run, &val, err, sizeof err) != 0) val = NAN;
   pthread_mutex_lock(&j->mu);
   j->bytes = mem.adapters + mem.grads + mem.optimizer + mem.activations;

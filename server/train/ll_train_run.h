@@ -4,7 +4,11 @@
 // RUN_DIR holds step-NNNNNNNN.ckpt (the last `keep`), last.ckpt (the newest checkpoint) and
 // best.ckpt (the lowest validation loss so far); last/best are hard links made under a
 // temporary name and renamed into place, so each name always points at a complete checkpoint.
-// Opening a run whose RUN_DIR has a last.ckpt resumes it (same parameters required).
+// Opening a run whose RUN_DIR has a last.ckpt (or step checkpoints) resumes it (same parameters
+// required), from the newest checkpoint that loads: a damaged last.ckpt is kept as
+// last.ckpt.damaged and skipped (ll_train_run_notes says so). Opening also removes the
+// temporary files of writes cut short (kill -9) and applies `keep` to every step checkpoint on
+// disk, earlier processes' too; each save applies it again.
 #ifndef LL_TRAIN_RUN_H
 #define LL_TRAIN_RUN_H
 
@@ -68,5 +72,9 @@ struct ll_train_source *ll_train_run_source(struct ll_train_run *r);
 // Steps per epoch (sequences per epoch / sequences per step), 0 if unknown.
 int64_t ll_train_run_steps_per_epoch(const struct ll_train_run *r);
 int64_t ll_train_run_resumed_from(const struct ll_train_run *r); // step of the resumed checkpoint, -1 for a fresh run
+const char *ll_train_run_resumed_path(const struct ll_train_run *r); // its path ("" for a fresh run)
+// What opening did to RUN_DIR that the user should hear of (newer checkpoints skipped as damaged,
+// stale temporary files removed): lines ending in '\n', "" when nothing.
+const char *ll_train_run_notes(const struct ll_train_run *r);
 
 #endif

@@ -2,7 +2,9 @@
 #include "ll_train_run.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -28,8 +30,12 @@ struct ll_train_run {
   int64_t resumed_from;
   double val_loss;
   int pending_best;  // the last evaluation set a record not yet saved as best.ckpt
-  int64_t *kept; // steps of the step checkpoints on disk, oldest first
+  int64_t *kept; // steps of the step checkpoints this process wrote (the last `keep`), oldest first
   int n_kept;
+  int64_t *damaged; // steps of step checkpoints that failed to load at open: never pruned, never counted
+  int n_damaged;
+  char resumed_path[PATH_MAX + 32];
+  char notes[2048]; // what opening the run did to the directory (skipped checkpoints, stale files)
 };
 
 // ---------------------------------------------------------------- config
@@ -112,6 +118,196 @@ static int publish_link(const char *dir, const char *target, const char *name, c
   return 0;
 }
 
+// Our own names in a run directory: step-NNNNNNNN.ckpt (8 or more digits), last.ckpt, best.ckpt,
+// last.ckpt.damaged, and their temporary files: ".<name>.tmp-<suffix>" (the .ckpt writer's
+// mkstemp suffix, publish_link's pid). Anything else in the directory is the user's.
+static int step_name(const char *nm, int64_t *step) {
+  if (strncmp(nm, "step-", 5) != 0) return 0;
+  const char *d = nm + 5;
+  size_t nd = strspn(d, "0123456789");
+  if (nd < 8 || nd > 18 || strcmp(d + nd, ".ckpt") != 0) return 0;
+  *step = strtoll(d, NULL, 10);
+  return 1;
+}
+
+static int temp_name(const char *nm) {
+  if (nm[0] != '.') return 0;
+  const char *t = strstr(nm, ".tmp-");
+  if (!t || t == nm) return 0;
+  char base[NAME_MAX + 1];
+  snprintf(base, sizeof base, "%.*s", (int)(t - nm - 1), nm + 1);
+  int64_t st;
+  if (!step_name(base, &st) && strcmp(base, "last.ckpt") != 0 && strcmp(base, "best.ckpt") != 0 && strcmp(base, "last.ckpt.damaged") != 0)
+    return 0;
+  const char *x = t + 5;
+  size_t n = strlen(x);
+  return n >= 1 && n <= 20 && strspn(x, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789") == n;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+// The step checkpoints in dir, ascending (*steps malloc'd, NULL when none). Removes our stale
+// temporary files on the way when sweep is set (a write cut short by kill -9 leaves one, MBs each).
+static int scan_dir(const char *dir, int sweep, int64_t **steps, int *n, int *n_swept, char *err, size_t errlen) {
+  *steps = NULL, *n = 0;
+  if (n_swept) *n_swept = 0;
+  DIR *d = opendir(dir);
+  if (!d) {
+    if (errno == ENOENT) return 0;
+    return ll_errf(err, errlen, LL_EIO, "run directory '%s': %s", dir, strerror(errno));
+  }
+  int cap = 0, rc = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL && rc == 0;) {
+    int64_t st;
+    char p[PATH_MAX + NAME_MAX + 2];
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    struct stat sb;
+    if (lstat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) continue; // ours are plain files; leave anything else alone
+    if (sweep && temp_name(e->d_name)) {
+      if (unlink(p) == 0 && n_swept) (*n_swept)++;
+    } else if (step_name(e->d_name, &st)) {
+      if (*n == cap) {
+        cap = cap ? 2 * cap : 16;
+        int64_t *ns = realloc(*steps, (size_t)cap * sizeof *ns);
+        if (!ns) {
+          rc = ll_errf(err, errlen, LL_ENOMEM, "train: out of memory");
+          break;
+        }
+        *steps = ns;
+      }
+      (*steps)[(*n)++] = st;
+    }
+  }
+  closedir(d);
+  if (rc) {
+    free(*steps);
+    *steps = NULL, *n = 0;
+    return rc;
+  }
+  if (*n > 1) qsort(*steps, (size_t)*n, sizeof **steps, cmp_i64);
+  return 0;
+}
+
+static int has_step(const int64_t *v, int n, int64_t s) {
+  for (int i = 0; i < n; i++)
+    if (v[i] == s) return 1;
+  return 0;
+}
+
+// `keep` applied to what is on disk (earlier processes' checkpoints too): the `keep` newest step
+// checkpoints stay, and so do the last `keep` this process wrote (after --restart the old run's
+// higher steps would otherwise outrank them), the one it resumed from until it has written one
+// of its own, and those that failed to load (kept to be looked at; they count for nothing, so a
+// damaged file never pushes a good one out).
+static int prune(struct ll_train_run *r, char *err, size_t errlen) {
+  int64_t *steps;
+  int n;
+  int rc = scan_dir(r->run_dir, 1, &steps, &n, NULL, err, errlen);
+  if (rc) return rc;
+  const int64_t keep = r->o.keep > 0 ? r->o.keep : 1;
+  int64_t newer = 0; // good step checkpoints above steps[i]
+  for (int i = n - 1; i >= 0; i--) {
+    if (has_step(r->damaged, r->n_damaged, steps[i])) continue;
+    if (newer++ < keep || (steps[i] == r->resumed_from && !r->n_kept) || has_step(r->kept, r->n_kept, steps[i])) continue;
+    char old[PATH_MAX + 32];
+    snprintf(old, sizeof old, "%s/step-%08lld.ckpt", r->run_dir, (long long)steps[i]);
+    unlink(old);
+  }
+  free(steps);
+  return 0;
+}
+
+static void note(struct ll_train_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(struct ll_train_run *r, const char *fmt, ...) {
+  size_t l = strlen(r->notes);
+  if (l + 1 >= sizeof r->notes) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->notes + l, sizeof r->notes - l, fmt, ap);
+  va_end(ap);
+}
+
+// Resume from the newest checkpoint that loads: last.ckpt, then the step checkpoints from the
+// highest down. A file that fails as damaged (checksum, truncation, format, I/O) is skipped and
+// left where it is; one refused for not matching this run (LL_EINVAL: other mode, rank,
+// targets, model) stops the run as before, since the older ones would not match either.
+// 0 with r->resumed_from set, or nothing to resume (-1), or the first file's error.
+static int resume_newest(struct ll_train_run *r, char *err, size_t errlen) {
+  int64_t *steps;
+  int n;
+  int swept = 0;
+  int rc = scan_dir(r->run_dir, 1, &steps, &n, &swept, err, errlen);
+  if (rc) return rc;
+  if (swept) note(r, "removed %d stale temporary file%s of interrupted writes\n", swept, swept == 1 ? "" : "s");
+  char path[PATH_MAX + 32], first_err[600] = "", skipped[1024] = "";
+  struct stat bad[8]; // inodes that failed (last.ckpt is a hard link to a step checkpoint)
+  int n_bad = 0, tried = 0;
+  snprintf(path, sizeof path, "%s/last.ckpt", r->run_dir);
+  struct stat sb;
+  int i = n; // next step checkpoint to try: steps[i - 1]
+  int is_last = access(path, F_OK) == 0;
+  if (!is_last && n == 0) goto out;
+  if (!is_last) i = n, snprintf(path, sizeof path, "%s/step-%08lld.ckpt", r->run_dir, (long long)steps[--i]);
+  for (;;) {
+    int same = -1;
+    if (stat(path, &sb) == 0)
+      for (int k = 0; k < n_bad; k++)
+        if (bad[k].st_dev == sb.st_dev && bad[k].st_ino == sb.st_ino) same = k;
+    char e1[600];
+    int r1;
+    if (same >= 0) {
+      r1 = LL_EFORMAT;
+      snprintf(e1, sizeof e1, "the same file as one above");
+    } else {
+      r1 = ll_trainer_resume(r->tr, path, &r->src, e1, sizeof e1);
+    }
+    tried++;
+    if (r1 == 0) {
+      struct ll_trainer_state st;
+      ll_trainer_state(r->tr, &st);
+      r->resumed_from = st.step;
+      snprintf(r->resumed_path, sizeof r->resumed_path, "%s", path);
+      break;
+    }
+    if (r1 == LL_EINVAL || r1 == LL_ENOMEM) { // not this run's checkpoint, or no memory: no point in older ones
+      rc = ll_errf(err, errlen, r1, "%s", e1);
+      goto out;
+    }
+    if (!first_err[0]) snprintf(first_err, sizeof first_err, "%s", e1);
+    if (same < 0 && n_bad < 8 && stat(path, &sb) == 0) bad[n_bad++] = sb;
+    const char *base = strrchr(path, '/') + 1;
+    size_t sl = strlen(skipped);
+    snprintf(skipped + sl, sizeof skipped - sl, "%s%s (%s)", sl ? "; " : "", base, same >= 0 ? "the same file as one above" : e1);
+    int64_t s;
+    if (step_name(base, &s) && r->n_damaged < 64) {
+      int64_t *nd = realloc(r->damaged, (size_t)(r->n_damaged + 1) * sizeof *nd);
+      if (nd) r->damaged = nd, r->damaged[r->n_damaged++] = s;
+    }
+    if (i == 0) break;
+    snprintf(path, sizeof path, "%s/step-%08lld.ckpt", r->run_dir, (long long)steps[--i]);
+  }
+  if (r->resumed_from < 0) {
+    rc = ll_errf(err, errlen, LL_EFORMAT, "%s%s", first_err,
+                 tried > 1 ? " (and no older checkpoint of the run directory loads either)" : "");
+    goto out;
+  }
+  if (skipped[0]) {
+    // The damaged last.ckpt is kept as last.ckpt.damaged: the next save replaces last.ckpt.
+    char last[PATH_MAX + 16], kept[80] = "";
+    snprintf(last, sizeof last, "%s/last.ckpt", r->run_dir);
+    char lerr[64];
+    if (is_last && strcmp(r->resumed_path, last) != 0 && publish_link(r->run_dir, last, "last.ckpt.damaged", lerr, sizeof lerr) == 0)
+      snprintf(kept, sizeof kept, "; the damaged last.ckpt is kept as last.ckpt.damaged");
+    note(r, "resuming from %s, the newest checkpoint that loads; skipped newer: %s%s\n", strrchr(r->resumed_path, '/') + 1, skipped, kept);
+  }
+out:
+  free(steps);
+  return rc;
+}
+
 // ---------------------------------------------------------------- the run
 
 int ll_train_run_open(struct ll_train_run **out, const struct ll_model *m, struct ll_backend *be, const struct ll_tokenizer *tok,
@@ -148,14 +344,9 @@ int ll_train_run_open(struct ll_train_run **out, const struct ll_model *m, struc
   }
   if (rc == 0) ll_trainer_memory(r->tr, &r->mem);
   if (rc == 0 && !o->restart) { // resume when the directory holds a run
-    char last[PATH_MAX + 16];
-    snprintf(last, sizeof last, "%s/last.ckpt", r->run_dir);
-    if (access(last, F_OK) == 0) {
-      rc = ll_trainer_resume(r->tr, last, &r->src, err, errlen);
-      struct ll_trainer_state st;
-      ll_trainer_state(r->tr, &st);
-      if (rc == 0) r->resumed_from = st.step;
-    }
+    rc = resume_newest(r, err, errlen);
+    // Checkpoints of earlier processes count against `keep` too (6 restarts used to leave 6 x keep).
+    if (rc == 0 && prune(r, err, errlen) != 0) rc = 0; // an unreadable directory fails at the first save, naming it
   }
   if (rc) {
     ll_train_run_close(r);
@@ -170,6 +361,7 @@ void ll_train_run_close(struct ll_train_run *r) {
   ll_trainer_free(r->tr);
   ll_data_close(r->data);
   free(r->kept);
+  free(r->damaged);
   free(r);
 }
 
@@ -237,26 +429,52 @@ static int save_now(struct ll_train_run *r, struct ll_train_run_event *ev, char 
     r->pending_best = 0;
   }
   // Keep the last `keep` step checkpoints (the names last/best hold their own links).
+  for (int i = 0; i < r->n_damaged; i++) // rewritten: no longer the damaged file
+    if (r->damaged[i] == st.step) r->damaged[i--] = r->damaged[--r->n_damaged];
   if (!r->n_kept || r->kept[r->n_kept - 1] != st.step) {
     int64_t *nk = realloc(r->kept, (size_t)(r->n_kept + 1) * sizeof *nk);
     if (!nk) return ll_errf(err, errlen, LL_ENOMEM, "train: out of memory");
     r->kept = nk;
     r->kept[r->n_kept++] = st.step;
   }
-  while (r->n_kept > (r->o.keep > 0 ? r->o.keep : 1)) {
-    char old[PATH_MAX + 32];
-    snprintf(old, sizeof old, "%s/step-%08lld.ckpt", r->run_dir, (long long)r->kept[0]);
-    unlink(old);
-    memmove(r->kept, r->kept + 1, (size_t)(r->n_kept - 1) * sizeof *r->kept);
-    r->n_kept--;
+  const int64_t keep = r->o.keep > 0 ? r->o.keep : 1;
+  if (r->n_kept > keep) {
+    memmove(r->kept, r->kept + (r->n_kept - keep), (size_t)keep * sizeof *r->kept);
+    r->n_kept = (int)keep;
   }
+  return prune(r, err, errlen);
+}
+
+// A validation record outside a checkpoint step: best.ckpt written now, from these weights.
+// Linking the next step checkpoint instead made best.ckpt whatever the weights had become by
+// then (a diverged model's, with lr 1). On failure best.ckpt and best_val stay the previous
+// record's, so the next record writes it.
+static int write_best(struct ll_train_run *r, double v, char *err, size_t errlen) {
+  struct ll_trainer_state st;
+  ll_trainer_state(r->tr, &st);
+  char path[PATH_MAX + 16];
+  snprintf(path, sizeof path, "%s/best.ckpt", r->run_dir);
+  ll_trainer_set_best_val(r->tr, v); // recorded in the checkpoint itself
+  int rc = mkdir_p(r->run_dir, err, errlen);
+  if (rc == 0) rc = ll_trainer_save(r->tr, path, &r->src, err, errlen);
+  if (rc) {
+    ll_trainer_set_best_val(r->tr, st.best_val);
+    return rc;
+  }
+  fsync_dir(r->run_dir);
   return 0;
 }
 
 int ll_train_run_eval(struct ll_train_run *r, double *val, char *err, size_t errlen) {
   int rc = ll_trainer_eval(r->tr, &r->src, r->o.eval_seqs, val, err, errlen);
-  if (rc == 0) r->val_loss = *val;
-  return rc;
+  if (rc) return rc;
+  r->val_loss = *val;
+  // The weights before the first step are a candidate too (in LoRA mode: the base model): a
+  // run that only gets worse (diverges) leaves them as best.ckpt.
+  struct ll_trainer_state st;
+  ll_trainer_state(r->tr, &st);
+  if (*val < st.best_val && (rc = write_best(r, *val, err, errlen)) != 0) return rc;
+  return 0;
 }
 
 int ll_train_run_save(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen) {
@@ -298,3 +516,6 @@ int ll_train_run_step(struct ll_train_run *r, struct ll_train_run_event *ev, cha
   }
   return 0;
 }
+
+const char *ll_train_run_notes(const struct ll_train_run *r) { return r->notes; }
+const char *ll_train_run_resumed_path(const struct ll_train_run *r) { return r->resumed_path; }

@@ -87,5 +87,67 @@ rc=$?
 check '[ $rc -eq 1 ] && grep -q "tensor .output_norm.weight. (f32) holds a non-finite value" "$D/nan.out" && [ ! -e "$D/nanrun" ]' \
   "a NaN weight refused at load naming the tensor (rc $rc): $(tail -1 "$D/nan.out")"
 
+nsteps() { ls "$1" | grep -c '^step-[0-9]\{8,\}\.ckpt$'; }
+K=("${COMMON[@]}" --checkpoint-every 1 --eval-every 0 --keep 2)
+# keep applies to what is on disk, earlier processes' checkpoints too; stale temporary files of
+# our own naming go at start, nothing else does.
+"$LLSRV" train "${K[@]}" --steps 4 -o "$D/run3" >"$D/k1.out" 2>&1
+mkdir -p "$D/run3/.last.ckpt.tmp-7"
+touch "$D/run3/.step-00000009.ckpt.tmp-AbC123" "$D/run3/.last.ckpt.tmp-4242" "$D/run3/.best.ckpt.tmp-x1Y2z3" "$D/run3/.stepx.tmp-1" \
+  "$D/run3/notes.txt" "$D/run3/step-1.ckpt" "$D/run3/.step-00000009.ckpt.tmp-a.b"
+"$LLSRV" train "${K[@]}" --steps 8 -o "$D/run3" >"$D/k2.out" 2>"$D/k2.err"
+check '[ $? -eq 0 ] && [ "$(nsteps "$D/run3")" -eq 2 ] && [ -f "$D/run3/step-00000008.ckpt" ] && [ -f "$D/run3/step-00000007.ckpt" ]' \
+  "keep 2 across two processes: $(ls "$D/run3" | tr '\n' ' ')"
+check '[ ! -e "$D/run3/.step-00000009.ckpt.tmp-AbC123" ] && [ ! -e "$D/run3/.last.ckpt.tmp-4242" ] && [ ! -e "$D/run3/.best.ckpt.tmp-x1Y2z3" ] && grep -q "removed 3 stale temporary files" "$D/k2.err"' \
+  "stale temporary files removed and said: $(ls -a "$D/run3" | tr '\n' ' ') $(grep removed "$D/k2.err")"
+check '[ -d "$D/run3/.last.ckpt.tmp-7" ] && [ -f "$D/run3/.stepx.tmp-1" ] && [ -f "$D/run3/notes.txt" ] && [ -f "$D/run3/step-1.ckpt" ] && [ -f "$D/run3/.step-00000009.ckpt.tmp-a.b" ]' \
+  "files not of our naming are left alone: $(ls -a "$D/run3" | tr '\n' ' ')"
+rm -rf "$D/run3/.last.ckpt.tmp-7" "$D/run3/.stepx.tmp-1" "$D/run3/notes.txt" "$D/run3/step-1.ckpt" "$D/run3/.step-00000009.ckpt.tmp-a.b"
+# kill -9 at arbitrary points of a run that checkpoints every step, six times: still `keep` step
+# checkpoints and no temporary file once a run has started after the last kill.
+for k in 1 2 3 4 5 6; do
+  "$LLSRV" train "${K[@]}" --steps 100000 --log-every 1 -o "$D/run3" >"$D/k9.out" 2>&1 &
+  TRAIN_PID=$!
+  for _ in $(seq 1 600); do [ "$(grep -c "saved" "$D/k9.out" 2>/dev/null)" -ge $((k + 2)) ] && break; sleep 0.05; done
+  sleep 0.0$k
+  kill -9 "$TRAIN_PID"
+  wait "$TRAIN_PID" 2>/dev/null
+  TRAIN_PID=
+done
+at=$(ls "$D/run3" | grep '^step-' | sort | tail -1 | grep -o '[0-9]*' | sed 's/^0*//')
+"$LLSRV" train "${K[@]}" --steps $((at + 1)) -o "$D/run3" >"$D/k3.out" 2>"$D/k3.err"
+check '[ $? -eq 0 ] && [ "$(nsteps "$D/run3")" -eq 2 ] && [ -z "$(ls -a "$D/run3" | grep -F .tmp-)" ]' \
+  "after 6 x kill -9: keep 2, no temporary file: $(ls -a "$D/run3" | tr '\n' ' ') $(tail -2 "$D/k3.err")"
+
+# A damaged last.ckpt (and the step checkpoint it links): the run resumes from the newest
+# checkpoint that loads, says which and why, and keeps the damaged file.
+at=$(grep -o "^done: .*" "$D/k3.out" >/dev/null; ls "$D/run3" | grep '^step-' | sort | tail -1 | grep -o '[0-9]*' | sed 's/^0*//')
+python3 -c "
+import os, sys
+p = sys.argv[1]; n = os.path.getsize(p)
+with open(p, 'r+b') as f:
+    f.seek(n // 2); b = f.read(1); f.seek(n // 2); f.write(bytes([b[0] ^ 0xff]))" "$D/run3/last.ckpt"
+"$LLSRV" train "${K[@]}" --steps $((at + 2)) -o "$D/run3" >"$D/dmg.out" 2>"$D/dmg.err"
+rc=$?
+prev=$(printf "step-%08d.ckpt" $((at - 1)))
+check '[ $rc -eq 0 ] && grep -q "resuming .*$prev at step $((at - 1))" "$D/dmg.out" && grep -q "^done: 3 steps" "$D/dmg.out"' \
+  "a damaged last.ckpt: resumes from $prev (rc $rc): $(cat "$D/dmg.err" | tail -3) $(grep resuming "$D/dmg.out")"
+check 'grep -q "skipped newer: last.ckpt (.*damaged.*); step-.*ckpt (the same file" "$D/dmg.err" && [ -f "$D/run3/last.ckpt.damaged" ] && [ "$(nsteps "$D/run3")" -eq 2 ]' \
+  "the skip is said, the damaged file kept, keep 2: $(grep skipped "$D/dmg.err") $(ls "$D/run3" | tr '\n' ' ')"
+
+# The summary names only files that exist: no validation data, no best.ckpt.
+"$LLSRV" train "${COMMON[@]}" --steps 2 --val-fraction 0 --eval-every 1 -o "$D/noval" >"$D/noval.out" 2>&1
+check '[ $? -eq 0 ] && grep -q "^done: 2 steps.*noval/last.ckpt$" "$D/noval.out" && [ ! -e "$D/noval/best.ckpt" ]' "summary without best.ckpt: $(grep done "$D/noval.out")"
+# The checkpoint at SIGTERM failing (last.ckpt cannot be replaced): exit 1, the error said.
+"$LLSRV" train "${COMMON[@]}" --steps 100000 --checkpoint-every 0 --eval-every 0 --log-every 1 -o "$D/run4" >"$D/t5.out" 2>"$D/t5.err" &
+TRAIN_PID=$!
+for _ in $(seq 1 600); do grep -q "^step 3/" "$D/t5.out" 2>/dev/null && break; sleep 0.1; done
+mkdir -p "$D/run4/last.ckpt/x"
+kill -TERM "$TRAIN_PID"
+wait "$TRAIN_PID"
+rc=$?
+TRAIN_PID=
+check '[ $rc -eq 1 ] && grep -q "stopped at step [0-9]* but the checkpoint failed: .*last.ckpt" "$D/t5.err"' "a failed checkpoint at SIGTERM exits 1 (rc $rc): $(tail -1 "$D/t5.err")"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
