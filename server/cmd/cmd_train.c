@@ -143,7 +143,8 @@ int ll_cmd_train(int argc, char **argv) {
   fprintf(stderr, "model: %s (%s, %s, %lld parameters), %s: %s, %d threads\n", info.name, info.arch, info.quant, (long long)info.n_params,
           info.backend, info.device_name, info.n_threads);
   struct ll_train_run_opts ro = {run_dir ? run_dir : "(dry run)", c.train_data, c.model, info.arch, c.train_checkpoint_every, c.train_eval_every,
-                                 c.train_eval_seqs, c.train_keep, c.train_val_fraction, restart || dry, c.chat_template};
+                                 c.train_eval_seqs, c.train_keep, c.train_val_fraction, restart || dry, c.chat_template,
+                                 c.train_max_skipped_steps};
   // This backend serves nothing else: quantized products of training batches may take
   // dequantize + sgemm where that beats the integer tiles (ll_backend.train_sgemm; CPUs without
   // AVX-512 VNNI). The server's training thread sets it on its own backend too (trainjob.c); the
@@ -239,6 +240,9 @@ int ll_cmd_train(int argc, char **argv) {
       fprintf(stderr, "%sllsrv train: warning: checkpoint at step %lld failed: %s (training goes on)\n", tty ? "\n" : "",
               (long long)ev.info.step, ev.save_error);
     save_failed = ev.save_failed;
+    if (ev.diverging)
+      fprintf(stderr, "%sllsrv train: warning: the loss is diverging: %.4f at step %lld, more than twice its minimum %.4f of the last %d steps (lr too high?)\n",
+              tty ? "\n" : "", ev.info.loss, (long long)ev.info.step, ev.loss_min, LL_TRAIN_DIVERGE_WINDOW);
     be->i->get_info(be, &x1);
     if (!ev.saved && !ev.evaluated && !ev.save_failed)
       up += x1.bytes_up - x0.bytes_up, down += x1.bytes_down - x0.bytes_down, waits += x1.waits - x0.waits, plain++;

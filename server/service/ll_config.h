@@ -86,6 +86,7 @@ struct ll_config {
   int64_t train_eval_seqs;
   double train_val_fraction;
   int64_t train_keep;
+  int64_t train_max_skipped_steps;
   int train_recompute;
   double train_share;        // server: largest share of compute time training may take
 };

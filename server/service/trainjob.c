@@ -384,6 +384,16 @@ static int slice(struct ll_trainjob *j, int cmds) {
   hist_add(j, ev.info.step, ev.info.skipped ? NAN : ev.info.loss, ev.evaluated ? ev.val_loss : NAN);
   if (ev.finished) j->state = ST_DONE, j->cmds &= ~(CMD_PAUSE | CMD_RESUME);
   pthread_mutex_unlock(&j->mu);
+  if (ev.diverging) {
+    char m[300];
+    snprintf(m, sizeof m, "the loss is diverging: %.4f at step %lld, more than twice its minimum %.4f of the last %d steps (lr too high?)",
+             ev.info.loss, (long long)ev.info.step, ev.loss_min, LL_TRAIN_DIVERGE_WINDOW);
+    ll_log(LL_LOG_WARN, "training: %s", m);
+    json_t *w = json_object();
+    json_object_set_new(w, "event", json_string("warning"));
+    json_object_set_new(w, "message", json_string(m));
+    event_json(j, w);
+  }
   if (ev.info.skipped) {
     json_t *e = json_object();
     json_object_set_new(e, "event", json_string("nan_skip"));
@@ -545,7 +555,8 @@ int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_
   j->dev_bytes = -1;
   snprintf(j->arch, sizeof j->arch, "%s", info.arch);
   j->ro = (struct ll_train_run_opts){j->run_dir, j->data, j->model_path, j->arch, cfg->train_checkpoint_every, cfg->train_eval_every,
-                                     cfg->train_eval_seqs, cfg->train_keep, cfg->train_val_fraction, 0, cfg->chat_template};
+                                     cfg->train_eval_seqs, cfg->train_keep, cfg->train_val_fraction, 0, cfg->chat_template,
+                                     cfg->train_max_skipped_steps};
   pthread_mutex_init(&j->mu, NULL);
   j->state = ST_OFF;
   j->total = j->tp.steps;

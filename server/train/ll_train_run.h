@@ -2,8 +2,9 @@
 // step at a time by `llsrv train` (foreground) and by the server's compute thread (background).
 //
 // RUN_DIR holds step-NNNNNNNN.ckpt (the last `keep`), last.ckpt (the newest checkpoint) and
-// best.ckpt (the lowest validation loss so far); last/best are hard links made under a
-// temporary name and renamed into place, so each name always points at a complete checkpoint.
+// best.ckpt (the weights of the lowest validation loss so far); last.ckpt is a hard link made
+// under a temporary name and renamed into place, so it always names a complete checkpoint;
+// best.ckpt is such a link when the record falls on a checkpoint step, else written there and then.
 // Opening a run whose RUN_DIR has a last.ckpt (or step checkpoints) resumes it (same parameters
 // required), from the newest checkpoint that loads: a damaged last.ckpt is kept as
 // last.ckpt.damaged and skipped (ll_train_run_notes says so). Opening also removes the
@@ -16,6 +17,9 @@
 #include <stdint.h>
 
 #include "ll_trainer.h"
+
+// Divergence: a loss more than twice the lowest of the last this many steps (and 1 nat above it).
+#define LL_TRAIN_DIVERGE_WINDOW 50
 
 struct ll_config;
 struct ll_tokenizer;
@@ -34,6 +38,7 @@ struct ll_train_run_opts {
   int restart;                  // 1: ignore an existing last.ckpt (start over)
   const char *chat_template;    // chat records: a chat_template setting (built-in name or template
                                 // file, ll_chat_template_load); NULL: the model's
+  int64_t max_skipped;          // this many skipped steps in a row stop the run (an error); 0: never
 };
 
 // What one ll_train_run_step did (for progress lines, monitor fields and events).
@@ -49,6 +54,10 @@ struct ll_train_run_event {
   // previous checkpoints are intact; the next checkpoint tries again.
   int save_failed;
   char save_error[512];
+  // The loss has just risen far above its running minimum (loss_min): warn (once, until it
+  // comes back down).
+  int diverging;
+  double loss_min;
 };
 
 // Trainer parameters from the config's train: section (targets parsed, names checked).
@@ -61,6 +70,7 @@ void ll_train_run_close(struct ll_train_run *r); // accepts NULL
 // The pre-flight report (data, steps per epoch, memory estimate); lines ending in '\n'.
 int ll_train_run_describe(const struct ll_train_run *r, char *buf, size_t cap);
 // One optimizer step, then an evaluation and/or a checkpoint when due (and both at the last step).
+// LL_ESTATE after max_skipped skipped steps in a row (the step ran; nothing was saved).
 int ll_train_run_step(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen);
 // Validation loss now (LL_ENOTFOUND without validation data); also recorded for the next events.
 int ll_train_run_eval(struct ll_train_run *r, double *val, char *err, size_t errlen);

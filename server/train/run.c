@@ -29,13 +29,18 @@ struct ll_train_run {
   struct ll_train_memory mem;
   int64_t resumed_from;
   double val_loss;
-  int pending_best;  // the last evaluation set a record not yet saved as best.ckpt
+  int pending_best;  // the last evaluation set a record, to be linked as best.ckpt by this step's checkpoint
   int64_t *kept; // steps of the step checkpoints this process wrote (the last `keep`), oldest first
   int n_kept;
   int64_t *damaged; // steps of step checkpoints that failed to load at open: never pruned, never counted
   int n_damaged;
   char resumed_path[PATH_MAX + 32];
   char notes[2048]; // what opening the run did to the directory (skipped checkpoints, stale files)
+  int64_t skipped_run; // consecutive skipped steps
+  double loss_win[LL_TRAIN_DIVERGE_WINDOW]; // the last losses of steps that were not skipped
+  int n_win, i_win;
+  double diverge_min;
+  int diverging; // warned, and the loss has not come back below the threshold since
 };
 
 // ---------------------------------------------------------------- config
@@ -483,6 +488,22 @@ int ll_train_run_save(struct ll_train_run *r, struct ll_train_run_event *ev, cha
   return save_now(r, ev, err, errlen);
 }
 
+// The loss far above its running minimum: > 2x the lowest loss of the last
+// LL_TRAIN_DIVERGE_WINDOW steps and more than 1 nat above it (cross-entropy noise between
+// batches stays well inside that). Warned once until the loss comes back under the line.
+static int diverging(struct ll_train_run *r, double loss) {
+  double lo = INFINITY;
+  for (int i = 0; i < r->n_win; i++) lo = r->loss_win[i] < lo ? r->loss_win[i] : lo;
+  const int high = r->n_win > 0 && loss > 2 * lo && loss > lo + 1.0;
+  const int warn = high && !r->diverging;
+  r->diverging = high;
+  if (warn) r->diverge_min = lo;
+  r->loss_win[r->i_win] = loss;
+  r->i_win = (r->i_win + 1) % LL_TRAIN_DIVERGE_WINDOW;
+  if (r->n_win < LL_TRAIN_DIVERGE_WINDOW) r->n_win++;
+  return warn;
+}
+
 int ll_train_run_step(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen) {
   memset(ev, 0, sizeof *ev);
   ev->val_loss = r->val_loss;
@@ -490,6 +511,27 @@ int ll_train_run_step(struct ll_train_run *r, struct ll_train_run_event *ev, cha
   if (rc) return rc;
   const int64_t step = ev->info.step;
   ev->finished = step >= r->p.steps;
+  if (ev->info.skipped) {
+    // NaN/Inf for ever (a poisoned base, data the model cannot take) would skip every step to
+    // the end of the schedule: stop instead, the checkpoints as they were.
+    if (++r->skipped_run >= r->o.max_skipped && r->o.max_skipped > 0) {
+      char last[PATH_MAX + 16];
+      snprintf(last, sizeof last, "%s/last.ckpt", r->run_dir);
+      return ll_errf(err, errlen, LL_ESTATE,
+                     "%lld consecutive steps skipped for a non-finite loss or gradient (train.max_skipped_steps %lld), at step %lld: "
+                     "stopped; %s%s", (long long)r->skipped_run, (long long)r->o.max_skipped, (long long)step,
+                     access(last, F_OK) == 0 ? "the last good checkpoint is " : "no checkpoint was written",
+                     access(last, F_OK) == 0 ? last : "");
+    }
+  } else {
+    r->skipped_run = 0;
+    if (diverging(r, ev->info.loss)) {
+      ev->diverging = 1;
+      ev->loss_min = r->diverge_min;
+    }
+  }
+  double best_before = INFINITY;
+  const int save_due = (r->o.checkpoint_every > 0 && step % r->o.checkpoint_every == 0) || ev->finished;
   if ((r->o.eval_every > 0 && step % r->o.eval_every == 0) || ev->finished) {
     double v;
     rc = ll_trainer_eval(r->tr, &r->src, r->o.eval_seqs, &v, err, errlen);
@@ -498,18 +540,29 @@ int ll_train_run_step(struct ll_train_run *r, struct ll_train_run_event *ev, cha
       ev->evaluated = 1;
       struct ll_trainer_state st;
       ll_trainer_state(r->tr, &st);
-      if (v < st.best_val) { // a record: best.ckpt follows at the next checkpoint (HF's save-best rule)
-        ll_trainer_set_best_val(r->tr, v);
-        r->pending_best = 1;
+      if (v < st.best_val) { // a record: best.ckpt holds these weights, the ones evaluated
+        if (save_due) { // linked to this step's checkpoint below
+          best_before = st.best_val;
+          ll_trainer_set_best_val(r->tr, v);
+          r->pending_best = 1;
+        } else if (write_best(r, v, ev->save_error, sizeof ev->save_error) == 0) {
+          ev->best = 1;
+        } else {
+          ev->save_failed = 1;
+        }
       }
     } else if (rc != LL_ENOTFOUND) {
       return rc;
     }
     rc = 0;
   }
-  if ((r->o.checkpoint_every > 0 && step % r->o.checkpoint_every == 0) || ev->finished) {
+  if (save_due) {
     char serr[sizeof ev->save_error];
     if (save_now(r, ev, serr, sizeof serr) != 0) {
+      if (r->pending_best) { // not linked: a later checkpoint holds other weights
+        ll_trainer_set_best_val(r->tr, best_before);
+        r->pending_best = 0;
+      }
       ev->save_failed = 1;
       snprintf(ev->save_error, sizeof ev->save_error, "%s", serr);
     }

@@ -135,6 +135,30 @@ check '[ $rc -eq 0 ] && grep -q "resuming .*$prev at step $((at - 1))" "$D/dmg.o
 check 'grep -q "skipped newer: last.ckpt (.*damaged.*); step-.*ckpt (the same file" "$D/dmg.err" && [ -f "$D/run3/last.ckpt.damaged" ] && [ "$(nsteps "$D/run3")" -eq 2 ]' \
   "the skip is said, the damaged file kept, keep 2: $(grep skipped "$D/dmg.err") $(ls "$D/run3" | tr '\n' ' ')"
 
+# A base whose huge (finite) norm weights overflow to NaN in every step: the run stops after
+# train.max_skipped_steps skipped steps in a row, with an error, instead of skipping to the end.
+python3 -c "
+import struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+ones = struct.pack('<f', 1.0) * 32  # every norm weight (32 dims) of llsrv init
+while b.find(ones) >= 0:
+    i = b.find(ones); b[i:i + 128] = struct.pack('<f', 3e38) * 32
+open(sys.argv[2], 'wb').write(b)" "$D/tiny.gguf" "$D/huge.gguf"
+"$LLSRV" train --model "$D/huge.gguf" --data "$DATA" --mode full --seq-len 32 --batch 2 -t 2 --steps 1000 --checkpoint-every 4 --eval-every 0 \
+  --max-skipped-steps 6 --log-every 1 -o "$D/skiprun" >"$D/skip.out" 2>"$D/skip.err"
+rc=$?
+check '[ $rc -eq 1 ] && grep -q "6 consecutive steps skipped .*train.max_skipped_steps 6.*at step 6" "$D/skip.err" && ! grep -q "^step 7/" "$D/skip.out" && [ -f "$D/skiprun/last.ckpt" ]' \
+  "every step skipped: stopped after 6 with an error (rc $rc): $(tail -1 "$D/skip.err")"
+
+# lr 1 diverges: a warning; best.ckpt is the best evaluation's weights (here the start's: the
+# diverged run never beats it), not whatever the next checkpoint holds.
+"$LLSRV" train "${COMMON[@]}" --lr 1 --warmup 0 --steps 20 --eval-every 5 --checkpoint-every 10 -o "$D/div" >"$D/div.out" 2>"$D/div.err"
+rc=$?
+check '[ $rc -eq 0 ] && grep -q "warning: the loss is diverging: .* more than twice its minimum" "$D/div.err"' "divergence warned (rc $rc): $(grep -v '^data\|^memory\|^train' "$D/div.out" | head -5) $(tail -2 "$D/div.err")"
+mkdir -p "$D/divbest" && cp "$D/div/best.ckpt" "$D/divbest/last.ckpt"
+"$LLSRV" train "${COMMON[@]}" --lr 1 --warmup 0 --steps 21 --eval-every 0 --checkpoint-every 0 -o "$D/divbest" >"$D/divb.out" 2>&1
+check 'grep -q "resuming .* at step 0$" "$D/divb.out"' "best.ckpt holds the step-0 weights (val $(grep -m1 -o 'val [0-9.]*' "$D/div.out")): $(grep resuming "$D/divb.out")"
+
 # The summary names only files that exist: no validation data, no best.ckpt.
 "$LLSRV" train "${COMMON[@]}" --steps 2 --val-fraction 0 --eval-every 1 -o "$D/noval" >"$D/noval.out" 2>&1
 check '[ $? -eq 0 ] && grep -q "^done: 2 steps.*noval/last.ckpt$" "$D/noval.out" && [ ! -e "$D/noval/best.ckpt" ]' "summary without best.ckpt: $(grep done "$D/noval.out")"
