@@ -739,6 +739,7 @@ int ll_ckpt_write(const char *path, const struct ll_modelfile *mf, const struct 
   unsigned char *kvblob = NULL;
   size_t kvlen = 0;
   char *tmp = NULL, *dir = NULL, *mtext = NULL;
+  int hold = -1; // the temporary file's lock (ll_tmp_hold)
   int fd = -1;
   uint64_t ns = 1, total_raw = 0, done_raw = 0;
   if (!tshard || !toff || !sh) {
@@ -804,7 +805,9 @@ int ll_ckpt_write(const char *path, const struct ll_modelfile *mf, const struct 
     }
     // tmp = "<dir>/.<base>.tmp-XXXXXX" (hidden, never matched as the target name)
     sprintf(tmp, "%.*s.%s.tmp-XXXXXX", (int)(slash ? dl + 1 : 0), path, base);
+    ll_tmp_sweep(path); // earlier writes of this path cut short (kill -9) left theirs: MBs each
     fd = mkstemp(tmp);
+    if (fd >= 0) hold = ll_tmp_hold(fd); // until renamed: a sweep elsewhere leaves it alone
     if (fd < 0) {
       rc = ll_errf(err, errlen, LL_EIO, "ckpt: cannot create temporary file '%s': %s", tmp, strerror(errno));
       free(tmp);
@@ -948,6 +951,7 @@ out:
     unlink(tmp);
     free(tmp);
   }
+  ll_tmp_release(hold);
   if (sh)
     for (uint64_t i = 0; i < ns; i++) free(sh[i].cbuf);
   free(sh);

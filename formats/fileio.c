@@ -2,10 +2,13 @@
 #include "ll_fileio.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -42,6 +45,64 @@ int ll_fsync_parent_dir(const char *path) {
   int rc = ll_fsync_dir(dirname(copy));
   free(copy);
   return rc;
+}
+
+int ll_tmp_hold(int fd) {
+  int h = fcntl(fd, F_DUPFD_CLOEXEC, 0); // the same open file: its lock outlives close(fd)
+  if (h < 0) return -1;
+  if (flock(h, LOCK_EX | LOCK_NB) != 0) {
+    close(h);
+    return -1;
+  }
+  return h;
+}
+
+void ll_tmp_release(int hold) {
+  if (hold >= 0) close(hold);
+}
+
+int ll_tmp_unlink_stale(const char *path) {
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct stat a, b;
+  int gone = 0;
+  // Unlinked only while we hold the lock and the name still names the file we locked.
+  if (fstat(fd, &a) == 0 && S_ISREG(a.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 && lstat(path, &b) == 0 && a.st_dev == b.st_dev &&
+      a.st_ino == b.st_ino)
+    gone = unlink(path) == 0;
+  close(fd);
+  return gone;
+}
+
+static int mkstemp_suffix(const char *s) {
+  static const char ok[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  return strlen(s) == 6 && strspn(s, ok) == 6;
+}
+
+int ll_tmp_sweep(const char *path) {
+  char *copy = strdup(path), *copy2 = strdup(path);
+  if (!copy || !copy2) {
+    free(copy), free(copy2);
+    return 0;
+  }
+  const char *dir = dirname(copy), *base = basename(copy2);
+  const size_t bl = strlen(base);
+  int n = 0;
+  DIR *d = bl ? opendir(dir) : NULL;
+  for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+    const char *nm = e->d_name, *sfx = NULL;
+    if (nm[0] == '.' && !strncmp(nm + 1, base, bl) && !strncmp(nm + 1 + bl, ".tmp-", 5)) sfx = nm + 1 + bl + 5; // .ckpt
+    else if (!strncmp(nm, base, bl) && !strncmp(nm + bl, ".tmp.", 5)) sfx = nm + bl + 5;                   // GGUF
+    if (!sfx || !mkstemp_suffix(sfx)) continue;
+    char *p = malloc(strlen(dir) + strlen(nm) + 2);
+    if (!p) break;
+    sprintf(p, "%s/%s", dir, nm);
+    n += ll_tmp_unlink_stale(p);
+    free(p);
+  }
+  if (d) closedir(d);
+  free(copy), free(copy2);
+  return n;
 }
 
 int ll_map_file(const char *path, void **map, size_t *len, char *err, size_t errlen) {

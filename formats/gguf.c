@@ -541,6 +541,7 @@ int ll_gguf_write(const char *path, const struct ll_modelfile *mf, char *err, si
     return LL_ENOMEM;
   }
   snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
+  ll_tmp_sweep(path); // earlier writes of this path cut short (kill -9) left theirs
   int fd = mkstemp(tmp);
   if (fd < 0) {
     int e = errno;
@@ -548,6 +549,7 @@ int ll_gguf_write(const char *path, const struct ll_modelfile *mf, char *err, si
     free(tmp);
     return ll_errf(err, errlen, LL_EIO, "%s: cannot create temp file: %s", path, strerror(e));
   }
+  const int hold = ll_tmp_hold(fd); // until renamed: a sweep elsewhere leaves it alone
   int ok = ll_write_all(fd, b.p, b.len) == 0;
   free(b.p);
   for (uint64_t i = 0; ok && i < mf->n_tensors; i++) {
@@ -563,9 +565,11 @@ int ll_gguf_write(const char *path, const struct ll_modelfile *mf, char *err, si
   if (ok && rename(tmp, path) != 0) ok = 0, e = errno;
   if (!ok) {
     unlink(tmp);
+    ll_tmp_release(hold);
     free(tmp);
     return ll_errf(err, errlen, LL_EIO, "%s: write failed: %s", path, strerror(e));
   }
+  ll_tmp_release(hold);
   free(tmp);
   if (ll_fsync_parent_dir(path) != 0) return ll_errf(err, errlen, LL_EIO, "%s: fsync of the directory failed: %s", path, strerror(errno));
   return 0;

@@ -2,9 +2,13 @@
 // an existing valid one and is SIGKILLed (a) at random times and (b) from inside the writer
 // after each shard. After every kill the file at the path must load and verify and be exactly
 // the old or exactly the new model; a temporary file left behind must never load as anything
-// but the complete new model. Usage: test_ckpt_kill [N_RANDOM_KILLS] (default 120).
+// but the complete new model. (c) Temporary files of killed writers do not pile up: the next
+// write of the path removes them, but not one a live writer holds nor other names.
+// Usage: test_ckpt_kill [N_RANDOM_KILLS] (default 120).
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <stdio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -66,6 +70,14 @@ static void check_after_kill(const char *path, struct ll_modelfile *cand, int ol
     unlink(p);
   }
   if (d) closedir(d);
+}
+
+static int count_tmp(void) {
+  int n = 0;
+  DIR *d = opendir(g_dir);
+  for (struct dirent *e; d && (e = readdir(d));) n += strncmp(e->d_name, ".m.ckpt.tmp-", 12) == 0;
+  if (d) closedir(d);
+  return n;
 }
 
 static pid_t spawn_writer(const char *path, struct ll_modelfile *mf, int kill_at) {
@@ -156,6 +168,38 @@ int main(int argc, char **argv) {
   }
   printf("after %d kills: old file %d times, new file %d times, never torn\n", n_steps + n_random + n_extra, n_old,
          n_new);
+  // (c) Writers killed mid-write leave their temporary files (MBs each); each write of the
+  // path first removes every one nobody holds. A live writer's (this process holding the lock, as
+  // ll_ckpt_write does) and names not of the writer's pattern stay.
+  {
+    for (int k = 0; k < 4; k++) {
+      pid_t pid = spawn_writer(path, &cand[1 - cur], 2 + k);
+      int status = 0;
+      waitpid(pid, &status, 0);
+      CHECKF(WIFSIGNALED(status), "writer %d was not killed", k);
+    }
+    // Each writer removed the one killed before it: one is left, not four.
+    CHECKF(count_tmp() == 1, "4 writers killed in turn leave 1 temporary file (%d)", count_tmp());
+    char live[700], other[2][700];
+    snprintf(live, sizeof live, "%s/.m.ckpt.tmp-LiVe00", g_dir);
+    snprintf(other[0], sizeof other[0], "%s/.m.ckpt.tmp-AB", g_dir);
+    snprintf(other[1], sizeof other[1], "%s/m.ckpt.bak", g_dir);
+    int lfd = open(live, O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    CHECK(lfd >= 0 && flock(lfd, LOCK_EX) == 0);
+    for (int k = 0; k < 2; k++) {
+      FILE *f = fopen(other[k], "w");
+      CHECK(f != NULL);
+      if (f) fclose(f);
+    }
+    CHECK(ll_ckpt_write(path, &cand[cur], &o, err, sizeof err) == 0);
+    CHECKF(count_tmp() == 2, "after a complete write only the live writer's and the look-alike remain (%d)", count_tmp());
+    CHECK(access(live, F_OK) == 0 && access(other[0], F_OK) == 0 && access(other[1], F_OK) == 0);
+    close(lfd); // the live writer dies: its file is stale now
+    CHECK(ll_ckpt_write(path, &cand[cur], &o, err, sizeof err) == 0);
+    CHECKF(access(live, F_OK) != 0, "a temporary file nobody holds goes at the next write");
+    unlink(other[0]);
+    unlink(other[1]);
+  }
   CHECK(n_old >= n_steps);
   if (n_random >= 20) CHECKF(n_new > 0, "no random kill came late enough to see the new file");
   unlink(path);

@@ -1,7 +1,9 @@
 // test_gguf.c - the GGUF reader refuses every malformation class llama.cpp's own GGUF tests
 // build by hand, survives truncation at every offset, and the writer round-trips bytes.
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ll_error.h"
 #include "ll_gguf.h"
@@ -129,11 +131,21 @@ static void test_valid(void) {
   CHECK(ll_gguf_kv_deserialize(blob, bl, &m2, err, sizeof err) == LL_EEXIST); // keys already present
   free(blob);
   ll_modelfile_free(&m2);
-  // Writer: same bytes back.
-  char dir[256], path[300];
+  // Writer: same bytes back. A temporary file of an earlier write of the path that was cut
+  // short (kill -9: nobody holds it) goes; other names stay.
+  char dir[256], path[300], stale[340], other[340];
   CHECK(ll_test_tmpdir(dir, sizeof dir) != NULL);
   snprintf(path, sizeof path, "%s/w.gguf", dir);
+  snprintf(stale, sizeof stale, "%s.tmp.Ab12Cd", path);
+  snprintf(other, sizeof other, "%s.tmp.Ab12Cd.keep", path);
+  for (int k = 0; k < 2; k++) {
+    FILE *f = fopen(k ? other : stale, "w");
+    CHECK(f != NULL);
+    if (f) fclose(f);
+  }
   CHECKF(ll_gguf_write(path, &mf, err, sizeof err) == 0, "%s", err);
+  CHECK(access(stale, F_OK) != 0 && access(other, F_OK) == 0);
+  remove(other);
   size_t len;
   unsigned char *back = ll_test_read_file(path, &len);
   CHECKF(back && len == g.n && memcmp(back, g.b, len) == 0, "written file differs (%zu vs %zu bytes)", len, g.n);

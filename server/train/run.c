@@ -17,6 +17,7 @@
 #include "ll_config.h"
 #include "ll_data.h"
 #include "ll_error.h"
+#include "ll_fileio.h"
 #include "ll_lora.h"
 
 struct ll_train_run {
@@ -172,7 +173,7 @@ static int scan_dir(const char *dir, int sweep, int64_t **steps, int *n, int *n_
     struct stat sb;
     if (lstat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) continue; // ours are plain files; leave anything else alone
     if (sweep && temp_name(e->d_name)) {
-      if (unlink(p) == 0 && n_swept) (*n_swept)++;
+      if (ll_tmp_unlink_stale(p) && n_swept) (*n_swept)++; // not one a live writer holds (ll_fileio.h)
     } else if (step_name(e->d_name, &st)) {
       if (*n == cap) {
         cap = cap ? 2 * cap : 16;
