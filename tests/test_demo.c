@@ -223,6 +223,29 @@ int main(void) {
   CHECKF(ll_demo_model_ensure(sd1, p1, sizeof p1, err, sizeof err) == 0, "%s", err);
   CHECK(stat(p1, &st2) == 0 && st2.st_ino == st1.st_ino && st2.st_mtim.tv_sec == st1.st_mtim.tv_sec &&
         st2.st_mtim.tv_nsec == st1.st_mtim.tv_nsec);
+  // Leftovers of a start killed while creating it (a dead PID's intermediate file, the .ckpt
+  // writer's temporary file) go at the next start; a live process's file and other names stay.
+  {
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    char names[4][128], lp[4][4300];
+    snprintf(names[0], sizeof names[0], ".demo.ckpt.new-%ld-0", (long)dead);
+    snprintf(names[1], sizeof names[1], "..demo.ckpt.new-%ld-0.tmp-AbCdEf", (long)dead);
+    snprintf(names[2], sizeof names[2], ".demo.ckpt.new-%ld-7", (long)getpid());
+    snprintf(names[3], sizeof names[3], "demo.ckpt.notes");
+    for (int i = 0; i < 4; i++) {
+      snprintf(lp[i], sizeof lp[i], "%s/models/%s", sd1, names[i]);
+      FILE *f = fopen(lp[i], "w");
+      CHECK(f != NULL);
+      if (f) fputs("leftover", f), fclose(f);
+    }
+    CHECKF(ll_demo_model_ensure(sd1, p1, sizeof p1, err, sizeof err) == 0, "%s", err);
+    CHECKF(access(lp[0], F_OK) != 0 && access(lp[1], F_OK) != 0, "a killed start's files are removed");
+    CHECKF(access(lp[2], F_OK) == 0 && access(lp[3], F_OK) == 0, "a live process's file and other names stay");
+    unlink(lp[2]);
+    unlink(lp[3]);
+  }
   char small[10];
   CHECK(ll_demo_model_ensure(sd1, small, sizeof small, err, sizeof err) == LL_ELIMIT);
 

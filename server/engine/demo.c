@@ -16,10 +16,12 @@
 // back as a space: the SPM escape cannot tell the two apart).
 #include "ll_demo.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,6 +33,7 @@
 
 #include "ll_ckpt.h"
 #include "ll_error.h"
+#include "ll_fileio.h"
 #include "ll_modelfile.h"
 #include "ll_quant.h"
 
@@ -341,6 +344,32 @@ static int fsync_dir(const char *dir, char *err, size_t errlen) {
 // Makes the intermediate file name unique per call, also between threads of one process.
 static atomic_uint demo_tmp_seq;
 
+// A start killed while it created demo.ckpt (kill -9 on the first start) leaves
+// .demo.ckpt.new-PID-N (a complete model, MBs) or the .ckpt writer's temporary file of it;
+// nothing else would ever remove them. Removed at each start: the first kind once its PID is
+// gone (kill(PID, 0) fails with ESRCH; never this process's), the second once no writer holds
+// it (ll_tmp_unlink_stale). Nothing else in the directory is touched.
+static void sweep_stale(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    const char *nm = e->d_name;
+    const int writer_tmp = !strncmp(nm, "..demo.ckpt.new-", 16) && strstr(nm, ".tmp-");
+    long pid = 0;
+    unsigned seq = 0;
+    int end = 0;
+    const int ours = !writer_tmp && sscanf(nm, ".demo.ckpt.new-%ld-%u%n", &pid, &seq, &end) == 2 && nm[end] == '\0' && pid > 0;
+    if (!writer_tmp && !ours) continue;
+    char p[PATH_MAX];
+    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, nm) >= sizeof p) continue;
+    struct stat st;
+    if (lstat(p, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (writer_tmp) ll_tmp_unlink_stale(p);
+    else if (pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH) unlink(p);
+  }
+  closedir(d);
+}
+
 int ll_demo_model_ensure(const char *state_dir, char *path_out, size_t cap, char *err, size_t errlen) {
   if (!state_dir || !state_dir[0] || !path_out || cap == 0) return ll_errf(err, errlen, LL_EINVAL, "demo model: no state directory");
   path_out[0] = '\0';
@@ -351,6 +380,7 @@ int ll_demo_model_ensure(const char *state_dir, char *path_out, size_t cap, char
     return ll_errf(err, errlen, LL_ELIMIT, "demo model: state directory path '%s' is too long", state_dir);
   if (strlen(path) >= cap) return ll_errf(err, errlen, LL_ELIMIT, "demo model: path '%s' does not fit in %zu bytes", path, cap);
   if (mkdir(dir, 0700) != 0 && errno != EEXIST) return ll_errf(err, errlen, LL_EIO, "demo model: cannot create '%s': %s", dir, strerror(errno));
+  sweep_stale(dir);
 
   struct stat st;
   if (stat(path, &st) == 0) {
