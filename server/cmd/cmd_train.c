@@ -215,8 +215,10 @@ int ll_cmd_train(int argc, char **argv) {
   double val = NAN;
   if (ll_train_run_resumed_from(run) < 0 && c.train_eval_every > 0) { // where the curve starts
     rc = ll_train_run_eval(run, &val, err, sizeof err);
-    if (rc == 0) printf("step 0/%lld  val %.4f\n", (long long)tp.steps, val);
-    else if (rc != LL_ENOTFOUND) {
+    if (isfinite(val)) printf("step 0/%lld  val %.4f\n", (long long)tp.steps, val);
+    if (rc && isfinite(val)) // evaluated, but best.ckpt could not be written: as any checkpoint that fails
+      fprintf(stderr, "llsrv train: warning: %s (training goes on)\n", err);
+    else if (rc && rc != LL_ENOTFOUND) {
       fprintf(stderr, "llsrv train: %s\n", err);
       goto out;
     }

@@ -284,7 +284,8 @@ static int open_run(struct ll_trainjob *j) {
   }
   if (ll_train_run_resumed_from(j->run) >= 0)
     ll_log(LL_LOG_INFO, "training: resumed %s at step %lld", ll_train_run_resumed_path(j->run), (long long)st.step);
-  else if (j->ro.eval_every > 0 && ll_train_run_eval(j->run, &val, err, sizeof err) != 0) val = NAN;
+  else if (j->ro.eval_every > 0 && ll_train_run_eval(j->run, &val, err, sizeof err) != 0 && isfinite(val))
+    ll_log(LL_LOG_WARN, "training: %s (training goes on)", err); // evaluated, but best.ckpt could not be written
   pthread_mutex_lock(&j->mu);
   j->bytes = mem.adapters + mem.grads + mem.optimizer + mem.activations;
   j->step = st.step;

@@ -73,6 +73,8 @@ int ll_train_run_describe(const struct ll_train_run *r, char *buf, size_t cap);
 // LL_ESTATE after max_skipped skipped steps in a row (the step ran; nothing was saved).
 int ll_train_run_step(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen);
 // Validation loss now (LL_ENOTFOUND without validation data); also recorded for the next events.
+// A record (the first evaluation is one) writes best.ckpt: when that fails, the error is
+// returned with *val set (finite): a warning, as for any checkpoint that fails.
 int ll_train_run_eval(struct ll_train_run *r, double *val, char *err, size_t errlen);
 // A checkpoint now (on demand, on shutdown).
 int ll_train_run_save(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen);

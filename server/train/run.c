@@ -473,7 +473,10 @@ static int write_best(struct ll_train_run *r, double v, char *err, size_t errlen
 
 int ll_train_run_eval(struct ll_train_run *r, double *val, char *err, size_t errlen) {
   int rc = ll_trainer_eval(r->tr, &r->src, r->o.eval_seqs, val, err, errlen);
-  if (rc) return rc;
+  if (rc) {
+    *val = NAN;
+    return rc;
+  }
   r->val_loss = *val;
   // The weights before the first step are a candidate too (in LoRA mode: the base model): a
   // run that only gets worse (diverges) leaves them as best.ckpt.

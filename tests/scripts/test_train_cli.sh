@@ -159,6 +159,12 @@ mkdir -p "$D/divbest" && cp "$D/div/best.ckpt" "$D/divbest/last.ckpt"
 "$LLSRV" train "${COMMON[@]}" --lr 1 --warmup 0 --steps 21 --eval-every 0 --checkpoint-every 0 -o "$D/divbest" >"$D/divb.out" 2>&1
 check 'grep -q "resuming .* at step 0$" "$D/divb.out"' "best.ckpt holds the step-0 weights (val $(grep -m1 -o 'val [0-9.]*' "$D/div.out")): $(grep resuming "$D/divb.out")"
 
+# best.ckpt that cannot be written at step 0 (a directory stands there): a warning, training goes on.
+mkdir -p "$D/run5/best.ckpt/x"
+"$LLSRV" train "${COMMON[@]}" --steps 2 --eval-every 1 --checkpoint-every 0 -o "$D/run5" >"$D/b0.out" 2>"$D/b0.err"
+check 'grep -q "^step 0/2  val" "$D/b0.out" && grep -v "checkpoint at step" "$D/b0.err" | grep -q "warning: .*best.ckpt.* (training goes on)" && grep -q "^step 2/2" "$D/b0.out"' \
+  "a failed best.ckpt at step 0 is a warning: $(head -3 "$D/b0.err" | tail -2)"
+
 # The summary names only files that exist: no validation data, no best.ckpt.
 "$LLSRV" train "${COMMON[@]}" --steps 2 --val-fraction 0 --eval-every 1 -o "$D/noval" >"$D/noval.out" 2>&1
 check '[ $? -eq 0 ] && grep -q "^done: 2 steps.*noval/last.ckpt$" "$D/noval.out" && [ ! -e "$D/noval/best.ckpt" ]' "summary without best.ckpt: $(grep done "$D/noval.out")"
