@@ -82,6 +82,34 @@ static int64_t first_nonfinite(const uint8_t *p, size_t n, size_t stride, const 
   return -1;
 }
 
+// Plain arrays (f32: w 4; f16 / bf16: w 2) in chunks without an early exit, which the compiler
+// vectorizes (a 7B f16 model is 7e9 values); the chunk that has one is searched again.
+static int64_t first_nonfinite_dense(const uint8_t *p, size_t n, int w, uint32_t mask) {
+  enum { CH = 4096 };
+  static const size_t o0[1] = {0};
+  for (size_t c = 0; c < n; c += CH) {
+    const size_t m = n - c < CH ? n - c : CH;
+    int bad = 0;
+    if (w == 4) {
+      const uint8_t *q = p + c * 4;
+      for (size_t i = 0; i < m; i++) {
+        uint32_t v;
+        memcpy(&v, q + i * 4, 4);
+        bad |= (v & mask) == mask;
+      }
+    } else {
+      const uint8_t *q = p + c * 2;
+      for (size_t i = 0; i < m; i++) {
+        uint16_t v;
+        memcpy(&v, q + i * 2, 2);
+        bad |= (v & mask) == mask;
+      }
+    }
+    if (bad) return (int64_t)c + first_nonfinite(p + c * (size_t)w, m, (size_t)w, o0, 1, w, mask);
+  }
+  return -1;
+}
+
 int64_t ll_tensor_find_nonfinite(int type, const void *data, size_t nbytes) {
   const uint8_t *p = data;
   static const size_t o0[1] = {0}, o01[2] = {0, 2};
@@ -89,11 +117,11 @@ int64_t ll_tensor_find_nonfinite(int type, const void *data, size_t nbytes) {
   int64_t i = -1;
   switch (type) {
   case LL_TYPE_F32:
-    return first_nonfinite(p, nbytes / 4, 4, o0, 1, 4, 0x7f800000u);
+    return first_nonfinite_dense(p, nbytes / 4, 4, 0x7f800000u);
   case LL_TYPE_F16:
-    return first_nonfinite(p, nbytes / 2, 2, o0, 1, 2, 0x7c00u);
+    return first_nonfinite_dense(p, nbytes / 2, 2, 0x7c00u);
   case LL_TYPE_BF16:
-    return first_nonfinite(p, nbytes / 2, 2, o0, 1, 2, 0x7f80u);
+    return first_nonfinite_dense(p, nbytes / 2, 2, 0x7f80u);
   case LL_TYPE_Q4_0: case LL_TYPE_Q5_0: case LL_TYPE_Q8_0: // d first
   case LL_TYPE_Q4_1: case LL_TYPE_Q5_1: case LL_TYPE_Q4_K: case LL_TYPE_Q5_K: { // d, m / dmin first
     const struct ll_type_traits *t = ll_type_traits_get(type);

@@ -68,6 +68,12 @@ static void test_nonfinite(void) {
   CHECK(ll_tensor_find_nonfinite(LL_TYPE_F32, f, sizeof f) == 6);
   f[6] = 0, f[2] = -INFINITY;
   CHECK(ll_tensor_find_nonfinite(LL_TYPE_F32, f, sizeof f) == 2);
+  static float big[10000]; // past the first 4096-value chunk of the dense scan
+  big[9001] = INFINITY;
+  CHECK(ll_tensor_find_nonfinite(LL_TYPE_F32, big, sizeof big) == 9001);
+  static uint16_t bigh[10000];
+  bigh[4096] = 0x7E00;
+  CHECK(ll_tensor_find_nonfinite(LL_TYPE_F16, bigh, sizeof bigh) == 4096);
   uint16_t h[4] = {0x3C00, 0x7BFF, 0xFBFF, 0x0001}; // 1, +-65504, the smallest subnormal
   CHECK(ll_tensor_find_nonfinite(LL_TYPE_F16, h, sizeof h) == -1);
   h[3] = 0xFC00; // -inf
