@@ -363,6 +363,12 @@ static int slice(struct ll_trainjob *j, int cmds) {
   const double dt = now_s() - t0;
   note_dev_bytes(j); // the staging buffers grow to the largest op's operands
   if (rc) {
+    struct ll_trainer_state st; // a step that ran before the error (max_skipped_steps) counts
+    ll_trainer_state(ll_train_run_trainer(j->run), &st);
+    pthread_mutex_lock(&j->mu);
+    j->step = st.step;
+    j->skipped = st.skipped;
+    pthread_mutex_unlock(&j->mu);
     fail(j, err);
     return 0;
   }

@@ -12,6 +12,8 @@
 #   the file, training stops in state "error", requests are answered, last.ckpt is untouched;
 #   with the data back, `train start` goes on from where it stopped.
 # - A restart after all this resumes from last.ckpt at its step (so it was intact and loadable).
+# - A model that gives NaN in every step: train.max_skipped_steps (5) skipped steps in a row
+#   end the job in state error with a train_error naming the count.
 # - The checkpoint at shutdown failing (last.ckpt replaced by a directory, so the new one cannot
 #   be published): the error is logged before "stopped" and the server exits non-zero.
 import os
@@ -140,6 +142,34 @@ try:
     i_err, i_stop = out.find("shutdown checkpoint failed"), out.rfind("stopped")
     check(rc not in (0, None), "a failed shutdown checkpoint exits non-zero (rc %r)" % rc)
     check(0 <= i_err < i_stop, "the error is logged, then stopped: %s" % out[-600:])
+
+    # ---- a model that gives NaN in every step (its norm weights are 3e38: finite, so it
+    # loads, and every forward overflows): train.max_skipped_steps skipped steps in a row end
+    # the job in state error with a train_error naming the count, instead of skipping for ever.
+    import struct
+    import subprocess
+    llsrv = os.path.join(os.environ["LL_BINARY_DIR"], "server", "llsrv")
+    tiny, gguf, huge = (os.path.join(tmp, n) for n in ("tiny.ckpt", "tiny.gguf", "huge.gguf"))
+    subprocess.run([llsrv, "init", "--dims", "32,2,4,2,64,128", "-o", tiny], check=True, capture_output=True)
+    subprocess.run([llsrv, "convert", tiny, gguf], check=True, capture_output=True)
+    b = bytearray(open(gguf, "rb").read())
+    ones = struct.pack("<f", 1.0) * 32
+    while b.find(ones) >= 0:
+        i = b.find(ones)
+        b[i:i + 128] = struct.pack("<f", 3e38) * 32
+    open(huge, "wb").write(b)
+    srv3 = Server(tmp, ["--model", huge, "--train-enabled", "--train-mode", "full", "--train-data", data, "--train-seq-len", "32",
+                        "--train-batch", "1", "--train-eval-every", "0", "--train-checkpoint-every", "0", "--train-steps", "100000",
+                        "--train-max-skipped-steps", "5", "--threads", "2"], name="srv3")
+    mon = Monitor(srv3.sock, timeout=300)
+    e = mon.wait_event("train_error", 300)
+    msg = e["message"] if e else ""
+    check(e is not None and "5 consecutive steps skipped" in msg and "max_skipped_steps 5" in msg, "train_error names the count: %r" % msg)
+    snap = mon.snapshot()["training"]
+    check(snap["state"] == "error" and snap["step"] == 5 and snap["skipped_steps"] == 5, "state error after 5 skipped steps: %r" %
+          {k: snap.get(k) for k in ("state", "step", "skipped_steps", "error")})
+    mon.close()
+    check(srv3.stop() == 0, "the server exits 0 (a job in error saves nothing at shutdown)")
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(check.summary())
