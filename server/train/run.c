@@ -426,6 +426,8 @@ static int save_now(struct ll_train_run *r, struct ll_train_run_event *ev, char 
   char path[PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/step-%08lld.ckpt", r->run_dir, (long long)st.step);
   if ((rc = ll_trainer_save(r->tr, path, &r->src, err, errlen))) return rc;
+  for (int i = 0; i < r->n_damaged; i++) // rewritten: no longer the damaged file
+    if (r->damaged[i] == st.step) r->damaged[i--] = r->damaged[--r->n_damaged];
   if ((rc = publish_link(r->run_dir, path, "last.ckpt", err, errlen))) return rc;
   ev->saved = 1;
   snprintf(ev->path, sizeof ev->path, "%s", path);
@@ -435,8 +437,6 @@ static int save_now(struct ll_train_run *r, struct ll_train_run_event *ev, char 
     r->pending_best = 0;
   }
   // Keep the last `keep` step checkpoints (the names last/best hold their own links).
-  for (int i = 0; i < r->n_damaged; i++) // rewritten: no longer the damaged file
-    if (r->damaged[i] == st.step) r->damaged[i--] = r->damaged[--r->n_damaged];
   if (!r->n_kept || r->kept[r->n_kept - 1] != st.step) {
     int64_t *nk = realloc(r->kept, (size_t)(r->n_kept + 1) * sizeof *nk);
     if (!nk) return ll_errf(err, errlen, LL_ENOMEM, "train: out of memory");
