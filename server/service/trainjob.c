@@ -676,7 +676,7 @@ json_t *ll_trainjob_json(struct ll_trainjob *j) {
   json_t *tr = json_object();
   pthread_mutex_lock(&j->mu);
   json_object_set_new(tr, "state", json_string(state_names[j->state]));
-  const int on = j->state != ST_OFF;
+  const int on = j->state != ST_OFF && j->state != ST_STARTING; // a run opening has no step yet
   json_object_set_new(tr, "step", on ? json_integer(j->step) : json_null());
   json_object_set_new(tr, "total_steps", json_integer(j->total));
   json_object_set_new(tr, "epoch", on ? json_integer(j->epoch) : json_null());
