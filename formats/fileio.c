@@ -2,6 +2,7 @@
 #include "ll_fileio.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -103,6 +104,64 @@ int ll_tmp_sweep(const char *path) {
   if (d) closedir(d);
   free(copy), free(copy2);
   return n;
+}
+
+struct cache_entry {
+  char *path;
+  struct timespec mtime;
+};
+
+static int newest_first(const void *va, const void *vb) {
+  const struct cache_entry *a = va, *b = vb;
+  if (a->mtime.tv_sec != b->mtime.tv_sec) return a->mtime.tv_sec < b->mtime.tv_sec ? 1 : -1;
+  if (a->mtime.tv_nsec != b->mtime.tv_nsec) return a->mtime.tv_nsec < b->mtime.tv_nsec ? 1 : -1;
+  return strcmp(a->path, b->path);
+}
+
+int ll_cache_prune(const char *dir, const char *prefix, const char *suffix, int keep) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  const size_t pl = strlen(prefix), sl = strlen(suffix);
+  struct cache_entry *v = NULL;
+  size_t n = 0, cap = 0;
+  int gone = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    const char *nm = e->d_name;
+    const size_t len = strlen(nm);
+    if (len <= pl + sl || strncmp(nm, prefix, pl) != 0) continue;
+    char *p = malloc(strlen(dir) + len + 2);
+    if (!p) break;
+    sprintf(p, "%s/%s", dir, nm);
+    const char *tmp = strstr(nm + pl, ".tmp.");
+    if (tmp && tmp - nm >= (ptrdiff_t)sl && strncmp(tmp - sl, suffix, sl) == 0 && mkstemp_suffix(tmp + 5)) {
+      gone += ll_tmp_unlink_stale(p); // a killed writer's; a live one holds its lock
+      free(p);
+      continue;
+    }
+    struct stat st;
+    if (strcmp(nm + len - sl, suffix) != 0 || lstat(p, &st) != 0 || !S_ISREG(st.st_mode)) {
+      free(p);
+      continue;
+    }
+    if (n == cap) {
+      size_t nc = cap ? 2 * cap : 16;
+      struct cache_entry *nv = realloc(v, nc * sizeof *nv);
+      if (!nv) {
+        free(p);
+        break;
+      }
+      v = nv, cap = nc;
+    }
+    v[n++] = (struct cache_entry){p, st.st_mtim};
+  }
+  closedir(d);
+  if (n > 1) qsort(v, n, sizeof *v, newest_first);
+  for (size_t i = 0; i < n; i++) {
+    if ((int)i >= keep && unlink(v[i].path) == 0) gone++;
+    free(v[i].path);
+  }
+  free(v);
+  return gone;
 }
 
 int ll_map_file(const char *path, void **map, size_t *len, char *err, size_t errlen) {

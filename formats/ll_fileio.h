@@ -24,6 +24,12 @@ int ll_tmp_unlink_stale(const char *path);
 // Returns how many went. Each write calls it first, so interrupted writes of a path do not pile up.
 int ll_tmp_sweep(const char *path);
 
+// A cache directory whose keys change with every build or driver (OpenCL program binaries):
+// keeps the `keep` newest (by mtime) regular files named prefix*suffix, removes the older
+// ones, and the stale temporaries prefix*suffix.tmp.XXXXXX (ll_tmp_unlink_stale: not one a
+// live writer holds). Nothing else is touched. Returns how many files went.
+int ll_cache_prune(const char *dir, const char *prefix, const char *suffix, int keep);
+
 // Map a whole non-empty regular file read-only (MAP_PRIVATE). 0, or LL_EIO / LL_ETRUNC with
 // a message naming the path. Release with munmap(*map, *len).
 int ll_map_file(const char *path, void **map, size_t *len, char *err, size_t errlen);

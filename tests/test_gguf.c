@@ -1,11 +1,14 @@
 // test_gguf.c - the GGUF reader refuses every malformation class llama.cpp's own GGUF tests
 // build by hand, survives truncation at every offset, and the writer round-trips bytes.
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ll_error.h"
+#include "ll_fileio.h"
 #include "ll_gguf.h"
 #include "ll_quant.h"
 #include "testutil.h"
@@ -234,7 +237,42 @@ static void test_real_files(void) {
   printf("%d real GGUF files round-tripped\n", nf);
 }
 
+// ll_cache_prune: the newest `keep` entries stay, older ones and dead writers' temporaries go,
+// a live writer's temporary and other names stay.
+static void test_cache_prune(void) {
+  char dir[] = "/tmp/ll-prune-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  char p[256];
+  const char *names[] = {"opencl-a.bin", "opencl-b.bin", "opencl-c.bin", "opencl-d.bin", "other.bin", "opencl-e.txt",
+                         "opencl-a.bin.tmp.Ab3xYz", "opencl-b.bin.tmp.Qq1234"};
+  for (int i = 0; i < 8; i++) {
+    snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+    FILE *f = fopen(p, "w");
+    CHECK(f != NULL);
+    if (f) fputs("x", f), fclose(f);
+    struct timespec ts[2] = {{1000000 + i * 10, 0}, {1000000 + i * 10, 0}}; // a is the oldest, d the newest
+    CHECK(utimensat(AT_FDCWD, p, ts, 0) == 0);
+  }
+  snprintf(p, sizeof p, "%s/opencl-b.bin.tmp.Qq1234", dir);
+  int fd = open(p, O_RDONLY);
+  int hold = ll_tmp_hold(fd); // a writer still at work
+  CHECK(ll_cache_prune(dir, "opencl-", ".bin", 2) == 3); // a, b (the oldest two) and a's dead temporary
+  const int stays[] = {0, 0, 1, 1, 1, 1, 0, 1};
+  for (int i = 0; i < 8; i++) {
+    snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+    CHECKF((access(p, F_OK) == 0) == stays[i], "%s %s", names[i], stays[i] ? "removed" : "kept");
+  }
+  ll_tmp_release(hold);
+  close(fd);
+  CHECK(ll_cache_prune(dir, "opencl-", ".bin", 2) == 1); // the writer is gone: its temporary too
+  CHECK(ll_cache_prune("/nonexistent-dir", "opencl-", ".bin", 2) == 0);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 int main(void) {
+  test_cache_prune();
   test_valid();
   test_malformed();
   test_real_files();
