@@ -203,6 +203,13 @@ static void mdrain(struct ll_mconn *m) {
   if (m->closing || m->draining) return;
   m->draining = 1;
   uv_read_stop((uv_stream_t *)&m->h);
+  // Discard what the peer has sent and we have not read: closing a Unix socket with unread
+  // input resets the connection, and the peer would lose the reply that says why.
+  uv_os_fd_t fd;
+  char junk[4096];
+  if (uv_fileno((uv_handle_t *)&m->h, &fd) == 0)
+    for (int i = 0; i < 256 && recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0; i++) {
+    }
   m->sd.data = m;
   if (uv_shutdown(&m->sd, (uv_stream_t *)&m->h, on_mdrained) != 0) mclose(m);
 }
