@@ -25,9 +25,14 @@
 
 static void on_async(uv_async_t *a) {
   struct ll_server *s = a->data;
-  for (struct ll_sched_out *o = ll_sched_take_output(s->sched), *n; o; o = n) {
+  for (struct ll_sched_ev *o = ll_sched_take_events(s->sched), *n; o; o = n) {
     n = o->next;
-    ll_net_on_output(s, o);
+    if (o->type == LL_EV_MONITOR) {
+      ll_monitor_event(s, o->data, o->len);
+      free(o);
+    } else {
+      ll_net_on_event(s, o);
+    }
   }
   if (s->shutting_down == 1 && s->outstanding == 0) {
     // Every request has had its final line: close clients (after their output), stop.

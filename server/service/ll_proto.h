@@ -57,6 +57,12 @@ int ll_proto_bool(const struct ll_proto_param *p, int *out, char *err, size_t er
 // A name (adapter=NAME): 1..63 bytes of [A-Za-z0-9._-], copied NUL-terminated into out (cap >= 64).
 int ll_proto_name(const struct ll_proto_param *p, char *out, size_t cap, char *err, size_t errlen);
 
+// The response line (with its '\n') of one scheduler event: TOK, PROB, END, ERR, IDS or TEXT.
+// Writes at most cap bytes and returns the length the whole line needs (like snprintf; no
+// NUL), 0 for events that have no line (monitor events, a PROB without top candidates).
+struct ll_sched_ev;
+size_t ll_proto_encode_event(const struct ll_sched_ev *ev, char *out, size_t cap);
+
 // Length of the longest prefix of s[0..n) that does not end inside an incomplete UTF-8
 // sequence (bytes that can never complete are not held back).
 size_t ll_utf8_complete_prefix(const char *s, size_t n);

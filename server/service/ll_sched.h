@@ -1,8 +1,8 @@
 // ll_sched.h - continuous batching: one compute thread drives the engine; requests join at
 // the next step; every step decodes one token for each generating sequence and a prefill
 // chunk for sequences still reading their prompt, in ONE ll_engine_decode call (one pass
-// over the weights). Results come back as ready-made protocol lines through an outbox the
-// event loop drains (the notify callback is where it calls uv_async_send).
+// over the weights). Results come back through an outbox the
+// event loop drains as structured events (the notify callback is where it calls uv_async_send).
 //
 // Threading: submit/cancel/shutdown/take_output/get_stats are called from the loop thread;
 // everything else runs on the compute thread. A request is owned by the scheduler from
@@ -34,6 +34,7 @@ struct ll_sched_req {
   int special;                     // GEN: parse special tokens in the prompt (default 1); CHAT:
                                    // in the messages' contents too (default 0: only the
                                    // template's markers are special tokens)
+  int want_logprob;                // PROB events carry the sampled token's logprob even with n_probs 0
   int n_stops;
   char *stops[LL_MAX_STOP];        // owned
   char adapter[64];                // "" (the server's default), "none", "live" or a registered name
@@ -46,16 +47,36 @@ struct ll_sched_params {
                                    // NULL: the model's tokenizer.chat_template
 };
 
-// One output line (with its '\n') for connection `conn`; final = the request is complete.
-// kind 1 lines are monitor events (JSON, conn 0) rather than client lines.
-struct ll_sched_out {
-  struct ll_sched_out *next;
+// What the scheduler tells the loop: structured events, one per thing that happened to a
+// request, encoded by each protocol (the line protocol: ll_proto_encode_event; HTTP: http.c).
+// Every request ends with exactly one final event (END, ERROR, IDS or TEXT).
+enum ll_sched_ev_type {
+  LL_EV_TOKEN,   // generated text data[0..len) (UTF-8 complete, stop strings removed; never empty)
+  LL_EV_PROB,    // the sampled token, its logprob and the top n_top candidates (before its TOKEN)
+  LL_EV_END,     // final: reason, usage and timings; data = a message (reason=error) or empty
+  LL_EV_ERROR,   // final: code (a wire error code) and the message in data
+  LL_EV_IDS,     // final: TOKENIZE's n_ids token ids, int32_t in data
+  LL_EV_TEXT,    // final: DETOKENIZE's text in data
+  LL_EV_MONITOR, // a monitor event: one JSON line with its '\n' in data, conn 0
+};
+
+struct ll_sched_ev {
+  struct ll_sched_ev *next;
+  enum ll_sched_ev_type type;
   uint64_t conn;
   int final;
-  int kind;
   char id[LL_PROTO_MAX_ID + 1];
-  size_t len;
-  char line[];
+  const char *reason;              // END: stop|length|cancel|shutdown|error (static text)
+  const char *code;                // ERROR: bad_param, context_exceeded, ... (static text)
+  int prompt_tokens, tokens;       // END: usage
+  double queue_ms, prefill_ms, decode_ms; // END: submitted -> admitted -> first token -> end
+  int32_t token;                   // PROB: the sampled token
+  float logprob;                   // PROB: its log-probability (after penalties, before temperature)
+  int n_top;                       // PROB: entries of top (the request's n_probs)
+  struct ll_token_prob top[20];
+  int n_ids;                       // IDS
+  size_t len;                      // bytes of data (without a NUL; data[len] is 0)
+  char data[];
 };
 
 #define LL_SCHED_MAX_SHOWN 64 // per-request progress entries in the stats
@@ -92,12 +113,12 @@ void ll_sched_req_free(struct ll_sched_req *r);
 // Takes ownership of r (also on error). LL_ESTATE after shutdown.
 int ll_sched_submit(struct ll_sched *s, struct ll_sched_req *r);
 // Cancel request `id` of conn, or all of conn's requests when id is NULL. Each one still ends
-// with a final line (reason=cancel), which the loop drops if the connection is gone.
+// with a final event (reason=cancel), which the loop drops if the connection is gone.
 void ll_sched_cancel(struct ll_sched *s, uint64_t conn, const char *id);
 // End everything with reason=shutdown and accept nothing more.
 void ll_sched_shutdown(struct ll_sched *s);
-// Lines produced since the last call (in order), or NULL. Free each with free().
-struct ll_sched_out *ll_sched_take_output(struct ll_sched *s);
+// Events produced since the last call (in order), or NULL. Free each with free().
+struct ll_sched_ev *ll_sched_take_events(struct ll_sched *s);
 void ll_sched_get_stats(struct ll_sched *s, struct ll_sched_stats *st);
 
 // ---- LoRA adapters requests may choose (GEN/CHAT adapter=NAME) ----

@@ -50,7 +50,7 @@ struct ll_server {
 
 // net.c
 int ll_net_start(struct ll_server *s, char *err, size_t errlen);
-void ll_net_on_output(struct ll_server *s, struct ll_sched_out *o); // routes one line; frees o
+void ll_net_on_event(struct ll_server *s, struct ll_sched_ev *o); // encodes one event as a line for its connection; frees o
 void ll_net_tick(struct ll_server *s);                              // timeouts
 void ll_net_shutdown(struct ll_server *s);                          // stop accepting
 void ll_net_close_all(struct ll_server *s);                         // after the last final line

@@ -652,12 +652,7 @@ int ll_net_start(struct ll_server *s, char *err, size_t errlen) {
   return 0;
 }
 
-void ll_net_on_output(struct ll_server *s, struct ll_sched_out *o) {
-  if (o->kind == 1) {
-    ll_monitor_event(s, o->line, o->len);
-    free(o);
-    return;
-  }
+void ll_net_on_event(struct ll_server *s, struct ll_sched_ev *o) {
   uint32_t slot = (uint32_t)(o->conn & 0xffffffffu);
   struct ll_conn *c = slot < (uint32_t)s->cfg->max_clients ? s->conns[slot] : NULL;
   if (c && c->uid != o->conn) c = NULL;
@@ -665,7 +660,18 @@ void ll_net_on_output(struct ll_server *s, struct ll_sched_out *o) {
     s->outstanding--;
     if (c) inflight_remove(c, o->id);
   }
-  if (c && !c->closing) conn_send(c, o->line, o->len);
+  if (c && !c->closing) {
+    char buf[4096];
+    size_t n = ll_proto_encode_event(o, buf, sizeof buf);
+    if (n <= sizeof buf) {
+      conn_send(c, buf, n);
+    } else {
+      char *big = malloc(n);
+      if (big) ll_proto_encode_event(o, big, n), conn_send(c, big, n);
+      else conn_close(c, "out of memory");
+      free(big);
+    }
+  }
   if (c && o->final) conn_finish_if_done(c);
   free(o);
 }

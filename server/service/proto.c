@@ -1,14 +1,18 @@
-// proto.c - parse request lines and escape response text (grammar in ll_proto.h and
-// man/llsrv-protocol.7). Pure functions on (buf, len): no allocation, fuzzed by fuzz_proto.
+// proto.c - parse request lines, escape response text and encode the scheduler's events as
+// response lines (grammar in ll_proto.h and man/llsrv-protocol.7). Pure functions on
+// (buf, len): no allocation, fuzzed by fuzz_proto.
 #include "ll_proto.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ll_error.h"
+#include "ll_sched.h"
 
 static int hexval(int c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -269,4 +273,75 @@ int ll_proto_name(const struct ll_proto_param *p, char *out, size_t cap, char *e
   memcpy(out, p->val, n);
   out[n] = 0;
   return 0;
+}
+
+// ---- encoding the scheduler's events as response lines ----
+
+struct lineout {
+  char *out;
+  size_t cap, n; // n counts every byte the full line needs, written or not
+};
+
+static void lo_put(struct lineout *o, const char *p, size_t n) {
+  if (o->n < o->cap) memcpy(o->out + o->n, p, o->n + n <= o->cap ? n : o->cap - o->n);
+  o->n += n;
+}
+
+static void lo_printf(struct lineout *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void lo_printf(struct lineout *o, const char *fmt, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  int k = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (k > 0) lo_put(o, buf, (size_t)k < sizeof buf ? (size_t)k : sizeof buf - 1);
+}
+
+static void lo_esc(struct lineout *o, const char *p, size_t n) {
+  size_t room = o->n < o->cap ? o->cap - o->n : 0;
+  o->n += ll_proto_escape(p, n, 0, room ? o->out + o->n : NULL, room);
+}
+
+size_t ll_proto_encode_event(const struct ll_sched_ev *ev, char *out, size_t cap) {
+  struct lineout o = {out, cap, 0};
+  switch (ev->type) {
+  case LL_EV_TOKEN:
+    lo_printf(&o, "TOK %s :", ev->id);
+    lo_esc(&o, ev->data, ev->len);
+    break;
+  case LL_EV_PROB:
+    if (ev->n_top <= 0) return 0; // the sampled token's logprob alone is HTTP's (want_logprob)
+    lo_printf(&o, "PROB %s token=%d top=", ev->id, ev->token);
+    for (int i = 0; i < ev->n_top && i < 20; i++) lo_printf(&o, "%s%d:%.4f", i ? "," : "", ev->top[i].id, ev->top[i].logprob);
+    break;
+  case LL_EV_END:
+    lo_printf(&o, "END %s reason=%s prompt_tokens=%d tokens=%d prefill_ms=%.1f decode_ms=%.1f", ev->id, ev->reason ? ev->reason : "error",
+              ev->prompt_tokens, ev->tokens, ev->prefill_ms, ev->decode_ms);
+    if (ev->reason && !strcmp(ev->reason, "error")) { // the message, cut to 597 escaped bytes as always
+      char m[600];
+      size_t k = ll_proto_escape(ev->data, ev->len, 0, m + 2, sizeof m - 3);
+      if (k > sizeof m - 3) k = sizeof m - 3;
+      m[0] = ' ', m[1] = ':';
+      lo_put(&o, m, k + 2);
+    }
+    break;
+  case LL_EV_ERROR:
+    lo_printf(&o, "ERR %s %s :", ev->id, ev->code ? ev->code : "internal");
+    lo_esc(&o, ev->data, ev->len);
+    break;
+  case LL_EV_IDS: {
+    lo_printf(&o, "IDS %s n=%d :", ev->id, ev->n_ids);
+    const int32_t *ids = (const int32_t *)(const void *)ev->data;
+    for (int i = 0; i < ev->n_ids; i++) lo_printf(&o, i ? " %d" : "%d", ids[i]);
+    break;
+  }
+  case LL_EV_TEXT:
+    lo_printf(&o, "TEXT %s :", ev->id);
+    lo_esc(&o, ev->data, ev->len);
+    break;
+  case LL_EV_MONITOR:
+    return 0;
+  }
+  lo_put(&o, "\n", 1);
+  return o.n;
 }

@@ -3,8 +3,9 @@
 // Step: take new requests and cancels under the lock; answer TOKENIZE/DETOKENIZE at once;
 // admit GEN/CHAT requests into free slots (tokenize, check the context, take a sequence);
 // build ONE batch = one token per generating slot + a prefill chunk per prompt-reading slot
-// (bounded by the engine's batch size); decode; sample each slot that got logits; format
-// TOK/END lines into the outbox; wake the loop.
+// (bounded by the engine's batch size); decode; sample each slot that got logits; queue
+// structured events (token, prob, end, error) in the outbox; wake the loop, whose protocols
+// encode them.
 #include "ll_sched.h"
 
 #include <ctype.h>
@@ -75,7 +76,7 @@ struct ll_sched {
   int n_in, cap_in;
   struct cancel_req *cancels;
   int shutdown, quit;
-  struct ll_sched_out *out_head, *out_tail;
+  struct ll_sched_ev *out_head, *out_tail;
   struct ll_sched_stats stats;
   struct { char name[64]; const struct ll_lora *a; } adapters[LL_SCHED_MAX_ADAPTERS];
   int n_adapters;
@@ -86,7 +87,7 @@ struct ll_sched {
   struct slot *wait_head, *wait_tail;
   int n_wait;
   struct slot **active; // (parallel)
-  struct ll_sched_out *pend_head, *pend_tail; // lines of this step, published at its end
+  struct ll_sched_ev *pend_head, *pend_tail; // events of this step, published at its end
   struct ll_batch_item *items;
   uint64_t tok_gen, tok_prefill, req_total, req_done;
   double win_t0;
@@ -105,37 +106,46 @@ struct ll_sched {
 
 // ---- output ----
 
-static void emit(struct ll_sched *s, uint64_t conn, const char *id, int final, int kind, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  va_list ap2;
-  va_copy(ap2, ap);
-  int k = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  struct ll_sched_out *o = k >= 0 ? malloc(sizeof *o + (size_t)k + 1) : NULL;
-  if (!o) { // out of memory: the line is lost; a final marker still must reach the loop
-    va_end(ap2);
-    if (!final) return;
+// A new event queued for this step's publication, with data[0..len) copied; NULL when out of
+// memory (then a final event is still queued without its data: the loop must learn that the
+// request ended).
+static struct ll_sched_ev *ev_push(struct ll_sched *s, enum ll_sched_ev_type type, uint64_t conn, const char *id, int final,
+                                   const void *data, size_t len) {
+  struct ll_sched_ev *o = malloc(sizeof *o + len + 1);
+  if (!o) {
+    if (!final) return NULL;
     o = malloc(sizeof *o + 1);
-    if (!o) return;
-    k = 0;
-    o->line[0] = 0;
-  } else {
-    vsnprintf(o->line, (size_t)k + 1, fmt, ap2);
-    va_end(ap2);
+    if (!o) return NULL;
+    len = 0;
   }
-  o->next = NULL;
+  memset(o, 0, sizeof *o);
+  o->type = type;
   o->conn = conn;
   o->final = final;
-  o->kind = kind;
   snprintf(o->id, sizeof o->id, "%s", id ? id : "");
-  o->len = (size_t)k;
+  if (len && data) memcpy(o->data, data, len);
+  o->data[len] = 0;
+  o->len = len;
   if (s->pend_tail) s->pend_tail->next = o;
   else s->pend_head = o;
   s->pend_tail = o;
+  return o;
 }
 
-// Escaped copy of bytes in s->esc (NUL-terminated), or "" if out of memory.
+// A monitor event line (JSON + '\n') built with printf arguments.
+static void emit_monitor(struct ll_sched *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void emit_monitor(struct ll_sched *s, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int k = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (k < 0) return;
+  if ((size_t)k >= sizeof buf) k = (int)sizeof buf - 1;
+  ev_push(s, LL_EV_MONITOR, 0, NULL, 0, buf, (size_t)k);
+}
+
+// Escaped copy of bytes in s->esc (NUL-terminated), or "" if out of memory (monitor JSON).
 static const char *esc(struct ll_sched *s, const char *p, size_t n) {
   size_t need = 4 * n + 1;
   if (need > s->esc_cap) {
@@ -180,7 +190,8 @@ static void slot_free(struct ll_sched *s, struct slot *sl) {
 }
 
 static void err_final(struct ll_sched *s, struct ll_sched_req *r, const char *code, const char *msg) {
-  emit(s, r->conn, r->id, 1, 0, "ERR %s %s :%s\n", r->id, code, esc(s, msg, strlen(msg)));
+  struct ll_sched_ev *o = ev_push(s, LL_EV_ERROR, r->conn, r->id, 1, msg, strlen(msg));
+  if (o) o->code = code;
   s->req_done++;
 }
 
@@ -199,7 +210,7 @@ static void out_text(struct ll_sched *s, struct slot *sl, const char *p, size_t 
   size_t ok = final ? k : ll_utf8_complete_prefix(buf, k);
   sl->n_hold = (int)(k - ok);
   memcpy(sl->hold, buf + ok, k - ok);
-  if (ok > 0) emit(s, sl->r->conn, sl->r->id, 0, 0, "TOK %s :%s\n", sl->r->id, esc(s, buf, ok));
+  if (ok > 0) ev_push(s, LL_EV_TOKEN, sl->r->conn, sl->r->id, 0, buf, ok);
 }
 
 static void slot_end(struct ll_sched *s, struct slot *sl, const char *reason, const char *msg) {
@@ -209,14 +220,17 @@ static void slot_end(struct ll_sched *s, struct slot *sl, const char *reason, co
   double t = now_ms();
   double prefill_ms = sl->t_first > 0 ? sl->t_first - sl->t_admit : t - sl->t_admit;
   double decode_ms = sl->t_first > 0 ? t - sl->t_first : 0.0;
-  char m[600] = "";
-  if (msg) snprintf(m, sizeof m, " :%s", esc(s, msg, strlen(msg)));
-  emit(s, r->conn, r->id, 1, 0, "END %s reason=%s prompt_tokens=%d tokens=%d prefill_ms=%.1f decode_ms=%.1f%s\n", r->id, reason,
-       sl->n_prompt, sl->n_gen, prefill_ms, decode_ms, m);
-  emit(s, 0, r->id, 0, 1,
-       "{\"type\":\"event\",\"event\":\"request_finished\",\"id\":\"%s\",\"reason\":\"%s\",\"prompt_tokens\":%d,\"tokens\":%d,"
-       "\"prefill_ms\":%.1f,\"decode_ms\":%.1f}\n",
-       esc(s, r->id, strlen(r->id)), reason, sl->n_prompt, sl->n_gen, prefill_ms, decode_ms);
+  struct ll_sched_ev *o = ev_push(s, LL_EV_END, r->conn, r->id, 1, msg ? msg : "", msg ? strlen(msg) : 0);
+  if (o) {
+    o->reason = reason;
+    o->prompt_tokens = sl->n_prompt, o->tokens = sl->n_gen;
+    o->queue_ms = sl->t_admit > r->t_submit ? sl->t_admit - r->t_submit : 0.0;
+    o->prefill_ms = prefill_ms, o->decode_ms = decode_ms;
+  }
+  emit_monitor(s,
+               "{\"type\":\"event\",\"event\":\"request_finished\",\"id\":\"%s\",\"reason\":\"%s\",\"prompt_tokens\":%d,\"tokens\":%d,"
+               "\"prefill_ms\":%.1f,\"decode_ms\":%.1f}\n",
+               esc(s, r->id, strlen(r->id)), reason, sl->n_prompt, sl->n_gen, prefill_ms, decode_ms);
   s->req_done++;
   slot_free(s, sl);
 }
@@ -233,17 +247,9 @@ static void do_tokenize(struct ll_sched *s, struct ll_sched_req *r) {
     free(ids);
     return err_final(s, r, "bad_param", "text could not be tokenized");
   }
-  size_t lcap = (size_t)n * 12 + 64;
-  char *line = malloc(lcap);
-  if (!line) {
-    free(ids);
-    return err_final(s, r, "internal", "out of memory");
-  }
-  size_t o = 0;
-  for (int i = 0; i < n; i++) o += (size_t)snprintf(line + o, lcap - o, i ? " %d" : "%d", ids[i]);
-  emit(s, r->conn, r->id, 1, 0, "IDS %s n=%d :%s\n", r->id, n, line);
+  struct ll_sched_ev *o = ev_push(s, LL_EV_IDS, r->conn, r->id, 1, ids, (size_t)n * sizeof *ids);
+  if (o) o->n_ids = o->len ? n : 0;
   s->req_done++;
-  free(line);
   free(ids);
 }
 
@@ -294,7 +300,7 @@ static void do_detokenize(struct ll_sched *s, struct ll_sched_req *r) {
     free(text);
     return err_final(s, r, "internal", "detokenize failed");
   }
-  emit(s, r->conn, r->id, 1, 0, "TEXT %s :%s\n", r->id, esc(s, text, (size_t)k));
+  ev_push(s, LL_EV_TEXT, r->conn, r->id, 1, text, (size_t)k);
   s->req_done++;
   free(text);
 }
@@ -467,6 +473,18 @@ fail:
   return NULL;
 }
 
+// Log-probability of the sampled token t: from the top candidates when it is among them, else
+// a log-softmax over the logits (as penalised by the sampler, which works on them in place).
+static float chosen_logprob(struct ll_sched *s, struct slot *sl, int32_t t, const struct ll_token_prob *top, int n_top) {
+  for (int i = 0; i < n_top; i++)
+    if (top[i].id == t) return top[i].logprob;
+  float mx = -INFINITY;
+  for (int i = 0; i < s->V; i++) mx = sl->logits[i] > mx ? sl->logits[i] : mx;
+  double z = 0;
+  for (int i = 0; i < s->V; i++) z += exp((double)sl->logits[i] - mx);
+  return (float)(sl->logits[t] - (mx + log(z)));
+}
+
 // Sample the next token of a slot with fresh logits; returns 1 if the slot ended.
 static int slot_sample(struct ll_sched *s, struct slot *sl) {
   struct ll_sched_req *r = sl->r;
@@ -481,12 +499,14 @@ static int slot_sample(struct ll_sched *s, struct slot *sl) {
   sl->n_gen++;
   s->tok_gen++;
   s->win_gen++;
-  if (r->sp.n_probs > 0) {
-    char buf[20 * 32 + 64];
-    size_t o = 0;
-    for (int i = 0; i < r->sp.n_probs; i++)
-      o += (size_t)snprintf(buf + o, sizeof buf - o, "%s%d:%.4f", i ? "," : "", probs[i].id, probs[i].logprob);
-    emit(s, r->conn, r->id, 0, 0, "PROB %s token=%d top=%s\n", r->id, t, buf);
+  if (r->sp.n_probs > 0 || r->want_logprob) {
+    struct ll_sched_ev *o = ev_push(s, LL_EV_PROB, r->conn, r->id, 0, NULL, 0);
+    if (o) {
+      o->token = t;
+      o->n_top = r->sp.n_probs;
+      memcpy(o->top, probs, (size_t)r->sp.n_probs * sizeof *probs);
+      o->logprob = chosen_logprob(s, sl, t, probs, r->sp.n_probs);
+    }
   }
   int stopped = 0;
   if (s->tok) {
@@ -494,7 +514,9 @@ static int slot_sample(struct ll_sched *s, struct slot *sl) {
     int k = ll_detok_stream_push(s->tok, &sl->ds, t, piece, sizeof piece);
     if (k > 0) out_text(s, sl, piece, (size_t)k, &stopped, 0);
   } else {
-    emit(s, r->conn, r->id, 0, 0, "TOK %s :%s%d\n", r->id, sl->n_gen > 1 ? " " : "", t);
+    char num[16];
+    int k = snprintf(num, sizeof num, "%s%d", sl->n_gen > 1 ? " " : "", t);
+    ev_push(s, LL_EV_TOKEN, r->conn, r->id, 0, num, (size_t)k);
   }
   if (stopped) {
     slot_end(s, sl, "stop", NULL);
@@ -768,7 +790,13 @@ void ll_sched_wake(struct ll_sched *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
-void ll_sched_emit_event(struct ll_sched *s, const char *json) { emit(s, 0, NULL, 0, 1, "%s\n", json); }
+void ll_sched_emit_event(struct ll_sched *s, const char *json) {
+  size_t n = strlen(json);
+  struct ll_sched_ev *o = ev_push(s, LL_EV_MONITOR, 0, NULL, 0, NULL, n + 1);
+  if (!o) return;
+  memcpy(o->data, json, n);
+  o->data[n] = '\n';
+}
 
 // ---- loop-thread API ----
 
@@ -838,8 +866,8 @@ void ll_sched_destroy(struct ll_sched *s) {
   }
   if (s->active)
     for (int i = 0; i < s->parallel; i++) slot_free(s, s->active[i]);
-  for (struct ll_sched_out *o = s->out_head, *n; o; o = n) n = o->next, free(o);
-  for (struct ll_sched_out *o = s->pend_head, *n; o; o = n) n = o->next, free(o);
+  for (struct ll_sched_ev *o = s->out_head, *n; o; o = n) n = o->next, free(o);
+  for (struct ll_sched_ev *o = s->pend_head, *n; o; o = n) n = o->next, free(o);
   free(s->active);
   free(s->items);
   free(s->chat_template);
@@ -894,9 +922,9 @@ void ll_sched_shutdown(struct ll_sched *s) {
   ll_sched_cancel(s, 0, "\x01"); // wakes the thread even when idle (matches nothing)
 }
 
-struct ll_sched_out *ll_sched_take_output(struct ll_sched *s) {
+struct ll_sched_ev *ll_sched_take_events(struct ll_sched *s) {
   pthread_mutex_lock(&s->mu);
-  struct ll_sched_out *o = s->out_head;
+  struct ll_sched_ev *o = s->out_head;
   s->out_head = s->out_tail = NULL;
   pthread_mutex_unlock(&s->mu);
   return o;
