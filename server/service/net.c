@@ -17,6 +17,7 @@
 #include "ll_error.h"
 #include "ll_log.h"
 #include "ll_proto.h"
+#include "ll_request.h"
 #include "ll_server.h"
 #include "ll_tokenizer.h"
 
@@ -231,44 +232,31 @@ static int hand_off(struct ll_conn *c, struct ll_sched_req *r) {
   return 0;
 }
 
-// Sampling / generation options of GEN and CHAT. Returns 0 or sends ERR and returns < 0.
+// Sampling / generation options of GEN and CHAT, by the parameter table (request.c).
+// Returns 0 or sends ERR and returns < 0.
 static int parse_gen(struct ll_conn *c, const struct ll_proto_req *q, struct ll_sched_req *r, const char *id) {
   const struct ll_config *cfg = c->srv->cfg;
   char msg[256];
-  ll_sampler_params_default(&r->sp);
-  r->max_tokens = (int)cfg->default_max_tokens;
-  r->add_bos = -1;
-  r->special = r->kind != LL_REQ_CHAT; // CHAT: the messages are text (ll_tokenize_marked)
+  ll_gen_defaults(r, cfg->default_max_tokens);
   for (int i = 0; i < q->n_params; i++) {
     const struct ll_proto_param *p = &q->params[i];
+    if (!strcmp(p->key, "id")) continue;
+    const struct ll_gen_param *g = ll_gen_param_find(p->key);
     int64_t iv;
     double fv;
     int bv, rc = 0;
-    const char *k = p->key;
-    if (!strcmp(k, "id")) continue;
-    else if (!strcmp(k, "max_tokens")) rc = ll_proto_int(p, 1, cfg->max_tokens, &iv, msg, sizeof msg), r->max_tokens = (int)iv;
-    else if (!strcmp(k, "temperature") || !strcmp(k, "temp")) rc = ll_proto_float(p, 0, 10, &fv, msg, sizeof msg), r->sp.temperature = (float)fv;
-    else if (!strcmp(k, "top_k")) rc = ll_proto_int(p, 0, 1 << 20, &iv, msg, sizeof msg), r->sp.top_k = (int)iv;
-    else if (!strcmp(k, "top_p")) rc = ll_proto_float(p, 0, 1, &fv, msg, sizeof msg), r->sp.top_p = (float)fv;
-    else if (!strcmp(k, "min_p")) rc = ll_proto_float(p, 0, 1, &fv, msg, sizeof msg), r->sp.min_p = (float)fv;
-    else if (!strcmp(k, "repeat_penalty")) rc = ll_proto_float(p, 0.01, 10, &fv, msg, sizeof msg), r->sp.repeat_penalty = (float)fv;
-    else if (!strcmp(k, "repeat_last_n")) rc = ll_proto_int(p, 0, 1 << 16, &iv, msg, sizeof msg), r->sp.repeat_last_n = (int)iv;
-    else if (!strcmp(k, "frequency_penalty")) rc = ll_proto_float(p, -2, 2, &fv, msg, sizeof msg), r->sp.frequency_penalty = (float)fv;
-    else if (!strcmp(k, "presence_penalty")) rc = ll_proto_float(p, -2, 2, &fv, msg, sizeof msg), r->sp.presence_penalty = (float)fv;
-    else if (!strcmp(k, "seed")) rc = ll_proto_int(p, 0, INT64_MAX, &iv, msg, sizeof msg), r->sp.seed = (uint64_t)iv;
-    else if (!strcmp(k, "logprobs")) rc = ll_proto_int(p, 0, 20, &iv, msg, sizeof msg), r->sp.n_probs = (int)iv;
-    else if (!strcmp(k, "ignore_eos")) rc = ll_proto_bool(p, &bv, msg, sizeof msg), r->ignore_eos = bv;
-    else if (!strcmp(k, "add_bos")) rc = ll_proto_bool(p, &bv, msg, sizeof msg), r->add_bos = bv;
-    else if (!strcmp(k, "special")) rc = ll_proto_bool(p, &bv, msg, sizeof msg), r->special = bv;
-    else if (!strcmp(k, "adapter")) rc = ll_proto_name(p, r->adapter, sizeof r->adapter, msg, sizeof msg);
-    else if (!strcmp(k, "stop")) {
-      if (r->n_stops >= LL_MAX_STOP) rc = ll_errf(msg, sizeof msg, LL_EINVAL, "parameter 'stop': at most %d stop strings", LL_MAX_STOP);
-      else if (p->val_len == 0 || p->val_len > 256 || strlen(p->val) != p->val_len)
-        rc = ll_errf(msg, sizeof msg, LL_EINVAL, "parameter 'stop': 1..256 bytes without NUL");
-      else if (!(r->stops[r->n_stops] = strdup(p->val))) rc = ll_errf(msg, sizeof msg, LL_ENOMEM, "out of memory");
-      else r->n_stops++;
+    if (!g) {
+      rc = ll_errf(msg, sizeof msg, LL_EINVAL, "unknown parameter '%s' for %s", p->key, q->verb);
+    } else if (g->type == LL_GEN_INT) {
+      if ((rc = ll_proto_int(p, g->imin, g->imax < 0 ? cfg->max_tokens : g->imax, &iv, msg, sizeof msg)) == 0) ll_gen_set_int(r, g, iv);
+    } else if (g->type == LL_GEN_FLOAT) {
+      if ((rc = ll_proto_float(p, g->fmin, g->fmax, &fv, msg, sizeof msg)) == 0) ll_gen_set_float(r, g, fv);
+    } else if (g->type == LL_GEN_BOOL) {
+      if ((rc = ll_proto_bool(p, &bv, msg, sizeof msg)) == 0) ll_gen_set_int(r, g, bv);
+    } else if (g->type == LL_GEN_NAME) {
+      rc = ll_proto_name(p, r->adapter, sizeof r->adapter, msg, sizeof msg);
     } else {
-      rc = ll_errf(msg, sizeof msg, LL_EINVAL, "unknown parameter '%s' for %s", k, q->verb);
+      rc = ll_gen_set_str(r, g, p->val, p->val_len, msg, sizeof msg);
     }
     if (rc != 0) {
       send_err(c, id, "bad_param", msg);
