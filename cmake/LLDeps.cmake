@@ -25,6 +25,7 @@ ll_dep(yaml     yaml-0.1     libyaml-dev)
 ll_dep(jansson  jansson      libjansson-dev)
 ll_dep(crypto   libcrypto    libssl-dev)
 ll_dep(pcre2    libpcre2-8   libpcre2-dev)
+ll_dep(h2o      libh2o       libh2o-dev)  # H2O built with libuv: the HTTP API (server/service/http.c)
 
 # OpenCL headers come from a separate package from the loader.
 include(CheckIncludeFile)

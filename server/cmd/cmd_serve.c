@@ -30,14 +30,17 @@ static void on_async(uv_async_t *a) {
     if (o->type == LL_EV_MONITOR) {
       ll_monitor_event(s, o->data, o->len);
       free(o);
-    } else {
-      ll_net_on_event(s, o);
+      continue;
     }
+    if (o->final) ll_http_observe(s, o); // /metrics counts both protocols' requests
+    if (ll_http_is_uid(o->conn)) ll_http_on_event(s, o);
+    else ll_net_on_event(s, o);
   }
   if (s->shutting_down == 1 && s->outstanding == 0) {
     // Every request has had its final line: close clients (after their output), stop.
     s->shutting_down = 2;
     ll_net_close_all(s);
+    ll_http_close_all(s);
     ll_monitor_close(s);
     uv_close((uv_handle_t *)&s->tick, NULL);
     // The signal handlers stay (a second signal must still exit at once while clients
@@ -119,6 +122,7 @@ static void on_tick(uv_timer_t *t) { ll_net_tick(t->data); }
 static void on_stop_timer(uv_timer_t *t) {
   struct ll_server *s = t->data;
   ll_log(LL_LOG_WARN, "shutdown: clients still open after 5 s; stopping anyway");
+  uv_print_all_handles(s->loop, stderr);
   uv_stop(s->loop);
 }
 
@@ -133,6 +137,7 @@ static void on_signal(uv_signal_t *h, int signum) {
          s->outstanding);
   s->shutting_down = 1;
   ll_net_shutdown(s);
+  ll_http_shutdown(s);
   ll_sched_shutdown(s->sched);
   uv_timer_init(s->loop, &s->stop_timer);
   s->stop_timer.data = s;
@@ -169,19 +174,21 @@ int ll_cmd_serve(int argc, char **argv) {
     return 2;
   }
   ll_log_set_level(ll_log_level_from_name(cfg.log_level) >= 0 ? ll_log_level_from_name(cfg.log_level) : LL_LOG_INFO);
-  // Network safety rule, checked before anything is loaded.
-  if (cfg.listen && *cfg.listen && strcmp(cfg.listen, "off") != 0) {
+  // Network safety rule, checked before anything is loaded: both listeners.
+  const char *const addrs[2] = {cfg.listen, cfg.http};
+  for (int i = 0; i < 2; i++) {
+    if (!addrs[i] || !*addrs[i] || !strcmp(addrs[i], "off")) continue;
     char host[100];
     int port;
-    if (ll_net_parse_listen(cfg.listen, host, sizeof host, &port, err, sizeof err) != 0) {
-      fprintf(stderr, "llsrv: %s\n", err);
+    if (ll_net_parse_listen(addrs[i], host, sizeof host, &port, err, sizeof err) != 0) {
+      fprintf(stderr, "llsrv: %s%s\n", i ? "http: " : "", err);
       ll_config_free(&cfg);
       return 2;
     }
     if (!ll_net_host_is_loopback(host) && !(cfg.auth_token && *cfg.auth_token)) {
-      fprintf(stderr, "llsrv: refusing to listen on non-loopback address %s without auth_token: anyone who can reach it could "
-                      "use the model. Set auth_token (clients then send AUTH :TOKEN) or listen on 127.0.0.1.\n",
-              cfg.listen);
+      fprintf(stderr, "llsrv: refusing to %s on non-loopback address %s without auth_token: anyone who can reach it could "
+                      "use the model. Set auth_token (clients then send %s) or listen on 127.0.0.1.\n",
+              i ? "serve HTTP" : "listen", addrs[i], i ? "Authorization: Bearer TOKEN" : "AUTH :TOKEN");
       ll_config_free(&cfg);
       return 2;
     }
@@ -285,7 +292,8 @@ int ll_cmd_serve(int argc, char **argv) {
       goto out;
     }
   }
-  if (ll_net_start(&srv, err, sizeof err) != 0 || ll_monitor_start(&srv, sock_path, err, sizeof err) != 0) {
+  if (ll_net_start(&srv, err, sizeof err) != 0 || ll_http_start(&srv, err, sizeof err) != 0 ||
+      ll_monitor_start(&srv, sock_path, err, sizeof err) != 0) {
     fprintf(stderr, "llsrv: %s\n", err);
     goto out;
   }
@@ -344,6 +352,8 @@ int ll_cmd_serve(int argc, char **argv) {
   }
   if (srv.listen_addr[0]) fprintf(stderr, "  listening on %s%s\n", srv.listen_addr, cfg.auth_token ? " (AUTH required)" : "");
   else fprintf(stderr, "  TCP off (listen: off)\n");
+  if (srv.http_addr[0]) fprintf(stderr, "  http      http://%s/v1 (OpenAI API%s; man 7 llsrv-http)\n", srv.http_addr, cfg.auth_token ? ", Bearer token required" : "");
+  else fprintf(stderr, "  http      off (http: off)\n");
   fprintf(stderr, "  monitor   %s (lltop --socket %s)\n", srv.mon_path, srv.mon_path);
   if (srv.listen_addr[0]) {
     char host[100];
@@ -387,6 +397,7 @@ out:
   // free their memory before the connection table goes.
   if (srv.conns) ll_net_force_close_all(&srv);
   ll_monitor_close(&srv);
+  ll_http_free(&srv); // closes H2O's own handles; before the walk that closes what is left
   uv_walk(srv.loop, close_walk, NULL);
   uv_run(srv.loop, UV_RUN_DEFAULT);
   uv_loop_close(srv.loop);

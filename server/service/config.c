@@ -42,10 +42,12 @@ const struct ll_option ll_options[] = {
     // network and limits
     {"listen", LL_OPT_STRING, 0, 0, "127.0.0.1:8478", NULL, OFF(listen), "HOST:PORT",
      "TCP address of the line protocol (port 0: any free port; off: no TCP)."},
+    {"http", LL_OPT_STRING, 0, 0, "127.0.0.1:8480", NULL, OFF(http), "HOST:PORT",
+     "TCP address of the OpenAI-compatible HTTP API, llsrv-http(7) (port 0: any free port; off: no HTTP)."},
     {"socket", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(socket), "PATH",
      "Monitor socket; unset: $XDG_RUNTIME_DIR/llsrv/llsrv.sock or /tmp/llsrv-$UID/llsrv.sock."},
     {"auth_token", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(auth_token), "TOKEN",
-     "Clients must send AUTH with this token first; required to listen on a non-loopback address."},
+     "Clients must send AUTH with this token first (HTTP: Authorization: Bearer TOKEN); required to listen on a non-loopback address."},
     {"max_clients", LL_OPT_INT, 1, 65536, "256", NULL, OFF(max_clients), "N", "Simultaneous TCP connections."},
     {"max_line", LL_OPT_SIZE, 64, 64 * MIB, "1M", NULL, OFF(max_line), "BYTES", "Longest request line; a longer one closes the connection."},
     {"max_queued", LL_OPT_INT, 0, 65536, "64", NULL, OFF(max_queued), "N",

@@ -49,6 +49,7 @@ struct ll_config {
   char *state_dir;      // NULL: $XDG_STATE_HOME/llsrv or ~/.local/state/llsrv
   // network
   char *listen;         // HOST:PORT ("127.0.0.1:8478"); "" or "off" disables TCP
+  char *http;           // HOST:PORT of the HTTP API ("127.0.0.1:8480"); "" or "off" disables it
   char *socket;         // monitor socket path; NULL: $XDG_RUNTIME_DIR/llsrv/llsrv.sock or /tmp/llsrv-$UID/llsrv.sock
   char *auth_token;     // NULL: no AUTH (then only loopback addresses may be bound)
   int64_t max_clients;

@@ -30,6 +30,7 @@ extern const struct ll_gen_param ll_gen_params[]; // terminated by name == NULL
 
 const struct ll_gen_param *ll_gen_param_find(const char *key);
 // A request's defaults: sampler defaults, default_max_tokens, the model's BOS rule, special on.
+// r->kind must be set first (CHAT parses special tokens only in its template's markers).
 void ll_gen_defaults(struct ll_sched_req *r, int64_t default_max_tokens);
 // Store a value already checked against the row's range (ints: imin..imax, floats: fmin..fmax).
 void ll_gen_set_int(struct ll_sched_req *r, const struct ll_gen_param *p, int64_t v);

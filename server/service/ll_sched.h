@@ -34,6 +34,7 @@ struct ll_sched_req {
   int special;                     // GEN: parse special tokens in the prompt (default 1); CHAT:
                                    // in the messages' contents too (default 0: only the
                                    // template's markers are special tokens)
+  int chat_default;                // CHAT on a model without a chat template: chatml (else ERR unsupported)
   int want_logprob;                // PROB events carry the sampled token's logprob even with n_probs 0
   int n_stops;
   char *stops[LL_MAX_STOP];        // owned
@@ -134,6 +135,9 @@ int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct
 // Why `live` is not registered now, for the bad_adapter message of requests that name it (NULL
 // or "": "training is not running"). Any thread.
 void ll_sched_live_reason(struct ll_sched *s, const char *why);
+// The names registered now ("live" among them while training), up to cap; returns the count.
+// Any thread.
+int ll_sched_adapter_names(struct ll_sched *s, char (*names)[64], int cap);
 // The adapter of requests that name none ("none" or NULL: the base model; the default).
 int ll_sched_adapter_default(struct ll_sched *s, const char *name);
 

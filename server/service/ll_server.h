@@ -1,5 +1,5 @@
 // ll_server.h - the running service: one libuv loop owns the TCP listener and its clients
-// (net.c), the monitor socket and its clients (monitor.c), timers and signals; the scheduler's
+// (net.c), the HTTP listener and its clients (http.c), the monitor socket and its clients (monitor.c), timers and signals; the scheduler's
 // compute thread hands lines back through a uv_async (sched.c). Internal to server/.
 #ifndef LL_SERVER_H
 #define LL_SERVER_H
@@ -34,6 +34,10 @@ struct ll_server {
   int outstanding; // requests handed to the scheduler whose final line has not come back
   uint64_t conns_total, conns_dropped, lines_total, errors_total;
 
+  // HTTP (http.c), NULL when off
+  struct ll_http *http;
+  char http_addr[128]; // as bound
+
   // monitor
   uv_pipe_t mon;
   int mon_open;
@@ -58,6 +62,15 @@ void ll_net_force_close_all(struct ll_server *s);                   // error/exi
 int ll_net_parse_listen(const char *spec, char *host, size_t hostcap, int *port, char *err, size_t errlen);
 int ll_net_host_is_loopback(const char *host);
 const char *ll_net_peer(struct ll_server *s, uint64_t uid); // "ip:port" of a live connection, else NULL
+
+// http.c: the OpenAI-compatible HTTP API on the same loop (man/llsrv-http.7)
+int ll_http_start(struct ll_server *s, char *err, size_t errlen);
+int ll_http_is_uid(uint64_t uid);                                 // an event for an HTTP request
+void ll_http_on_event(struct ll_server *s, struct ll_sched_ev *o); // encodes it for its request; frees o
+void ll_http_observe(struct ll_server *s, const struct ll_sched_ev *o); // metrics of a final event (any protocol)
+void ll_http_shutdown(struct ll_server *s);                       // stop accepting
+void ll_http_close_all(struct ll_server *s);                      // after the last final event
+void ll_http_free(struct ll_server *s);                           // after the loop has stopped
 
 // monitor.c
 int ll_monitor_default_path(char *out, size_t cap, char *err, size_t errlen);

@@ -367,6 +367,14 @@ void ll_sched_live_reason(struct ll_sched *s, const char *why) {
   pthread_mutex_unlock(&s->mu);
 }
 
+int ll_sched_adapter_names(struct ll_sched *s, char (*names)[64], int cap) {
+  pthread_mutex_lock(&s->mu);
+  int n = 0;
+  for (int i = 0; i < s->n_adapters && n < cap; i++) snprintf(names[n++], 64, "%s", s->adapters[i].name);
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
 int ll_sched_adapter_default(struct ll_sched *s, const char *name) {
   if (name && strcmp(name, "none") != 0 && !adapter_name_ok(name)) return LL_EINVAL;
   pthread_mutex_lock(&s->mu);
@@ -392,7 +400,9 @@ static struct slot *admit(struct ll_sched *s, struct slot *sl) {
     void *store;
     int n = ll_chat_parse(r->text, r->text_len, &msgs, &store, msg, sizeof msg);
     if (n < 0) goto bad_param;
-    int rc = ll_chat_render_marked(ll_sched_chat_template(s), msgs, n, &rendered, &marks, &n_marks, msg, sizeof msg);
+    const char *tmpl = ll_sched_chat_template(s);
+    if ((!tmpl || !*tmpl) && r->chat_default) tmpl = "<|im_start|>"; // chatml, llama-server's default (HTTP only)
+    int rc = ll_chat_render_marked(tmpl, msgs, n, &rendered, &marks, &n_marks, msg, sizeof msg);
     ll_chat_free_store(store, msgs);
     if (rc != 0) {
       err_final(s, r, rc == LL_EUNSUPPORTED ? "unsupported" : "internal", msg);

@@ -190,7 +190,9 @@ class Server:
         self.tmp = tmp
         self.sock = os.path.join(tmp, name + "-run", "llsrv.sock")
         self.log = open(os.path.join(tmp, name + ".log"), "w+")
-        cmd = [BIN, "--listen", "127.0.0.1:0", "--socket", self.sock, "--state-dir", os.path.join(tmp, "state")] + args
+        # The HTTP API on a free port too (its default, 8480, may be taken by a neighbour).
+        cmd = [BIN, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--socket", self.sock, "--state-dir",
+               os.path.join(tmp, "state")] + args
         e = dict(os.environ)
         # Under ASan, freed memory sits in a quarantine (256 MiB by default) and would read as
         # growth in the memory checks; a small one keeps them meaningful (no effect otherwise).
@@ -199,12 +201,15 @@ class Server:
         self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e, preexec_fn=_die_with_parent)
         _servers.append(self.p)
         self.port = None
+        self.http_port = None
         deadline = time.time() + 120
         while time.time() < deadline:
             txt = open(self.log.name).read()
             m = re.search(r"listening on 127\.0\.0\.1:(\d+)", txt)
             if m:
                 self.port = int(m.group(1))
+                h = re.search(r"http +http://127\.0\.0\.1:(\d+)/v1", txt)
+                self.http_port = int(h.group(1)) if h else None
                 break
             if self.p.poll() is not None:
                 raise RuntimeError("llsrv exited %d:\n%s" % (self.p.returncode, txt))

@@ -390,7 +390,7 @@ m.close()
 
 print("-- A second server on the same monitor", flush=True)
 # A second server on the same monitor socket refuses to start.
-r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", srv.sock, "--state-dir", os.path.join(tmp, "state")],
+r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--socket", srv.sock, "--state-dir", os.path.join(tmp, "state")],
                    capture_output=True, text=True, timeout=120)
 check(r.returncode != 0 and "another llsrv" in r.stderr, "live socket: second server refuses: %r" % r.stderr[-200:])
 
@@ -488,7 +488,7 @@ if os.geteuid() == 0:
     other = os.path.join(tmp, "other-run")
     os.makedirs(other, mode=0o700)
     os.chown(other, 65534, 65534)
-    r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", os.path.join(other, "llsrv.sock"), "--state-dir",
+    r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--socket", os.path.join(other, "llsrv.sock"), "--state-dir",
                         os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
     check(r.returncode != 0 and "belongs to uid 65534" in r.stderr, "foreign directory refused: %r" % r.stderr[-200:])
 
@@ -507,14 +507,14 @@ check(srv5.stop() == 0, "the oom server exits 0")
 shared = os.path.join(tmp, "ww")
 os.makedirs(shared)
 os.chmod(shared, 0o1777)
-r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", os.path.join(shared, "m.sock"), "--state-dir",
+r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--socket", os.path.join(shared, "m.sock"), "--state-dir",
                     os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
 check(r.returncode != 0 and "writable by everyone" in r.stderr and shared in r.stderr,
       "world-writable socket directory refused: %r" % r.stderr[-300:])
 check(stat.S_IMODE(os.stat(shared).st_mode) == 0o1777, "the refused directory keeps its mode 1777 (got %o)" %
       stat.S_IMODE(os.stat(shared).st_mode))
 os.chmod(shared, 0o775)
-r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--socket", os.path.join(shared, "m.sock"), "--state-dir",
+r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--socket", os.path.join(shared, "m.sock"), "--state-dir",
                     os.path.join(tmp, "state")], capture_output=True, text=True, timeout=60)
 check(r.returncode != 0 and "writable by its group" in r.stderr, "group-writable socket directory refused: %r" % r.stderr[-300:])
 mine = os.path.join(tmp, "mine")
