@@ -25,3 +25,10 @@ ll_script_test(NAME server_lora COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/s
 # llsrv export: GGUF LoRA re-export, --merge (logits equal the adapter at run time), bad inputs.
 ll_script_test(NAME lora_export COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_lora_cli.py
   LABELS integration TIMEOUT 300)
+# The OpenAI-compatible HTTP API with real clients: the openai package (models, chat and
+# completions streamed and not, logprobs, errors as SDK exceptions, adapters by model), curl
+# (SSE framing, a disconnect freeing its slot), the bad-input battery (malformed JSON, wrong
+# types, huge bodies, 1000 idle keep-alive connections, slow headers, HTTP/1.0, pipelining),
+# /metrics through prometheus_client's parser. Makes a venv under the build directory once.
+ll_script_test(NAME server_http COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_http.py
+  LABELS integration TIMEOUT 600)

@@ -61,6 +61,8 @@ static int buf_add(struct buf *b, const char *p, size_t n) {
   return 0;
 }
 
+static int buf_str(struct buf *b, const char *s) { return buf_add(b, s, strlen(s)); }
+
 struct hreq {
   struct ll_http *http;
   int slot;
@@ -147,7 +149,7 @@ static json_t *jstr(const char *p, size_t n) {
       buf_add(&b, p + i, len);
       i += len;
     } else {
-      buf_add(&b, "\xEF\xBF\xBD", 3);
+      buf_str(&b, "\xEF\xBF\xBD");
       i++;
     }
   }
@@ -908,8 +910,8 @@ static void handle_metrics(struct ll_http *h, h2o_req_t *req) {
   ll_sched_get_stats(s->sched, &st);
   struct buf b = {0};
   char line[256];
-  buf_add(&b, "# HELP llsrv_requests_total Generation requests finished, by outcome (finish reason or error code).\n"
-              "# TYPE llsrv_requests_total counter\n", 126);
+  buf_str(&b, "# HELP llsrv_requests_total Generation requests finished, by outcome (finish reason or error code).\n"
+              "# TYPE llsrv_requests_total counter\n");
   for (int i = 0; k_outcomes[i]; i++) {
     int k = snprintf(line, sizeof line, "llsrv_requests_total{outcome=\"%s\"} %llu\n", k_outcomes[i], (unsigned long long)h->outcomes[i]);
     buf_add(&b, line, (size_t)k);
@@ -924,10 +926,10 @@ static void handle_metrics(struct ll_http *h, h2o_req_t *req) {
   metric(&b, "llsrv_kv_blocks_total", "gauge", "KV cache blocks in all.", s->info.kv_blocks_total);
   metric(&b, "llsrv_decode_tokens_per_second", "gauge", "Decode rate over the last second.", st.decode_tps);
   metric(&b, "llsrv_prefill_tokens_per_second", "gauge", "Prompt reading rate over the last second.", st.prefill_tps);
-  buf_add(&b, "# HELP llsrv_clients Open connections by protocol.\n# TYPE llsrv_clients gauge\n", 78);
+  buf_str(&b, "# HELP llsrv_clients Open connections by protocol.\n# TYPE llsrv_clients gauge\n");
   int k = snprintf(line, sizeof line, "llsrv_clients{protocol=\"line\"} %d\nllsrv_clients{protocol=\"http\"} %d\n", s->n_conns, h->n_conns);
   buf_add(&b, line, (size_t)k);
-  buf_add(&b, "# HELP llsrv_http_responses_total HTTP responses by status class.\n# TYPE llsrv_http_responses_total counter\n", 105);
+  buf_str(&b, "# HELP llsrv_http_responses_total HTTP responses by status class.\n# TYPE llsrv_http_responses_total counter\n");
   for (int i = 1; i <= 5; i++) {
     k = snprintf(line, sizeof line, "llsrv_http_responses_total{code=\"%dxx\"} %llu\n", i, (unsigned long long)h->http_status[i]);
     buf_add(&b, line, (size_t)k);
