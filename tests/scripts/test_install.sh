@@ -7,7 +7,7 @@ fail=0 pass=0
 cmake --install "$LL_BINARY_DIR" --prefix "$prefix" >/dev/null || { echo "cmake --install failed"; exit 1; }
 # The documented pages and example configs must install; every page in man/ must land in its section.
 for f in bin/llsrv bin/lltop share/man/man1/llsrv.1 share/man/man1/lltop.1 share/man/man5/llsrv-ckpt.5 share/man/man5/llsrv.yaml.5 \
-         share/man/man7/llsrv-protocol.7 share/llsrv/configs/server.yaml share/llsrv/configs/lora.yaml \
+         share/man/man7/llsrv-protocol.7 share/man/man7/llsrv-http.7 share/llsrv/configs/server.yaml share/llsrv/configs/lora.yaml \
          share/llsrv/configs/demo.yaml \
          $(cd "$LL_SOURCE_DIR/man" && for m in *.[157]; do echo "share/man/man${m##*.}/$m"; done); do
   if [ -e "$prefix/$f" ]; then pass=$((pass+1)); else echo "missing after install: $f"; fail=$((fail+1)); fi
