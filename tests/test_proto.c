@@ -7,6 +7,7 @@
 #include "ll_chat.h"
 #include "ll_error.h"
 #include "ll_proto.h"
+#include "ll_sched.h"
 #include "testutil.h"
 
 static int parse(const char *text, struct ll_proto_req *q, char *buf, const char **code, char *err) {
@@ -173,6 +174,43 @@ int main(void) {
     CHECKF(ll_chat_template_load(path, &tt, err, sizeof err) == LL_EUNSUPPORTED && !tt && strstr(err, "not of a known format"), "%s", err);
     remove(path);
     rmdir(dir);
+  }
+  // The scheduler's events as response lines, byte for byte (man/llsrv-protocol.7).
+  {
+    struct ll_sched_ev *ev = calloc(1, sizeof *ev + 64);
+    char line[256];
+    size_t kl;
+#define LINE(want) (kl = ll_proto_encode_event(ev, line, sizeof line), kl == strlen(want) && memcmp(line, want, kl) == 0)
+    snprintf(ev->id, sizeof ev->id, "a1");
+    ev->type = LL_EV_TOKEN;
+    memcpy(ev->data, "x y\n\x01", 5), ev->len = 5;
+    CHECKF(LINE("TOK a1 :x y\\n\\x01\n"), "%.*s", (int)kl, line);
+    ev->type = LL_EV_PROB, ev->token = 7, ev->n_top = 2, ev->top[0] = (struct ll_token_prob){7, -0.5f}, ev->top[1] = (struct ll_token_prob){3, -1.25f};
+    CHECKF(LINE("PROB a1 token=7 top=7:-0.5000,3:-1.2500\n"), "%.*s", (int)kl, line);
+    ev->n_top = 0; // the sampled token's logprob alone (HTTP's logprobs) has no line
+    CHECK(ll_proto_encode_event(ev, line, sizeof line) == 0);
+    ev->type = LL_EV_END, ev->final = 1, ev->reason = "length", ev->prompt_tokens = 3, ev->tokens = 2, ev->prefill_ms = 1.25, ev->decode_ms = 10;
+    ev->len = 0;
+    CHECKF(LINE("END a1 reason=length prompt_tokens=3 tokens=2 prefill_ms=1.2 decode_ms=10.0\n"), "%.*s", (int)kl, line);
+    ev->reason = "error";
+    memcpy(ev->data, "bad\n", 4), ev->len = 4;
+    CHECKF(LINE("END a1 reason=error prompt_tokens=3 tokens=2 prefill_ms=1.2 decode_ms=10.0 :bad\\n\n"), "%.*s", (int)kl, line);
+    ev->type = LL_EV_ERROR, ev->code = "bad_param";
+    memcpy(ev->data, "no: x", 5), ev->len = 5;
+    CHECKF(LINE("ERR a1 bad_param :no: x\n"), "%.*s", (int)kl, line);
+    ev->type = LL_EV_IDS, ev->n_ids = 3;
+    int32_t ids[3] = {1, 22, 333};
+    memcpy(ev->data, ids, sizeof ids), ev->len = sizeof ids;
+    CHECKF(LINE("IDS a1 n=3 :1 22 333\n"), "%.*s", (int)kl, line);
+    ev->type = LL_EV_TEXT;
+    memcpy(ev->data, "he\tllo", 6), ev->len = 6;
+    CHECKF(LINE("TEXT a1 :he\\tllo\n"), "%.*s", (int)kl, line);
+    // Too small a buffer: nothing past cap is written, the full length is returned.
+    CHECK(ll_proto_encode_event(ev, line, 4) == strlen("TEXT a1 :he\\tllo\n"));
+    ev->type = LL_EV_MONITOR;
+    CHECK(ll_proto_encode_event(ev, line, sizeof line) == 0);
+#undef LINE
+    free(ev);
   }
   return ll_test_summary();
 }
