@@ -92,6 +92,19 @@ def raw(data, timeout=30, want_close=False):
     return out
 
 
+def raw_to(port, data):
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    s.sendall(data)
+    out = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        out += d
+    s.close()
+    return out
+
+
 def complete(buf):
     if b"\r\n\r\n" not in buf:
         return False
@@ -395,6 +408,19 @@ buckets = [s_.value for s_ in ttft.samples if s_.name.endswith("_bucket")] if tt
 cnt = sample("llsrv_time_to_first_token_seconds", "_count") if ttft else None
 check(buckets and buckets == sorted(buckets) and buckets[-1] == cnt and cnt >= 5, "TTFT histogram: cumulative buckets, +Inf = count")
 check((sample("llsrv_kv_blocks_total") or 0) > 0 and sample("llsrv_kv_blocks_used") is not None, "KV blocks used and total")
+
+# ---- live: the adapter being trained, listed and chosen while training runs ----
+print("-- live: the training job's adapter", flush=True)
+srv4 = Server(tmp, ["--parallel", "2", "--ctx", "256", "--train-enabled", "--train-mode", "lora", "--train-data",
+                    os.path.join(os.environ.get("LL_SOURCE_DIR", "."), "man"), "--train-seq-len", "32", "--train-batch", "1",
+                    "--train-steps", "100000", "--train-eval-every", "0", "--train-checkpoint-every", "0", "--threads", "2"], name="live")
+c4 = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srv4.http_port, api_key="x", max_retries=0, timeout=120)
+check(wait_until(lambda: "live" in [m.id for m in c4.models.list().data], "live listed", 300), "/v1/models lists live while training")
+r = c4.completions.create(model="live", prompt="Once", max_tokens=4, temperature=0)
+check(r.usage.completion_tokens == 4, "a completion from the live adapter")
+m4 = raw_to(srv4.http_port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+check(b"\nllsrv_train_running 1\n" in m4 and re.search(rb"\nllsrv_train_step \d", m4) is not None, "/metrics: training running, its step")
+check(srv4.stop() == 0, "the training server exits 0")
 
 # ---- auth ----
 print("-- auth: Bearer token", flush=True)
