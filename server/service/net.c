@@ -198,8 +198,6 @@ static void inflight_remove(struct ll_conn *c, const char *id) {
 
 // ---- commands ----
 
-static const char *help_text =
-    "GEN CHAT CANCEL TOKENIZE DETOKENIZE INFO STATS PING QUIT AUTH HELP (man 7 llsrv-protocol)";
 
 // Testing aid: LL_NET_FAULT=oom makes the in-flight record's allocation fail, to exercise the
 // out-of-memory answer (the request is freed; its id must have been used before).
@@ -287,6 +285,198 @@ static void esc_value(const char *v, char *out, size_t cap) {
   out[k < cap ? k : cap - 1] = 0;
 }
 
+static void verbs_help(char *out, size_t cap);
+
+static void cmd_ping(struct ll_conn *c, const struct ll_proto_req *q, const char *id) {
+  if (q->id) conn_printf(c, "PONG %s\n", q->id);
+  else conn_send(c, "PONG\n", 5);
+}
+
+static void cmd_auth(struct ll_conn *c, const struct ll_proto_req *q, const char *id) {
+  struct ll_server *s = c->srv;
+  const struct ll_proto_param *tp = ll_proto_find(q, "token");
+  const char *tok = q->has_text ? q->text : tp ? tp->val : NULL;
+  size_t tlen = q->has_text ? q->text_len : tp ? tp->val_len : 0;
+  const char *want = s->cfg->auth_token;
+  if (!want) {
+    conn_printf(c, "OK %s :no token needed\n", id);
+    return;
+  }
+  // Constant time over the expected token's length; the length itself is not secret-sensitive
+  // beyond what timing of the network reveals anyway.
+  size_t wl = strlen(want);
+  unsigned char diff = (unsigned char)(tlen != wl);
+  for (size_t i = 0; i < wl; i++) diff |= (unsigned char)(want[i] ^ (tok && i < tlen ? tok[i] : 0));
+  if (diff || !tok) {
+    ll_log(LL_LOG_WARN, "client %s: AUTH failed", c->peer); // never the token itself
+    send_err(c, q->id, "auth_failed", "wrong token");
+    conn_drain_close(c);
+    return;
+  }
+  c->authed = 1;
+  conn_printf(c, "OK %s\n", id);
+}
+
+static void cmd_quit(struct ll_conn *c, const struct ll_proto_req *q, const char *id) {
+  (void)q;
+  // Answers still being generated are delivered first (pipelined `nc` use), then BYE.
+  c->quit = 1;
+  snprintf(c->quit_id, sizeof c->quit_id, "%s", id);
+  uv_read_stop((uv_stream_t *)&c->h);
+  conn_finish_if_done(c);
+}
+
+static void cmd_help(struct ll_conn *c, const struct ll_proto_req *q, const char *id) {
+  (void)q;
+  char help[256];
+  verbs_help(help, sizeof help);
+  conn_printf(c, "HELP %s :%s\n", id, help);
+}
+
+static void cmd_info(struct ll_conn *c, const struct ll_proto_req *q, const char *id) {
+  struct ll_server *s = c->srv;
+  (void)q;
+  const struct ll_engine_info *in = &s->info;
+  const struct ll_tokenizer *tk = ll_engine_tokenizer(s->e);
+  const char *ct = tk ? ll_sched_chat_template(s->sched) : NULL;
+  const char *tmpl = ll_chat_builtin(ct) ? ll_chat_builtin(ct) : ll_chat_detect(ct);
+  char name[400], dev[400], path[1100];
+  esc_value(in->name, name, sizeof name);
+  esc_value(in->device_name, dev, sizeof dev);
+  esc_value(s->model_path, path, sizeof path);
+  conn_printf(c,
+              "INFO %s name=%s arch=%s quant=%s params=%lld n_vocab=%d n_ctx=%d n_ctx_train=%d n_embd=%d n_layer=%d n_head=%d "
+              "n_head_kv=%d parallel=%d threads=%d backend=%s device=%s weights_bytes=%lld kv_bytes=%lld tokenizer=%d "
+              "chat_template=%s max_tokens=%lld version=%s path=%s\n",
+              id, name, in->arch, in->quant, (long long)in->n_params, in->n_vocab, in->n_ctx, in->n_ctx_train, in->n_embd,
+              in->n_layer, in->n_head, in->n_head_kv, in->n_parallel, in->n_threads, in->backend, dev, (long long)in->weight_bytes,
+              (long long)in->kv_bytes, tk != NULL, tmpl ? tmpl : "none", (long long)s->cfg->max_tokens, LL_VERSION, path);
+}
+
+static void cmd_stats(struct ll_conn *c, const struct ll_proto_req *q, const char *id) {
+  struct ll_server *s = c->srv;
+  (void)q;
+  char b[1024];
+  fmt_stats(s, b, sizeof b);
+  conn_printf(c, "STATS %s %s\n", id, b);
+}
+
+static void cmd_cancel(struct ll_conn *c, const struct ll_proto_req *q, const char *id) {
+  struct ll_server *s = c->srv;
+  char msg[512];
+  const struct ll_proto_param *t = ll_proto_find(q, "req");
+  for (int i = 0; i < q->n_params; i++)
+    if (strcmp(q->params[i].key, "id") && strcmp(q->params[i].key, "req")) {
+      snprintf(msg, sizeof msg, "unknown parameter '%s' for CANCEL", q->params[i].key);
+      send_err(c, q->id, "bad_param", msg);
+      return;
+    }
+  if (!t && !q->has_text) {
+    send_err(c, q->id, "bad_param", "CANCEL needs req=ID (or :all)");
+    return;
+  }
+  if (!t && q->text_len == 3 && !memcmp(q->text, "all", 3)) {
+    int n = c->n_inflight;
+    if (n) ll_sched_cancel(s->sched, c->uid, NULL);
+    conn_printf(c, "OK %s cancelled=%d\n", id, n);
+    return;
+  }
+  const char *target = t ? t->val : q->text;
+  if (!inflight_has(c, target)) {
+    snprintf(msg, sizeof msg, "no request '%.64s' in flight on this connection", target);
+    send_err(c, q->id, "not_found", msg);
+    return;
+  }
+  ll_sched_cancel(s->sched, c->uid, target);
+  conn_printf(c, "OK %s cancelled=1\n", id);
+}
+
+static void cmd_work(struct ll_conn *c, const struct ll_proto_req *q, const char *id) {
+  struct ll_server *s = c->srv;
+  const char *v = q->verb;
+  char msg[512];
+  int is_gen = v[0] == 'G' || v[0] == 'C';
+  if (s->shutting_down) {
+    send_err(c, q->id, "shutdown", "the server is shutting down");
+    return;
+  }
+  if (q->id && inflight_has(c, q->id)) {
+    snprintf(msg, sizeof msg, "request '%s' is still in flight on this connection", q->id);
+    send_err(c, q->id, "duplicate_id", msg);
+    return;
+  }
+  if (!q->has_text) {
+    snprintf(msg, sizeof msg, "%s needs its text after ' :'", v);
+    send_err(c, q->id, "bad_request", msg);
+    return;
+  }
+  if (s->outstanding >= s->cfg->parallel + s->cfg->max_queued || c->n_inflight >= MAX_INFLIGHT_PER_CONN) {
+    snprintf(msg, sizeof msg, "queue full (%d requests active or queued; max_queued=%lld)", s->outstanding, (long long)s->cfg->max_queued);
+    send_err(c, q->id, "busy", msg);
+    return;
+  }
+  struct ll_sched_req *r = calloc(1, sizeof *r);
+  if (!r) {
+    send_err(c, q->id, "internal", "out of memory");
+    return;
+  }
+  if (q->id) snprintf(r->id, sizeof r->id, "%s", q->id);
+  else next_id(c, r->id, sizeof r->id);
+  r->conn = c->uid;
+  r->kind = v[0] == 'G' ? LL_REQ_GEN : v[0] == 'C' ? LL_REQ_CHAT : v[0] == 'T' ? LL_REQ_TOKENIZE : LL_REQ_DETOKENIZE;
+  if (is_gen) {
+    if (parse_gen(c, q, r, q->id) != 0) {
+      ll_sched_req_free(r);
+      return;
+    }
+  } else {
+    r->add_bos = 0;
+    r->special = 0;
+    for (int i = 0; i < q->n_params; i++) {
+      const struct ll_proto_param *p = &q->params[i];
+      int bv = 0, rc = 0;
+      if (!strcmp(p->key, "id")) continue;
+      if (!strcmp(p->key, "add_bos")) rc = ll_proto_bool(p, &bv, msg, sizeof msg), r->add_bos = bv;
+      else if (!strcmp(p->key, "special")) rc = ll_proto_bool(p, &bv, msg, sizeof msg), r->special = bv;
+      else rc = ll_errf(msg, sizeof msg, LL_EINVAL, "unknown parameter '%s' for %s", p->key, v);
+      if (rc) {
+        send_err(c, q->id, "bad_param", msg);
+        ll_sched_req_free(r);
+        return;
+      }
+    }
+  }
+  r->text = malloc(q->text_len + 1);
+  if (!r->text) {
+    send_err(c, q->id, "internal", "out of memory");
+    ll_sched_req_free(r);
+    return;
+  }
+  memcpy(r->text, q->text, q->text_len);
+  r->text[q->text_len] = 0;
+  r->text_len = q->text_len;
+  hand_off(c, r);
+}
+
+// The verbs, one row each; HELP lists them in this order. before_auth: allowed before AUTH.
+typedef void (*verb_fn)(struct ll_conn *c, const struct ll_proto_req *q, const char *id);
+static const struct verb {
+  const char *name;
+  verb_fn fn;
+  int before_auth;
+} k_verbs[] = {
+    {"GEN", cmd_work, 0},        {"CHAT", cmd_work, 0},  {"CANCEL", cmd_cancel, 0}, {"TOKENIZE", cmd_work, 0},
+    {"DETOKENIZE", cmd_work, 0}, {"INFO", cmd_info, 0},  {"STATS", cmd_stats, 0},   {"PING", cmd_ping, 0},
+    {"QUIT", cmd_quit, 1},       {"AUTH", cmd_auth, 1},  {"HELP", cmd_help, 0},     {NULL, NULL, 0},
+};
+
+// "GEN CHAT ... HELP (man 7 llsrv-protocol)"
+static void verbs_help(char *out, size_t cap) {
+  size_t k = 0;
+  for (const struct verb *vb = k_verbs; vb->name && k < cap; vb++) k += (size_t)snprintf(out + k, cap - k, "%s ", vb->name);
+  if (k < cap) snprintf(out + k, cap - k, "(man 7 llsrv-protocol)");
+}
+
 static void handle_line(struct ll_conn *c, char *line, size_t len) {
   struct ll_server *s = c->srv;
   struct ll_proto_req q;
@@ -298,159 +488,20 @@ static void handle_line(struct ll_conn *c, char *line, size_t len) {
     send_err(c, "-", code, msg);
     return;
   }
-  const char *v = q.verb;
-  const char *id = q.id ? q.id : "-";
-  if (s->cfg->auth_token && !c->authed && strcmp(v, "AUTH") && strcmp(v, "QUIT")) {
+  const struct verb *vb = k_verbs;
+  while (vb->name && strcmp(vb->name, q.verb) != 0) vb++;
+  if (s->cfg->auth_token && !c->authed && !vb->before_auth) {
     send_err(c, q.id, "auth_required", "send AUTH :TOKEN first");
     return;
   }
-  if (!strcmp(v, "PING")) {
-    if (q.id) conn_printf(c, "PONG %s\n", q.id);
-    else conn_send(c, "PONG\n", 5);
-  } else if (!strcmp(v, "AUTH")) {
-    const struct ll_proto_param *tp = ll_proto_find(&q, "token");
-    const char *tok = q.has_text ? q.text : tp ? tp->val : NULL;
-    size_t tlen = q.has_text ? q.text_len : tp ? tp->val_len : 0;
-    const char *want = s->cfg->auth_token;
-    if (!want) {
-      conn_printf(c, "OK %s :no token needed\n", id);
-      return;
-    }
-    // Constant time over the expected token's length; the length itself is not secret-sensitive
-    // beyond what timing of the network reveals anyway.
-    size_t wl = strlen(want);
-    unsigned char diff = (unsigned char)(tlen != wl);
-    for (size_t i = 0; i < wl; i++) diff |= (unsigned char)(want[i] ^ (tok && i < tlen ? tok[i] : 0));
-    if (diff || !tok) {
-      ll_log(LL_LOG_WARN, "client %s: AUTH failed", c->peer); // never the token itself
-      send_err(c, q.id, "auth_failed", "wrong token");
-      conn_drain_close(c);
-      return;
-    }
-    c->authed = 1;
-    conn_printf(c, "OK %s\n", id);
-  } else if (!strcmp(v, "QUIT")) {
-    // Answers still being generated are delivered first (pipelined `nc` use), then BYE.
-    c->quit = 1;
-    snprintf(c->quit_id, sizeof c->quit_id, "%s", id);
-    uv_read_stop((uv_stream_t *)&c->h);
-    conn_finish_if_done(c);
-  } else if (!strcmp(v, "HELP")) {
-    conn_printf(c, "HELP %s :%s\n", id, help_text);
-  } else if (!strcmp(v, "INFO")) {
-    const struct ll_engine_info *in = &s->info;
-    const struct ll_tokenizer *tk = ll_engine_tokenizer(s->e);
-    const char *ct = tk ? ll_sched_chat_template(s->sched) : NULL;
-    const char *tmpl = ll_chat_builtin(ct) ? ll_chat_builtin(ct) : ll_chat_detect(ct);
-    char name[400], dev[400], path[1100];
-    esc_value(in->name, name, sizeof name);
-    esc_value(in->device_name, dev, sizeof dev);
-    esc_value(s->model_path, path, sizeof path);
-    conn_printf(c,
-                "INFO %s name=%s arch=%s quant=%s params=%lld n_vocab=%d n_ctx=%d n_ctx_train=%d n_embd=%d n_layer=%d n_head=%d "
-                "n_head_kv=%d parallel=%d threads=%d backend=%s device=%s weights_bytes=%lld kv_bytes=%lld tokenizer=%d "
-                "chat_template=%s max_tokens=%lld version=%s path=%s\n",
-                id, name, in->arch, in->quant, (long long)in->n_params, in->n_vocab, in->n_ctx, in->n_ctx_train, in->n_embd,
-                in->n_layer, in->n_head, in->n_head_kv, in->n_parallel, in->n_threads, in->backend, dev, (long long)in->weight_bytes,
-                (long long)in->kv_bytes, tk != NULL, tmpl ? tmpl : "none", (long long)s->cfg->max_tokens, LL_VERSION, path);
-  } else if (!strcmp(v, "STATS")) {
-    char b[1024];
-    fmt_stats(s, b, sizeof b);
-    conn_printf(c, "STATS %s %s\n", id, b);
-  } else if (!strcmp(v, "CANCEL")) {
-    const struct ll_proto_param *t = ll_proto_find(&q, "req");
-    for (int i = 0; i < q.n_params; i++)
-      if (strcmp(q.params[i].key, "id") && strcmp(q.params[i].key, "req")) {
-        snprintf(msg, sizeof msg, "unknown parameter '%s' for CANCEL", q.params[i].key);
-        send_err(c, q.id, "bad_param", msg);
-        return;
-      }
-    if (!t && !q.has_text) {
-      send_err(c, q.id, "bad_param", "CANCEL needs req=ID (or :all)");
-      return;
-    }
-    if (!t && q.text_len == 3 && !memcmp(q.text, "all", 3)) {
-      int n = c->n_inflight;
-      if (n) ll_sched_cancel(s->sched, c->uid, NULL);
-      conn_printf(c, "OK %s cancelled=%d\n", id, n);
-      return;
-    }
-    const char *target = t ? t->val : q.text;
-    if (!inflight_has(c, target)) {
-      snprintf(msg, sizeof msg, "no request '%.64s' in flight on this connection", target);
-      send_err(c, q.id, "not_found", msg);
-      return;
-    }
-    ll_sched_cancel(s->sched, c->uid, target);
-    conn_printf(c, "OK %s cancelled=1\n", id);
-  } else if (!strcmp(v, "GEN") || !strcmp(v, "CHAT") || !strcmp(v, "TOKENIZE") || !strcmp(v, "DETOKENIZE")) {
-    int is_gen = v[0] == 'G' || v[0] == 'C';
-    if (s->shutting_down) {
-      send_err(c, q.id, "shutdown", "the server is shutting down");
-      return;
-    }
-    if (q.id && inflight_has(c, q.id)) {
-      snprintf(msg, sizeof msg, "request '%s' is still in flight on this connection", q.id);
-      send_err(c, q.id, "duplicate_id", msg);
-      return;
-    }
-    if (!q.has_text) {
-      snprintf(msg, sizeof msg, "%s needs its text after ' :'", v);
-      send_err(c, q.id, "bad_request", msg);
-      return;
-    }
-    if (s->outstanding >= s->cfg->parallel + s->cfg->max_queued || c->n_inflight >= MAX_INFLIGHT_PER_CONN) {
-      snprintf(msg, sizeof msg, "queue full (%d requests active or queued; max_queued=%lld)", s->outstanding, (long long)s->cfg->max_queued);
-      send_err(c, q.id, "busy", msg);
-      return;
-    }
-    struct ll_sched_req *r = calloc(1, sizeof *r);
-    if (!r) {
-      send_err(c, q.id, "internal", "out of memory");
-      return;
-    }
-    if (q.id) snprintf(r->id, sizeof r->id, "%s", q.id);
-    else next_id(c, r->id, sizeof r->id);
-    r->conn = c->uid;
-    r->kind = v[0] == 'G' ? LL_REQ_GEN : v[0] == 'C' ? LL_REQ_CHAT : v[0] == 'T' ? LL_REQ_TOKENIZE : LL_REQ_DETOKENIZE;
-    if (is_gen) {
-      if (parse_gen(c, &q, r, q.id) != 0) {
-        ll_sched_req_free(r);
-        return;
-      }
-    } else {
-      r->add_bos = 0;
-      r->special = 0;
-      for (int i = 0; i < q.n_params; i++) {
-        const struct ll_proto_param *p = &q.params[i];
-        int bv = 0, rc = 0;
-        if (!strcmp(p->key, "id")) continue;
-        if (!strcmp(p->key, "add_bos")) rc = ll_proto_bool(p, &bv, msg, sizeof msg), r->add_bos = bv;
-        else if (!strcmp(p->key, "special")) rc = ll_proto_bool(p, &bv, msg, sizeof msg), r->special = bv;
-        else rc = ll_errf(msg, sizeof msg, LL_EINVAL, "unknown parameter '%s' for %s", p->key, v);
-        if (rc) {
-          send_err(c, q.id, "bad_param", msg);
-          ll_sched_req_free(r);
-          return;
-        }
-      }
-    }
-    r->text = malloc(q.text_len + 1);
-    if (!r->text) {
-      send_err(c, q.id, "internal", "out of memory");
-      ll_sched_req_free(r);
-      return;
-    }
-    memcpy(r->text, q.text, q.text_len);
-    r->text[q.text_len] = 0;
-    r->text_len = q.text_len;
-    hand_off(c, r);
-  } else {
-    char vb[64];
-    esc_value(v, vb, sizeof vb);
-    snprintf(msg, sizeof msg, "unknown command '%s' (try HELP)", vb);
-    send_err(c, "-", "unknown_command", msg);
+  if (vb->fn) {
+    vb->fn(c, &q, q.id ? q.id : "-");
+    return;
   }
+  char vname[64];
+  esc_value(q.verb, vname, sizeof vname);
+  snprintf(msg, sizeof msg, "unknown command '%s' (try HELP)", vname);
+  send_err(c, "-", "unknown_command", msg);
 }
 
 // ---- reading ----
