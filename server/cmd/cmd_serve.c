@@ -1,11 +1,7 @@
 // cmd_serve.c - `llsrv [serve] --model PATH ...`: load the configuration (one option table,
-// config.c), open the engine, start the scheduler's compute thread, the TCP listener and the
-// monitor socket on one libuv loop, print one start-up summary, and run until SIGINT/SIGTERM.
-//
-// Shutdown: the first signal stops accepting, ends every request with a final line
-// (reason=shutdown), closes clients once their last line is out, removes the monitor socket
-// and exits 0 (at most ~5 s). A second signal exits at once; files are only ever published
-// by rename, so nothing is torn.
+// config.c), open the engine, start the scheduler's compute thread, adapters and the training
+// job, start the service (server.c: the listeners and the monitor socket on one libuv loop),
+// print one start-up summary, run until SIGINT/SIGTERM, and tear down in order.
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,40 +18,6 @@
 #include "ll_model.h"
 #include "ll_server.h"
 #include "ll_trainjob.h"
-
-static void on_async(uv_async_t *a) {
-  struct ll_server *s = a->data;
-  for (struct ll_sched_ev *o = ll_sched_take_events(s->sched), *n; o; o = n) {
-    n = o->next;
-    if (o->type == LL_EV_MONITOR) {
-      ll_monitor_event(s, o->data, o->len);
-      free(o);
-      continue;
-    }
-    if (o->final) ll_http_observe(s, o); // /metrics counts both protocols' requests
-    if (ll_http_is_uid(o->conn)) ll_http_on_event(s, o);
-    else ll_net_on_event(s, o);
-  }
-  if (s->shutting_down == 1 && s->outstanding == 0) {
-    // Every request has had its final line: close clients (after their output), stop.
-    s->shutting_down = 2;
-    ll_net_close_all(s);
-    ll_http_close_all(s);
-    ll_monitor_close(s);
-    uv_close((uv_handle_t *)&s->tick, NULL);
-    // The signal handlers stay (a second signal must still exit at once while clients
-    // drain) but no longer keep the loop alive.
-    uv_unref((uv_handle_t *)&s->sig_int);
-    uv_unref((uv_handle_t *)&s->sig_term);
-    uv_close((uv_handle_t *)&s->async, NULL);
-    // stop_timer stays: if a client never lets its output drain, the loop still ends.
-  }
-}
-
-static void close_walk(uv_handle_t *h, void *arg) {
-  (void)arg;
-  if (!uv_is_closing(h)) uv_close(h, NULL);
-}
 
 static int adapter_index(struct ll_lora *const *out, int n, const char *name) {
   for (int i = 0; i < n; i++)
@@ -113,37 +75,6 @@ static int load_adapters(struct ll_server *srv, const char *list, struct ll_lora
   }
   free(copy);
   return n;
-}
-
-static void notify(void *user) { uv_async_send(&((struct ll_server *)user)->async); }
-
-static void on_tick(uv_timer_t *t) { ll_net_tick(t->data); }
-
-static void on_stop_timer(uv_timer_t *t) {
-  struct ll_server *s = t->data;
-  ll_log(LL_LOG_WARN, "shutdown: clients still open after 5 s; stopping anyway");
-  uv_print_all_handles(s->loop, stderr);
-  uv_stop(s->loop);
-}
-
-static void on_signal(uv_signal_t *h, int signum) {
-  struct ll_server *s = h->data;
-  if (s->shutting_down) {
-    ll_log(LL_LOG_WARN, "second %s: exiting now", signum == SIGINT ? "SIGINT" : "SIGTERM");
-    if (s->mon_path[0]) unlink(s->mon_path);
-    _exit(1);
-  }
-  ll_log(LL_LOG_INFO, "%s: shutting down (finishing %d requests with reason=shutdown)", signum == SIGINT ? "SIGINT" : "SIGTERM",
-         s->outstanding);
-  s->shutting_down = 1;
-  ll_net_shutdown(s);
-  ll_http_shutdown(s);
-  ll_sched_shutdown(s->sched);
-  uv_timer_init(s->loop, &s->stop_timer);
-  s->stop_timer.data = s;
-  uv_timer_start(&s->stop_timer, on_stop_timer, 5000, 0);
-  uv_unref((uv_handle_t *)&s->stop_timer); // does not by itself keep the loop alive
-  uv_async_send(&s->async); // in case nothing is outstanding
 }
 
 static void fmt_bytes(char *out, size_t cap, double b) {
@@ -250,19 +181,14 @@ int ll_cmd_serve(int argc, char **argv) {
   char cl_cache[1100];
   ep.cache_dir = ll_cmd_opencl_cache(state_dir, cfg.device, cl_cache, sizeof cl_cache);
   struct ll_server srv;
-  memset(&srv, 0, sizeof srv);
-  srv.cfg = &cfg;
-  srv.model_path = model_path;
-  srv.loop = uv_default_loop();
-  srv.t_start = (double)uv_hrtime() / 1e6;
+  ll_server_init(&srv, &cfg, model_path);
   if (ll_engine_open(&srv.e, &ep, err, sizeof err) != 0) {
     fprintf(stderr, "llsrv: %s\n", err);
+    ll_server_close(&srv);
     ll_config_free(&cfg);
     return 1;
   }
   ll_engine_get_info(srv.e, &srv.info);
-  uv_async_init(srv.loop, &srv.async, on_async);
-  srv.async.data = &srv;
   struct ll_sched_params sp = {.prefill_chunk = (int)cfg.prefill_chunk};
   int exit_code = 1, n_adapters = 0;
   struct ll_lora *adapters[LL_SCHED_MAX_ADAPTERS];
@@ -272,7 +198,7 @@ int ll_cmd_serve(int argc, char **argv) {
     goto out;
   }
   sp.chat_template = chat_tmpl;
-  int sc = ll_sched_create(&srv.sched, srv.e, &sp, notify, &srv, err, sizeof err);
+  int sc = ll_sched_create(&srv.sched, srv.e, &sp, ll_server_notify, &srv, err, sizeof err);
   free(chat_tmpl); // the scheduler keeps its own copy
   if (sc != 0) {
     fprintf(stderr, "llsrv: %s\n", err);
@@ -292,21 +218,10 @@ int ll_cmd_serve(int argc, char **argv) {
       goto out;
     }
   }
-  if (ll_net_start(&srv, err, sizeof err) != 0 || ll_http_start(&srv, err, sizeof err) != 0 ||
-      ll_monitor_start(&srv, sock_path, err, sizeof err) != 0) {
+  if (ll_server_listen(&srv, sock_path, err, sizeof err) != 0) {
     fprintf(stderr, "llsrv: %s\n", err);
     goto out;
   }
-  uv_timer_init(srv.loop, &srv.tick);
-  srv.tick.data = &srv;
-  uv_timer_start(&srv.tick, on_tick, 250, 250);
-  uv_signal_init(srv.loop, &srv.sig_int);
-  uv_signal_init(srv.loop, &srv.sig_term);
-  srv.sig_int.data = srv.sig_term.data = &srv;
-  uv_signal_start(&srv.sig_int, on_signal, SIGINT);
-  uv_signal_start(&srv.sig_term, on_signal, SIGTERM);
-  signal(SIGPIPE, SIG_IGN);
-  signal(SIGXFSZ, SIG_IGN); // a file-size limit (ulimit -f) fails a checkpoint's write with EFBIG, as a full disk does, not the server
 
   // One start-up summary.
   const struct ll_engine_info *in = &srv.info;
@@ -380,7 +295,7 @@ int ll_cmd_serve(int argc, char **argv) {
   }
   fflush(stderr);
 
-  uv_run(srv.loop, UV_RUN_DEFAULT);
+  ll_server_run(&srv);
   // Joins the training thread and saves a running job's checkpoint (SIGTERM keeps the work);
   // when that save fails the work is lost: an error, logged before "stopped", and exit 1.
   exit_code = ll_trainjob_stop(srv.job) == 0 ? 0 : 1;
@@ -392,16 +307,7 @@ out:
   ll_trainjob_destroy(srv.job); // after the compute thread: requests may still have read its adapter
   srv.job = NULL;
   for (int i = 0; i < n_adapters; i++) ll_lora_free(adapters[i]); // before the engine's backend goes
-  if (srv.mon_path[0]) unlink(srv.mon_path);
-  // Close what is still open (an error path, or the stop timer) and let the close callbacks
-  // free their memory before the connection table goes.
-  if (srv.conns) ll_net_force_close_all(&srv);
-  ll_monitor_close(&srv);
-  ll_http_free(&srv); // closes H2O's own handles; before the walk that closes what is left
-  uv_walk(srv.loop, close_walk, NULL);
-  uv_run(srv.loop, UV_RUN_DEFAULT);
-  uv_loop_close(srv.loop);
-  free(srv.conns);
+  ll_server_close(&srv); // sockets, handles, the loop
   ll_engine_close(srv.e);
   ll_config_free(&cfg);
   return exit_code;

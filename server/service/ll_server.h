@@ -52,6 +52,14 @@ struct ll_server {
   int shutting_down;
 };
 
+// server.c: the loop's life. init (before the scheduler: its notify is ll_server_notify),
+// listen (sockets, tick, signals), run (until shutdown), close (after the scheduler is gone).
+void ll_server_init(struct ll_server *s, const struct ll_config *cfg, const char *model_path);
+void ll_server_notify(void *user); // the scheduler's notify: wakes the loop (any thread)
+int ll_server_listen(struct ll_server *s, const char *sock_path, char *err, size_t errlen);
+void ll_server_run(struct ll_server *s);
+void ll_server_close(struct ll_server *s);
+
 // net.c
 int ll_net_start(struct ll_server *s, char *err, size_t errlen);
 void ll_net_on_event(struct ll_server *s, struct ll_sched_ev *o); // encodes one event as a line for its connection; frees o
