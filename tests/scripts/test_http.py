@@ -311,6 +311,25 @@ is_error(raw(b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n"), 405, "GET on a
 is_error(post("/v1/completions", {"prompt": "x", "temperature": 99}), 400, "temperature out of range")
 both_serve("malformed and mistyped requests")
 
+# Not HTTP, or HTTP H2O refuses: a 400 (or a close), never a hang or a crash.
+for name, data in (("bytes that are not HTTP", b"\x00\x01\x02hello\r\n\r\n"),
+                   ("500 headers", b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(500)) + b"\r\n"),
+                   ("the HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+                   ("a bad chunk size", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+                   ("a Content-Length of 20 digits", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n")):
+    r = raw(data, want_close=True)
+    check(r == b"" or status(r) == 400, "%s: 400 or a close (%r)" % (name, r[:60]))
+deep = b"[" * 10000 + b"]" * 10000
+is_error(post("/v1/completions", deep), 400, "JSON nested 10000 deep")
+r = post("/tokenize", b'{"con' + b'tent": "hello"}')
+check(status(r) == 200 and len(body_json(r)["tokens"]) == 5, "tokenize: %r" % r[-60:])
+r = raw(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"con\r\n10\r\ntent\": \"hello\"}\r\n0\r\n\r\n")
+check(status(r) == 200 and len(body_json(r)["tokens"]) == 5, "a chunked body is read whole: %r" % r[-60:])
+r = post("/detokenize", {"tokens": [107, 104]})
+check(status(r) == 200 and body_json(r)["content"] == "he", "detokenize: %r" % r[-60:])
+is_error(post("/detokenize", {"tokens": [99999999]}), 400, "a token id out of range")
+both_serve("requests H2O refuses")
+
 big = b"{\"prompt\": \"" + b"a" * (300 * 1024) + b"\"}"
 r = post("/v1/completions", big)
 check(r == b"" or status(r) == 413, "a body over max_line: 413 or a closed connection (%r)" % r[:80])
