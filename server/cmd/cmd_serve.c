@@ -77,6 +77,19 @@ static int load_adapters(struct ll_server *srv, const char *list, struct ll_lora
   return n;
 }
 
+// Opening the engine, on a worker thread while the HTTP API answers 503 (ll_server_load).
+struct open_args {
+  struct ll_engine **e;
+  const struct ll_engine_params *ep;
+  char *err;
+  size_t errlen;
+};
+
+static int open_engine(void *arg) {
+  struct open_args *a = arg;
+  return ll_engine_open(a->e, a->ep, a->err, a->errlen);
+}
+
 static void fmt_bytes(char *out, size_t cap, double b) {
   if (b >= 1 << 30) snprintf(out, cap, "%.2f GiB", b / (1 << 30));
   else snprintf(out, cap, "%.1f MiB", b / (1 << 20));
@@ -182,7 +195,8 @@ int ll_cmd_serve(int argc, char **argv) {
   ep.cache_dir = ll_cmd_opencl_cache(state_dir, cfg.device, cl_cache, sizeof cl_cache);
   struct ll_server srv;
   ll_server_init(&srv, &cfg, model_path);
-  if (ll_engine_open(&srv.e, &ep, err, sizeof err) != 0) {
+  struct open_args oa = {&srv.e, &ep, err, sizeof err};
+  if (ll_server_load(&srv, open_engine, &oa, err, sizeof err) != 0) {
     fprintf(stderr, "llsrv: %s\n", err);
     ll_server_close(&srv);
     ll_config_free(&cfg);

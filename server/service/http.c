@@ -1153,14 +1153,19 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
   int get = method_is(req, "GET") || method_is(req, "HEAD"), post = method_is(req, "POST");
   if (path_is(req, "/health")) {
     if (!get) goto bad_method;
+    const char *st = s->loading ? "loading" : s->shutting_down ? "shutting_down" : "ok";
     json_t *o = json_object();
-    json_object_set_new(o, "status", json_string(s->shutting_down ? "shutting_down" : "ok"));
-    send_json(h, req, s->shutting_down ? 503 : 200, s->shutting_down ? "Service Unavailable" : "OK", o);
+    json_object_set_new(o, "status", json_string(st));
+    send_json(h, req, strcmp(st, "ok") ? 503 : 200, strcmp(st, "ok") ? "Service Unavailable" : "OK", o);
     return 0;
   }
   if (!auth_ok(h, req)) {
     ll_log(LL_LOG_WARN, "http: request without the right bearer token"); // never the token itself
     send_error(h, req, 401, "invalid_api_key", NULL, "Incorrect API key: send 'Authorization: Bearer TOKEN' (the server's auth_token)");
+    return 0;
+  }
+  if (s->loading) {
+    send_error(h, req, 503, "loading", NULL, "the model is loading; GET /health says when it is served");
     return 0;
   }
   if (path_is(req, "/metrics")) {

@@ -50,12 +50,16 @@ struct ll_server {
   uv_signal_t sig_int, sig_term;
   uv_timer_t stop_timer;
   int shutting_down;
+  int loading; // the model is being loaded (ll_server_load): HTTP answers 503
 };
 
 // server.c: the loop's life. init (before the scheduler: its notify is ll_server_notify),
 // listen (sockets, tick, signals), run (until shutdown), close (after the scheduler is gone).
 void ll_server_init(struct ll_server *s, const struct ll_config *cfg, const char *model_path);
 void ll_server_notify(void *user); // the scheduler's notify: wakes the loop (any thread)
+// Runs fn(arg) (opening the engine) on a worker thread while the loop serves the HTTP API,
+// started here, whose /health answers 503 (loading) meanwhile; returns fn's result.
+int ll_server_load(struct ll_server *s, int (*fn)(void *arg), void *arg, char *err, size_t errlen);
 int ll_server_listen(struct ll_server *s, const char *sock_path, char *err, size_t errlen);
 void ll_server_run(struct ll_server *s);
 void ll_server_close(struct ll_server *s);

@@ -89,9 +89,50 @@ void ll_server_init(struct ll_server *s, const struct ll_config *cfg, const char
   s->async.data = s;
 }
 
+// ---- loading with the HTTP API up (GET /health answers 503 until the model is there) ----
+
+struct load_work {
+  uv_work_t w;
+  struct ll_server *s;
+  int (*fn)(void *arg);
+  void *arg;
+  int rc;
+};
+
+static void load_run(uv_work_t *w) {
+  struct load_work *lw = (struct load_work *)w;
+  // Testing aid: LL_TEST_LOAD_DELAY_MS=N makes loading take N ms longer, so a test can see
+  // the HTTP API answer while the model loads.
+  const char *d = getenv("LL_TEST_LOAD_DELAY_MS");
+  if (d && atoi(d) > 0 && atoi(d) <= 600000) usleep((useconds_t)atoi(d) * 1000u);
+  lw->rc = lw->fn(lw->arg);
+}
+
+static void load_done(uv_work_t *w, int status) {
+  struct load_work *lw = (struct load_work *)w;
+  if (status != 0) lw->rc = -1;
+  lw->s->loading = 0;
+  uv_stop(lw->s->loop);
+}
+
+int ll_server_load(struct ll_server *s, int (*fn)(void *arg), void *arg, char *err, size_t errlen) {
+  int rc = ll_http_start(s, err, errlen);
+  if (rc) return rc;
+  if (!s->http) return fn(arg); // HTTP off: nothing to answer while loading
+  ll_log(LL_LOG_INFO, "http: http://%s answers 503 (loading) until the model is loaded", s->http_addr);
+  struct load_work lw = {.s = s, .fn = fn, .arg = arg, .rc = 0};
+  s->loading = 1;
+  if (uv_queue_work(s->loop, &lw.w, load_run, load_done) != 0) {
+    s->loading = 0;
+    return fn(arg);
+  }
+  while (s->loading) uv_run(s->loop, UV_RUN_DEFAULT); // load_done stops it
+  return lw.rc;
+}
+
 int ll_server_listen(struct ll_server *s, const char *sock_path, char *err, size_t errlen) {
   int rc = ll_net_start(s, err, errlen);
-  if (!rc) rc = ll_http_start(s, err, errlen);
+  if (!rc && !s->http) rc = ll_http_start(s, err, errlen);
   if (!rc) rc = ll_monitor_start(s, sock_path, err, errlen);
   if (rc) return rc;
   uv_timer_init(s->loop, &s->tick);

@@ -441,6 +441,34 @@ m4 = raw_to(srv4.http_port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: cl
 check(b"\nllsrv_train_running 1\n" in m4 and re.search(rb"\nllsrv_train_step \d", m4) is not None, "/metrics: training running, its step")
 check(srv4.stop() == 0, "the training server exits 0")
 
+# ---- /health while the model loads ----
+print("-- /health: 503 while loading, 200 when serving", flush=True)
+ps = socket.socket()
+ps.bind(("127.0.0.1", 0))
+hport = ps.getsockname()[1]
+ps.close()
+log5 = open(os.path.join(tmp, "loading.log"), "w+")
+env5 = dict(os.environ, LL_TEST_LOAD_DELAY_MS="4000")
+p5 = subprocess.Popen([BIN, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:%d" % hport, "--socket", os.path.join(tmp, "l-run", "m.sock"),
+                       "--state-dir", os.path.join(tmp, "state"), "--parallel", "1", "--ctx", "128"], stdout=log5, stderr=subprocess.STDOUT, env=env5)
+
+
+def health5():
+    try:
+        return raw_to(hport, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    except OSError:
+        return b""
+
+
+check(wait_until(lambda: b"loading" in health5(), "/health says loading", 60), "/health answers while the model loads")
+h5 = health5()
+check(status(h5) == 503 or b"listening on" in open(log5.name, "rb").read(), "/health is 503 while loading: %r" % h5[:60])
+m5 = raw_to(hport, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+check(status(m5) == 503 and b'"loading"' in m5 or b"listening on" in open(log5.name, "rb").read(), "other endpoints: 503 loading: %r" % m5[:80])
+check(wait_until(lambda: status(health5()) == 200, "/health 200", 120), "/health is 200 once the model is served")
+p5.terminate()
+check(p5.wait(60) == 0, "the server that loaded slowly exits 0")
+
 # ---- auth ----
 print("-- auth: Bearer token", flush=True)
 srv2 = Server(tmp, ["--parallel", "1", "--ctx", "128", "--auth-token", "s3cret"], name="auth")
