@@ -7,6 +7,7 @@
 // (reason=shutdown), closes clients once their last answer is out, removes the monitor socket
 // and lets the loop end (at most ~5 s). A second signal exits at once; files are only ever
 // published by rename, so nothing is torn.
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,26 +92,35 @@ void ll_server_init(struct ll_server *s, const struct ll_config *cfg, const char
 
 // ---- loading with the HTTP API up (GET /health answers 503 until the model is there) ----
 
+// The loading runs on a thread of our own, joined before the server goes on (libuv's thread
+// pool would keep threads to the process's exit, where ASan's teardown trips on them).
 struct load_work {
-  uv_work_t w;
+  uv_async_t done; // load_run -> the loop
   struct ll_server *s;
   int (*fn)(void *arg);
   void *arg;
   int rc;
 };
 
-static void load_run(uv_work_t *w) {
-  struct load_work *lw = (struct load_work *)w;
+static void *load_run(void *arg) {
+  struct load_work *lw = arg;
   // Testing aid: LL_TEST_LOAD_DELAY_MS=N makes loading take N ms longer, so a test can see
   // the HTTP API answer while the model loads.
   const char *d = getenv("LL_TEST_LOAD_DELAY_MS");
   if (d && atoi(d) > 0 && atoi(d) <= 600000) usleep((useconds_t)atoi(d) * 1000u);
+  // Opening a device may install an alternate signal stack of the library's own on this
+  // thread (LLVM, under pocl, mallocs one); the thread's own is put back before it exits,
+  // as whatever made it (the C library, a sanitizer) unmaps it then.
+  stack_t own;
+  int have = sigaltstack(NULL, &own) == 0;
   lw->rc = lw->fn(lw->arg);
+  if (have) sigaltstack(&own, NULL);
+  uv_async_send(&lw->done);
+  return NULL;
 }
 
-static void load_done(uv_work_t *w, int status) {
-  struct load_work *lw = (struct load_work *)w;
-  if (status != 0) lw->rc = -1;
+static void load_done(uv_async_t *a) {
+  struct load_work *lw = a->data;
   lw->s->loading = 0;
   uv_stop(lw->s->loop);
 }
@@ -121,12 +131,19 @@ int ll_server_load(struct ll_server *s, int (*fn)(void *arg), void *arg, char *e
   if (!s->http) return fn(arg); // HTTP off: nothing to answer while loading
   ll_log(LL_LOG_INFO, "http: http://%s answers 503 (loading) until the model is loaded", s->http_addr);
   struct load_work lw = {.s = s, .fn = fn, .arg = arg, .rc = 0};
+  uv_async_init(s->loop, &lw.done, load_done);
+  lw.done.data = &lw;
+  pthread_t th;
   s->loading = 1;
-  if (uv_queue_work(s->loop, &lw.w, load_run, load_done) != 0) {
+  if (pthread_create(&th, NULL, load_run, &lw) != 0) {
     s->loading = 0;
-    return fn(arg);
+    lw.rc = fn(arg);
+  } else {
+    while (s->loading) uv_run(s->loop, UV_RUN_DEFAULT); // load_done stops it
+    pthread_join(th, NULL);
   }
-  while (s->loading) uv_run(s->loop, UV_RUN_DEFAULT); // load_done stops it
+  uv_close((uv_handle_t *)&lw.done, NULL);
+  uv_run(s->loop, UV_RUN_NOWAIT); // the close completes before lw goes
   return lw.rc;
 }
 
