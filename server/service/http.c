@@ -1263,10 +1263,12 @@ static void on_connection(uv_stream_t *server, int status) {
     return;
   }
   if (h->n_conns >= s->cfg->max_clients || s->shutting_down) {
-    static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 101\r\n"
-                               "Connection: close\r\n\r\n"
-                               "{\"error\":{\"message\":\"too many clients\",\"type\":\"server_error\",\"param\":null,\"code\":\"too_many_clients\"}}\n";
-    uv_buf_t bb = uv_buf_init((char *)busy, sizeof busy - 1);
+    // Tell the client why, then close (best effort; not counted as a connection).
+    static const char body[] = "{\"error\":{\"message\":\"too many clients\",\"type\":\"server_error\",\"param\":null,\"code\":\"too_many_clients\"}}\n";
+    char busy[320];
+    int k = snprintf(busy, sizeof busy, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                                        "Connection: close\r\n\r\n%s", sizeof body - 1, body);
+    uv_buf_t bb = uv_buf_init(busy, (unsigned)k);
     uv_try_write((uv_stream_t *)c, &bb, 1);
     uv_close((uv_handle_t *)c, on_refused_closed);
     return;

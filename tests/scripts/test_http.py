@@ -373,6 +373,24 @@ for s in idle:
         d += x
     ok += status(d) == 200
 check(ok == N_IDLE, "every keep-alive connection answered (%d of %d)" % (ok, N_IDLE))
+# Beyond max_clients (N_IDLE + 64 HTTP connections): 503 with an error object, then a close.
+extra, over = [], []
+for i in range(70):
+    s = socket.create_connection(("127.0.0.1", srv.http_port), timeout=60)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    extra.append(s)
+for s in extra:
+    d = b""
+    while not complete(d):
+        x = s.recv(4096)
+        if not x:
+            break
+        d += x
+    if status(d) == 503:
+        over.append(d)
+    s.close()
+check(len(over) >= 6 and all(body_json(d)["error"]["code"] == "too_many_clients" for d in over),
+      "connections over max_clients: 503 too_many_clients with a whole body (%d of 70)" % len(over))
 both_serve("%d idle keep-alive connections" % N_IDLE)
 r = cli.completions.create(model="demo", prompt="Once upon a time", max_tokens=8, temperature=0)
 check(r.choices[0].text.encode() == want[:len(r.choices[0].text.encode())], "a generation beside the idle connections")
