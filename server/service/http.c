@@ -609,6 +609,7 @@ void ll_http_observe(struct ll_server *s, const struct ll_sched_ev *ev) {
 
 void ll_http_on_event(struct ll_server *s, struct ll_sched_ev *ev) {
   struct ll_http *h = s->http;
+  if (ev->type == LL_EV_END && !ev->reason) ev->reason = "error"; // never the case; cheap to be sure
   if (ev->final) s->outstanding--;
   uint32_t slot = (uint32_t)(ev->conn & 0x7fffffffu);
   struct hreq *hr = h && slot < (uint32_t)h->n_reqs_cap ? h->reqs[slot] : NULL;

@@ -261,33 +261,53 @@ static void reply(struct ll_mconn *m, const char *cmd, int ok, const char *error
   json_decref(j);
 }
 
-static void handle_control(struct ll_mconn *m, char *line) {
+// ---- control commands: one row each ----
+
+static void mcmd_snapshot(struct ll_mconn *m, const char *cmd, const char *arg) {
+  (void)cmd, (void)arg;
+  json_t *j = snapshot_json(m->srv);
+  send_json(m, j);
+  json_decref(j);
+}
+
+static void mcmd_log_level(struct ll_mconn *m, const char *cmd, const char *arg) {
+  (void)cmd;
+  int lv = ll_log_level_from_name(arg);
+  if (lv < 0) return reply(m, "log_level", 0, "expected error, warn, info or debug");
+  ll_log_set_level(lv);
+  ll_log(LL_LOG_INFO, "log level set to %s from the monitor socket", arg);
+  reply(m, "log_level", 1, NULL);
+}
+
+// train start|pause|resume|stop, and save|pause|resume alone: flags for the compute thread; the
+// reply says whether the command fits the job's state.
+static void mcmd_train(struct ll_mconn *m, const char *cmd, const char *arg) {
   struct ll_server *s = m->srv;
+  const char *what = !strcmp(cmd, "train") ? arg : cmd;
+  char e[256];
+  if (!s->job) return reply(m, cmd, 0, "training is unavailable: the model has no tokenizer");
+  if (!strcmp(cmd, "train") && !arg[0]) return reply(m, cmd, 0, "train needs start, pause, resume or stop");
+  if (ll_trainjob_control(s->job, what, e, sizeof e) != 0) return reply(m, cmd, 0, e);
+  reply(m, cmd, 1, NULL);
+}
+
+static const struct mcmd {
+  const char *name;
+  void (*fn)(struct ll_mconn *m, const char *cmd, const char *arg);
+} k_mcmds[] = {
+    {"snapshot", mcmd_snapshot}, {"log_level", mcmd_log_level}, {"train", mcmd_train},
+    {"save", mcmd_train},        {"pause", mcmd_train},         {"resume", mcmd_train},
+    {NULL, NULL},
+};
+
+static void handle_control(struct ll_mconn *m, char *line) {
   char cmd[64] = "", arg[64] = "";
   if (sscanf(line, "%63s %63s", cmd, arg) < 1) return;
-  if (!strcmp(cmd, "snapshot")) {
-    json_t *j = snapshot_json(s);
-    send_json(m, j);
-    json_decref(j);
-  } else if (!strcmp(cmd, "log_level")) {
-    int lv = ll_log_level_from_name(arg);
-    if (lv < 0) return reply(m, "log_level", 0, "expected error, warn, info or debug");
-    ll_log_set_level(lv);
-    ll_log(LL_LOG_INFO, "log level set to %s from the monitor socket", arg);
-    reply(m, "log_level", 1, NULL);
-  } else if (!strcmp(cmd, "train") || !strcmp(cmd, "save") || !strcmp(cmd, "pause") || !strcmp(cmd, "resume")) {
-    // Flags for the compute thread; the reply says whether the command fits the job's state.
-    const char *what = !strcmp(cmd, "train") ? arg : cmd;
-    char e[256];
-    if (!s->job) return reply(m, cmd, 0, "training is unavailable: the model has no tokenizer");
-    if (!strcmp(cmd, "train") && !arg[0]) return reply(m, cmd, 0, "train needs start, pause, resume or stop");
-    if (ll_trainjob_control(s->job, what, e, sizeof e) != 0) return reply(m, cmd, 0, e);
-    reply(m, cmd, 1, NULL);
-  } else {
-    char e[128];
-    snprintf(e, sizeof e, "unknown command '%.40s' (snapshot, log_level LEVEL, train start|stop|pause|resume, save)", cmd);
-    reply(m, "?", 0, e);
-  }
+  for (const struct mcmd *c = k_mcmds; c->name; c++)
+    if (!strcmp(c->name, cmd)) return c->fn(m, cmd, arg);
+  char e[128];
+  snprintf(e, sizeof e, "unknown command '%.40s' (snapshot, log_level LEVEL, train start|stop|pause|resume, save)", cmd);
+  reply(m, "?", 0, e);
 }
 
 static void on_malloc(uv_handle_t *h, size_t sugg, uv_buf_t *buf) {
