@@ -13,6 +13,9 @@ bench: all
 # Serving throughput through real sockets: 8 concurrent greedy streams vs 1 (aggregate tok/s).
 bench-serve: all
 	@m=$$(bash tests/fetch-smollm2.sh) && LL_BINARY_DIR=$(BUILD) python3 tests/bench/bench_server.py "$$m" --streams 8 --tokens 64
+# The HTTP API against the line protocol: 8 streams each, same server (tok/s, time to first token).
+bench-http: all
+	@m=$$(bash tests/fetch-smollm2.sh) && LL_BINARY_DIR=$(BUILD) python3 tests/bench/bench_http.py "$$m" --streams 8 --tokens 64
 
 # What watching costs: lltop's CPU, the server's monitor cost with 8 lltop attached (2.5 min).
 bench-lltop: all
@@ -21,4 +24,4 @@ install: all
 	cmake --install $(BUILD)
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz
-.PHONY: all test bench bench-serve bench-lltop install clean
+.PHONY: all test bench bench-serve bench-http bench-lltop install clean
