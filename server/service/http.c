@@ -71,7 +71,9 @@ struct hreq {
   h2o_req_t *req;       // NULL once H2O has disposed of it
   h2o_generator_t gen;  // streaming responses
   enum hkind kind;
-  int stream, include_usage, logprobs, top_logprobs, special;
+  int stream, include_usage, logprobs, top_logprobs;
+  int special;          // logprobs' token text renders special tokens
+  int with_pieces;      // /tokenize: [{"id","piece"}] instead of ids
   char model[128];
   char cid[48];
   long long created;
@@ -473,7 +475,7 @@ static void on_final_nonstream(struct hreq *hr, const struct ll_sched_ev *ev) {
     const int32_t *ids = (const int32_t *)(const void *)ev->data;
     json_t *a = json_array();
     for (int i = 0; i < ev->n_ids; i++) {
-      if (!hr->special) { // with_pieces
+      if (hr->with_pieces) {
         char piece[256];
         int k = tk ? ll_token_to_piece(tk, ids[i], piece, sizeof piece, 1) : 0;
         if (k < 0) k = 0;
@@ -1109,7 +1111,7 @@ static void handle_tokenize(struct ll_http *h, h2o_req_t *req, int detok, struct
     r->add_bos = rc && json_is_true(v);
     r->special = 1;
     if ((rc = member(b, "with_pieces", 'b', &v)) < 0) goto bad;
-    if (rc && json_is_true(v)) hr->special = 0; // reused: 0 = answer with pieces
+    hr->with_pieces = rc && json_is_true(v);
   } else {
     hr->kind = HK_DETOKENIZE;
     r->kind = LL_REQ_DETOKENIZE;

@@ -325,6 +325,10 @@ r = post("/tokenize", b'{"con' + b'tent": "hello"}')
 check(status(r) == 200 and len(body_json(r)["tokens"]) == 5, "tokenize: %r" % r[-60:])
 r = raw(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"con\r\n10\r\ntent\": \"hello\"}\r\n0\r\n\r\n")
 check(status(r) == 200 and len(body_json(r)["tokens"]) == 5, "a chunked body is read whole: %r" % r[-60:])
+r = post("/tokenize", {"content": "hey", "with_pieces": True})
+tp = body_json(r)["tokens"] if status(r) == 200 else []
+check(len(tp) == 3 and "".join(t["piece"] for t in tp) == "hey" and all(isinstance(t["id"], int) for t in tp),
+      "tokenize with_pieces: ids and their text: %r" % tp)
 r = post("/detokenize", {"tokens": [107, 104]})
 check(status(r) == 200 and body_json(r)["content"] == "he", "detokenize: %r" % r[-60:])
 is_error(post("/detokenize", {"tokens": [99999999]}), 400, "a token id out of range")
