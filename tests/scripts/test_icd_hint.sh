@@ -20,7 +20,7 @@ if grep -q "NVIDIA's OpenCL library $tmp/libs/libnvidia-opencl.so.1 is installed
    grep -qF "echo libnvidia-opencl.so.1 > $tmp/vendors/nvidia.icd" <<<"$out"; then ok; else bad "plan: no ICD hint: $out"; fi
 
 # The server's start-up summary says the same.
-OCL_ICD_VENDORS=$tmp/vendors LD_LIBRARY_PATH=$tmp/libs "$LLSRV" --model "$tmp/m.ckpt" --listen 127.0.0.1:0 \
+OCL_ICD_VENDORS=$tmp/vendors LD_LIBRARY_PATH=$tmp/libs "$LLSRV" --model "$tmp/m.ckpt" --listen 127.0.0.1:0 --http off \
   --socket "$tmp/run/m.sock" --state-dir "$tmp/state" --parallel 1 --ctx 64 >"$tmp/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 600); do grep -q "listening on" "$tmp/serve.log" && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
