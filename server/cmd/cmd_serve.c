@@ -301,6 +301,11 @@ int ll_cmd_serve(int argc, char **argv) {
               "  export    %s export %s/last.ckpt adapter.gguf   (a GGUF LoRA for llama.cpp --lora)\n",
               host, port, host, port, access("build/tui/lltop", X_OK) == 0 ? "./build/tui/lltop" : "lltop", srv.mon_path,
               access("build/server/llsrv", X_OK) == 0 ? "./build/server/llsrv" : "llsrv", run_dir);
+      if (srv.http_addr[0])
+        fprintf(stderr,
+                "  http      curl -s http://%s/v1/chat/completions -H 'Content-Type: application/json' -d "
+                "'{\"model\":\"live\",\"max_tokens\":64,\"temperature\":0,\"messages\":[{\"role\":\"user\",\"content\":\"What is llsrv?\"}]}'%s\n",
+                srv.http_addr, cfg.auth_token ? " -H 'Authorization: Bearer TOKEN'" : "");
     } else if (chat) {
       fprintf(stderr, "  try       printf 'CHAT max_tokens=64 :What is a llama?\\nQUIT\\n' | nc %s %d\n", host, port);
     } else {
