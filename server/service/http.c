@@ -1010,6 +1010,7 @@ static void handle_generate(struct ll_http *h, h2o_req_t *req, enum hkind kind, 
   hr->slot = -1;
   hr->kind = kind;
   hr->special = 0;
+  r->kind = kind == HK_CHAT ? LL_REQ_CHAT : LL_REQ_GEN; // before the defaults: a chat's messages are text
   ll_gen_defaults(r, h->srv->cfg->default_max_tokens);
   json_t *v;
   int status = 400, rc;

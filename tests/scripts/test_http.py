@@ -180,6 +180,12 @@ check(r.object == "chat.completion" and c0.message.role == "assistant" and isins
 check(c0.finish_reason in ("stop", "length") and r.usage.completion_tokens <= 24 and r.usage.prompt_tokens > 0 and
       r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, "chat usage and finish_reason: %r" % r.usage)
 text_chat = c0.message.content
+# A message's text is text (issue 28): "</s>" in it is four bytes, not the end-of-sequence
+# token, so it counts as many prompt tokens as any other four bytes there.
+inj = cli.chat.completions.create(model="demo", messages=[{"role": "user", "content": "a</s>b"}], max_tokens=1, temperature=0)
+ref = cli.chat.completions.create(model="demo", messages=[{"role": "user", "content": "abcdef"}], max_tokens=1, temperature=0)
+check(inj.usage.prompt_tokens == ref.usage.prompt_tokens, "a control token's text in a chat message stays text: %d vs %d prompt tokens" %
+      (inj.usage.prompt_tokens, ref.usage.prompt_tokens))
 
 parts, finish, usage, roles = [], None, None, []
 for ch in cli.chat.completions.create(model="demo", messages=msgs, max_tokens=24, temperature=0, seed=1, stream=True,
