@@ -78,7 +78,12 @@ struct ll_backend_info {
   int cl_platform, cl_device; // OpenCL: P and D of opencl:P:D (another instance on the same device)
   int64_t bytes_up, bytes_down; // host -> device and device -> host bytes moved so far (0 on the CPU)
   int64_t waits;                // times the host waited for the device (blocking reads, finishes)
+  int64_t launches;             // kernels queued so far (0 on the CPU)
+  char tier[12];                // OpenCL: "reference" or "fast" (LL_OPENCL_REFERENCE); "" on the CPU
 };
+
+// fused_matmul's op: how the product meets out
+enum ll_fuse_op { LL_FUSE_SET = 0, LL_FUSE_ADD = 1, LL_FUSE_SWIGLU = 2 };
 
 struct ll_backend_i {
   void (*free)(struct ll_backend *b);
@@ -196,6 +201,23 @@ struct ll_backend_i {
   int (*zero)(struct ll_backend *b, void *dst, size_t n);                                   // (optional)
 
   int (*sync)(struct ll_backend *b); // (optional) wait for queued work and complete deferred results
+
+  // ---- fused decode ops (optional: a device's fast tier; NULL, or LL_EUNSUPPORTED for a case
+  //      they do not cover, and the engine composes the same step from the ops above) ----
+  // out[i] (T, w[i]->n) (op) xn (T, K) · w[i] (N_i, K)ᵀ for i < n (1..3), xn = x / rms(x) * g
+  // (g (K), eps as rmsnorm), or xn = x where g is NULL. op LL_FUSE_SET: =; LL_FUSE_ADD: += (the
+  // residual); LL_FUSE_SWIGLU (n == 2, w[0] gate and w[1] up of one shape): out[0] (T, N) =
+  // silu(xn · w[0]ᵀ) * (xn · w[1]ᵀ), out[1] unused. Tolerances, not bits: see each backend.
+  int (*fused_matmul)(struct ll_backend *b, int n, float *const out[], const float *x, const float *g, float eps,
+                      const struct ll_weight *const w[], int T, int op);                     // (optional)
+  // rope of q (T, n_head, hd) in place and of k (T, n_head_kv, hd) with the kv_store of k, v, for
+  // n_seq sequences in one call (rows, views and positions as attention_multi); k is not changed.
+  int (*rope_kv_store)(struct ll_backend *b, float *q, const float *k, const float *v, const struct ll_kv_view *kv,
+                       const int32_t *pos, const int *t0, const int *nt, int n_seq, int n_head,
+                       const struct ll_rope_params *p);                                       // (optional)
+  // ids (rows) = the argmax of each row of logits (rows, V), the lowest id on ties: greedy
+  // sampling's choice, made where the logits are (a device reads back only the ids).
+  int (*argmax)(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V);  // (optional)
 };
 
 #define LL_BLAS_MIN_T 32

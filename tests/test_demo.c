@@ -49,7 +49,7 @@ static void greedy(struct ll_engine *e, const char *prompt, int32_t *ids, int n,
   int np = ll_tokenize(ll_engine_tokenizer(e), prompt, strlen(prompt), 1, 0, in, 64);
   CHECK(np > 0 && np <= 64);
   for (int i = 0; i < n; i++) {
-    struct ll_batch_item it = {seq, i == 0 ? np : 1, in, 1, logits};
+    struct ll_batch_item it = {seq, i == 0 ? np : 1, in, 1, logits, NULL};
     int rc = ll_engine_decode(e, &it, 1, err, sizeof err);
     CHECKF(rc == 0, "decode step %d: %s", i, err);
     int b = 0;

@@ -24,7 +24,7 @@ static int greedy_match(struct ll_engine *e, const int32_t *ref, int n_ref) {
   int seq = ll_engine_seq_new(e), ok = 0;
   int32_t tok = 1;
   for (int i = 0; i < n_ref; i++) {
-    struct ll_batch_item it = {seq, 1, &tok, 1, logits};
+    struct ll_batch_item it = {seq, 1, &tok, 1, logits, NULL};
     if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) break;
     tok = argmax(logits, V);
     if (tok != ref[i]) {
@@ -103,7 +103,7 @@ static void test_batching(const char *path) {
   const int ns[3] = {4, 2, 7};
   for (int i = 0; i < 3; i++) { // alone
     int s = ll_engine_seq_new(e);
-    struct ll_batch_item it = {s, ns[i], ps[i], 1, solo + (size_t)i * V};
+    struct ll_batch_item it = {s, ns[i], ps[i], 1, solo + (size_t)i * V, NULL};
     CHECK(ll_engine_decode(e, &it, 1, err, sizeof err) == 0);
     ll_engine_seq_free(e, s);
   }
@@ -112,7 +112,7 @@ static void test_batching(const char *path) {
   struct ll_batch_item items[3];
   for (int i = 0; i < 3; i++) {
     s[i] = ll_engine_seq_new(e);
-    items[i] = (struct ll_batch_item){s[i], ns[i], ps[i], 1, batch + (size_t)i * V};
+    items[i] = (struct ll_batch_item){s[i], ns[i], ps[i], 1, batch + (size_t)i * V, NULL};
   }
   CHECK(ll_engine_seq_new(e) == LL_EBUSY); // all 3 slots in use
   CHECK(ll_engine_decode(e, items, 3, err, sizeof err) == 0);
@@ -122,12 +122,12 @@ static void test_batching(const char *path) {
   // Errors leave state untouched: context overflow, bad token, same sequence twice.
   int32_t many[80];
   for (int i = 0; i < 80; i++) many[i] = 1;
-  struct ll_batch_item big = {s[0], 61, many, 0, NULL};
+  struct ll_batch_item big = {s[0], 61, many, 0, NULL, NULL};
   CHECK(ll_engine_decode(e, &big, 1, err, sizeof err) == LL_ELIMIT && strstr(err, "context"));
   int32_t bad = V + 5;
-  struct ll_batch_item bt = {s[0], 1, &bad, 0, NULL};
+  struct ll_batch_item bt = {s[0], 1, &bad, 0, NULL, NULL};
   CHECK(ll_engine_decode(e, &bt, 1, err, sizeof err) == LL_EINVAL);
-  struct ll_batch_item twice[2] = {{s[1], 1, many, 0, NULL}, {s[1], 1, many, 0, NULL}};
+  struct ll_batch_item twice[2] = {{s[1], 1, many, 0, NULL, NULL}, {s[1], 1, many, 0, NULL, NULL}};
   CHECK(ll_engine_decode(e, twice, 2, err, sizeof err) == LL_EINVAL);
   CHECK(ll_engine_seq_len(e, s[0]) == 4);
   for (int i = 0; i < 3; i++) ll_engine_seq_free(e, s[i]);
@@ -139,7 +139,7 @@ static void test_batching(const char *path) {
   ep.kv_blocks = 1;
   CHECK(ll_engine_open(&e, &ep, err, sizeof err) == 0);
   int a = ll_engine_seq_new(e);
-  struct ll_batch_item fill = {a, 17, many, 0, NULL};
+  struct ll_batch_item fill = {a, 17, many, 0, NULL, NULL};
   CHECK(ll_engine_decode(e, &fill, 1, err, sizeof err) == LL_ELIMIT && strstr(err, "KV cache full"));
   CHECK(ll_engine_kv_blocks_used(e) == 0);
   ll_engine_close(e);

@@ -76,7 +76,7 @@ static int greedy(struct ll_engine *e, const struct ll_lora *a, const int32_t *p
   memcpy(tok, p, (size_t)np * sizeof *tok);
   int nt = np, rc = 0;
   for (int i = 0; i < n; i++) {
-    struct ll_batch_item it = {s, nt, tok, 1, lg};
+    struct ll_batch_item it = {s, nt, tok, 1, lg, NULL};
     if (ll_engine_decode(e, &it, 1, err, sizeof err)) {
       fprintf(stderr, "%s\n", err);
       rc = -1;
@@ -240,7 +240,7 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < 24 && ok; i++) {
       struct ll_batch_item it[3];
-      for (int k = 0; k < 3; k++) it[k] = (struct ll_batch_item){s[k], nt[k], tk[k], 1, lg + (size_t)k * V};
+      for (int k = 0; k < 3; k++) it[k] = (struct ll_batch_item){s[k], nt[k], tk[k], 1, lg + (size_t)k * V, NULL};
       if (ll_engine_decode(e, it, 3, err, sizeof err)) {
         ok = 0;
         break;

@@ -129,6 +129,9 @@ struct ocl_ctx {
   cl_program prog;
   cl_kernel k_quant, k_round, k_mm[LL_TYPE_COUNT], k_mm_f, k_gr_f, k_gr_q, k_rmsnorm, k_rope, k_swiglu, k_add, k_kv_store,
       k_attention;
+  // the fast tier (llsrv_fast.cl); k_argmax serves both tiers
+  cl_kernel k_fmm[LL_TYPE_COUNT], k_rope_kv, k_argmax;
+  int fast; // 1: the fast tier's kernels (fused ops, f32 activations); 0: the reference tier
   // training (train.cl)
   cl_kernel k_deq, k_mm_dx, k_mm_dw, k_rms_bwd, k_rms_dg, k_rope_bwd, k_swiglu_bwd, k_attn_train, k_attn_bwd_q, k_attn_bwd_kv, k_xent,
       k_gr_bwd, k_dropout, k_sumsq, k_axpy, k_scale, k_adamw;
@@ -150,7 +153,7 @@ struct ocl_ctx {
   // returns, without waiting for the device. Reset whenever the queue has drained.
   unsigned char *arena;
   size_t arena_cap, arena_used;
-  int64_t bytes_up, bytes_down, waits;
+  int64_t bytes_up, bytes_down, waits, launches;
   struct pending_loss *pend; // completed by drained()
   int n_pend, cap_pend;
   int64_t mem_used, mem_total, max_alloc; // mem_used: this instance's
@@ -454,6 +457,7 @@ static int get(struct ocl_ctx *c, int slot, void *dst, size_t bytes) {
 static int launch(struct ocl_ctx *c, cl_kernel k, cl_uint dims, const size_t *global, const size_t *local) {
   for (cl_uint i = 0; i < dims; i++)
     if (global[i] == 0) return 0;
+  c->launches++;
   return cl_rc(clEnqueueNDRangeKernel(c->q, k, dims, NULL, global, local, 0, NULL, NULL));
 }
 
@@ -525,18 +529,77 @@ static void ocl_weight_release(struct ll_backend *b, struct ll_weight *w) {
 // its context: ll_backend_opencl_create_beside), or, for a weight never uploaded, a copy made
 // for this call in a staging buffer (correct, but a transfer per call). A copy in another
 // context is a buffer this queue must not use: staged like a weight never uploaded.
-static int weight_dev(struct ocl_ctx *c, const struct ll_weight *w, cl_mem *out) {
+static int weight_dev_in(struct ocl_ctx *c, const struct ll_weight *w, int slot, cl_mem *out) {
   if (w->dev && ((const struct ocl_weight *)w->dev)->cx == c->cx) {
     *out = ((struct ocl_weight *)w->dev)->m;
     return 0;
   }
   const size_t bytes = ll_row_size(w->type, w->k) * (size_t)w->n;
-  int rc = put(c, S_W, w->data, bytes);
-  if (rc == 0) *out = c->s[S_W].use;
+  int rc = put(c, slot, w->data, bytes);
+  if (rc == 0) *out = c->s[slot].use;
   return rc;
 }
+static int weight_dev(struct ocl_ctx *c, const struct ll_weight *w, cl_mem *out) { return weight_dev_in(c, w, S_W, out); }
 
 // ---------------------------------------------------------------- forward ops
+
+// ---------------------------------------------------------------- the fast tier (llsrv_fast.cl)
+// Fused decode ops and products with f32 activations: what a GPU wants, checked against the CPU
+// with tolerances (tests/test_opencl.c). The reference tier answers LL_EUNSUPPORTED here, and
+// the engine composes the same step from the ops above.
+
+#define FR 4 // as llsrv_fast.cl: output rows per work-group
+#define FT 4 // tokens per work-group
+
+static int ocl_fused_matmul(struct ll_backend *b, int n, float *const out[], const float *x, const float *g, float eps,
+                            const struct ll_weight *const w[], int T, int op) {
+  struct ocl_ctx *c = CTX(b);
+  if (!c->fast) return LL_EUNSUPPORTED;
+  if (n < 1 || n > 3 || T < 0 || op < LL_FUSE_SET || op > LL_FUSE_SWIGLU || (op == LL_FUSE_SWIGLU && n != 2)) return LL_EINVAL;
+  if (T == 0) return 0;
+  const int type = w[0]->type;
+  const int64_t K = w[0]->k;
+  for (int i = 0; i < n; i++) {
+    if (w[i]->type != type || w[i]->k != K) return LL_EUNSUPPORTED; // one kernel, one type and row size
+    if (w[i]->n <= 0 || w[i]->n > INT_MAX / 2) return LL_EINVAL;
+  }
+  if (type < 0 || type >= LL_TYPE_COUNT || !c->k_fmm[type] || K <= 0 || K % 32 || K > INT_MAX / 2) return LL_EUNSUPPORTED;
+  if (op == LL_FUSE_SWIGLU && w[1]->n != w[0]->n) return LL_EINVAL;
+  if ((int64_t)T * K > INT_MAX) return LL_ELIMIT;
+  static const int wslot[3] = {S_W, S_D, S_E}, oslot[3] = {S_OUT, S_B, S_C};
+  cl_mem wm[3] = {NULL, NULL, NULL}, om[3] = {NULL, NULL, NULL};
+  int N[3] = {0, 0, 0};
+  int rc;
+  for (int i = 0; i < n; i++) {
+    N[i] = (int)w[i]->n;
+    if ((rc = weight_dev_in(c, w[i], wslot[i], &wm[i]))) return rc;
+  }
+  const size_t xb = (size_t)T * (size_t)K * sizeof(float);
+  if ((rc = put(c, S_X, x, xb))) return rc;
+  if (g && (rc = put_const(c, S_A, g, (size_t)K * sizeof(float)))) return rc;
+  const int nout = op == LL_FUSE_SWIGLU ? 1 : n;
+  for (int i = 0; i < nout; i++) {
+    const size_t ob = (size_t)T * N[i] * sizeof(float);
+    if ((rc = op == LL_FUSE_ADD ? put(c, oslot[i], out[i], ob) : output(c, oslot[i], out[i], ob))) return rc;
+    om[i] = c->s[oslot[i]].use;
+  }
+  cl_mem gm = g ? c->s[S_A].use : NULL;
+  const cl_ulong rb = ll_row_size(type, K);
+  const int Ki = (int)K, norm = g != NULL;
+  cl_kernel k = c->k_fmm[type];
+  cl_int e = ARG(k, 0, wm[0]) | ARG(k, 1, wm[1]) | ARG(k, 2, wm[2]) | ARG(k, 3, rb) | ARG(k, 4, c->s[S_X].use) | ARG(k, 5, gm);
+  e |= ARG(k, 6, eps) | ARG(k, 7, norm) | ARG(k, 8, om[0]) | ARG(k, 9, om[1]) | ARG(k, 10, om[2]) | ARG(k, 11, Ki);
+  e |= ARG(k, 12, N[0]) | ARG(k, 13, N[1]) | ARG(k, 14, N[2]) | ARG(k, 15, T) | ARG(k, 16, op);
+  size_t blocks = 0;
+  if (op == LL_FUSE_SWIGLU) blocks = ((size_t)N[0] + FR / 2 - 1) / (FR / 2);
+  else
+    for (int i = 0; i < n; i++) blocks += ((size_t)N[i] + FR - 1) / FR;
+  const size_t gl[2] = {WG * blocks, ((size_t)T + FT - 1) / FT}, lo[2] = {WG, 1};
+  if (e || (rc = launch(c, k, 2, gl, lo))) return e ? LL_EIO : rc;
+  for (int i = 0; i < nout; i++)
+    if ((rc = get(c, oslot[i], out[i], (size_t)T * N[i] * sizeof(float)))) return rc;
+  return 0;
+}
 
 static int act_type_mode(int wtype) { // activation quantization of llsrv.cl's act_quant
   switch (wtype) {
@@ -550,6 +613,11 @@ static int act_type_mode(int wtype) { // activation quantization of llsrv.cl's a
 static int ocl_matmul(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
   struct ocl_ctx *c = CTX(b);
   if (T <= 0) return T < 0 ? LL_EINVAL : 0;
+  if (c->fast && w->type >= 0 && w->type < LL_TYPE_COUNT && c->k_fmm[w->type] && w->k % 32 == 0) { // the fast tier's product
+    float *const o[1] = {out};
+    const struct ll_weight *const ws[1] = {w};
+    return ocl_fused_matmul(b, 1, o, x, NULL, 0.0f, ws, T, accumulate ? LL_FUSE_ADD : LL_FUSE_SET);
+  }
   const int K = (int)w->k, N = (int)w->n;
   const int fl = w->type == LL_TYPE_F32 ? 0 : w->type == LL_TYPE_F16 ? 1 : w->type == LL_TYPE_BF16 ? 2 : -1;
   const int mode = act_type_mode(w->type);
@@ -771,27 +839,30 @@ static int ocl_kv_store(struct ll_backend *b, const struct ll_kv_view *kv, const
   return 0; // host k, v were copied (upload): they may change once we return
 }
 
-static int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos,
-                               const int *t0, const int *nt, int n_seq, int n_head, float scale) {
-  struct ocl_ctx *c = CTX(b);
-  if (n_seq < 1) return 0;
+// The index arrays of n_seq sequences' rows (attention_multi's arguments), checked: one pool for
+// all (the same layer) and the rows in sequence order. *idx (malloc'd, the caller frees): the
+// concatenated block tables (n_tab), each row's sequence (rows), each table's offset (n_seq),
+// each sequence's row count (n_seq).
+static int seq_tables(const struct ll_kv_view *kv, const int32_t *pos, const int *t0, const int *nt, int n_seq, int32_t **idx, int *rows_out,
+                      int *n_tab_out, int *max_pos_out, int *max_blk_out) {
   const struct ll_kv_view *k0 = &kv[0];
-  const int hd = k0->head_dim, Hkv = k0->n_head_kv;
-  if (hd > 256 || n_head % Hkv) return LL_EUNSUPPORTED;
-  // One pool for all (the same layer), and the rows in sequence order.
   int rows = 0, max_pos = 0, max_blk = 0, n_tab = 0;
+  *idx = NULL;
   for (int i = 0; i < n_seq; i++) {
-    if (kv[i].k != k0->k || kv[i].v != k0->v || kv[i].head_dim != hd || kv[i].n_head_kv != Hkv || kv[i].kv_type != k0->kv_type ||
-        kv[i].block != k0->block || t0[i] != rows || nt[i] < 0)
+    if (kv[i].k != k0->k || kv[i].v != k0->v || kv[i].head_dim != k0->head_dim || kv[i].n_head_kv != k0->n_head_kv ||
+        kv[i].kv_type != k0->kv_type || kv[i].block != k0->block || kv[i].block <= 0 || t0[i] != rows || nt[i] < 0)
       return LL_EINVAL;
     rows += nt[i];
     int mp = 0;
-    for (int t = t0[i]; t < t0[i] + nt[i]; t++) mp = pos[t] > mp ? pos[t] : mp;
+    for (int t = t0[i]; t < t0[i] + nt[i]; t++) {
+      if (pos[t] < 0) return LL_EINVAL;
+      mp = pos[t] > mp ? pos[t] : mp;
+    }
     max_pos = mp > max_pos ? mp : max_pos;
     n_tab += mp / k0->block + 1;
   }
+  *rows_out = rows, *n_tab_out = n_tab, *max_pos_out = max_pos, *max_blk_out = 0;
   if (rows == 0) return 0;
-  // Host-side index arrays: concatenated tables, each row's sequence, each table's offset.
   int32_t *tab = malloc(((size_t)n_tab + rows + 2 * (size_t)n_seq) * sizeof *tab);
   if (!tab) return LL_ENOMEM;
   int32_t *seq_of = tab + n_tab, *toff = seq_of + rows, *snt = toff + n_seq;
@@ -802,14 +873,33 @@ static int ocl_attention_multi(struct ll_backend *b, float *out, const float *q,
     toff[i] = o;
     for (int j = 0; j <= mp / k0->block; j++, o++) {
       tab[o] = kv[i].block_table[j];
+      if (tab[o] < 0) {
+        free(tab);
+        return LL_EINVAL;
+      }
       max_blk = tab[o] > max_blk ? tab[o] : max_blk;
     }
   }
+  *idx = tab, *max_blk_out = max_blk;
+  return 0;
+}
+
+static int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos,
+                               const int *t0, const int *nt, int n_seq, int n_head, float scale) {
+  struct ocl_ctx *c = CTX(b);
+  if (n_seq < 1) return 0;
+  const struct ll_kv_view *k0 = &kv[0];
+  const int hd = k0->head_dim, Hkv = k0->n_head_kv;
+  if (hd > 256 || Hkv <= 0 || n_head % Hkv) return LL_EUNSUPPORTED;
+  int rows, n_tab, max_pos, max_blk;
+  int32_t *tab;
+  int rc = seq_tables(kv, pos, t0, nt, n_seq, &tab, &rows, &n_tab, &max_pos, &max_blk);
+  if (rc || rows == 0) return rc;
+  int32_t *seq_of = tab + n_tab, *toff = seq_of + rows, *snt = toff + n_seq;
   cl_mem K, V;
   const size_t need = ((size_t)max_blk + 1) * kv_block_bytes(k0);
   const size_t qb = (size_t)rows * n_head * hd * sizeof(float);
   const int stride = max_pos + 1;
-  int rc;
   if ((rc = kv_pool(c, k0->k, need, &K)) || (rc = kv_pool(c, k0->v, need, &V)) || (rc = put(c, S_X, q, qb)) ||
       (rc = put(c, S_POS, pos, (size_t)rows * 4)) || (rc = put(c, S_TAB, tab, (size_t)n_tab * 4)) ||
       (rc = put(c, S_SEQ, seq_of, (size_t)rows * 4)) || (rc = put(c, S_TOFF, toff, (size_t)n_seq * 4)) || (rc = put(c, S_SNT, snt, (size_t)n_seq * 4)) ||
@@ -827,6 +917,61 @@ static int ocl_attention_multi(struct ll_backend *b, float *out, const float *q,
   const size_t gl = (size_t)rows * n_head * WG, lo = WG;
   if (e || (rc = launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
   return get(c, S_OUT, out, qb);
+}
+
+// The fast tier: rope of q and k and the kv_store of k, v in one kernel (llsrv_fast.cl rope_kv).
+static int ocl_rope_kv_store(struct ll_backend *b, float *q, const float *k, const float *v, const struct ll_kv_view *kv, const int32_t *pos,
+                             const int *t0, const int *nt, int n_seq, int n_head, const struct ll_rope_params *p) {
+  struct ocl_ctx *c = CTX(b);
+  if (!c->fast) return LL_EUNSUPPORTED;
+  if (n_seq < 1) return 0;
+  const struct ll_kv_view *k0 = &kv[0];
+  const int hd = k0->head_dim, Hkv = k0->n_head_kv;
+  if (hd <= 0 || Hkv <= 0 || n_head <= 0 || p->n_rot > hd || p->n_rot % 2 || p->n_rot < 0) return LL_EINVAL;
+  if (k0->kv_type != LL_TYPE_F16 && k0->kv_type != LL_TYPE_F32) return LL_EUNSUPPORTED;
+  const int np = p->n_rot / 2;
+  if (np == 0) return LL_EUNSUPPORTED; // nothing to rotate: the unfused ops
+  int rows, n_tab, max_pos, max_blk;
+  int32_t *tab;
+  int rc = seq_tables(kv, pos, t0, nt, n_seq, &tab, &rows, &n_tab, &max_pos, &max_blk);
+  if (rc || rows == 0) return rc;
+  int32_t *seq_of = tab + n_tab, *toff = seq_of + rows;
+  float *ct, *st;
+  cl_mem K, V;
+  const size_t need = ((size_t)max_blk + 1) * kv_block_bytes(k0);
+  const size_t qb = (size_t)rows * n_head * hd * sizeof(float), kb = (size_t)rows * Hkv * hd * sizeof(float), tb = (size_t)rows * np * sizeof(float);
+  if ((rc = rope_tables(c, pos, rows, p, &ct, &st)) || (rc = kv_pool(c, k0->k, need, &K)) || (rc = kv_pool(c, k0->v, need, &V)) ||
+      (rc = put(c, S_X, q, qb)) || (rc = put(c, S_A, k, kb)) || (rc = put(c, S_B, v, kb)) || (rc = put_const(c, S_C, ct, tb)) ||
+      (rc = put_const(c, S_D, st, tb)) || (rc = put(c, S_POS, pos, (size_t)rows * 4)) || (rc = put(c, S_TAB, tab, (size_t)n_tab * 4)) ||
+      (rc = put(c, S_SEQ, seq_of, (size_t)rows * 4)) || (rc = put(c, S_TOFF, toff, (size_t)n_seq * 4))) {
+    free(tab);
+    return rc;
+  }
+  free(tab);
+  cl_kernel kk = c->k_rope_kv;
+  const int neox = p->mode == LL_ROPE_NEOX, fused = b->ggml_math, f16 = k0->kv_type == LL_TYPE_F16, block = k0->block;
+  cl_int e = ARG(kk, 0, c->s[S_X].use) | ARG(kk, 1, c->s[S_A].use) | ARG(kk, 2, c->s[S_B].use) | ARG(kk, 3, K) | ARG(kk, 4, V);
+  e |= ARG(kk, 5, c->s[S_C].use) | ARG(kk, 6, c->s[S_D].use) | ARG(kk, 7, c->s[S_POS].use) | ARG(kk, 8, c->s[S_TAB].use);
+  e |= ARG(kk, 9, c->s[S_SEQ].use) | ARG(kk, 10, c->s[S_TOFF].use) | ARG(kk, 11, rows) | ARG(kk, 12, n_head) | ARG(kk, 13, Hkv);
+  e |= ARG(kk, 14, hd) | ARG(kk, 15, np) | ARG(kk, 16, neox) | ARG(kk, 17, fused) | ARG(kk, 18, block) | ARG(kk, 19, f16);
+  const size_t g = (size_t)rows * (size_t)(n_head + Hkv) * (size_t)((hd + 1) / 2);
+  if (e || (rc = launch(c, kk, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return get(c, S_X, q, qb);
+}
+
+// Greedy sampling where the logits are (both tiers: a comparison, no sums): rows x 4 bytes back.
+static int ocl_argmax(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V) {
+  struct ocl_ctx *c = CTX(b);
+  if (rows < 0 || V <= 0) return LL_EINVAL;
+  if (rows == 0) return 0;
+  const size_t lb = (size_t)rows * (size_t)V * sizeof(float), ib = (size_t)rows * sizeof(int32_t);
+  int rc;
+  if ((rc = put(c, S_X, logits, lb)) || (rc = output(c, S_OUT, ids, ib))) return rc;
+  cl_kernel k = c->k_argmax;
+  cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_OUT].use) | ARG(k, 2, V);
+  const size_t gl = (size_t)rows * WG, lo = WG;
+  if (e || (rc = launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  return get(c, S_OUT, ids, ib);
 }
 
 static int ocl_attention(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, int T, int n_head,
@@ -1354,6 +1499,8 @@ static void ocl_get_info(struct ll_backend *b, struct ll_backend_info *info) {
   *info = c->info;
   info->mem_used = c->mem_used;
   info->bytes_up = c->bytes_up, info->bytes_down = c->bytes_down, info->waits = c->waits;
+  info->launches = c->launches;
+  snprintf(info->tier, sizeof info->tier, "%s", c->fast ? "fast" : "reference");
 }
 
 static void ocl_free(struct ll_backend *b) {
@@ -1393,7 +1540,10 @@ static void ocl_free(struct ll_backend *b) {
       if (ks[i]) clReleaseKernel(ks[i]);
     for (int t = 0; t < LL_TYPE_COUNT; t++) {
       if (c->k_mm[t]) clReleaseKernel(c->k_mm[t]);
+      if (c->k_fmm[t]) clReleaseKernel(c->k_fmm[t]);
     }
+    if (c->k_rope_kv) clReleaseKernel(c->k_rope_kv);
+    if (c->k_argmax) clReleaseKernel(c->k_argmax);
     if (c->prog) clReleaseProgram(c->prog);
     if (c->q) clReleaseCommandQueue(c->q);
     if (c->cx) clReleaseContext(c->cx);
@@ -1436,6 +1586,9 @@ static const struct ll_backend_i ocl_iface = {
     .copy = ocl_copy,
     .zero = ocl_zero,
     .sync = ocl_sync,
+    .fused_matmul = ocl_fused_matmul,
+    .rope_kv_store = ocl_rope_kv_store,
+    .argmax = ocl_argmax,
 };
 
 // ---------------------------------------------------------------- program build and cache
@@ -1589,13 +1742,26 @@ static int make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_axpy, "axpy");
   MK(c->k_scale, "scale");
   MK(c->k_adamw, "adamw");
+  static const struct {
+    int type;
+    const char *name;
+  } f[] = {{LL_TYPE_F32, "f32"},   {LL_TYPE_F16, "f16"},   {LL_TYPE_BF16, "bf16"}, {LL_TYPE_Q4_0, "q4_0"},
+           {LL_TYPE_Q4_1, "q4_1"}, {LL_TYPE_Q5_0, "q5_0"}, {LL_TYPE_Q5_1, "q5_1"}, {LL_TYPE_Q8_0, "q8_0"},
+           {LL_TYPE_Q4_K, "q4_K"}, {LL_TYPE_Q5_K, "q5_K"}, {LL_TYPE_Q6_K, "q6_K"}};
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+    snprintf(name, sizeof name, "fmm_%s", f[i].name);
+    MK(c->k_fmm[f[i].type], name);
+  }
+  MK(c->k_rope_kv, "rope_kv");
+  MK(c->k_argmax, "argmax_rows");
 #undef MK
   return 0;
 }
 
 // Warm-up and self-test: a small Q8_0 product (3 tokens, 5 rows of 64, two unit groups) and
-// its accumulate form against the CPU's scalar reference. A device that computes it wrong
-// is not used.
+// its accumulate form against the CPU's scalar reference (the fast tier's too: it quantizes the
+// activations as the CPU does, and its sums are within float rounding). A device that computes
+// it wrong is not used.
 static int self_test(struct ll_backend *b, char *err, size_t errlen) {
   enum { K = 64, N = 5, T = 3 };
   float wf[N * K], x[T * K], out[T * N], ref[T * N];
@@ -1706,6 +1872,13 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
     }
     free(ext);
   }
+  // The tier: LL_OPENCL_REFERENCE=1 the reference kernels, =0 the fast ones; unset, the fast
+  // tier on GPUs and accelerators, the reference tier on CPU devices (PoCL), where it is bit
+  // for bit the CPU backend's and the fast tier would buy little.
+  cl_device_type dtype = 0;
+  clGetDeviceInfo(c->dev, CL_DEVICE_TYPE, sizeof dtype, &dtype, NULL);
+  const char *tier = getenv("LL_OPENCL_REFERENCE");
+  c->fast = tier && *tier ? strcmp(tier, "0") == 0 : (dtype & (CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR)) != 0;
   int rc = 0;
   if (strncmp(in->version, "OpenCL ", 7) != 0 || (in->version[7] == '1' && in->version[9] < '2'))
     rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "opencl: %s reports '%s'; OpenCL 1.2 or later is needed", in->device, in->version);
@@ -1742,7 +1915,7 @@ int ll_backend_opencl_create_beside(struct ll_backend **out, struct ll_backend *
   // arguments are per object), staging and buffers of its own.
   c->plat = pc->plat, c->dev = pc->dev, c->info = pc->info, c->info.mem_used = 0;
   c->mem_total = pc->mem_total, c->max_alloc = pc->max_alloc, c->addr_align = pc->addr_align;
-  c->no_fp64 = pc->no_fp64, c->cache_hit = pc->cache_hit;
+  c->no_fp64 = pc->no_fp64, c->cache_hit = pc->cache_hit, c->fast = pc->fast;
   // Testing aid: the server's trainer instance out of memory for its buffers (the weights fit).
   const char *fault = getenv("LL_OPENCL_FAULT");
   c->no_alloc = fault && strcmp(fault, "train_alloc") == 0;

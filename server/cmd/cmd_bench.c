@@ -24,12 +24,12 @@ static double run_once(struct ll_engine *e, int pp, int tg, int32_t *toks, float
   double t0 = now_s();
   if (pp > 0) {
     for (int off = 0; off < pp; off += 512) {
-      struct ll_batch_item it = {seq, pp - off < 512 ? pp - off : 512, toks + off, off + 512 >= pp, logits};
+      struct ll_batch_item it = {seq, pp - off < 512 ? pp - off : 512, toks + off, off + 512 >= pp, logits, NULL};
       if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) return fprintf(stderr, "llsrv bench: %s\n", err), -1;
     }
   } else {
     for (int i = 0; i < tg; i++) {
-      struct ll_batch_item it = {seq, 1, toks + i, 1, logits};
+      struct ll_batch_item it = {seq, 1, toks + i, 1, logits, NULL};
       if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) return fprintf(stderr, "llsrv bench: %s\n", err), -1;
     }
   }
@@ -49,7 +49,7 @@ static double run_parallel(struct ll_engine *e, int np, int tg, const int32_t *t
     if ((seqs[s] = ll_engine_seq_new(e)) < 0) return -1;
   double t0 = now_s();
   for (int i = 0; i < tg; i++) {
-    for (int s = 0; s < np; s++) it[s] = (struct ll_batch_item){seqs[s], 1, toks + (i + s) % tg, 1, logits + (size_t)s * V};
+    for (int s = 0; s < np; s++) it[s] = (struct ll_batch_item){seqs[s], 1, toks + (i + s) % tg, 1, logits + (size_t)s * V, NULL};
     if (ll_engine_decode(e, it, np, err, sizeof err) != 0) return fprintf(stderr, "llsrv bench: %s\n", err), -1;
   }
   double dt = now_s() - t0;

@@ -158,11 +158,14 @@ int ll_cmd_generate(int argc, char **argv) {
     fprintf(stderr, "llsrv generate: adapter '%s': rank %d, alpha %g, %lld parameters\n", adapter->name, adapter->rank, (double)adapter->alpha,
             (long long)adapter->n_params);
   }
+  // Plain greedy: the argmax is taken where the logits are (on a device, only the id comes back).
+  const int greedy = ll_sampler_is_greedy(smp) && dump_logits <= 0;
+  int32_t am = 0;
   double t0 = now_ms();
   for (int i = 0; i < n_prompt; i++) ll_sampler_accept(smp, ids[i]);
   for (int off = 0; off < n_prompt; off += 512) {
     int n = n_prompt - off < 512 ? n_prompt - off : 512;
-    struct ll_batch_item it = {seq, n, ids + off, off + n == n_prompt ? 1 : 0, logits};
+    struct ll_batch_item it = {seq, n, ids + off, off + n == n_prompt ? 1 : 0, greedy ? NULL : logits, greedy ? &am : NULL};
     if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) {
       fprintf(stderr, "llsrv generate: %s\n", err);
       goto out;
@@ -192,7 +195,7 @@ int ll_cmd_generate(int argc, char **argv) {
   int generated = 0;
   char piece[1024];
   for (; generated < n_predict; generated++) {
-    int32_t next = ll_sampler_sample(smp, logits, NULL);
+    int32_t next = greedy ? am : ll_sampler_sample(smp, logits, NULL);
     ll_sampler_accept(smp, next);
     if (!ignore_eos && tok && ll_tokenizer_is_eog(tok, next)) break;
     if (print_ids || !tok) {
@@ -206,7 +209,7 @@ int ll_cmd_generate(int argc, char **argv) {
       generated++;
       break;
     }
-    struct ll_batch_item it = {seq, 1, &next, 1, logits};
+    struct ll_batch_item it = {seq, 1, &next, 1, greedy ? NULL : logits, greedy ? &am : NULL};
     if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) {
       fprintf(stderr, "\nllsrv generate: %s\n", err);
       goto out;
@@ -224,9 +227,13 @@ int ll_cmd_generate(int argc, char **argv) {
   struct ll_backend_info x2;
   ll_engine_backend(e)->i->get_info(ll_engine_backend(e), &x2);
   if (generated > 1 && strcmp(x2.name, "cpu") != 0) // a decode step's traffic between host and device
-    fprintf(stderr, "llsrv generate: device transfers per decode step: %.0f bytes up, %.0f bytes down, %.1f waits\n",
+    fprintf(stderr,
+            "llsrv generate: device transfers per decode step: %.0f bytes up, %.0f bytes down, %.1f waits, %.1f launches (%.2f per layer; %s tier, "
+            "sampling %s)\n",
             (double)(x2.bytes_up - x1.bytes_up) / (generated - 1), (double)(x2.bytes_down - x1.bytes_down) / (generated - 1),
-            (double)(x2.waits - x1.waits) / (generated - 1));
+            (double)(x2.waits - x1.waits) / (generated - 1), (double)(x2.launches - x1.launches) / (generated - 1),
+            (double)(x2.launches - x1.launches) / (generated - 1) / (info.n_layer > 0 ? info.n_layer : 1), x2.tier,
+            greedy ? "greedy on the device" : "on the host");
   rc = 0;
 out:
   free(rendered);

@@ -87,7 +87,7 @@ int ll_cmd_perplexity(int argc, char **argv) {
     int seq = ll_engine_seq_new(e);
     for (int off = 0; off < ctx; off += batch) {
       const int nb = ctx - off < batch ? ctx - off : batch;
-      struct ll_batch_item it = {seq, nb, chunk + off, 2, logits};
+      struct ll_batch_item it = {seq, nb, chunk + off, 2, logits, NULL};
       if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) {
         fprintf(stderr, "llsrv perplexity: %s\n", err);
         goto out;

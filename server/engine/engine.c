@@ -48,7 +48,7 @@ struct ll_engine {
   // scratch (max_batch rows)
   int max_batch;
   float *x, *xn, *q, *k, *v, *att, *tmp, *g, *u;
-  int32_t *pos, *ids;
+  int32_t *pos, *ids, *amax; // amax (max_batch): the argmax of each logits row (greedy items)
   struct ll_kv_view *kvv; // (n_seqs) per batch item: its cache view, first row, row count
   int *it0, *itn;
   float *logits_buf;
@@ -265,10 +265,11 @@ static int alloc_index(struct ll_engine *e, char *err, size_t errlen) {
   const size_t B = (size_t)e->max_batch;
   e->pos = malloc(B * sizeof(int32_t));
   e->ids = malloc(B * sizeof(int32_t));
+  e->amax = malloc(B * sizeof(int32_t));
   e->kvv = malloc((size_t)e->n_seqs * sizeof *e->kvv); // a batch has each sequence at most once
   e->it0 = malloc((size_t)e->n_seqs * sizeof *e->it0);
   e->itn = malloc((size_t)e->n_seqs * sizeof *e->itn);
-  if (!e->pos || !e->ids || !e->kvv || !e->it0 || !e->itn) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  if (!e->pos || !e->ids || !e->amax || !e->kvv || !e->it0 || !e->itn) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
   return 0;
 }
 
@@ -287,7 +288,7 @@ void ll_engine_close(struct ll_engine *e) {
   free(e->m.layers);
   free(e->owned_f32);
   ll_cpu_stream_free(e->packed);
-  free(e->pos), free(e->ids);
+  free(e->pos), free(e->ids), free(e->amax);
   free(e->kvv), free(e->it0), free(e->itn);
   ll_modelfile_free(&e->mf);
   free(e);
@@ -578,14 +579,23 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
   const float scale = 1.0f / sqrtf((float)e->m.hd);
   int any_lora = 0;
   for (int i = 0; i < n_items; i++) any_lora |= e->seqs[items[i].seq].lora != NULL;
+  // A device's fast tier fuses the step's ops (ll_backend.h, fused decode ops): each fused call
+  // answers LL_EUNSUPPORTED for what it does not cover, and the ops below do it instead.
+  // Adapters read the normed input and add to the products: with one, nothing is fused.
+  const int fuse = !any_lora && B->fused_matmul;
+#define FUSED(call) (fuse ? (call) : LL_EUNSUPPORTED)
   BK(B->get_rows(be, e->x, &e->m.tok_embd, e->ids, T), "get_rows"); // x (T, C)
   for (int l = 0; l < e->m.L; l++) {
     const struct ll_layer *y = &e->m.layers[l];
-    BK(B->rmsnorm(be, e->xn, e->x, y->attn_norm, T, C, e->m.eps), "rmsnorm"); // xn (T, C)
-    { // q (T, C), k (T, kvd), v (T, kvd): one product of xn by three matrices
+    { // q (T, C), k (T, kvd), v (T, kvd): one product of xn = rmsnorm(x) by three matrices
       const struct ll_weight *const w3[3] = {&y->wq, &y->wk, &y->wv};
       float *const o3[3] = {e->q, e->k, e->v};
-      BK(ll_backend_matmul_n(be, 3, o3, e->xn, w3, T), "matmul q, k, v");
+      int rc = FUSED(B->fused_matmul(be, 3, o3, e->x, y->attn_norm, e->m.eps, w3, T, LL_FUSE_SET));
+      if (rc == LL_EUNSUPPORTED) {
+        BK(B->rmsnorm(be, e->xn, e->x, y->attn_norm, T, C, e->m.eps), "rmsnorm"); // xn (T, C)
+        rc = ll_backend_matmul_n(be, 3, o3, e->xn, w3, T);
+      }
+      BK(rc, "matmul q, k, v");
     }
     if (any_lora) { // adapters before biases, as llama.cpp's build_lora_mm
       LORA(LL_LORA_Q, e->xn, C, e->q, C);
@@ -595,13 +605,20 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     for (int t = 0; y->bq && t < T; t++) B->add(be, e->q + (size_t)t * C, e->q + (size_t)t * C, y->bq, C);
     for (int t = 0; y->bk && t < T; t++) B->add(be, e->k + (size_t)t * kvd, e->k + (size_t)t * kvd, y->bk, kvd);
     for (int t = 0; y->bv && t < T; t++) B->add(be, e->v + (size_t)t * kvd, e->v + (size_t)t * kvd, y->bv, kvd);
-    BK(B->rope(be, e->q, e->pos, T, e->m.H, e->m.hd, &e->m.rope), "rope q");
-    BK(B->rope(be, e->k, e->pos, T, e->m.Hkv, e->m.hd, &e->m.rope), "rope k");
     for (int i = 0, t0 = 0; i < n_items; t0 += items[i].n_tokens, i++) {
       e->kvv[i] = (struct ll_kv_view){e->kv_type, LL_KV_BLOCK, e->m.Hkv, e->m.hd, e->k_pool[l], e->v_pool[l], e->seqs[items[i].seq].blocks};
       e->it0[i] = t0, e->itn[i] = items[i].n_tokens;
-      BK(B->kv_store(be, &e->kvv[i], e->k + (size_t)t0 * kvd, e->v + (size_t)t0 * kvd, e->pos + t0, e->itn[i]), "kv_store");
     }
+    int rc_rk = fuse && B->rope_kv_store ? B->rope_kv_store(be, e->q, e->k, e->v, e->kvv, e->pos, e->it0, e->itn, n_items, e->m.H, &e->m.rope)
+                                         : LL_EUNSUPPORTED;
+    if (rc_rk == LL_EUNSUPPORTED) {
+      BK(B->rope(be, e->q, e->pos, T, e->m.H, e->m.hd, &e->m.rope), "rope q");
+      BK(B->rope(be, e->k, e->pos, T, e->m.Hkv, e->m.hd, &e->m.rope), "rope k");
+      for (int i = 0; i < n_items; i++)
+        BK(B->kv_store(be, &e->kvv[i], e->k + (size_t)e->it0[i] * kvd, e->v + (size_t)e->it0[i] * kvd, e->pos + e->it0[i], e->itn[i]), "kv_store");
+      rc_rk = 0;
+    }
+    BK(rc_rk, "rope, kv_store");
     if (B->attention_multi) { // all sequences in one dispatch: att (T, C)
       BK(B->attention_multi(be, e->att, e->q, e->kvv, e->pos, e->it0, e->itn, n_items, e->m.H, scale), "attention");
     } else {
@@ -616,17 +633,21 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
       LORA(LL_LORA_O, e->att, C, e->tmp, C);
       BK(B->add(be, e->x, e->x, e->tmp, (int64_t)T * C), "add");
     }
-    BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->m.eps), "rmsnorm");
-    { // g (T, F), u (T, F)
+    { // g (T, F) = silu(xn · Wgateᵀ) * (xn · Wupᵀ), xn = rmsnorm(x)
       const struct ll_weight *const w2[2] = {&y->gate, &y->up};
       float *const o2[2] = {e->g, e->u};
-      BK(ll_backend_matmul_n(be, 2, o2, e->xn, w2, T), "matmul gate, up");
+      int rc = FUSED(B->fused_matmul(be, 2, o2, e->x, y->ffn_norm, e->m.eps, w2, T, LL_FUSE_SWIGLU));
+      if (rc == LL_EUNSUPPORTED) {
+        BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->m.eps), "rmsnorm");
+        BK(ll_backend_matmul_n(be, 2, o2, e->xn, w2, T), "matmul gate, up"); // g, u (T, F)
+        if (any_lora) {
+          LORA(LL_LORA_GATE, e->xn, C, e->g, e->m.F);
+          LORA(LL_LORA_UP, e->xn, C, e->u, e->m.F);
+        }
+        rc = B->swiglu(be, e->g, e->g, e->u, (int64_t)T * e->m.F);
+      }
+      BK(rc, "gate, up, swiglu");
     }
-    if (any_lora) {
-      LORA(LL_LORA_GATE, e->xn, C, e->g, e->m.F);
-      LORA(LL_LORA_UP, e->xn, C, e->u, e->m.F);
-    }
-    BK(B->swiglu(be, e->g, e->g, e->u, (int64_t)T * e->m.F), "swiglu");
     if (!any_lora) {
       BK(B->matmul(be, e->x, e->g, &y->down, T, 1), "matmul down"); // x += g · Wdownᵀ
     } else {
@@ -637,15 +658,16 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
   }
   for (int i = 0; i < n_items; i++) e->seqs[items[i].seq].len += items[i].n_tokens;
   if (rows == 0) return 0;
-  // Final norm and output head only for the rows whose logits are wanted.
-  int r = 0;
-  for (int i = 0, t0 = 0; i < n_items; t0 += items[i].n_tokens, i++) {
+  // Final norm and output head only for the rows whose logits are wanted: when that is every
+  // row (decode), x itself, without a copy, where the norm is fused into the product.
+  int r = 0, gather = rows != T || !fuse;
+  float *sel = gather ? e->sel : e->x;
+  for (int i = 0, t0 = 0; gather && i < n_items; t0 += items[i].n_tokens, i++) {
     const int n = items[i].n_tokens;
     const int first = items[i].logits_mode == 2 ? t0 : t0 + n - 1, cnt = items[i].logits_mode == 2 ? n : items[i].logits_mode == 1 ? 1 : 0;
     if (cnt) BK(ll_backend_copy(be, e->sel + (size_t)r * C, e->x + (size_t)first * C, (size_t)cnt * C * sizeof(float)), "copy");
     r += cnt;
   }
-  BK(B->rmsnorm(be, e->sel, e->sel, e->m.output_norm, rows, C, e->m.eps), "rmsnorm");
   const size_t need_bytes = (size_t)rows * e->m.n_vocab * sizeof(float);
   if (need_bytes > e->logits_cap) { // grows only for a larger batch of logits rows than ever before
     float *nb = abuf(e, need_bytes / sizeof(float));
@@ -654,12 +676,43 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     e->logits_buf = nb;
     e->logits_cap = need_bytes;
   }
-  BK(B->matmul(be, e->logits_buf, e->sel, &e->m.output, rows, 0), "matmul output"); // logits (rows, V)
+  { // logits (rows, V) = rmsnorm(sel) · Woutᵀ
+    float *const o1[1] = {e->logits_buf};
+    const struct ll_weight *const w1[1] = {&e->m.output};
+    int rc = FUSED(B->fused_matmul(be, 1, o1, sel, e->m.output_norm, e->m.eps, w1, rows, LL_FUSE_SET));
+    if (rc == LL_EUNSUPPORTED) {
+      if (!gather) BK(ll_backend_copy(be, e->sel, e->x, (size_t)rows * C * sizeof(float)), "copy");
+      BK(B->rmsnorm(be, e->sel, e->sel, e->m.output_norm, rows, C, e->m.eps), "rmsnorm");
+      rc = B->matmul(be, e->logits_buf, e->sel, &e->m.output, rows, 0);
+    }
+    BK(rc, "matmul output");
+  }
+#undef FUSED
+  // Greedy items: the argmax of their last row, on the device where it has one (only the ids
+  // come back), else from the logits on the host.
+  int any_amax = 0;
+  for (int i = 0; i < n_items; i++) any_amax |= items[i].argmax != NULL && items[i].logits_mode != 0;
+  if (any_amax && B->argmax) BK(B->argmax(be, e->amax, e->logits_buf, rows, e->m.n_vocab), "argmax");
   r = 0;
   for (int i = 0; i < n_items; i++) {
     const int nr = items[i].logits_mode == 2 ? items[i].n_tokens : items[i].logits_mode == 1 ? 1 : 0;
+    const int V = e->m.n_vocab;
     if (nr && items[i].logits) // the step's one read back (a device backend's queue drains here)
-      BK(ll_backend_copy(be, items[i].logits, e->logits_buf + (size_t)r * e->m.n_vocab, (size_t)nr * e->m.n_vocab * sizeof(float)), "copy");
+      BK(ll_backend_copy(be, items[i].logits, e->logits_buf + (size_t)r * V, (size_t)nr * V * sizeof(float)), "copy");
+    if (nr && items[i].argmax) {
+      if (B->argmax) {
+        *items[i].argmax = e->amax[r + nr - 1];
+      } else { // the CPU sampler's greedy rule: the lowest id of the largest logit
+        const float *lr = ll_backend_host_buffers(be) ? e->logits_buf + (size_t)(r + nr - 1) * V
+                          : items[i].logits         ? items[i].logits + (size_t)(nr - 1) * V
+                                                    : NULL;
+        if (!lr) return ll_errf(err, errlen, LL_EINVAL, "engine: item %d asks for an argmax without logits on a backend that has none", i);
+        int32_t best = 0;
+        for (int v = 1; v < V; v++)
+          if (lr[v] > lr[best]) best = v;
+        *items[i].argmax = best;
+      }
+    }
     r += nr;
   }
   return 0;

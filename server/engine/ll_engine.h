@@ -94,6 +94,10 @@ struct ll_batch_item {
   const int32_t *tokens;
   int logits_mode;
   float *logits;
+  // (optional) receives the argmax of the item's last logits row (the lowest id on ties: greedy
+  // sampling's choice). A backend with the argmax member computes it where the logits are, and
+  // then logits may be NULL: a device reads back 4 bytes for the item instead of the row.
+  int32_t *argmax;
 };
 int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_items, char *err, size_t errlen);
 

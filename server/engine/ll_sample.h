@@ -30,6 +30,10 @@ void ll_sampler_free(struct ll_sampler *s);
 void ll_sampler_accept(struct ll_sampler *s, int32_t token);
 
 struct ll_token_prob { int32_t id; float logprob; };
+// 1 when sampling is plain greedy (temperature 0, no penalties, no reported probabilities): the
+// argmax of the logits, lowest id on ties, which a device can take itself (ll_batch_item.argmax)
+// so that only the id comes back. The rest of the chain runs on the host, from the logits.
+int ll_sampler_is_greedy(const struct ll_sampler *s);
 // Samples from logits (modified in place). probs (if n_probs > 0) receives n_probs entries.
 int32_t ll_sampler_sample(struct ll_sampler *s, float *logits, struct ll_token_prob *probs);
 

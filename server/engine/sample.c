@@ -103,6 +103,11 @@ static void top_sort(struct ll_token_prob *c, int total, int n) {
   qsort(c, (size_t)total, sizeof *c, cmp_desc);
 }
 
+int ll_sampler_is_greedy(const struct ll_sampler *s) {
+  return s->p.temperature <= 0.0f && s->p.n_probs <= 0 && s->p.repeat_penalty == 1.0f && s->p.frequency_penalty == 0.0f &&
+         s->p.presence_penalty == 0.0f;
+}
+
 int32_t ll_sampler_sample(struct ll_sampler *s, float *logits, struct ll_token_prob *probs) {
   const int V = s->n_vocab;
   // Penalties over the recent window (llama.cpp's order: repetition, frequency, presence).

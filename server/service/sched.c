@@ -729,7 +729,7 @@ static void *compute_main(void *arg) {
     for (int i = 0; i < s->parallel; i++) {
       struct slot *a = s->active[i];
       if (!a || a->n_prefilled < a->n_prompt) continue;
-      s->items[n_items++] = (struct ll_batch_item){a->seq, 1, &a->last, 1, a->logits};
+      s->items[n_items++] = (struct ll_batch_item){a->seq, 1, &a->last, 1, a->logits, NULL};
       budget--;
     }
     for (int i = 0; i < s->parallel && budget > 0; i++) {
@@ -739,7 +739,7 @@ static void *compute_main(void *arg) {
       if (n > s->chunk) n = s->chunk;
       if (n > budget) n = budget;
       int last = a->n_prefilled + n == a->n_prompt;
-      s->items[n_items++] = (struct ll_batch_item){a->seq, n, a->tokens + a->n_prefilled, last ? 1 : 0, a->logits};
+      s->items[n_items++] = (struct ll_batch_item){a->seq, n, a->tokens + a->n_prefilled, last ? 1 : 0, a->logits, NULL};
       budget -= n;
     }
     const double t_fg = now_ms();
