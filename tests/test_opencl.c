@@ -15,6 +15,13 @@
 // tolerances above test_matmul_backward.
 // Everything runs twice: as the device builds the kernels, then built as for a device
 // without f64 (LL_OPENCL_NO_FP64=1), whose f32 fallbacks are held to the tolerances.
+// The fast tier (LL_OPENCL_REFERENCE=0; the default on GPUs, not on CPU devices such as PoCL)
+// runs too (test_fast), against the CPU with tolerances in normalized MSE, never bits: its
+// products quantize the activations as the CPU does but sum in f32 trees: 1e-9 for a product
+// (measured 1e-15 .. 1e-13 on PoCL), 1e-7 where RMSNorm is fused in (measured up to 3e-13; a
+// norm summed in another order may move one activation across a quantization step); RoPE with the KV store exact against rope + kv_store
+// (the same expressions, no sum); argmax always exact (the lowest id on ties). Launches are
+// counted: one per fused call, 6 per layer for a decode step's ops.
 // The device-choice cases run in child processes started before this process touches
 // OpenCL, since the ICD loader reads OCL_ICD_VENDORS once per process.
 #define CL_TARGET_OPENCL_VERSION 120
@@ -580,6 +587,18 @@ static void test_resident(struct ll_backend *cl) {
   free(r), free(x), free(g), free(lg), free(wf), free(wd), free(h_o), free(h_h), free(h_l), free(h_dw), free(h_att), free(h_ao), free(h_f);
 }
 
+// Whether OpenCL device (plat, dev) is a CPU device (PoCL): the only kind where exactness is
+// asserted (NVIDIA reports f64 and is not bit-exact: issue 29).
+static int cpu_device(int plat, int dev) {
+  cl_platform_id ps[16];
+  cl_device_id ds[16];
+  cl_uint np = 0, nd = 0;
+  cl_device_type t = 0;
+  if (clGetPlatformIDs(16, ps, &np) != CL_SUCCESS || plat < 0 || (cl_uint)plat >= np) return 0;
+  if (clGetDeviceIDs(ps[plat], CL_DEVICE_TYPE_ALL, 16, ds, &nd) != CL_SUCCESS || dev < 0 || (cl_uint)dev >= nd) return 0;
+  return clGetDeviceInfo(ds[dev], CL_DEVICE_TYPE, sizeof t, &t, NULL) == CL_SUCCESS && (t & CL_DEVICE_TYPE_CPU);
+}
+
 static void test_info(struct ll_backend *cl) {
   struct ll_backend_info in;
   cl->i->get_info(cl, &in);
@@ -587,8 +606,8 @@ static void test_info(struct ll_backend *cl) {
          in.vendor, in.driver, in.version, in.compute_units, in.mem_total / 1073741824.0, in.max_alloc / 1073741824.0, in.fp16, in.subgroups,
          in.mem_used / 1048576.0);
   CHECK(strcmp(in.name, "opencl") == 0 && in.device[0] && strncmp(in.version, "OpenCL ", 7) == 0);
-  exact = in.fp64;
-  printf("f64: %s (%s)\n", exact ? "yes" : "no", exact ? "bit-exact agreement asserted" : "tolerances");
+  exact = in.fp64 && cpu_device(in.cl_platform, in.cl_device) && strcmp(in.tier, "reference") == 0;
+  printf("f64: %s, %s tier (%s)\n", in.fp64 ? "yes" : "no", in.tier, exact ? "bit-exact agreement asserted" : "tolerances");
   CHECK(in.mem_total > 0 && in.max_alloc > 0 && in.mem_used > 0 && in.mem_used < in.mem_total);
   // Accounting follows uploads and releases exactly.
   const int64_t before = in.mem_used;
@@ -708,6 +727,150 @@ static void test_two_instances(struct ll_backend *a, struct ll_backend *b) {
   free(x), free(oa), free(ob), free(wd);
 }
 
+
+// ---- the fast tier (llsrv_fast.cl) against the CPU, with tolerances (see the top)
+static int64_t launches(struct ll_backend *b) {
+  struct ll_backend_info in;
+  b->i->get_info(b, &in);
+  return in.launches;
+}
+
+static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_backend *ref) {
+  struct ll_backend_info in;
+  cl->i->get_info(cl, &in);
+  CHECKF(strcmp(in.tier, "fast") == 0, "tier '%s'", in.tier);
+  ref->i->get_info(ref, &in);
+  CHECKF(strcmp(in.tier, "reference") == 0, "tier '%s'", in.tier);
+  static const struct {
+    int type, k;
+  } cases[] = {{LL_TYPE_Q4_0, 160}, {LL_TYPE_Q4_1, 576}, {LL_TYPE_Q5_0, 160}, {LL_TYPE_Q5_1, 160}, {LL_TYPE_Q8_0, 576}, {LL_TYPE_Q4_K, 512},
+               {LL_TYPE_Q5_K, 256}, {LL_TYPE_Q6_K, 768}, {LL_TYPE_F32, 96},  {LL_TYPE_F16, 96},   {LL_TYPE_BF16, 96}};
+  static const int Ts[] = {1, 5};
+  const int N[3] = {37, 12, 12};
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int K = cases[ci].k, type = cases[ci].type;
+    void *wd[3];
+    struct ll_weight w[3];
+    for (int i = 0; i < 3; i++) {
+      wd[i] = make_weight(type, K, N[i]);
+      w[i] = (struct ll_weight){type, K, N[i], wd[i], NULL, NULL};
+    }
+    CHECK(cl->i->weight_upload(cl, &w[0]) == 0); // w[1], w[2] staged per call
+    double worst_mm = 0, worst_fused = 0;
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+      const int T = Ts[ti];
+      float *x = malloc((size_t)T * K * 4), *g = malloc((size_t)K * 4), *xn = malloc((size_t)T * K * 4);
+      float *a[3], *b[3];
+      for (int i = 0; i < 3; i++) a[i] = malloc((size_t)T * N[i] * 4), b[i] = malloc((size_t)T * N[i] * 4);
+      randf(x, (size_t)T * K, 2.0f), randf(g, (size_t)K, 1.0f);
+      // matmul (= and +=): one launch
+      for (int acc = 0; acc < 2; acc++) {
+        randf(a[0], (size_t)T * N[0], 1.0f);
+        memcpy(b[0], a[0], (size_t)T * N[0] * 4);
+        CHECK(cpu->i->matmul(cpu, a[0], x, &w[0], T, acc) == 0);
+        const int64_t l0 = launches(cl);
+        CHECK(cl->i->matmul(cl, b[0], x, &w[0], T, acc) == 0);
+        CHECKF(launches(cl) - l0 == 1, "fast matmul: %lld launches", (long long)(launches(cl) - l0));
+        const double e = nmse(b[0], a[0], (size_t)T * N[0]);
+        CHECKF(e < 1e-9, "fast matmul %s K=%d T=%d acc=%d: nmse %.3g", ll_type_name(type), K, T, acc, e);
+        worst_mm = e > worst_mm ? e : worst_mm;
+      }
+      // rmsnorm fused into three products (q, k, v), one launch
+      CHECK(cpu->i->rmsnorm(cpu, xn, x, g, T, K, 1e-5f) == 0);
+      for (int i = 0; i < 3; i++) CHECK(cpu->i->matmul(cpu, a[i], xn, &w[i], T, 0) == 0);
+      const struct ll_weight *const w3[3] = {&w[0], &w[1], &w[2]};
+      float *const b3[3] = {b[0], b[1], b[2]};
+      int64_t l0 = launches(cl);
+      CHECK(cl->i->fused_matmul(cl, 3, b3, x, g, 1e-5f, w3, T, LL_FUSE_SET) == 0);
+      CHECK(launches(cl) - l0 == 1);
+      for (int i = 0; i < 3; i++) {
+        const double e = nmse(b[i], a[i], (size_t)T * N[i]);
+        CHECKF(e < 1e-7, "fused rmsnorm + product %s K=%d T=%d matrix %d: nmse %.3g", ll_type_name(type), K, T, i, e);
+        worst_fused = e > worst_fused ? e : worst_fused;
+      }
+      // gate, up and SwiGLU (w[1], w[2]: one shape), one launch
+      CHECK(cpu->i->swiglu(cpu, a[1], a[1], a[2], (int64_t)T * N[1]) == 0);
+      const struct ll_weight *const w2[2] = {&w[1], &w[2]};
+      float *const b2[2] = {b[1], b[2]};
+      l0 = launches(cl);
+      CHECK(cl->i->fused_matmul(cl, 2, b2, x, g, 1e-5f, w2, T, LL_FUSE_SWIGLU) == 0);
+      CHECK(launches(cl) - l0 == 1);
+      const double es = nmse(b[1], a[1], (size_t)T * N[1]);
+      CHECKF(es < 1e-7, "fused gate, up, swiglu %s K=%d T=%d: nmse %.3g", ll_type_name(type), K, T, es);
+      worst_fused = es > worst_fused ? es : worst_fused;
+      // mixed shapes or types are not fused: the engine composes them
+      const struct ll_weight *const wbad[2] = {&w[0], &w[1]};
+      CHECK(cl->i->fused_matmul(cl, 2, b2, x, g, 1e-5f, wbad, T, LL_FUSE_SWIGLU) == LL_EINVAL);
+      CHECK(ref->i->fused_matmul(ref, 2, b2, x, g, 1e-5f, w2, T, LL_FUSE_SWIGLU) == LL_EUNSUPPORTED);
+      free(x), free(g), free(xn);
+      for (int i = 0; i < 3; i++) free(a[i]), free(b[i]);
+    }
+    cl->i->weight_release(cl, &w[0]);
+    for (int i = 0; i < 3; i++) free(wd[i]);
+    printf("fast tier %-5s: worst nmse product %.3g, fused %.3g\n", ll_type_name(type), worst_mm, worst_fused);
+  }
+  // RoPE with the KV store (two sequences, f16 and f32 caches, normal and neox, partial
+  // rotation) against rope + kv_store, read back through attention on both.
+  for (int v = 0; v < 4; v++) {
+    const int f16 = v & 1, H = 4, Hkv = 2, hd = 20, block = 16, nblk = 6, kvd = Hkv * hd, T = 4;
+    struct ll_rope_params rp = {(v & 2) ? LL_ROPE_NEOX : LL_ROPE_NORMAL, (v & 2) ? 16 : 20, 10000.0f, 1.0f, NULL};
+    const size_t pool = (size_t)nblk * block * kvd * (f16 ? 2 : 4);
+    void *kc = calloc(1, pool), *vc = calloc(1, pool), *kd = calloc(1, pool), *vd = calloc(1, pool);
+    int32_t tabs[2][3] = {{4, 1, 0}, {2, 5, 3}};
+    const int t0[2] = {0, 3}, nt[2] = {3, 1};
+    int32_t pos[4] = {0, 1, 2, 20};
+    struct ll_kv_view vcpu[2], vcl[2];
+    for (int s2 = 0; s2 < 2; s2++) {
+      vcpu[s2] = (struct ll_kv_view){f16 ? LL_TYPE_F16 : LL_TYPE_F32, block, Hkv, hd, kc, vc, tabs[s2]};
+      vcl[s2] = (struct ll_kv_view){f16 ? LL_TYPE_F16 : LL_TYPE_F32, block, Hkv, hd, kd, vd, tabs[s2]};
+    }
+    float *q = malloc(T * H * hd * 4), *k = malloc(T * kvd * 4), *vv = malloc(T * kvd * 4), *q2 = malloc(T * H * hd * 4);
+    float *k2 = malloc(T * kvd * 4), *oa = malloc(T * H * hd * 4), *ob = malloc(T * H * hd * 4);
+    randf(q, T * H * hd, 1.0f), randf(k, T * kvd, 1.0f), randf(vv, T * kvd, 1.0f);
+    memcpy(q2, q, T * H * hd * 4), memcpy(k2, k, T * kvd * 4);
+    { // positions 0 .. 19 of sequence 1 first (kv_store on both): its token at 20 attends to them
+      float *k0 = malloc(20 * kvd * 4), *v0 = malloc(20 * kvd * 4);
+      int32_t p0[20];
+      for (int t = 0; t < 20; t++) p0[t] = t;
+      randf(k0, 20 * kvd, 1.0f), randf(v0, 20 * kvd, 1.0f);
+      CHECK(cpu->i->kv_store(cpu, &vcpu[1], k0, v0, p0, 20) == 0 && cl->i->kv_store(cl, &vcl[1], k0, v0, p0, 20) == 0);
+      free(k0), free(v0);
+    }
+    CHECK(cpu->i->rope(cpu, q, pos, T, H, hd, &rp) == 0 && cpu->i->rope(cpu, k, pos, T, Hkv, hd, &rp) == 0);
+    for (int s2 = 0; s2 < 2; s2++) CHECK(cpu->i->kv_store(cpu, &vcpu[s2], k + t0[s2] * kvd, vv + t0[s2] * kvd, pos + t0[s2], nt[s2]) == 0);
+    const int64_t l0 = launches(cl);
+    CHECK(cl->i->rope_kv_store(cl, q2, k2, vv, vcl, pos, t0, nt, 2, H, &rp) == 0);
+    CHECK(launches(cl) - l0 == 1);
+    CHECKF(nmse(q2, q, T * H * hd) < 1e-12, "rope_kv_store variant %d: q nmse %.3g", v, nmse(q2, q, T * H * hd));
+    const float scale = 1.0f / sqrtf((float)hd);
+    CHECK(cpu->i->attention_multi(cpu, oa, q, vcpu, pos, t0, nt, 2, H, scale) == 0);
+    CHECK(cl->i->attention_multi(cl, ob, q, vcl, pos, t0, nt, 2, H, scale) == 0);
+    const double e = nmse(ob, oa, (size_t)T * H * hd);
+    CHECKF(exact ? e == 0 : e < 1e-6, "rope_kv_store variant %d: attention over the stored cache: nmse %.3g", v, e);
+    free(q), free(k), free(vv), free(q2), free(k2), free(oa), free(ob), free(kc), free(vc), free(kd), free(vd);
+  }
+  // argmax on both tiers: the lowest id among equal maxima, -inf rows give 0, 4 bytes per row back
+  {
+    const int R = 3, V = 1000;
+    float *l = malloc((size_t)R * V * 4);
+    randf(l, (size_t)R * V, 5.0f);
+    l[0 * V + 700] = 9, l[0 * V + 300] = 9, l[0 * V + 999] = 9; // ties: 300
+    l[1 * V + 999] = 10;
+    for (int i = 0; i < V; i++) l[2 * V + i] = -INFINITY;
+    struct ll_backend *bs[2] = {cl, ref};
+    for (int bi = 0; bi < 2; bi++) {
+      int32_t ids[3] = {-1, -1, -1};
+      struct ll_backend_info i0, i1;
+      bs[bi]->i->get_info(bs[bi], &i0);
+      CHECK(bs[bi]->i->argmax(bs[bi], ids, l, R, V) == 0);
+      bs[bi]->i->get_info(bs[bi], &i1);
+      CHECKF(ids[0] == 300 && ids[1] == 999 && ids[2] == 0, "argmax: %d %d %d", ids[0], ids[1], ids[2]);
+      CHECK(i1.bytes_down - i0.bytes_down == R * 4 && i1.launches - i0.launches == 1);
+    }
+    free(l);
+  }
+}
+
 int main(void) {
   rs = ll_test_seed();
   // Which device: decided in a child so that this process has not touched OpenCL before the
@@ -745,6 +908,20 @@ int main(void) {
   char cache[] = "/tmp/ll_ocl_cache_XXXXXX";
   CHECK(mkdtemp(cache) != NULL);
   struct ll_backend_params p = {1, dev_name, cache};
+  // The default tier: reference on a CPU device, fast on a GPU (LL_OPENCL_REFERENCE unset).
+  unsetenv("LL_OPENCL_REFERENCE");
+  CHECK(ll_backend_create(&cl, &p, reason, sizeof reason, err, sizeof err) == 0);
+  if (cl && strncmp(reason, "opencl:", 7) == 0) {
+    struct ll_backend_info in;
+    cl->i->get_info(cl, &in);
+    printf("default tier: %s\n", in.tier);
+    CHECK(strcmp(in.tier, cpu_device(in.cl_platform, in.cl_device) ? "reference" : "fast") == 0);
+    CHECK(strstr(reason, "kernels built") != NULL);
+  }
+  ll_backend_free(cl);
+  cl = NULL;
+  // Everything below on the reference tier, except test_fast's instances.
+  setenv("LL_OPENCL_REFERENCE", "1", 1);
   CHECK(ll_backend_create(&cl, &p, reason, sizeof reason, err, sizeof err) == 0);
   printf("%s\n", reason);
   if (!cl || strncmp(reason, "opencl:", 7) != 0) {
@@ -752,7 +929,6 @@ int main(void) {
     ll_backend_free(cl), ll_backend_free(cpu);
     return ll_test_summary();
   }
-  CHECK(strstr(reason, "kernels built") != NULL);
   cpu->ggml_math = cl->ggml_math = 1;
   test_info(cl);
   test_matmul(cpu, cl);
@@ -762,6 +938,19 @@ int main(void) {
   test_matmul_backward(cl);
   test_train_ops(cl);
   test_resident(cl);
+  { // the fast tier on this device (LL_OPENCL_REFERENCE=0), beside the reference one
+    struct ll_backend *fast = NULL;
+    setenv("LL_OPENCL_REFERENCE", "0", 1);
+    CHECK(ll_backend_create(&fast, &p, reason, sizeof reason, err, sizeof err) == 0);
+    setenv("LL_OPENCL_REFERENCE", "1", 1);
+    if (fast && strncmp(reason, "opencl:", 7) == 0) {
+      fast->ggml_math = 1;
+      test_fast(cpu, fast, cl);
+    } else {
+      CHECK(0);
+    }
+    ll_backend_free(fast);
+  }
   // The second start loads the program from the binary cache; while the first instance is
   // still open, as the server's trainer opens one beside the serving one.
   struct ll_backend *cl2 = NULL;
@@ -791,6 +980,17 @@ int main(void) {
     test_matmul_backward(cl);
     test_train_ops(cl);
     test_resident(cl);
+    struct ll_backend *fast = NULL;
+    setenv("LL_OPENCL_REFERENCE", "0", 1);
+    CHECK(ll_backend_create(&fast, &p, reason, sizeof reason, err, sizeof err) == 0);
+    setenv("LL_OPENCL_REFERENCE", "1", 1);
+    if (fast && strncmp(reason, "opencl:", 7) == 0) {
+      fast->ggml_math = 1;
+      test_fast(cpu, fast, cl);
+    } else {
+      CHECK(0);
+    }
+    ll_backend_free(fast);
   } else {
     CHECK(0);
   }

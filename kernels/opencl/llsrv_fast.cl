@@ -28,7 +28,9 @@
 
 // Unit u (32 weights) of a row as floats. wt is a literal at every call (one kernel per type),
 // so the switch folds away.
-inline void fu_unit(const int wt, global const uchar *row, int u, float *w) {
+// *m: the unit's offset (Q4_1, Q5_1: every weight is d * q + m), 0 for the other types.
+inline void fu_unit(const int wt, global const uchar *row, int u, float *w, float *mo) {
+  *mo = 0;
   if (wt == 0) { // F32
     global const float *p = (global const float *)row + (size_t)u * 32;
     for (int j = 0; j < 32; j += 4) vstore4(vload4(0, p + j), 0, w + j);
@@ -50,6 +52,7 @@ inline void fu_unit(const int wt, global const uchar *row, int u, float *w) {
   if (wt == 2 || wt == 3) { // Q4_0: d * (q - 8); Q4_1: d * q + m
     global const uchar *blk = row + u * (wt == 2 ? 18 : 20);
     const float d = ldh(blk), m = wt == 3 ? ldh(blk + 2) : -8.0f * d;
+    if (wt == 3) *mo = m;
     uchar qs[16];
     vstore16(vload16(0, blk + (wt == 2 ? 2 : 4)), 0, qs);
     for (int j = 0; j < 16; j++) w[j] = fma(d, (float)(qs[j] & 15), m), w[j + 16] = fma(d, (float)(qs[j] >> 4), m);
@@ -58,6 +61,7 @@ inline void fu_unit(const int wt, global const uchar *row, int u, float *w) {
   if (wt == 6 || wt == 7) { // Q5_0: d * (q - 16); Q5_1: d * q + m
     global const uchar *blk = row + u * (wt == 6 ? 22 : 24), *hp = blk + (wt == 6 ? 2 : 4);
     const float d = ldh(blk), m = wt == 7 ? ldh(blk + 2) : -16.0f * d;
+    if (wt == 7) *mo = m;
     const uint qh = hp[0] | (hp[1] << 8) | (hp[2] << 16) | ((uint)hp[3] << 24);
     uchar qs[16];
     vstore16(vload16(0, hp + 4), 0, qs);
@@ -110,14 +114,16 @@ inline void fu_unit(const int wt, global const uchar *row, int u, float *w) {
 // Activation unit u (32 floats) of row xr as the CPU's quantization of it for weight type wt
 // gives it back: x (times s * g when norm: the RMSNorm) -> Q8_0 / Q8_1 (d = amax / 127 in f16),
 // Q8_K (per 256-block, d = 1 / (-127 / the element of largest magnitude)), f16 / bf16 rounding,
-// or f32 as is; each value its integer times d (act_quant's expressions, llsrv.cl).
+// or f32 as is; each value its integer times d (act_quant's expressions, llsrv.cl). Returns, for
+// Q8_1 (Q4_1, Q5_1 weights), the CPU's f16 unit sum s less the one the values imply (d * Σq):
+// a weight unit's offset m multiplies s on the CPU, so m * that is added to the dot.
 inline float xn_at(global const float *xr, global const float *g, float s, int norm, int i) { return norm ? (xr[i] * s) * g[i] : xr[i]; }
-inline void act_unit(const int wt, global const float *xr, global const float *g, float s, int norm, int u, float *xv) {
+inline float act_unit(const int wt, global const float *xr, global const float *g, float s, int norm, int u, float *xv) {
   for (int j = 0; j < 32; j++) xv[j] = xn_at(xr, g, s, norm, u * 32 + j);
-  if (wt == 0) return;
+  if (wt == 0) return 0;
   if (wt == 1 || wt == 30) {
     for (int j = 0; j < 32; j++) xv[j] = wt == 1 ? round_f16(xv[j]) : round_bf16(xv[j]);
-    return;
+    return 0;
   }
   if (wt == 12 || wt == 13 || wt == 14) {
     float amax = 0, mx = 0;
@@ -128,16 +134,22 @@ inline void act_unit(const int wt, global const float *xr, global const float *g
     }
     if (amax == 0.0f) {
       for (int j = 0; j < 32; j++) xv[j] = 0;
-      return;
+      return 0;
     }
     const float iscale = fdiv(-127.f, mx), d = fdiv(1.0f, iscale);
     for (int j = 0; j < 32; j++) xv[j] = d * (float)min((int)rint(iscale * xv[j]), 127);
-    return;
+    return 0;
   }
   float amax = 0;
   for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(xv[j]));
-  const float d = round_f16(fdiv(amax, 127.f)), id = amax != 0.0f ? fdiv(127.f, amax) : 0.0f;
-  for (int j = 0; j < 32; j++) xv[j] = d * rint(xv[j] * id);
+  const float d0 = fdiv(amax, 127.f), d = round_f16(d0), id = amax != 0.0f ? fdiv(127.f, amax) : 0.0f;
+  int sum = 0;
+  for (int j = 0; j < 32; j++) {
+    const float q = rint(xv[j] * id);
+    sum += (int)q;
+    xv[j] = d * q;
+  }
+  return wt == 3 || wt == 7 ? round_f16(d0 * (float)sum) - d * (float)sum : 0;
 }
 
 // out[m] (T, N_m) (op) xn (T, K) · W_m (N_m, K)ᵀ for the nm <= 3 matrices W0, W1, W2 (one type,
@@ -183,13 +195,13 @@ inline void fmm_body(const int wt, global const uchar *W0, global const uchar *W
     global const uchar *wr = Wm + (size_t)row * rb;
     const int nu = K / 32;
     for (int u = lane; u < nu; u += FL) {
-      float w[32], xv[32];
-      fu_unit(wt, wr, u, w);
+      float w[32], xv[32], mo;
+      fu_unit(wt, wr, u, w, &mo);
       for (int tt = 0; tt < nt; tt++) {
-        act_unit(wt, x + (size_t)(t0 + tt) * K, g, norm ? inv[tt] : 1.0f, norm, u, xv);
+        const float ds = act_unit(wt, x + (size_t)(t0 + tt) * K, g, norm ? inv[tt] : 1.0f, norm, u, xv);
         float4 s4 = 0;
         for (int j = 0; j < 32; j += 4) s4 = fma(vload4(0, w + j), vload4(0, xv + j), s4);
-        acc[tt] += (s4.x + s4.y) + (s4.z + s4.w);
+        acc[tt] += ((s4.x + s4.y) + (s4.z + s4.w)) + mo * ds;
       }
     }
   }
