@@ -3,6 +3,10 @@
 # device-choice fallbacks, the binary cache; end to end, llsrv generate's greedy ids on OpenCL
 # equal the CPU backend's (stories260K and SmolLM2).
 ll_test(NAME test_opencl SOURCES test_opencl.c LIBS ll_kernels LABELS unit TIMEOUT 300)
+# The fast tier (LL_OPENCL_REFERENCE=0) end to end on SmolLM2 against the CPU: perplexity within
+# 0.1%, teacher-forced top-1 agreement >= 99%, a decode step at most 6 launches per layer and
+# 64 bytes back (about 1 min on two cores: slow).
+ll_test(NAME test_opencl_fast SOURCES test_opencl_fast.c LIBS ll_server LABELS "integration;slow" TIMEOUT 600 FIXTURES smollm2)
 ll_script_test(NAME opencl_generate COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_opencl_generate.sh
   LABELS integration TIMEOUT 600 FIXTURES smollm2)
 # The server on the OpenCL device (PoCL): 16 concurrent clients' greedy outputs equal the

@@ -19,7 +19,9 @@
 // runs too (test_fast), against the CPU with tolerances in normalized MSE, never bits: its
 // products quantize the activations as the CPU does but sum in f32 trees: 1e-9 for a product
 // (measured 1e-15 .. 1e-13 on PoCL), 1e-7 where RMSNorm is fused in (measured up to 3e-13; a
-// norm summed in another order may move one activation across a quantization step); RoPE with the KV store exact against rope + kv_store
+// norm summed in another order may move one activation across a quantization step); float
+// weights at T >= 32, 3e-5 (the CPU's sgemm path there does not round activations to f16 /
+// bf16 as its decode path and the device do: measured 2e-6 for bf16); RoPE with the KV store exact against rope + kv_store
 // (the same expressions, no sum); argmax always exact (the lowest id on ties). Launches are
 // counted: one per fused call, 6 per layer for a decode step's ops.
 // The device-choice cases run in child processes started before this process touches
@@ -745,10 +747,11 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
     int type, k;
   } cases[] = {{LL_TYPE_Q4_0, 160}, {LL_TYPE_Q4_1, 576}, {LL_TYPE_Q5_0, 160}, {LL_TYPE_Q5_1, 160}, {LL_TYPE_Q8_0, 576}, {LL_TYPE_Q4_K, 512},
                {LL_TYPE_Q5_K, 256}, {LL_TYPE_Q6_K, 768}, {LL_TYPE_F32, 96},  {LL_TYPE_F16, 96},   {LL_TYPE_BF16, 96}};
-  static const int Ts[] = {1, 5};
+  static const int Ts[] = {1, 5, 96};
   const int N[3] = {37, 12, 12};
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     const int K = cases[ci].k, type = cases[ci].type;
+    const int fl = type == LL_TYPE_F32 || type == LL_TYPE_F16 || type == LL_TYPE_BF16;
     void *wd[3];
     struct ll_weight w[3];
     for (int i = 0; i < 3; i++) {
@@ -772,12 +775,13 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
         CHECK(cl->i->matmul(cl, b[0], x, &w[0], T, acc) == 0);
         CHECKF(launches(cl) - l0 == 1, "fast matmul: %lld launches", (long long)(launches(cl) - l0));
         const double e = nmse(b[0], a[0], (size_t)T * N[0]);
-        CHECKF(e < 1e-9, "fast matmul %s K=%d T=%d acc=%d: nmse %.3g", ll_type_name(type), K, T, acc, e);
+        CHECKF(e < (fl && T >= 32 ? 3e-5 : 1e-9), "fast matmul %s K=%d T=%d acc=%d: nmse %.3g", ll_type_name(type), K, T, acc, e);
         worst_mm = e > worst_mm ? e : worst_mm;
       }
       // rmsnorm fused into three products (q, k, v), one launch
       CHECK(cpu->i->rmsnorm(cpu, xn, x, g, T, K, 1e-5f) == 0);
       for (int i = 0; i < 3; i++) CHECK(cpu->i->matmul(cpu, a[i], xn, &w[i], T, 0) == 0);
+      const double tol = fl && T >= 32 ? 3e-5 : 1e-7;
       const struct ll_weight *const w3[3] = {&w[0], &w[1], &w[2]};
       float *const b3[3] = {b[0], b[1], b[2]};
       int64_t l0 = launches(cl);
@@ -785,7 +789,7 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
       CHECK(launches(cl) - l0 == 1);
       for (int i = 0; i < 3; i++) {
         const double e = nmse(b[i], a[i], (size_t)T * N[i]);
-        CHECKF(e < 1e-7, "fused rmsnorm + product %s K=%d T=%d matrix %d: nmse %.3g", ll_type_name(type), K, T, i, e);
+        CHECKF(e < tol, "fused rmsnorm + product %s K=%d T=%d matrix %d: nmse %.3g", ll_type_name(type), K, T, i, e);
         worst_fused = e > worst_fused ? e : worst_fused;
       }
       // gate, up and SwiGLU (w[1], w[2]: one shape), one launch
@@ -796,7 +800,7 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
       CHECK(cl->i->fused_matmul(cl, 2, b2, x, g, 1e-5f, w2, T, LL_FUSE_SWIGLU) == 0);
       CHECK(launches(cl) - l0 == 1);
       const double es = nmse(b[1], a[1], (size_t)T * N[1]);
-      CHECKF(es < 1e-7, "fused gate, up, swiglu %s K=%d T=%d: nmse %.3g", ll_type_name(type), K, T, es);
+      CHECKF(es < tol, "fused gate, up, swiglu %s K=%d T=%d: nmse %.3g", ll_type_name(type), K, T, es);
       worst_fused = es > worst_fused ? es : worst_fused;
       // mixed shapes or types are not fused: the engine composes them
       const struct ll_weight *const wbad[2] = {&w[0], &w[1]};

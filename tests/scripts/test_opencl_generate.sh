@@ -39,12 +39,25 @@ if [ -f "$SMOL" ]; then
 else
   check 1 "SmolLM2 not cached at $SMOL"
 fi
-# A decode step on the device uploads token ids and positions (and index arrays) and reads back
-# the logits only: 49152 x 4 bytes down for SmolLM2, a few KiB up, with one wait (that read).
-line=$("$LLSRV" generate --model "$SMOL" -n 8 --temp 0 --ignore-eos -p "Hello" --device "$DEV" 2>&1 >/dev/null | grep "device transfers per decode step")
+# A decode step on the device uploads token ids and positions (and index arrays) and, sampling
+# greedily, reads back the chosen id only (the argmax is taken on the device): 4 bytes down, a
+# few KiB up, with one wait (that read). Sampling that is not plain greedy runs on the host from
+# the logits: 49152 x 4 bytes down. The fast tier (LL_OPENCL_REFERENCE=0) queues at most 6
+# kernels per layer, the reference tier more (printed).
+for tier in 1 0; do
+  line=$(LL_OPENCL_REFERENCE=$tier "$LLSRV" generate --model "$SMOL" -n 8 --temp 0 --ignore-eos -p "Hello" --device "$DEV" 2>&1 >/dev/null | grep "device transfers per decode step")
+  echo "$line"
+  echo "$line" | awk '{ exit !($8 + 0 > 0 && $8 < 4096 && $11 == 4 && $14 == 1) }'
+  check $? "decode step traffic (LL_OPENCL_REFERENCE=$tier): ${line:-no transfer line}"
+  per_layer=$(echo "$line" | sed -n 's/.*launches (\([0-9.]*\) per layer.*/\1/p')
+  tiername=$( [ $tier = 1 ] && echo reference || echo fast)
+  echo "$line" | grep -q "$tiername tier"; check $? "tier $tiername not named: $line"
+  if [ $tier = 0 ]; then awk -v n="$per_layer" 'BEGIN { exit !(n + 0 > 0 && n <= 6.2) }'; check $? "fast tier: $per_layer launches per layer (at most 6, plus 3 a step)"; fi
+done
+line=$("$LLSRV" generate --model "$SMOL" -n 8 --temp 0.8 --seed 1 --ignore-eos -p "Hello" --device "$DEV" 2>&1 >/dev/null | grep "device transfers per decode step")
 echo "$line"
-echo "$line" | awk '{ exit !($8 + 0 > 0 && $8 < 4096 && $11 == 196608 && $14 == 1) }'
-check $? "decode step traffic: ${line:-no transfer line}"
+echo "$line" | awk '{ exit !($11 == 196608 && $14 == 1) }' && echo "$line" | grep -q "sampling on the host"
+check $? "decode step traffic, sampling on the host: ${line:-no transfer line}"
 # The second start loads the kernels from the binary cache.
 "$LLSRV" generate --model "$SMOL" --ids -n 1 --temp 0 --device "$DEV" 2>&1 | grep -q "kernels from the binary cache"
 check $? "second start did not use the binary cache"
