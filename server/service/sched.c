@@ -41,6 +41,8 @@ struct slot {
   int32_t last;           // last sampled token, fed at the next step
   int has_logits;
   float *logits;          // (V)
+  int greedy;             // plain greedy sampling: the engine takes the argmax (on a device, only it comes back)
+  int32_t amax;           // ... into here
   struct ll_sampler *smp;
   struct ll_stop_matcher *stop;
   struct ll_detok_stream ds;
@@ -461,6 +463,7 @@ static struct slot *admit(struct ll_sched *s, struct slot *sl) {
   }
   sl->logits = malloc((size_t)s->V * sizeof *sl->logits);
   sl->smp = ll_sampler_new(&r->sp, s->V);
+  sl->greedy = sl->smp && ll_sampler_is_greedy(sl->smp);
   sl->stop = ll_stop_new((const char *const *)r->stops, r->n_stops);
   if (sl->seq < 0 || !sl->logits || !sl->smp || !sl->stop) goto oom;
   for (int i = 0; i < sl->n_prompt; i++) ll_sampler_accept(sl->smp, sl->tokens[i]);
@@ -499,7 +502,7 @@ static float chosen_logprob(struct ll_sched *s, struct slot *sl, int32_t t, cons
 static int slot_sample(struct ll_sched *s, struct slot *sl) {
   struct ll_sched_req *r = sl->r;
   struct ll_token_prob probs[20];
-  int32_t t = ll_sampler_sample(sl->smp, sl->logits, r->sp.n_probs > 0 ? probs : NULL);
+  int32_t t = sl->greedy ? sl->amax : ll_sampler_sample(sl->smp, sl->logits, r->sp.n_probs > 0 ? probs : NULL);
   ll_sampler_accept(sl->smp, t);
   if (sl->t_first == 0) sl->t_first = now_ms();
   if (!r->ignore_eos && s->tok && ll_tokenizer_is_eog(s->tok, t)) {
@@ -729,7 +732,7 @@ static void *compute_main(void *arg) {
     for (int i = 0; i < s->parallel; i++) {
       struct slot *a = s->active[i];
       if (!a || a->n_prefilled < a->n_prompt) continue;
-      s->items[n_items++] = (struct ll_batch_item){a->seq, 1, &a->last, 1, a->logits, NULL};
+      s->items[n_items++] = (struct ll_batch_item){a->seq, 1, &a->last, 1, a->greedy ? NULL : a->logits, a->greedy ? &a->amax : NULL};
       budget--;
     }
     for (int i = 0; i < s->parallel && budget > 0; i++) {
@@ -739,7 +742,8 @@ static void *compute_main(void *arg) {
       if (n > s->chunk) n = s->chunk;
       if (n > budget) n = budget;
       int last = a->n_prefilled + n == a->n_prompt;
-      s->items[n_items++] = (struct ll_batch_item){a->seq, n, a->tokens + a->n_prefilled, last ? 1 : 0, a->logits, NULL};
+      s->items[n_items++] = (struct ll_batch_item){a->seq, n, a->tokens + a->n_prefilled, last ? 1 : 0, a->greedy ? NULL : a->logits,
+                                                      a->greedy ? &a->amax : NULL};
       budget -= n;
     }
     const double t_fg = now_ms();
