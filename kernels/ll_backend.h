@@ -292,7 +292,7 @@ void ll_cpu_weight_unpack(struct ll_weight *w);
 void *ll_cpu_stream_alloc(size_t bytes);
 void ll_cpu_stream_free(void *p);
 
-// OpenCL backend (kernels/opencl/backend_opencl.c) on device D of platform P (indices as the
+// OpenCL backend (kernels/opencl/backend.c) on device D of platform P (indices as the
 // ICD loader lists them): builds the kernels (or loads them from the binary cache in
 // cache_dir), runs a warm-up and a self-test against the CPU reference. Errors name the step.
 int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const char *cache_dir, char *err, size_t errlen);

@@ -1,4 +1,4 @@
-// llsrv.cl - OpenCL 1.2 kernels of the llsrv OpenCL backend (kernels/opencl/backend_opencl.c).
+// llsrv.cl - OpenCL 1.2 kernels of the llsrv OpenCL backend (kernels/opencl/backend.c, ops.c).
 //
 // Embedded into the binary at build time (cmake/embed_cl.cmake). Written for OpenCL C 1.2
 // with no extension: f16 data only through vload_half/vstore_half (core), no subgroups, so

@@ -1,4 +1,4 @@
-// train.cl - OpenCL 1.2 kernels of the training members of struct ll_backend_i (backend_opencl.c).
+// train.cl - OpenCL 1.2 kernels of the training members of struct ll_backend_i (train_ops.c).
 //
 // Embedded after llsrv.cl (cmake globs kernels/opencl/*.cl in name order, one source): it uses
 // llsrv.cl's helpers (fdiv, fsqrt, acc_t, inv_sum, LL_FP64) and its FP_CONTRACT OFF.

@@ -1,0 +1,443 @@
+// ops.c - the OpenCL backend's forward ops: products (both tiers), embedding, norms, RoPE,
+// SwiGLU, the KV cache and attention; the fast tier's fused members (llsrv_fast.cl) and argmax.
+
+#include "ocl_internal.h"
+
+// ---------------------------------------------------------------- forward ops
+
+// ---------------------------------------------------------------- the fast tier (llsrv_fast.cl)
+// Fused decode ops and products with f32 activations: what a GPU wants, checked against the CPU
+// with tolerances (tests/test_opencl.c). The reference tier answers LL_EUNSUPPORTED here, and
+// the engine composes the same step from the ops above.
+
+#define FR 4 // as llsrv_fast.cl: output rows per work-group
+#define FT 4 // tokens per work-group
+
+int ocl_fused_matmul(struct ll_backend *b, int n, float *const out[], const float *x, const float *g, float eps,
+                            const struct ll_weight *const w[], int T, int op) {
+  struct ocl_ctx *c = CTX(b);
+  if (!c->fast) return LL_EUNSUPPORTED;
+  if (n < 1 || n > 3 || T < 0 || op < LL_FUSE_SET || op > LL_FUSE_SWIGLU || (op == LL_FUSE_SWIGLU && n != 2)) return LL_EINVAL;
+  if (T == 0) return 0;
+  const int type = w[0]->type;
+  const int64_t K = w[0]->k;
+  for (int i = 0; i < n; i++) {
+    if (w[i]->type != type || w[i]->k != K) return LL_EUNSUPPORTED; // one kernel, one type and row size
+    if (w[i]->n <= 0 || w[i]->n > INT_MAX / 2) return LL_EINVAL;
+  }
+  if (type < 0 || type >= LL_TYPE_COUNT || !c->k_fmm[type] || K <= 0 || K % 32 || K > INT_MAX / 2) return LL_EUNSUPPORTED;
+  if (op == LL_FUSE_SWIGLU && w[1]->n != w[0]->n) return LL_EINVAL;
+  if ((int64_t)T * K > INT_MAX) return LL_ELIMIT;
+  static const int wslot[3] = {S_W, S_D, S_E}, oslot[3] = {S_OUT, S_B, S_C};
+  cl_mem wm[3] = {NULL, NULL, NULL}, om[3] = {NULL, NULL, NULL};
+  int N[3] = {0, 0, 0};
+  int rc;
+  for (int i = 0; i < n; i++) {
+    N[i] = (int)w[i]->n;
+    if ((rc = ocl_weight_dev_in(c, w[i], wslot[i], &wm[i]))) return rc;
+  }
+  const size_t xb = (size_t)T * (size_t)K * sizeof(float);
+  if ((rc = ocl_put(c, S_X, x, xb))) return rc;
+  if (g && (rc = ocl_put_const(c, S_A, g, (size_t)K * sizeof(float)))) return rc;
+  const int nout = op == LL_FUSE_SWIGLU ? 1 : n;
+  for (int i = 0; i < nout; i++) {
+    const size_t ob = (size_t)T * N[i] * sizeof(float);
+    if ((rc = op == LL_FUSE_ADD ? ocl_put(c, oslot[i], out[i], ob) : ocl_output(c, oslot[i], out[i], ob))) return rc;
+    om[i] = c->s[oslot[i]].use;
+  }
+  cl_mem gm = g ? c->s[S_A].use : NULL;
+  const cl_ulong rb = ll_row_size(type, K);
+  const int Ki = (int)K, norm = g != NULL;
+  cl_kernel k = c->k_fmm[type];
+  cl_int e = ARG(k, 0, wm[0]) | ARG(k, 1, wm[1]) | ARG(k, 2, wm[2]) | ARG(k, 3, rb) | ARG(k, 4, c->s[S_X].use) | ARG(k, 5, gm);
+  e |= ARG(k, 6, eps) | ARG(k, 7, norm) | ARG(k, 8, om[0]) | ARG(k, 9, om[1]) | ARG(k, 10, om[2]) | ARG(k, 11, Ki);
+  e |= ARG(k, 12, N[0]) | ARG(k, 13, N[1]) | ARG(k, 14, N[2]) | ARG(k, 15, T) | ARG(k, 16, op);
+  size_t blocks = 0;
+  if (op == LL_FUSE_SWIGLU) blocks = ((size_t)N[0] + FR / 2 - 1) / (FR / 2);
+  else
+    for (int i = 0; i < n; i++) blocks += ((size_t)N[i] + FR - 1) / FR;
+  const size_t gl[2] = {WG * blocks, ((size_t)T + FT - 1) / FT}, lo[2] = {WG, 1};
+  if (e || (rc = ocl_launch(c, k, 2, gl, lo))) return e ? LL_EIO : rc;
+  for (int i = 0; i < nout; i++)
+    if ((rc = ocl_get(c, oslot[i], out[i], (size_t)T * N[i] * sizeof(float)))) return rc;
+  return 0;
+}
+
+int ocl_act_type_mode(int wtype) { // activation quantization of llsrv.cl's act_quant
+  switch (wtype) {
+  case LL_TYPE_Q4_0: case LL_TYPE_Q5_0: case LL_TYPE_Q8_0: return 0;
+  case LL_TYPE_Q4_1: case LL_TYPE_Q5_1: return 1;
+  case LL_TYPE_Q4_K: case LL_TYPE_Q5_K: case LL_TYPE_Q6_K: return 2;
+  default: return -1;
+  }
+}
+
+int ocl_matmul(struct ll_backend *b, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
+  struct ocl_ctx *c = CTX(b);
+  if (T <= 0) return T < 0 ? LL_EINVAL : 0;
+  if (c->fast && w->type >= 0 && w->type < LL_TYPE_COUNT && c->k_fmm[w->type] && w->k % 32 == 0) { // the fast tier's product
+    float *const o[1] = {out};
+    const struct ll_weight *const ws[1] = {w};
+    return ocl_fused_matmul(b, 1, o, x, NULL, 0.0f, ws, T, accumulate ? LL_FUSE_ADD : LL_FUSE_SET);
+  }
+  const int K = (int)w->k, N = (int)w->n;
+  const int fl = w->type == LL_TYPE_F32 ? 0 : w->type == LL_TYPE_F16 ? 1 : w->type == LL_TYPE_BF16 ? 2 : -1;
+  const int mode = ocl_act_type_mode(w->type);
+  if (fl < 0 && (mode < 0 || !c->k_mm[w->type])) return LL_EUNSUPPORTED;
+  if (K % 32 && fl < 0) return LL_EINVAL;
+  cl_mem wm;
+  int rc = ocl_weight_dev(c, w, &wm);
+  if (rc) return rc;
+  const size_t xb = (size_t)T * K * sizeof(float), ob = (size_t)T * N * sizeof(float);
+  cl_ulong rb = ll_row_size(w->type, w->k);
+  if ((rc = fl > 0 ? ocl_put_copy(c, S_X, x, xb) : ocl_put(c, S_X, x, xb))) return rc; // act_round changes it
+  if (accumulate) rc = ocl_put(c, S_OUT, out, ob);
+  else rc = ocl_output(c, S_OUT, out, ob);
+  if (rc) return rc;
+  cl_int e = 0;
+  const size_t gl[3] = {WG, (size_t)N, (size_t)(T + TT - 1) / TT}, lo[3] = {WG, 1, 1};
+  if (fl < 0) {
+    if ((rc = ocl_stage(c, S_XQ, (size_t)T * K)) || (rc = ocl_stage(c, S_XS, (size_t)T * (K / 32) * 2 * sizeof(float)))) return rc;
+    const size_t per = mode == 2 ? 256 : 32;
+    if (K % (int)per) return LL_EINVAL;
+    const size_t gq = (size_t)T * (K / per);
+    cl_kernel k = c->k_quant;
+    e |= ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_XQ].use) | ARG(k, 2, c->s[S_XS].use) | ARG(k, 3, K) | ARG(k, 4, T) | ARG(k, 5, mode);
+    if (e || (rc = ocl_launch(c, k, 1, &gq, NULL))) return e ? LL_EIO : rc;
+    k = c->k_mm[w->type];
+    e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_XQ].use) | ARG(k, 3, c->s[S_XS].use) | ARG(k, 4, c->s[S_OUT].use);
+    e |= ARG(k, 5, K) | ARG(k, 6, N) | ARG(k, 7, T) | ARG(k, 8, accumulate);
+    if (e || (rc = ocl_launch(c, k, 3, gl, lo))) return e ? LL_EIO : rc;
+  } else {
+    if (fl > 0) { // round activations as the CPU converts them to f16 / bf16
+      cl_kernel k = c->k_round;
+      const int n = T * K;
+      const size_t g = (size_t)n;
+      e |= ARG(k, 0, c->s[S_X].use) | ARG(k, 1, n) | ARG(k, 2, fl);
+      if (e || (rc = ocl_launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+    }
+    cl_kernel k = c->k_mm_f;
+    e |= ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_X].use) | ARG(k, 3, c->s[S_OUT].use) | ARG(k, 4, K) | ARG(k, 5, N);
+    e |= ARG(k, 6, T) | ARG(k, 7, accumulate) | ARG(k, 8, fl);
+    if (e || (rc = ocl_launch(c, k, 3, gl, lo))) return e ? LL_EIO : rc;
+  }
+  return ocl_get(c, S_OUT, out, ob);
+}
+
+int ocl_get_rows(struct ll_backend *b, float *out, const struct ll_weight *w, const int32_t *ids, int T) {
+  struct ocl_ctx *c = CTX(b);
+  for (int t = 0; t < T; t++)
+    if (ids[t] < 0 || ids[t] >= w->n) return LL_EINVAL;
+  if (T <= 0) return 0;
+  cl_mem wm;
+  int rc = ocl_weight_dev(c, w, &wm);
+  if (rc) return rc;
+  const int K = (int)w->k;
+  const int fl = w->type == LL_TYPE_F32 ? 0 : w->type == LL_TYPE_F16 ? 1 : w->type == LL_TYPE_BF16 ? 2 : -1;
+  if (fl < 0 && (ocl_act_type_mode(w->type) < 0 || K % 32)) return LL_EUNSUPPORTED;
+  const size_t ob = (size_t)T * K * sizeof(float);
+  if ((rc = ocl_put(c, S_POS, ids, (size_t)T * sizeof *ids)) || (rc = ocl_output(c, S_OUT, out, ob))) return rc;
+  cl_ulong rb = ll_row_size(w->type, w->k);
+  cl_kernel k = fl < 0 ? c->k_gr_q : c->k_gr_f;
+  const int wt = fl < 0 ? w->type : fl;
+  cl_int e = ARG(k, 0, wm) | ARG(k, 1, rb) | ARG(k, 2, c->s[S_POS].use) | ARG(k, 3, c->s[S_OUT].use) | ARG(k, 4, K) | ARG(k, 5, T);
+  e |= ARG(k, 6, wt);
+  const size_t g = fl < 0 ? (size_t)T * (K / 32) : (size_t)T * K;
+  if (e || (rc = ocl_launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return ocl_get(c, S_OUT, out, ob);
+}
+
+int ocl_rmsnorm(struct ll_backend *b, float *out, const float *x, const float *g, int T, int C, float eps) {
+  struct ocl_ctx *c = CTX(b);
+  if (T <= 0) return 0;
+  const size_t xb = (size_t)T * C * sizeof(float);
+  int rc;
+  if ((rc = ocl_put(c, S_X, x, xb)) || (rc = ocl_put_const(c, S_A, g, (size_t)C * sizeof(float))) || (rc = ocl_output(c, S_OUT, out, xb))) return rc;
+  cl_kernel k = c->k_rmsnorm;
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_X].use) | ARG(k, 2, c->s[S_A].use) | ARG(k, 3, C) | ARG(k, 4, eps);
+  const size_t gl = (size_t)T * WG, lo = WG;
+  if (e || (rc = ocl_launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  return ocl_get(c, S_OUT, out, xb);
+}
+
+// cos/sin tables (T, np) of positions pos, on the host exactly as the CPU backend computes them
+// (libm; ll_rope_angles), so the device rotates by the same angles (rope and rope_backward).
+int ocl_rope_tables(struct ocl_ctx *c, const int32_t *pos, int T, const struct ll_rope_params *p, float **ct, float **st) {
+  const int np = p->n_rot / 2;
+  const size_t need = 2 * (size_t)T * np;
+  if (need > c->rope_cap) {
+    float *nt = realloc(c->rope_cs, need * sizeof *nt);
+    if (!nt) return LL_ENOMEM;
+    c->rope_cs = nt, c->rope_cap = need;
+  }
+  const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
+  *ct = c->rope_cs, *st = c->rope_cs + (size_t)T * np;
+  for (int t = 0; t < T; t++) {
+    float theta = (float)pos[t];
+    for (int i = 0; i < np; i++) {
+      const float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
+      const float th = p->freq_scale * (theta / ff);
+      (*ct)[(size_t)t * np + i] = cosf(th);
+      (*st)[(size_t)t * np + i] = sinf(th);
+      theta *= theta_scale;
+    }
+  }
+  return 0;
+}
+
+int ocl_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, int n_head, int head_dim, const struct ll_rope_params *p) {
+  struct ocl_ctx *c = CTX(b);
+  if (p->n_rot > head_dim || p->n_rot % 2 || p->n_rot < 0 || T < 0) return LL_EINVAL;
+  const int np = p->n_rot / 2;
+  if (T == 0 || np == 0) return 0;
+  float *ct, *st;
+  int rc0 = ocl_rope_tables(c, pos, T, p, &ct, &st);
+  if (rc0) return rc0;
+  const size_t xb = (size_t)T * n_head * head_dim * sizeof(float), tb = (size_t)T * np * sizeof(float);
+  int rc;
+  if ((rc = ocl_put(c, S_X, x, xb)) || (rc = ocl_put_const(c, S_A, ct, tb)) || (rc = ocl_put_const(c, S_B, st, tb))) return rc;
+  cl_kernel k = c->k_rope;
+  const int neox = p->mode == LL_ROPE_NEOX, fused = b->ggml_math;
+  cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, T) | ARG(k, 4, n_head);
+  e |= ARG(k, 5, head_dim) | ARG(k, 6, np) | ARG(k, 7, neox) | ARG(k, 8, fused);
+  const size_t g = (size_t)T * n_head * np;
+  if (e || (rc = ocl_launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return ocl_get(c, S_X, x, xb);
+}
+
+int ocl_swiglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (n <= 0) return 0;
+  const size_t nb = (size_t)n * sizeof(float);
+  int rc;
+  if ((rc = ocl_put(c, S_A, gate, nb)) || (rc = ocl_put(c, S_B, up, nb)) || (rc = ocl_output(c, S_OUT, out, nb))) return rc;
+  cl_kernel k = c->k_swiglu;
+  cl_long ln = n;
+  const int ggml = b->ggml_math;
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, ln) | ARG(k, 4, ggml);
+  const size_t g = (size_t)n;
+  if (e || (rc = ocl_launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return ocl_get(c, S_OUT, out, nb);
+}
+
+int ocl_add(struct ll_backend *b, float *out, const float *a, const float *x, int64_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (n <= 0) return 0;
+  const size_t nb = (size_t)n * sizeof(float);
+  int rc;
+  if ((rc = ocl_put(c, S_A, a, nb)) || (rc = ocl_put(c, S_B, x, nb)) || (rc = ocl_output(c, S_OUT, out, nb))) return rc;
+  cl_kernel k = c->k_add;
+  cl_long ln = n;
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, ln);
+  const size_t g = (size_t)n;
+  if (e || (rc = ocl_launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return ocl_get(c, S_OUT, out, nb);
+}
+
+// ---------------------------------------------------------------- KV cache
+
+// The device pool named by host pointer `host`, at least `bytes` long (grown keeping contents).
+int ocl_kv_pool(struct ocl_ctx *c, const void *host, size_t bytes, cl_mem *out) {
+  struct kvpool *p = NULL;
+  for (int i = 0; i < c->n_kv; i++)
+    if (c->kv[i].host == host) p = &c->kv[i];
+  if (!p) {
+    if (c->n_kv == c->cap_kv) {
+      int cap = c->cap_kv ? 2 * c->cap_kv : 64;
+      struct kvpool *nk = realloc(c->kv, (size_t)cap * sizeof *nk);
+      if (!nk) return LL_ENOMEM;
+      c->kv = nk, c->cap_kv = cap;
+    }
+    p = &c->kv[c->n_kv++];
+    *p = (struct kvpool){host, NULL, 0};
+  }
+  if (p->cap < bytes) {
+    size_t cap = p->cap ? p->cap : 1 << 16;
+    while (cap < bytes) cap *= 2;
+    cl_int e;
+    cl_mem m = ocl_dev_alloc(c, cap, &e);
+    if (!m) return ocl_cl_rc(e) ? ocl_cl_rc(e) : LL_ENOMEM;
+    if (p->m) {
+      e = clEnqueueCopyBuffer(c->q, p->m, m, 0, 0, p->cap, 0, NULL, NULL);
+      if (e == CL_SUCCESS) e = clFinish(c->q), ocl_drained(c);
+      if (e != CL_SUCCESS) {
+        ocl_dev_release(c, m, cap);
+        return ocl_cl_rc(e);
+      }
+      ocl_dev_release(c, p->m, p->cap);
+    }
+    p->m = m, p->cap = cap;
+  }
+  *out = p->m;
+  return 0;
+}
+
+size_t ocl_kv_elem(const struct ll_kv_view *kv) { return kv->kv_type == LL_TYPE_F16 ? 2 : 4; }
+size_t ocl_kv_block_bytes(const struct ll_kv_view *kv) { return (size_t)kv->block * kv->n_head_kv * kv->head_dim * ocl_kv_elem(kv); }
+
+int ocl_kv_store(struct ll_backend *b, const struct ll_kv_view *kv, const float *k, const float *v, const int32_t *pos, int T) {
+  struct ocl_ctx *c = CTX(b);
+  if (T <= 0) return 0;
+  if (kv->kv_type != LL_TYPE_F16 && kv->kv_type != LL_TYPE_F32) return LL_EUNSUPPORTED;
+  int max_pos = 0, max_blk = 0;
+  for (int t = 0; t < T; t++) max_pos = pos[t] > max_pos ? pos[t] : max_pos;
+  const int nb = max_pos / kv->block + 1;
+  for (int i = 0; i < nb; i++) max_blk = kv->block_table[i] > max_blk ? kv->block_table[i] : max_blk;
+  cl_mem K, V;
+  const size_t need = ((size_t)max_blk + 1) * ocl_kv_block_bytes(kv);
+  int rc;
+  if ((rc = ocl_kv_pool(c, kv->k, need, &K)) || (rc = ocl_kv_pool(c, kv->v, need, &V))) return rc;
+  const int n = kv->n_head_kv * kv->head_dim;
+  const size_t xb = (size_t)T * n * sizeof(float);
+  if ((rc = ocl_put(c, S_A, k, xb)) || (rc = ocl_put(c, S_B, v, xb)) || (rc = ocl_put(c, S_POS, pos, (size_t)T * 4)) ||
+      (rc = ocl_put(c, S_TAB, kv->block_table, (size_t)nb * 4)))
+    return rc;
+  cl_kernel kk = c->k_kv_store;
+  const int f16 = kv->kv_type == LL_TYPE_F16;
+  cl_int e = ARG(kk, 0, K) | ARG(kk, 1, V) | ARG(kk, 2, c->s[S_A].use) | ARG(kk, 3, c->s[S_B].use) | ARG(kk, 4, c->s[S_POS].use);
+  e |= ARG(kk, 5, c->s[S_TAB].use) | ARG(kk, 6, T) | ARG(kk, 7, kv->block) | ARG(kk, 8, kv->n_head_kv) | ARG(kk, 9, kv->head_dim) | ARG(kk, 10, f16);
+  const size_t g = (size_t)T * n;
+  if (e || (rc = ocl_launch(c, kk, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return 0; // host k, v were copied (upload): they may change once we return
+}
+
+// The index arrays of n_seq sequences' rows (attention_multi's arguments), checked: one pool for
+// all (the same layer) and the rows in sequence order. *idx (malloc'd, the caller frees): the
+// concatenated block tables (n_tab), each row's sequence (rows), each table's offset (n_seq),
+// each sequence's row count (n_seq).
+int ocl_seq_tables(const struct ll_kv_view *kv, const int32_t *pos, const int *t0, const int *nt, int n_seq, int32_t **idx, int *rows_out,
+                      int *n_tab_out, int *max_pos_out, int *max_blk_out) {
+  const struct ll_kv_view *k0 = &kv[0];
+  int rows = 0, max_pos = 0, max_blk = 0, n_tab = 0;
+  *idx = NULL;
+  for (int i = 0; i < n_seq; i++) {
+    if (kv[i].k != k0->k || kv[i].v != k0->v || kv[i].head_dim != k0->head_dim || kv[i].n_head_kv != k0->n_head_kv ||
+        kv[i].kv_type != k0->kv_type || kv[i].block != k0->block || kv[i].block <= 0 || t0[i] != rows || nt[i] < 0)
+      return LL_EINVAL;
+    rows += nt[i];
+    int mp = 0;
+    for (int t = t0[i]; t < t0[i] + nt[i]; t++) {
+      if (pos[t] < 0) return LL_EINVAL;
+      mp = pos[t] > mp ? pos[t] : mp;
+    }
+    max_pos = mp > max_pos ? mp : max_pos;
+    n_tab += mp / k0->block + 1;
+  }
+  *rows_out = rows, *n_tab_out = n_tab, *max_pos_out = max_pos, *max_blk_out = 0;
+  if (rows == 0) return 0;
+  int32_t *tab = malloc(((size_t)n_tab + rows + 2 * (size_t)n_seq) * sizeof *tab);
+  if (!tab) return LL_ENOMEM;
+  int32_t *seq_of = tab + n_tab, *toff = seq_of + rows, *snt = toff + n_seq;
+  for (int i = 0; i < n_seq; i++) snt[i] = nt[i];
+  for (int i = 0, o = 0; i < n_seq; i++) {
+    int mp = 0;
+    for (int t = t0[i]; t < t0[i] + nt[i]; t++) mp = pos[t] > mp ? pos[t] : mp, seq_of[t] = i;
+    toff[i] = o;
+    for (int j = 0; j <= mp / k0->block; j++, o++) {
+      tab[o] = kv[i].block_table[j];
+      if (tab[o] < 0) {
+        free(tab);
+        return LL_EINVAL;
+      }
+      max_blk = tab[o] > max_blk ? tab[o] : max_blk;
+    }
+  }
+  *idx = tab, *max_blk_out = max_blk;
+  return 0;
+}
+
+int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos,
+                               const int *t0, const int *nt, int n_seq, int n_head, float scale) {
+  struct ocl_ctx *c = CTX(b);
+  if (n_seq < 1) return 0;
+  const struct ll_kv_view *k0 = &kv[0];
+  const int hd = k0->head_dim, Hkv = k0->n_head_kv;
+  if (hd > 256 || Hkv <= 0 || n_head % Hkv) return LL_EUNSUPPORTED;
+  int rows, n_tab, max_pos, max_blk;
+  int32_t *tab;
+  int rc = ocl_seq_tables(kv, pos, t0, nt, n_seq, &tab, &rows, &n_tab, &max_pos, &max_blk);
+  if (rc || rows == 0) return rc;
+  int32_t *seq_of = tab + n_tab, *toff = seq_of + rows, *snt = toff + n_seq;
+  cl_mem K, V;
+  const size_t need = ((size_t)max_blk + 1) * ocl_kv_block_bytes(k0);
+  const size_t qb = (size_t)rows * n_head * hd * sizeof(float);
+  const int stride = max_pos + 1;
+  if ((rc = ocl_kv_pool(c, k0->k, need, &K)) || (rc = ocl_kv_pool(c, k0->v, need, &V)) || (rc = ocl_put(c, S_X, q, qb)) ||
+      (rc = ocl_put(c, S_POS, pos, (size_t)rows * 4)) || (rc = ocl_put(c, S_TAB, tab, (size_t)n_tab * 4)) ||
+      (rc = ocl_put(c, S_SEQ, seq_of, (size_t)rows * 4)) || (rc = ocl_put(c, S_TOFF, toff, (size_t)n_seq * 4)) || (rc = ocl_put(c, S_SNT, snt, (size_t)n_seq * 4)) ||
+      (rc = ocl_stage(c, S_SCR, (size_t)rows * n_head * stride * sizeof(float))) || (rc = ocl_output(c, S_OUT, out, qb))) {
+    free(tab);
+    return rc;
+  }
+  free(tab); // the uploads copied it
+  cl_kernel k = c->k_attention;
+  const int f16 = k0->kv_type == LL_TYPE_F16, ggml = b->ggml_math;
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_X].use) | ARG(k, 2, K) | ARG(k, 3, V) | ARG(k, 4, c->s[S_POS].use);
+  e |= ARG(k, 5, c->s[S_TAB].use) | ARG(k, 6, c->s[S_SEQ].use) | ARG(k, 7, c->s[S_TOFF].use) | ARG(k, 8, c->s[S_SNT].use);
+  e |= ARG(k, 9, c->s[S_SCR].use) | ARG(k, 10, n_head) | ARG(k, 11, Hkv) | ARG(k, 12, hd) | ARG(k, 13, k0->block) | ARG(k, 14, f16);
+  e |= ARG(k, 15, scale) | ARG(k, 16, stride) | ARG(k, 17, ggml);
+  const size_t gl = (size_t)rows * n_head * WG, lo = WG;
+  if (e || (rc = ocl_launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  return ocl_get(c, S_OUT, out, qb);
+}
+
+// The fast tier: rope of q and k and the kv_store of k, v in one kernel (llsrv_fast.cl rope_kv).
+int ocl_rope_kv_store(struct ll_backend *b, float *q, const float *k, const float *v, const struct ll_kv_view *kv, const int32_t *pos,
+                             const int *t0, const int *nt, int n_seq, int n_head, const struct ll_rope_params *p) {
+  struct ocl_ctx *c = CTX(b);
+  if (!c->fast) return LL_EUNSUPPORTED;
+  if (n_seq < 1) return 0;
+  const struct ll_kv_view *k0 = &kv[0];
+  const int hd = k0->head_dim, Hkv = k0->n_head_kv;
+  if (hd <= 0 || Hkv <= 0 || n_head <= 0 || p->n_rot > hd || p->n_rot % 2 || p->n_rot < 0) return LL_EINVAL;
+  if (k0->kv_type != LL_TYPE_F16 && k0->kv_type != LL_TYPE_F32) return LL_EUNSUPPORTED;
+  const int np = p->n_rot / 2;
+  if (np == 0) return LL_EUNSUPPORTED; // nothing to rotate: the unfused ops
+  int rows, n_tab, max_pos, max_blk;
+  int32_t *tab;
+  int rc = ocl_seq_tables(kv, pos, t0, nt, n_seq, &tab, &rows, &n_tab, &max_pos, &max_blk);
+  if (rc || rows == 0) return rc;
+  int32_t *seq_of = tab + n_tab, *toff = seq_of + rows;
+  float *ct, *st;
+  cl_mem K, V;
+  const size_t need = ((size_t)max_blk + 1) * ocl_kv_block_bytes(k0);
+  const size_t qb = (size_t)rows * n_head * hd * sizeof(float), kb = (size_t)rows * Hkv * hd * sizeof(float), tb = (size_t)rows * np * sizeof(float);
+  if ((rc = ocl_rope_tables(c, pos, rows, p, &ct, &st)) || (rc = ocl_kv_pool(c, k0->k, need, &K)) || (rc = ocl_kv_pool(c, k0->v, need, &V)) ||
+      (rc = ocl_put(c, S_X, q, qb)) || (rc = ocl_put(c, S_A, k, kb)) || (rc = ocl_put(c, S_B, v, kb)) || (rc = ocl_put_const(c, S_C, ct, tb)) ||
+      (rc = ocl_put_const(c, S_D, st, tb)) || (rc = ocl_put(c, S_POS, pos, (size_t)rows * 4)) || (rc = ocl_put(c, S_TAB, tab, (size_t)n_tab * 4)) ||
+      (rc = ocl_put(c, S_SEQ, seq_of, (size_t)rows * 4)) || (rc = ocl_put(c, S_TOFF, toff, (size_t)n_seq * 4))) {
+    free(tab);
+    return rc;
+  }
+  free(tab);
+  cl_kernel kk = c->k_rope_kv;
+  const int neox = p->mode == LL_ROPE_NEOX, fused = b->ggml_math, f16 = k0->kv_type == LL_TYPE_F16, block = k0->block;
+  cl_int e = ARG(kk, 0, c->s[S_X].use) | ARG(kk, 1, c->s[S_A].use) | ARG(kk, 2, c->s[S_B].use) | ARG(kk, 3, K) | ARG(kk, 4, V);
+  e |= ARG(kk, 5, c->s[S_C].use) | ARG(kk, 6, c->s[S_D].use) | ARG(kk, 7, c->s[S_POS].use) | ARG(kk, 8, c->s[S_TAB].use);
+  e |= ARG(kk, 9, c->s[S_SEQ].use) | ARG(kk, 10, c->s[S_TOFF].use) | ARG(kk, 11, rows) | ARG(kk, 12, n_head) | ARG(kk, 13, Hkv);
+  e |= ARG(kk, 14, hd) | ARG(kk, 15, np) | ARG(kk, 16, neox) | ARG(kk, 17, fused) | ARG(kk, 18, block) | ARG(kk, 19, f16);
+  const size_t g = (size_t)rows * (size_t)(n_head + Hkv) * (size_t)((hd + 1) / 2);
+  if (e || (rc = ocl_launch(c, kk, 1, &g, NULL))) return e ? LL_EIO : rc;
+  return ocl_get(c, S_X, q, qb);
+}
+
+// Greedy sampling where the logits are (both tiers: a comparison, no sums): rows x 4 bytes back.
+int ocl_argmax(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V) {
+  struct ocl_ctx *c = CTX(b);
+  if (rows < 0 || V <= 0) return LL_EINVAL;
+  if (rows == 0) return 0;
+  const size_t lb = (size_t)rows * (size_t)V * sizeof(float), ib = (size_t)rows * sizeof(int32_t);
+  int rc;
+  if ((rc = ocl_put(c, S_X, logits, lb)) || (rc = ocl_output(c, S_OUT, ids, ib))) return rc;
+  cl_kernel k = c->k_argmax;
+  cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_OUT].use) | ARG(k, 2, V);
+  const size_t gl = (size_t)rows * WG, lo = WG;
+  if (e || (rc = ocl_launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  return ocl_get(c, S_OUT, ids, ib);
+}
+
+int ocl_attention(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, int T, int n_head,
+                         float scale) {
+  const int t0 = 0;
+  return ocl_attention_multi(b, out, q, kv, pos, &t0, &T, 1, n_head, scale);
+}

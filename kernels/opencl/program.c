@@ -1,0 +1,203 @@
+// program.c - the OpenCL backend's program: build options, the binary cache (<state_dir>/opencl,
+// keyed by device, driver and source hash), the kernel objects, and the self-test.
+
+#include "ocl_internal.h"
+
+// ---------------------------------------------------------------- program build and cache
+
+#define BUILD_OPTS "-cl-std=CL1.2"
+#define BUILD_OPTS_NO_FP64 BUILD_OPTS " -DLL_NO_FP64"
+// The build options: LL_OPENCL_NO_FP64=1 builds the kernels as for a device without f64 (the
+// tests' way to cover that path on devices that have it); info.fp64 then reports 0.
+const char *ocl_build_opts(const struct ocl_ctx *c) { return c->no_fp64 ? BUILD_OPTS_NO_FP64 : BUILD_OPTS; }
+
+// Cache key: sha256 of device name, vendor, driver and platform versions, build options and
+// source, so a new driver or changed kernels rebuild.
+void ocl_cache_path(struct ocl_ctx *c, const char *dir, const char *src, char *out, size_t cap) {
+  char plat[256] = "";
+  clGetPlatformInfo(c->plat, CL_PLATFORM_VERSION, sizeof plat, plat, NULL);
+  EVP_MD_CTX *h = EVP_MD_CTX_new();
+  unsigned char d[32];
+  unsigned int dn = 0;
+  out[0] = 0;
+  if (!h) return;
+  const char *parts[] = {c->info.device, c->info.vendor, c->info.driver, c->info.version, plat, ocl_build_opts(c), src};
+  int ok = EVP_DigestInit_ex(h, EVP_sha256(), NULL) == 1;
+  for (size_t i = 0; ok && i < sizeof parts / sizeof parts[0]; i++) ok = EVP_DigestUpdate(h, parts[i], strlen(parts[i]) + 1) == 1;
+  ok = ok && EVP_DigestFinal_ex(h, d, &dn) == 1;
+  EVP_MD_CTX_free(h);
+  if (!ok) return;
+  char hex[17];
+  for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+  snprintf(out, cap, "%s/opencl-%s.bin", dir, hex);
+}
+
+unsigned char *ocl_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  unsigned char *buf = NULL;
+  if (fseek(f, 0, SEEK_END) == 0) {
+    long n = ftell(f);
+    if (n > 0 && n < (64L << 20) && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n))) {
+      if (fread(buf, 1, (size_t)n, f) != (size_t)n) free(buf), buf = NULL;
+      else *len = (size_t)n;
+    }
+  }
+  fclose(f);
+  return buf;
+}
+
+// Write the built program's binary atomically (temp file + rename); failures only cost the
+// next start a rebuild, so they are ignored.
+void ocl_cache_store(struct ocl_ctx *c, const char *path) {
+  size_t n = 0;
+  if (clGetProgramInfo(c->prog, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL) != CL_SUCCESS || n == 0) return;
+  unsigned char *bin = malloc(n);
+  if (!bin) return;
+  unsigned char *bins[1] = {bin};
+  char tmp[1100];
+  snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+  FILE *f;
+  if (clGetProgramInfo(c->prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS && (f = fopen(tmp, "wb"))) {
+    int ok = fwrite(bin, 1, n, f) == n;
+    ok = fflush(f) == 0 && fsync(fileno(f)) == 0 && ok;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) unlink(tmp);
+  }
+  free(bin);
+}
+
+int ocl_build_program(struct ocl_ctx *c, const char *cache_dir, char *err, size_t errlen) {
+  char path[1024] = "";
+  if (cache_dir && *cache_dir) {
+    mkdir(cache_dir, 0755); // one level; an existing directory is fine
+    ocl_cache_path(c, cache_dir, ll_opencl_source, path, sizeof path);
+  }
+  cl_int e;
+  if (path[0]) {
+    size_t len = 0;
+    unsigned char *bin = ocl_read_file(path, &len);
+    if (bin) {
+      const unsigned char *bins[1] = {bin};
+      cl_int st;
+      c->prog = clCreateProgramWithBinary(c->cx, 1, &c->dev, &len, bins, &st, &e);
+      free(bin);
+      if (c->prog && (e != CL_SUCCESS || st != CL_SUCCESS || clBuildProgram(c->prog, 1, &c->dev, ocl_build_opts(c), NULL, NULL) != CL_SUCCESS)) {
+        clReleaseProgram(c->prog); // a stale or foreign binary: rebuild from source
+        c->prog = NULL;
+      }
+      if (c->prog) {
+        c->cache_hit = 1;
+        return 0;
+      }
+    }
+  }
+  const char *src = ll_opencl_source;
+  c->prog = clCreateProgramWithSource(c->cx, 1, &src, NULL, &e);
+  if (!c->prog) return ll_errf(err, errlen, ocl_cl_rc(e), "opencl: clCreateProgramWithSource: %s (%d)", ocl_cl_errname(e), e);
+  e = clBuildProgram(c->prog, 1, &c->dev, ocl_build_opts(c), NULL, NULL);
+  if (e != CL_SUCCESS) {
+    char log[1500] = "";
+    size_t n = 0;
+    clGetProgramBuildInfo(c->prog, c->dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, &n);
+    log[sizeof log - 1] = 0;
+    for (char *p = log; *p; p++)
+      if (*p == '\n') *p = ' ';
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "opencl: building the kernels failed (%s): %s", ocl_cl_errname(e), log);
+  }
+  if (path[0]) ocl_cache_store(c, path);
+  return 0;
+}
+
+int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
+  static const struct {
+    int type;
+    const char *name;
+  } q[] = {{LL_TYPE_Q4_0, "q4_0"}, {LL_TYPE_Q4_1, "q4_1"}, {LL_TYPE_Q5_0, "q5_0"}, {LL_TYPE_Q5_1, "q5_1"},
+           {LL_TYPE_Q8_0, "q8_0"}, {LL_TYPE_Q4_K, "q4_K"}, {LL_TYPE_Q5_K, "q5_K"}, {LL_TYPE_Q6_K, "q6_K"}};
+  cl_int e;
+  char name[64];
+#define MK(dst, nm)                                                                                           \
+  do {                                                                                                        \
+    if (!((dst) = clCreateKernel(c->prog, (nm), &e)))                                                         \
+      return ll_errf(err, errlen, LL_EIO, "opencl: kernel %s: %s (%d)", (nm), ocl_cl_errname(e), e);             \
+  } while (0)
+  for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+    snprintf(name, sizeof name, "mm_%s", q[i].name);
+    MK(c->k_mm[q[i].type], name);
+  }
+  MK(c->k_quant, "act_quant");
+  MK(c->k_round, "act_round");
+  MK(c->k_mm_f, "mm_f");
+  MK(c->k_gr_f, "get_rows_f");
+  MK(c->k_gr_q, "get_rows_q");
+  MK(c->k_rmsnorm, "rmsnorm");
+  MK(c->k_rope, "rope");
+  MK(c->k_swiglu, "swiglu");
+  MK(c->k_add, "add");
+  MK(c->k_kv_store, "kv_store");
+  MK(c->k_attention, "attention");
+  MK(c->k_deq, "deq_rows");
+  MK(c->k_mm_dx, "mm_bwd_dx");
+  MK(c->k_mm_dw, "mm_bwd_dw");
+  MK(c->k_rms_bwd, "rmsnorm_bwd");
+  MK(c->k_rms_dg, "rmsnorm_bwd_dg");
+  MK(c->k_rope_bwd, "rope_bwd");
+  MK(c->k_swiglu_bwd, "swiglu_bwd");
+  MK(c->k_attn_train, "attn_train");
+  MK(c->k_attn_bwd_q, "attn_bwd_q");
+  MK(c->k_attn_bwd_kv, "attn_bwd_kv");
+  MK(c->k_xent, "xent");
+  MK(c->k_gr_bwd, "get_rows_bwd");
+  MK(c->k_dropout, "dropout");
+  MK(c->k_sumsq, "sumsq");
+  MK(c->k_axpy, "axpy");
+  MK(c->k_scale, "scale");
+  MK(c->k_adamw, "adamw");
+  static const struct {
+    int type;
+    const char *name;
+  } f[] = {{LL_TYPE_F32, "f32"},   {LL_TYPE_F16, "f16"},   {LL_TYPE_BF16, "bf16"}, {LL_TYPE_Q4_0, "q4_0"},
+           {LL_TYPE_Q4_1, "q4_1"}, {LL_TYPE_Q5_0, "q5_0"}, {LL_TYPE_Q5_1, "q5_1"}, {LL_TYPE_Q8_0, "q8_0"},
+           {LL_TYPE_Q4_K, "q4_K"}, {LL_TYPE_Q5_K, "q5_K"}, {LL_TYPE_Q6_K, "q6_K"}};
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+    snprintf(name, sizeof name, "fmm_%s", f[i].name);
+    MK(c->k_fmm[f[i].type], name);
+  }
+  MK(c->k_rope_kv, "rope_kv");
+  MK(c->k_argmax, "argmax_rows");
+#undef MK
+  return 0;
+}
+
+// Warm-up and self-test: a small Q8_0 product (3 tokens, 5 rows of 64, two unit groups) and
+// its accumulate form against the CPU's scalar reference (the fast tier's too: it quantizes the
+// activations as the CPU does, and its sums are within float rounding). A device that computes
+// it wrong is not used.
+int ocl_self_test(struct ll_backend *b, char *err, size_t errlen) {
+  enum { K = 64, N = 5, T = 3 };
+  float wf[N * K], x[T * K], out[T * N], ref[T * N];
+  ll_block_q8_0 wq[N * K / 32], xq[K / 32];
+  uint32_t s = 12345;
+  for (int i = 0; i < N * K; i++) s = s * 1664525u + 1013904223u, wf[i] = (float)(s >> 8) / (float)(1 << 24) - 0.5f;
+  for (int i = 0; i < T * K; i++) s = s * 1664525u + 1013904223u, x[i] = (float)(s >> 8) / (float)(1 << 24) - 0.5f;
+  for (int r = 0; r < N; r++) ll_quantize_row(LL_TYPE_Q8_0, wf + r * K, wq + r * (K / 32), K);
+  const struct ll_type_kernels *kr = ll_cpu_kernels_ref(LL_TYPE_Q8_0);
+  for (int t = 0; t < T; t++) {
+    kr->from_float(x + t * K, xq, K);
+    for (int r = 0; r < N; r++) kr->vec_dot(K, &ref[t * N + r], wq + r * (K / 32), xq);
+  }
+  struct ll_weight w = {LL_TYPE_Q8_0, K, N, wq, NULL, NULL};
+  int rc = b->i->weight_upload(b, &w);
+  if (rc == 0) rc = b->i->matmul(b, out, x, &w, T, 0);
+  if (rc == 0) rc = b->i->matmul(b, out, x, &w, T, 1); // out = 2 * product
+  b->i->weight_release(b, &w);
+  if (rc) return ll_errf(err, errlen, rc, "opencl: self-test product failed to run: %s", ll_strerror(rc));
+  // LL_OPENCL_FAULT=selftest: the tests' way to see a device fail its self-test.
+  const char *fault = getenv("LL_OPENCL_FAULT");
+  if (fault && strcmp(fault, "selftest") == 0) out[T * N - 1] += 1.0f;
+  for (int i = 0; i < T * N; i++)
+    if (!(fabsf(out[i] - 2 * ref[i]) <= 1e-4f * (1 + fabsf(ref[i]))))
+      return ll_errf(err, errlen, LL_EIO, "opencl: self-test failed: product element %d is %g, the CPU reference gives %g", i, out[i], 2 * ref[i]);
+  return 0;
+}
