@@ -80,35 +80,7 @@ int64_t ll_cpu_train_mem_used(struct ll_cpu_train *t);            // bytes held 
 void ll_train_adamw_avx2(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
                          float bc1, float bc2);
 
-// ---- shared definitions (both implementations use these, so their results agree) ----
-
-// Dropout's counter-based RNG: element i of a call with `seed` is kept iff
-// ll_dropout_bits(seed, i) >= ll_dropout_threshold(p), whatever thread computes it.
-// splitmix64: the state of element i is mix(seed) + (i + 1) * golden gamma, its output mix(state).
-static inline uint64_t ll_mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-static inline uint32_t ll_dropout_bits(uint64_t seed_mixed, uint64_t i) {
-  return (uint32_t)(ll_mix64(seed_mixed + (i + 1) * 0x9e3779b97f4a7c15ULL) >> 40); // 24 uniform bits
-}
-static inline uint32_t ll_dropout_threshold(float p) { return (uint32_t)((double)p * 16777216.0); }
-
-// RoPE angles of one position as the forward op (backend_cpu.c rope_tables) computes them:
-// theta_i = pos * base^(-2i/n_rot) by repeated float products, then scale and freq factors.
-#include <math.h>
-static inline void ll_rope_angles(int32_t pos, const struct ll_rope_params *p, float *cs, float *sn) {
-  const int n = p->n_rot / 2;
-  const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
-  float theta = (float)pos;
-  for (int i = 0; i < n; i++) {
-    const float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
-    const float th = p->freq_scale * (theta / ff);
-    cs[i] = cosf(th);
-    sn[i] = sinf(th);
-    theta *= theta_scale;
-  }
-}
+// ---- shared definitions: kernels/ll_ref.h (dropout's RNG, RoPE angles; the OpenCL backend's too)
+#include "ll_ref.h"
 
 #endif

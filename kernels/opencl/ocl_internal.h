@@ -18,10 +18,9 @@
 #include <unistd.h>
 
 #include "ll_backend.h"
-#include "ll_cpu_dot.h"
-#include "ll_cpu_train.h"
 #include "ll_error.h"
 #include "ll_quant.h"
+#include "ll_ref.h"
 
 extern const char ll_opencl_source[]; // kernels/opencl/*.cl, embedded by cmake/embed_cl.cmake
 

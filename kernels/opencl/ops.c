@@ -161,7 +161,8 @@ int ocl_rmsnorm(struct ll_backend *b, float *out, const float *x, const float *g
 }
 
 // cos/sin tables (T, np) of positions pos, on the host exactly as the CPU backend computes them
-// (libm; ll_rope_angles), so the device rotates by the same angles (rope and rope_backward).
+// (libm; ll_rope_angles, kernels/ll_ref.h), so the device rotates by the same angles (rope and
+// rope_backward).
 int ocl_rope_tables(struct ocl_ctx *c, const int32_t *pos, int T, const struct ll_rope_params *p, float **ct, float **st) {
   const int np = p->n_rot / 2;
   const size_t need = 2 * (size_t)T * np;
@@ -170,18 +171,8 @@ int ocl_rope_tables(struct ocl_ctx *c, const int32_t *pos, int T, const struct l
     if (!nt) return LL_ENOMEM;
     c->rope_cs = nt, c->rope_cap = need;
   }
-  const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
   *ct = c->rope_cs, *st = c->rope_cs + (size_t)T * np;
-  for (int t = 0; t < T; t++) {
-    float theta = (float)pos[t];
-    for (int i = 0; i < np; i++) {
-      const float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
-      const float th = p->freq_scale * (theta / ff);
-      (*ct)[(size_t)t * np + i] = cosf(th);
-      (*st)[(size_t)t * np + i] = sinf(th);
-      theta *= theta_scale;
-    }
-  }
+  for (int t = 0; t < T; t++) ll_rope_angles(pos[t], p, *ct + (size_t)t * np, *st + (size_t)t * np);
   return 0;
 }
 

@@ -178,14 +178,22 @@ int ocl_self_test(struct ll_backend *b, char *err, size_t errlen) {
   enum { K = 64, N = 5, T = 3 };
   float wf[N * K], x[T * K], out[T * N], ref[T * N];
   ll_block_q8_0 wq[N * K / 32], xq[K / 32];
+  float wd[K], xd[K];
   uint32_t s = 12345;
   for (int i = 0; i < N * K; i++) s = s * 1664525u + 1013904223u, wf[i] = (float)(s >> 8) / (float)(1 << 24) - 0.5f;
   for (int i = 0; i < T * K; i++) s = s * 1664525u + 1013904223u, x[i] = (float)(s >> 8) / (float)(1 << 24) - 0.5f;
   for (int r = 0; r < N; r++) ll_quantize_row(LL_TYPE_Q8_0, wf + r * K, wq + r * (K / 32), K);
-  const struct ll_type_kernels *kr = ll_cpu_kernels_ref(LL_TYPE_Q8_0);
+  // The reference: the activations quantized to Q8_0 as the CPU quantizes them (formats/quant.c),
+  // the product of the dequantized values in double (any order is within the tolerance below).
   for (int t = 0; t < T; t++) {
-    kr->from_float(x + t * K, xq, K);
-    for (int r = 0; r < N; r++) kr->vec_dot(K, &ref[t * N + r], wq + r * (K / 32), xq);
+    if (ll_quantize_row(LL_TYPE_Q8_0, x + t * K, xq, K) != 0 || ll_dequantize_row(LL_TYPE_Q8_0, xq, xd, K) != 0)
+      return ll_errf(err, errlen, LL_EIO, "opencl: self-test: quantize");
+    for (int r = 0; r < N; r++) {
+      if (ll_dequantize_row(LL_TYPE_Q8_0, wq + r * (K / 32), wd, K) != 0) return ll_errf(err, errlen, LL_EIO, "opencl: self-test: dequantize");
+      double sum = 0;
+      for (int i = 0; i < K; i++) sum += (double)wd[i] * xd[i];
+      ref[t * N + r] = (float)sum;
+    }
   }
   struct ll_weight w = {LL_TYPE_Q8_0, K, N, wq, NULL, NULL};
   int rc = b->i->weight_upload(b, &w);
