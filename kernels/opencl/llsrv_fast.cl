@@ -16,7 +16,8 @@
 //   residual add into the product before it (out +=), gate, up and SwiGLU into one kernel, and
 //   the q, k, v products of one input into one launch (up to three matrices of one type);
 // - FR output rows per work-group, FL work items per row, each unit of 32 weights unpacked once
-//   with vector loads of the block's bytes and applied to FT tokens;
+//   with vector loads of the block's bytes and applied to FT tokens, whose activations the
+//   work-group normalizes and quantizes once into local memory, KC at a time, for all its rows;
 // - RoPE of q and k with the KV store in one kernel; greedy sampling (argmax) on the device, so
 //   a decode step reads back one id per sequence.
 // Sums are f32 trees, so results differ from the CPU's in the last bits and vary with the
@@ -25,6 +26,7 @@
 #define FR 4  // output rows per work-group
 #define FL 16 // work items per row (FR * FL == WG)
 #define FT 4  // tokens per work-group (== FR: the norm pass gives each token FL work items)
+#define KC 512 // activations staged in local memory per pass: FT x KC floats (a multiple of 256)
 
 // Unit u (32 weights) of a row as floats. wt is a literal at every call (one kernel per type),
 // so the switch folds away.
@@ -160,7 +162,7 @@ inline float act_unit(const int wt, global const float *xr, global const float *
 // each matrix), the matrices' blocks one after another.
 inline void fmm_body(const int wt, global const uchar *W0, global const uchar *W1, global const uchar *W2, ulong rb, global const float *x,
                      global const float *g, float eps, int norm, global float *o0, global float *o1, global float *o2, int K, int N0, int N1,
-                     int N2, int T, int op, local float *part, local float *inv) {
+                     int N2, int T, int op, local float *part, local float *inv, local float *xs, local float *dss) {
   const int lid = get_local_id(0), slot = lid / FL, lane = lid % FL;
   const int t0 = get_group_id(1) * FT, nt = min(FT, T - t0), blk = get_group_id(0);
   if (norm) { // 1/rms of token t0 + slot: FL work items over its K floats
@@ -191,17 +193,30 @@ inline void fmm_body(const int wt, global const uchar *W0, global const uchar *W
   global const uchar *Wm = m == 0 ? W0 : m == 1 ? W1 : W2;
   float acc[FT];
   for (int tt = 0; tt < FT; tt++) acc[tt] = 0;
-  if (valid) {
-    global const uchar *wr = Wm + (size_t)row * rb;
-    const int nu = K / 32;
-    for (int u = lane; u < nu; u += FL) {
-      float w[32], xv[32], mo;
-      fu_unit(wt, wr, u, w, &mo);
-      for (int tt = 0; tt < nt; tt++) {
-        const float ds = act_unit(wt, x + (size_t)(t0 + tt) * K, g, norm ? inv[tt] : 1.0f, norm, u, xv);
-        float4 s4 = 0;
-        for (int j = 0; j < 32; j += 4) s4 = fma(vload4(0, w + j), vload4(0, xv + j), s4);
-        acc[tt] += ((s4.x + s4.y) + (s4.z + s4.w)) + mo * ds;
+  global const uchar *wr = Wm + (size_t)row * rb;
+  for (int k0 = 0; k0 < K; k0 += KC) {
+    const int nuc = min(KC, K - k0) / 32, u0 = k0 / 32;
+    // Stage: the chunk's activation units of the FT tokens, normalized and quantized once.
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = lid; i < FT * nuc; i += FR * FL) {
+      const int tt = i / nuc, uu = i % nuc;
+      if (tt < nt) {
+        float xv[32];
+        dss[tt * (KC / 32) + uu] = act_unit(wt, x + (size_t)(t0 + tt) * K, g, norm ? inv[tt] : 1.0f, norm, u0 + uu, xv);
+        for (int j = 0; j < 32; j += 4) vstore4(vload4(0, xv + j), 0, xs + tt * KC + uu * 32 + j);
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (valid) {
+      for (int uu = lane; uu < nuc; uu += FL) {
+        float w[32], mo;
+        fu_unit(wt, wr, u0 + uu, w, &mo);
+        for (int tt = 0; tt < nt; tt++) {
+          local const float *xv = xs + tt * KC + uu * 32;
+          float4 s4 = 0;
+          for (int j = 0; j < 32; j += 4) s4 = fma(vload4(0, w + j), vload4(0, xv + j), s4);
+          acc[tt] += ((s4.x + s4.y) + (s4.z + s4.w)) + mo * dss[tt * (KC / 32) + uu];
+        }
       }
     }
   }
@@ -237,7 +252,9 @@ inline void fmm_body(const int wt, global const uchar *W0, global const uchar *W
                          int N0, int N1, int N2, int T, int op) {                                                               \
     local float part[FR * FT * FL];                                                                                           \
     local float inv[FT];                                                                                                      \
-    fmm_body(WT, W0, W1, W2, rb, x, g, eps, norm, o0, o1, o2, K, N0, N1, N2, T, op, part, inv);                               \
+    local float xs[FT * KC];                                                                                                  \
+    local float dss[FT * (KC / 32)];                                                                                          \
+    fmm_body(WT, W0, W1, W2, rb, x, g, eps, norm, o0, o1, o2, K, N0, N1, N2, T, op, part, inv, xs, dss);                      \
   }
 FMM_KERNEL(f32, 0)
 FMM_KERNEL(f16, 1)
