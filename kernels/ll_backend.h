@@ -79,6 +79,7 @@ struct ll_backend_info {
   int64_t bytes_up, bytes_down; // host -> device and device -> host bytes moved so far (0 on the CPU)
   int64_t waits;                // times the host waited for the device (blocking reads, finishes)
   int64_t launches;             // kernels queued so far (0 on the CPU)
+  int64_t arg_sets;             // kernel arguments set so far (clSetKernelArg; the fast tier's products keep theirs)
   char tier[12];                // OpenCL: "reference" or "fast" (LL_OPENCL_REFERENCE); "" on the CPU
 };
 

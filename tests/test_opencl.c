@@ -23,7 +23,8 @@
 // weights at T >= 32, 3e-5 (the CPU's sgemm path there does not round activations to f16 /
 // bf16 as its decode path and the device do: measured 2e-6 for bf16); RoPE with the KV store exact against rope + kv_store
 // (the same expressions, no sum); argmax always exact (the lowest id on ties). Launches are
-// counted: one per fused call, 6 per layer for a decode step's ops.
+// counted: one per fused call, 6 per layer for a decode step's ops; a product's kernel arguments
+// are set once and reused.
 // The device-choice cases run in child processes started before this process touches
 // OpenCL, since the ICD loader reads OCL_ICD_VENDORS once per process.
 #define CL_TARGET_OPENCL_VERSION 120
@@ -812,6 +813,27 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
     cl->i->weight_release(cl, &w[0]);
     for (int i = 0; i < 3; i++) free(wd[i]);
     printf("fast tier %-5s: worst nmse product %.3g, fused %.3g\n", ll_type_name(type), worst_mm, worst_fused);
+  }
+  { // kernel arguments set once: a product repeated on the same resident buffers sets none again
+    const int K = 256, NR = 40;
+    void *wd = make_weight(LL_TYPE_Q4_1, K, NR);
+    struct ll_weight w = {LL_TYPE_Q4_1, K, NR, wd, NULL, NULL};
+    float *x = cl->i->alloc(cl, (size_t)K * 4), *o = cl->i->alloc(cl, (size_t)NR * 4), *g = malloc((size_t)K * 4), *h = malloc((size_t)K * 4);
+    randf(h, (size_t)K, 1.0f), randf(g, (size_t)K, 1.0f);
+    CHECK(x && o && cl->i->weight_upload(cl, &w) == 0 && cl->i->copy(cl, x, h, (size_t)K * 4) == 0);
+    const struct ll_weight *const w1[1] = {&w};
+    float *const o1[1] = {o};
+    struct ll_backend_info i0, i1, i2;
+    cl->i->get_info(cl, &i0);
+    CHECK(cl->i->fused_matmul(cl, 1, o1, x, g, 1e-5f, w1, 1, LL_FUSE_ADD) == 0);
+    cl->i->get_info(cl, &i1);
+    CHECK(cl->i->fused_matmul(cl, 1, o1, x, g, 1e-5f, w1, 1, LL_FUSE_ADD) == 0);
+    cl->i->get_info(cl, &i2);
+    CHECKF(i1.arg_sets - i0.arg_sets == 17 && i2.arg_sets == i1.arg_sets && i2.launches - i1.launches == 1,
+           "arguments set: %lld, then %lld", (long long)(i1.arg_sets - i0.arg_sets), (long long)(i2.arg_sets - i1.arg_sets));
+    cl->i->weight_release(cl, &w);
+    cl->i->free_buf(cl, x), cl->i->free_buf(cl, o);
+    free(wd), free(g), free(h);
   }
   // RoPE with the KV store (two sequences, f16 and f32 caches, normal and neox, partial
   // rotation) against rope + kv_store, read back through attention on both.

@@ -81,7 +81,7 @@ cl_mem ocl_dev_alloc(struct ocl_ctx *c, size_t bytes, cl_int *e) {
 
 void ocl_dev_release(struct ocl_ctx *c, cl_mem m, size_t bytes) {
   if (!m) return;
-  clReleaseMemObject(m);
+  ocl_release_mem(m);
   c->mem_used -= (int64_t)(bytes ? bytes : 16);
   atomic_fetch_sub(&c->share->used, (int64_t)(bytes ? bytes : 16));
 }
@@ -187,7 +187,7 @@ int ocl_grow(struct ocl_ctx *c, int slot, size_t bytes) {
 }
 
 void ocl_unbind(struct sbuf *s) {
-  if (s->sub) clReleaseMemObject(s->sub);
+  if (s->sub) ocl_release_mem(s->sub);
   s->sub = NULL, s->res = NULL, s->off = s->len = 0, s->copied = 0, s->use = s->m;
 }
 
@@ -325,6 +325,24 @@ int ocl_get(struct ocl_ctx *c, int slot, void *dst, size_t bytes) {
   return ocl_download(c, dst, s->use, 0, bytes);
 }
 
+_Atomic uint64_t ocl_mem_gen;
+
+cl_int ocl_setarg(struct ocl_ctx *c, cl_kernel k, cl_uint i, size_t sz, const void *v) {
+  c->arg_sets++;
+  return clSetKernelArg(k, i, sz, v);
+}
+
+cl_int ocl_karg(struct ocl_ctx *c, struct ocl_kargs *a, cl_uint i, size_t sz, const void *v) {
+  if (i >= OCL_KARGS || sz > 8) return CL_INVALID_ARG_INDEX;
+  const uint64_t gen = atomic_load(&ocl_mem_gen);
+  if (a->gen != gen) memset(a->set, 0, sizeof a->set), a->gen = gen;
+  if (a->set[i] && a->sz[i] == sz && memcmp(a->v[i], v, sz) == 0) return CL_SUCCESS;
+  const cl_int e = ocl_setarg(c, a->k, i, sz, v);
+  if (e == CL_SUCCESS) a->set[i] = 1, a->sz[i] = (unsigned char)sz, memcpy(a->v[i], v, sz);
+  else a->set[i] = 0;
+  return e;
+}
+
 int ocl_launch(struct ocl_ctx *c, cl_kernel k, cl_uint dims, const size_t *global, const size_t *local) {
   for (cl_uint i = 0; i < dims; i++)
     if (global[i] == 0) return 0;
@@ -390,6 +408,7 @@ void ocl_weight_release(struct ll_backend *b, struct ll_weight *w) {
     if (c->w[i] == ow) {
       c->w[i] = c->w[--c->n_w];
       ocl_dev_release(c, ow->m, ow->bytes);
+      if (ow->fk.k) clReleaseKernel(ow->fk.k);
       free(ow);
       return;
     }
@@ -488,7 +507,7 @@ void ocl_get_info(struct ll_backend *b, struct ll_backend_info *info) {
   *info = c->info;
   info->mem_used = c->mem_used;
   info->bytes_up = c->bytes_up, info->bytes_down = c->bytes_down, info->waits = c->waits;
-  info->launches = c->launches;
+  info->launches = c->launches, info->arg_sets = c->arg_sets;
   snprintf(info->tier, sizeof info->tier, "%s", c->fast ? "fast" : "reference");
 }
 
@@ -498,23 +517,24 @@ void ocl_free(struct ll_backend *b) {
   if (c) {
     if (c->q) clFinish(c->q);
     for (int i = 0; i < c->n_w; i++) {
-      clReleaseMemObject(c->w[i]->m);
+      ocl_release_mem(c->w[i]->m);
+      if (c->w[i]->fk.k) clReleaseKernel(c->w[i]->fk.k);
       free(c->w[i]);
     }
     free(c->w);
     for (int i = 0; i < c->n_kv; i++)
-      if (c->kv[i].m) clReleaseMemObject(c->kv[i].m);
+      if (c->kv[i].m) ocl_release_mem(c->kv[i].m);
     free(c->kv);
     for (int i = 0; i < S_COUNT; i++) {
-      if (c->s[i].sub) clReleaseMemObject(c->s[i].sub);
-      if (c->s[i].m) clReleaseMemObject(c->s[i].m);
+      if (c->s[i].sub) ocl_release_mem(c->s[i].sub);
+      if (c->s[i].m) ocl_release_mem(c->s[i].m);
     }
     for (int i = 0; i < c->n_cc; i++) {
-      clReleaseMemObject(c->cc[i].m);
+      ocl_release_mem(c->cc[i].m);
       free(c->cc[i].copy);
     }
     for (int i = 0; i < c->n_rb; i++) { // buffers the caller did not free
-      clReleaseMemObject(c->rb[i].m);
+      ocl_release_mem(c->rb[i].m);
       munmap(c->rb[i].base, c->rb[i].n);
     }
     free(c->rb);

@@ -51,7 +51,26 @@ struct rbuf {
   cl_mem m;
 };
 
+// A kernel object with the values of its arguments as last set: ocl_karg sets an argument only
+// when its value changed, so a kernel object used for one thing (a matrix's fast-tier product)
+// has its arguments set once and reused step after step.
+#define OCL_KARGS 20
+// A released cl_mem's handle may come back as a new object's: every release (ocl_release_mem)
+// bumps ocl_mem_gen, and a kernel object whose arguments were set before sets them all again.
+extern _Atomic uint64_t ocl_mem_gen;
+static inline cl_int ocl_release_mem(cl_mem m) {
+  atomic_fetch_add(&ocl_mem_gen, 1);
+  return clReleaseMemObject(m);
+}
+struct ocl_kargs {
+  cl_kernel k;
+  uint64_t gen; // ocl_mem_gen when the arguments were set
+  unsigned char set[OCL_KARGS], sz[OCL_KARGS];
+  unsigned char v[OCL_KARGS][8]; // every argument of these kernels is a cl_mem or a scalar of <= 8 bytes
+};
+
 struct ocl_weight {
+  struct ocl_kargs fk; // the fast tier's product kernel for this matrix (its owner's instance only)
   cl_mem m;
   size_t bytes;
   const void *host; // the ll_weight's data this copies
@@ -127,7 +146,7 @@ struct ocl_ctx {
   // returns, without waiting for the device. Reset whenever the queue has drained.
   unsigned char *arena;
   size_t arena_cap, arena_used;
-  int64_t bytes_up, bytes_down, waits, launches;
+  int64_t bytes_up, bytes_down, waits, launches, arg_sets;
   struct pending_loss *pend; // completed by ocl_drained()
   int n_pend, cap_pend;
   int64_t mem_used, mem_total, max_alloc; // mem_used: this instance's
@@ -140,7 +159,7 @@ struct ocl_ctx {
 
 #define CTX(b) ((struct ocl_ctx *)(b)->ctx)
 
-#define ARG(k, i, v) clSetKernelArg(k, i, sizeof(v), &(v))
+#define ARG(k, i, v) ocl_setarg(c, k, i, sizeof(v), &(v)) // counted (arg_sets)
 
 // ---- the helpers and ops, by file
 
@@ -165,6 +184,8 @@ int ocl_put(struct ocl_ctx *c, int slot, const void *src, size_t bytes);
 int ocl_output(struct ocl_ctx *c, int slot, void *dst, size_t bytes);
 int ocl_get(struct ocl_ctx *c, int slot, void *dst, size_t bytes);
 int ocl_launch(struct ocl_ctx *c, cl_kernel k, cl_uint dims, const size_t *global, const size_t *local);
+cl_int ocl_karg(struct ocl_ctx *c, struct ocl_kargs *a, cl_uint i, size_t sz, const void *v);
+cl_int ocl_setarg(struct ocl_ctx *c, cl_kernel k, cl_uint i, size_t sz, const void *v);
 int ocl_weight_upload_impl(struct ocl_ctx *c, const struct ll_weight *w, struct ocl_weight **out);
 int ocl_weight_upload(struct ll_backend *b, struct ll_weight *w);
 void ocl_weight_release(struct ll_backend *b, struct ll_weight *w);

@@ -48,10 +48,27 @@ int ocl_fused_matmul(struct ll_backend *b, int n, float *const out[], const floa
   cl_mem gm = g ? c->s[S_A].use : NULL;
   const cl_ulong rb = ll_row_size(type, K);
   const int Ki = (int)K, norm = g != NULL;
-  cl_kernel k = c->k_fmm[type];
-  cl_int e = ARG(k, 0, wm[0]) | ARG(k, 1, wm[1]) | ARG(k, 2, wm[2]) | ARG(k, 3, rb) | ARG(k, 4, c->s[S_X].use) | ARG(k, 5, gm);
-  e |= ARG(k, 6, eps) | ARG(k, 7, norm) | ARG(k, 8, om[0]) | ARG(k, 9, om[1]) | ARG(k, 10, om[2]) | ARG(k, 11, Ki);
-  e |= ARG(k, 12, N[0]) | ARG(k, 13, N[1]) | ARG(k, 14, N[2]) | ARG(k, 15, T) | ARG(k, 16, op);
+  // The kernel object: the first matrix's own, when this instance uploaded it (its arguments set
+  // once: a decode step repeats them all), else the shared one with every argument set.
+  struct ocl_kargs shared = {0};
+  struct ocl_kargs *ka = &shared;
+  struct ocl_weight *ow = w[0]->dev;
+  shared.k = c->k_fmm[type];
+  if (ow && ow->owner == c && ow->cx == c->cx) {
+    if (!ow->fk.k) {
+      char name[64];
+      cl_int e0 = clGetKernelInfo(c->k_fmm[type], CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL);
+      if (e0 == CL_SUCCESS) ow->fk.k = clCreateKernel(c->prog, name, &e0);
+      if (!ow->fk.k) ow->fk.k = NULL;
+    }
+    if (ow->fk.k) ka = &ow->fk;
+  }
+  cl_kernel k = ka->k;
+#define KA(i, v) ocl_karg(c, ka, i, sizeof(v), &(v))
+  cl_int e = KA(0, wm[0]) | KA(1, wm[1]) | KA(2, wm[2]) | KA(3, rb) | KA(4, c->s[S_X].use) | KA(5, gm);
+  e |= KA(6, eps) | KA(7, norm) | KA(8, om[0]) | KA(9, om[1]) | KA(10, om[2]) | KA(11, Ki);
+  e |= KA(12, N[0]) | KA(13, N[1]) | KA(14, N[2]) | KA(15, T) | KA(16, op);
+#undef KA
   size_t blocks = 0;
   if (op == LL_FUSE_SWIGLU) blocks = ((size_t)N[0] + FR / 2 - 1) / (FR / 2);
   else

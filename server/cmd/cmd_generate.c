@@ -229,11 +229,11 @@ int ll_cmd_generate(int argc, char **argv) {
   if (generated > 1 && strcmp(x2.name, "cpu") != 0) // a decode step's traffic between host and device
     fprintf(stderr,
             "llsrv generate: device transfers per decode step: %.0f bytes up, %.0f bytes down, %.1f waits, %.1f launches (%.2f per layer; %s tier, "
-            "sampling %s)\n",
+            "sampling %s), %.0f kernel arguments set\n",
             (double)(x2.bytes_up - x1.bytes_up) / (generated - 1), (double)(x2.bytes_down - x1.bytes_down) / (generated - 1),
             (double)(x2.waits - x1.waits) / (generated - 1), (double)(x2.launches - x1.launches) / (generated - 1),
             (double)(x2.launches - x1.launches) / (generated - 1) / (info.n_layer > 0 ? info.n_layer : 1), x2.tier,
-            greedy ? "greedy on the device" : "on the host");
+            greedy ? "greedy on the device" : "on the host", (double)(x2.arg_sets - x1.arg_sets) / (generated - 1));
   rc = 0;
 out:
   free(rendered);
