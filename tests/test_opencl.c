@@ -18,8 +18,10 @@
 // The fast tier (LL_OPENCL_REFERENCE=0; the default on GPUs, not on CPU devices such as PoCL)
 // runs too (test_fast), against the CPU with tolerances in normalized MSE, never bits: its
 // products quantize the activations as the CPU does but sum in f32 trees: 1e-9 for a product
-// (measured 1e-15 .. 1e-13 on PoCL), 1e-7 where RMSNorm is fused in (measured up to 3e-13; a
-// norm summed in another order may move one activation across a quantization step); float
+// (measured 1e-15 .. 1e-13 on PoCL), 1e-4 where RMSNorm is fused in: a norm summed in another
+// order moves an activation across a Q8 rounding boundary now and then (in 5 of 40 runs, 1e-7 ..
+// 9e-7), and one such step costs up to (amax / 127)² / (K rms²) ~ 1e-5 on the smallest case here,
+// K = 160 (llama.cpp's test-backend-ops allows 5e-4 for a product); otherwise 1e-15 .. 1e-12; float
 // weights at T >= 32, 3e-5 (the CPU's sgemm path there does not round activations to f16 /
 // bf16 as its decode path and the device do: measured 2e-6 for bf16); RoPE with the KV store exact against rope + kv_store
 // (the same expressions, no sum); argmax always exact (the lowest id on ties). Launches are
@@ -782,7 +784,7 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
       // rmsnorm fused into three products (q, k, v), one launch
       CHECK(cpu->i->rmsnorm(cpu, xn, x, g, T, K, 1e-5f) == 0);
       for (int i = 0; i < 3; i++) CHECK(cpu->i->matmul(cpu, a[i], xn, &w[i], T, 0) == 0);
-      const double tol = fl && T >= 32 ? 3e-5 : 1e-7;
+      const double tol = 1e-4;
       const struct ll_weight *const w3[3] = {&w[0], &w[1], &w[2]};
       float *const b3[3] = {b[0], b[1], b[2]};
       int64_t l0 = launches(cl);
