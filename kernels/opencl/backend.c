@@ -550,6 +550,7 @@ void ocl_free(struct ll_backend *b) {
     for (int t = 0; t < LL_TYPE_COUNT; t++) {
       if (c->k_mm[t]) clReleaseKernel(c->k_mm[t]);
       if (c->k_fmm[t]) clReleaseKernel(c->k_fmm[t]);
+      if (c->k_fmmt[t]) clReleaseKernel(c->k_fmmt[t]);
     }
     if (c->k_rope_kv) clReleaseKernel(c->k_rope_kv);
     if (c->k_argmax) clReleaseKernel(c->k_argmax);

@@ -27,6 +27,10 @@
 #define FL 16 // work items per row (FR * FL == WG)
 #define FT 4  // tokens per work-group (== FR: the norm pass gives each token FL work items)
 #define KC 512 // activations staged in local memory per pass: FT x KC floats (a multiple of 256)
+// Prompts and batches (fmmt_*): FTMAX tokens a work-group share each unpacked weight unit (the
+// weights are read once per FTMAX tokens; acc[FTMAX] the register block), KCT activations a pass.
+#define FTMAX 16 // <= FL: a lane per token when the lanes' sums are added
+#define KCT 256
 
 // Unit u (32 weights) of a row as floats. wt is a literal at every call (one kernel per type),
 // so the switch folds away.
@@ -160,12 +164,12 @@ inline float act_unit(const int wt, global const float *xr, global const float *
 //   (gate, up; N1 == N0).
 // global (WG * blocks, ceil(T / FT)), local (WG, 1). Block b covers FR rows (op 2: FR / 2 rows of
 // each matrix), the matrices' blocks one after another.
-inline void fmm_body(const int wt, global const uchar *W0, global const uchar *W1, global const uchar *W2, ulong rb, global const float *x,
+inline void fmm_body(const int wt, const int ft, const int kc, global const uchar *W0, global const uchar *W1, global const uchar *W2, ulong rb, global const float *x,
                      global const float *g, float eps, int norm, global float *o0, global float *o1, global float *o2, int K, int N0, int N1,
                      int N2, int T, int op, local float *part, local float *inv, local float *xs, local float *dss) {
   const int lid = get_local_id(0), slot = lid / FL, lane = lid % FL;
-  const int t0 = get_group_id(1) * FT, nt = min(FT, T - t0), blk = get_group_id(0);
-  if (norm) { // 1/rms of token t0 + slot: FL work items over its K floats
+  const int t0 = get_group_id(1) * ft, nt = min(ft, T - t0), blk = get_group_id(0);
+  if (norm && ft == FR) { // 1/rms of token t0 + slot: FL work items over its K floats
     float s = 0;
     if (slot < nt) {
       global const float *xr = x + (size_t)(t0 + slot) * K;
@@ -179,6 +183,22 @@ inline void fmm_body(const int wt, global const uchar *W0, global const uchar *W
       inv[slot] = fdiv(1.0f, fsqrt(tot / (float)K + eps));
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+  } else if (norm) { // token by token, all work items over its K floats
+    for (int tt = 0; tt < ft; tt++) {
+      float s = 0;
+      if (tt < nt) {
+        global const float *xr = x + (size_t)(t0 + tt) * K;
+        for (int i = lid; i < K; i += FR * FL) s = fma(xr[i], xr[i], s);
+      }
+      part[lid] = s;
+      barrier(CLK_LOCAL_MEM_FENCE);
+      if (lid == 0) {
+        float tot = 0;
+        for (int i = 0; i < FR * FL; i++) tot += part[i];
+        inv[tt] = fdiv(1.0f, fsqrt(tot / (float)K + eps));
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
   }
   // This work item's matrix and row.
   int m, row, valid;
@@ -191,19 +211,19 @@ inline void fmm_body(const int wt, global const uchar *W0, global const uchar *W
     valid = row < (m == 0 ? N0 : m == 1 ? N1 : N2);
   }
   global const uchar *Wm = m == 0 ? W0 : m == 1 ? W1 : W2;
-  float acc[FT];
-  for (int tt = 0; tt < FT; tt++) acc[tt] = 0;
+  float acc[FTMAX];
+  for (int tt = 0; tt < ft; tt++) acc[tt] = 0;
   global const uchar *wr = Wm + (size_t)row * rb;
-  for (int k0 = 0; k0 < K; k0 += KC) {
-    const int nuc = min(KC, K - k0) / 32, u0 = k0 / 32;
-    // Stage: the chunk's activation units of the FT tokens, normalized and quantized once.
+  for (int k0 = 0; k0 < K; k0 += kc) {
+    const int nuc = min(kc, K - k0) / 32, u0 = k0 / 32;
+    // Stage: the chunk's activation units of the ft tokens, normalized and quantized once.
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int i = lid; i < FT * nuc; i += FR * FL) {
+    for (int i = lid; i < ft * nuc; i += FR * FL) {
       const int tt = i / nuc, uu = i % nuc;
       if (tt < nt) {
         float xv[32];
-        dss[tt * (KC / 32) + uu] = act_unit(wt, x + (size_t)(t0 + tt) * K, g, norm ? inv[tt] : 1.0f, norm, u0 + uu, xv);
-        for (int j = 0; j < 32; j += 4) vstore4(vload4(0, xv + j), 0, xs + tt * KC + uu * 32 + j);
+        dss[tt * (kc / 32) + uu] = act_unit(wt, x + (size_t)(t0 + tt) * K, g, norm ? inv[tt] : 1.0f, norm, u0 + uu, xv);
+        for (int j = 0; j < 32; j += 4) vstore4(vload4(0, xv + j), 0, xs + tt * kc + uu * 32 + j);
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -212,29 +232,29 @@ inline void fmm_body(const int wt, global const uchar *W0, global const uchar *W
         float w[32], mo;
         fu_unit(wt, wr, u0 + uu, w, &mo);
         for (int tt = 0; tt < nt; tt++) {
-          local const float *xv = xs + tt * KC + uu * 32;
+          local const float *xv = xs + tt * kc + uu * 32;
           float4 s4 = 0;
           for (int j = 0; j < 32; j += 4) s4 = fma(vload4(0, w + j), vload4(0, xv + j), s4);
-          acc[tt] += ((s4.x + s4.y) + (s4.z + s4.w)) + mo * dss[tt * (KC / 32) + uu];
+          acc[tt] += ((s4.x + s4.y) + (s4.z + s4.w)) + mo * dss[tt * (kc / 32) + uu];
         }
       }
     }
   }
-  // Sum the FL lanes of each (row, token): part (FR, FT, FL) in local memory.
+  // Sum the FL lanes of each (row, token): part (FR, ft, FL) in local memory.
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int tt = 0; tt < FT; tt++) part[(slot * FT + tt) * FL + lane] = acc[tt];
+  for (int tt = 0; tt < ft; tt++) part[(slot * ft + tt) * FL + lane] = acc[tt];
   barrier(CLK_LOCAL_MEM_FENCE);
   float r = 0;
   if (lane < nt) {
-    local const float *pp = part + (slot * FT + lane) * FL;
+    local const float *pp = part + (slot * ft + lane) * FL;
     for (int i = 0; i < FL; i++) r += pp[i];
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   if (op == 2) { // gate (slots 0 .. FR/2-1) and up (the rest) of the same rows meet in local memory
-    if (lane < FT) part[slot * FT + lane] = lane < nt ? r : 0;
+    if (lane < ft) part[slot * ft + lane] = lane < nt ? r : 0;
     barrier(CLK_LOCAL_MEM_FENCE);
     if (slot < FR / 2 && lane < nt && valid) {
-      const float gv = r, uv = part[(slot + FR / 2) * FT + lane];
+      const float gv = r, uv = part[(slot + FR / 2) * ft + lane];
       o0[(size_t)(t0 + lane) * N0 + row] = gv / (1.0f + exp(-gv)) * uv;
     }
     return;
@@ -254,7 +274,16 @@ inline void fmm_body(const int wt, global const uchar *W0, global const uchar *W
     local float inv[FT];                                                                                                      \
     local float xs[FT * KC];                                                                                                  \
     local float dss[FT * (KC / 32)];                                                                                          \
-    fmm_body(WT, W0, W1, W2, rb, x, g, eps, norm, o0, o1, o2, K, N0, N1, N2, T, op, part, inv, xs, dss);                      \
+    fmm_body(WT, FT, KC, W0, W1, W2, rb, x, g, eps, norm, o0, o1, o2, K, N0, N1, N2, T, op, part, inv, xs, dss);              \
+  }                                                                                                                           \
+  kernel void fmmt_##NAME(global const uchar *W0, global const uchar *W1, global const uchar *W2, ulong rb, global const float *x,   \
+                          global const float *g, float eps, int norm, global float *o0, global float *o1, global float *o2, int K,   \
+                          int N0, int N1, int N2, int T, int op) {                                                              \
+    local float part[FR * FTMAX * FL];                                                                                        \
+    local float inv[FTMAX];                                                                                                   \
+    local float xs[FTMAX * KCT];                                                                                              \
+    local float dss[FTMAX * (KCT / 32)];                                                                                      \
+    fmm_body(WT, FTMAX, KCT, W0, W1, W2, rb, x, g, eps, norm, o0, o1, o2, K, N0, N1, N2, T, op, part, inv, xs, dss);          \
   }
 FMM_KERNEL(f32, 0)
 FMM_KERNEL(f16, 1)

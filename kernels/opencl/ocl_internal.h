@@ -123,7 +123,7 @@ struct ocl_ctx {
   cl_kernel k_quant, k_round, k_mm[LL_TYPE_COUNT], k_mm_f, k_gr_f, k_gr_q, k_rmsnorm, k_rope, k_swiglu, k_add, k_kv_store,
       k_attention;
   // the fast tier (llsrv_fast.cl); k_argmax serves both tiers
-  cl_kernel k_fmm[LL_TYPE_COUNT], k_rope_kv, k_argmax;
+  cl_kernel k_fmm[LL_TYPE_COUNT], k_fmmt[LL_TYPE_COUNT], k_rope_kv, k_argmax;
   int fast; // 1: the fast tier's kernels (fused ops, f32 activations); 0: the reference tier
   // training (train.cl)
   cl_kernel k_deq, k_mm_dx, k_mm_dw, k_rms_bwd, k_rms_dg, k_rope_bwd, k_swiglu_bwd, k_attn_train, k_attn_bwd_q, k_attn_bwd_kv, k_xent,

@@ -11,7 +11,9 @@
 // the engine composes the same step from the ops above.
 
 #define FR 4 // as llsrv_fast.cl: output rows per work-group
-#define FT 4 // tokens per work-group
+#define FT 4 // tokens per work-group (fmm_*)
+#define FTMAX 16 // ... of the prompt kernels (fmmt_*), from TILE_T tokens on
+#define TILE_T 8
 
 int ocl_fused_matmul(struct ll_backend *b, int n, float *const out[], const float *x, const float *g, float eps,
                             const struct ll_weight *const w[], int T, int op) {
@@ -50,11 +52,14 @@ int ocl_fused_matmul(struct ll_backend *b, int n, float *const out[], const floa
   const int Ki = (int)K, norm = g != NULL;
   // The kernel object: the first matrix's own, when this instance uploaded it (its arguments set
   // once: a decode step repeats them all), else the shared one with every argument set.
+  // Prompts and batches of TILE_T tokens or more: the kernels that share each weight unit among
+  // FTMAX tokens (their arguments change with T: set every call).
+  const int tile = T >= TILE_T, ft = tile ? FTMAX : FT;
   struct ocl_kargs shared = {0};
   struct ocl_kargs *ka = &shared;
   struct ocl_weight *ow = w[0]->dev;
-  shared.k = c->k_fmm[type];
-  if (ow && ow->owner == c && ow->cx == c->cx) {
+  shared.k = tile ? c->k_fmmt[type] : c->k_fmm[type];
+  if (!tile && ow && ow->owner == c && ow->cx == c->cx) {
     if (!ow->fk.k) {
       char name[64];
       cl_int e0 = clGetKernelInfo(c->k_fmm[type], CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL);
@@ -73,7 +78,7 @@ int ocl_fused_matmul(struct ll_backend *b, int n, float *const out[], const floa
   if (op == LL_FUSE_SWIGLU) blocks = ((size_t)N[0] + FR / 2 - 1) / (FR / 2);
   else
     for (int i = 0; i < n; i++) blocks += ((size_t)N[i] + FR - 1) / FR;
-  const size_t gl[2] = {WG * blocks, ((size_t)T + FT - 1) / FT}, lo[2] = {WG, 1};
+  const size_t gl[2] = {WG * blocks, ((size_t)T + ft - 1) / ft}, lo[2] = {WG, 1};
   if (e || (rc = ocl_launch(c, k, 2, gl, lo))) return e ? LL_EIO : rc;
   for (int i = 0; i < nout; i++)
     if ((rc = ocl_get(c, oslot[i], out[i], (size_t)T * N[i] * sizeof(float)))) return rc;

@@ -163,6 +163,8 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
     snprintf(name, sizeof name, "fmm_%s", f[i].name);
     MK(c->k_fmm[f[i].type], name);
+    snprintf(name, sizeof name, "fmmt_%s", f[i].name);
+    MK(c->k_fmmt[f[i].type], name);
   }
   MK(c->k_rope_kv, "rope_kv");
   MK(c->k_argmax, "argmax_rows");
