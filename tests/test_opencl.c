@@ -32,6 +32,9 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 #include <math.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -935,10 +938,35 @@ int main(void) {
   CHECK(ll_backend_cpu_create(&cpu, 1, err, sizeof err) == 0);
   char cache[] = "/tmp/ll_ocl_cache_XXXXXX";
   CHECK(mkdtemp(cache) != NULL);
+  // Binaries of earlier kernels and drivers (a day old) and a killed writer's temp file: the
+  // store of a new binary prunes the cache to its newest 8 and removes the temp file.
+  char old_bin[600];
+  for (int i = 0; i < 10; i++) {
+    snprintf(old_bin, sizeof old_bin, "%s/opencl-%016x.bin", cache, i);
+    FILE *f = fopen(old_bin, "w");
+    if (f) fputs("stale", f), fclose(f);
+    struct timespec ts[2] = {{time(NULL) - 86400 + i, 0}, {time(NULL) - 86400 + i, 0}};
+    utimensat(AT_FDCWD, old_bin, ts, 0);
+  }
+  snprintf(old_bin, sizeof old_bin, "%s/opencl-%016x.bin.tmp.Ab12Cd", cache, 3);
+  FILE *tf = fopen(old_bin, "w");
+  if (tf) fclose(tf);
   struct ll_backend_params p = {1, dev_name, cache};
   // The default tier: reference on a CPU device, fast on a GPU (LL_OPENCL_REFERENCE unset).
   unsetenv("LL_OPENCL_REFERENCE");
   CHECK(ll_backend_create(&cl, &p, reason, sizeof reason, err, sizeof err) == 0);
+  {
+    int bins = 0, oldest_left = 0;
+    DIR *d = opendir(cache);
+    for (struct dirent *e; d && (e = readdir(d));) {
+      size_t l = strlen(e->d_name);
+      bins += l > 4 && !strcmp(e->d_name + l - 4, ".bin");
+      oldest_left |= !strcmp(e->d_name, "opencl-0000000000000000.bin");
+    }
+    if (d) closedir(d);
+    CHECKF(bins == 8 && !oldest_left && access(old_bin, F_OK) != 0, "binary cache pruned to 8 (%d), oldest gone (%d), dead temp gone",
+           bins, !oldest_left);
+  }
   if (cl && strncmp(reason, "opencl:", 7) == 0) {
     struct ll_backend_info in;
     cl->i->get_info(cl, &in);

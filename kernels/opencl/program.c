@@ -1,6 +1,7 @@
 // program.c - the OpenCL backend's program: build options, the binary cache (<state_dir>/opencl,
 // keyed by device, driver and source hash), the kernel objects, and the self-test.
 
+#include "ll_fileio.h"
 #include "ocl_internal.h"
 
 // ---------------------------------------------------------------- program build and cache
@@ -47,8 +48,11 @@ unsigned char *ocl_read_file(const char *path, size_t *len) {
   return buf;
 }
 
-// Write the built program's binary atomically (temp file + rename); failures only cost the
-// next start a rebuild, so they are ignored.
+// Write the built program's binary atomically (a locked temp file + rename), then prune the
+// cache: its key changes with every kernel edit and driver update, so old binaries would pile
+// up for ever (the newest OCL_CACHE_KEEP stay: enough for every device of a machine). Failures
+// only cost the next start a rebuild, so they are ignored.
+#define OCL_CACHE_KEEP 8
 void ocl_cache_store(struct ocl_ctx *c, const char *path) {
   size_t n = 0;
   if (clGetProgramInfo(c->prog, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL) != CL_SUCCESS || n == 0) return;
@@ -56,15 +60,21 @@ void ocl_cache_store(struct ocl_ctx *c, const char *path) {
   if (!bin) return;
   unsigned char *bins[1] = {bin};
   char tmp[1100];
-  snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-  FILE *f;
-  if (clGetProgramInfo(c->prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS && (f = fopen(tmp, "wb"))) {
-    int ok = fwrite(bin, 1, n, f) == n;
-    ok = fflush(f) == 0 && fsync(fileno(f)) == 0 && ok;
-    ok = fclose(f) == 0 && ok;
+  snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+  int fd = -1, hold = -1;
+  if (clGetProgramInfo(c->prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS && (fd = mkstemp(tmp)) >= 0) {
+    hold = ll_tmp_hold(fd); // a concurrent prune leaves a temp file someone is writing
+    int ok = ll_write_all(fd, bin, n) == 0 && fchmod(fd, 0644) == 0;
+    ok = fsync(fd) == 0 && ok;
+    ok = close(fd) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) unlink(tmp);
+    ll_tmp_release(hold);
   }
   free(bin);
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash) *slash = 0, ll_cache_prune(dir, "opencl-", ".bin", OCL_CACHE_KEEP);
 }
 
 int ocl_build_program(struct ocl_ctx *c, const char *cache_dir, char *err, size_t errlen) {
