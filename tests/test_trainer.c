@@ -24,6 +24,7 @@
 #include "ll_error.h"
 #include "ll_lora.h"
 #include "ll_model.h"
+#include "ll_train_run.h"
 #include "ll_trainer.h"
 #include "testutil.h"
 
@@ -505,9 +506,32 @@ static int gradcheck_model(const char *model, int S) {
   return rc != 0;
 }
 
+// The divergence warning (issue 28): a loss that jumps and stays high warns once; batch-to-batch
+// noise of a healthy run (easy and hard pages, 1.2 to 4.5 nats, the mean falling) never does.
+static void test_diverge(void) {
+  struct ll_train_diverge d = {0};
+  double mean, min;
+  int warned = 0, first = 0;
+  const double lr1[] = {5.51, 22.5, 18.4, 22.9, 24.9, 21.2, 19.4, 18.6, 15.6, 13.7, 14.7, 18.4}; // lr 1 on a tiny model
+  for (int i = 0; i < 12; i++)
+    if (ll_train_diverge_feed(&d, lr1[i], &mean, &min)) warned++, first = first ? first : i + 1;
+  CHECKF(warned == 1 && first <= 12 && min == 5.51, "lr 1: warned %d times, first at step %d (min %.2f)", warned, first, min);
+  struct ll_train_diverge q = {0};
+  uint64_t x = 88172645463325252ull;
+  int noisy = 0;
+  for (int i = 0; i < 400; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    const double u = (double)(x >> 11) / 9007199254740992.0;
+    const double base = 4.0 - 2.0 * (i < 200 ? i / 200.0 : 1.0); // training: 4 -> 2 nats
+    noisy += ll_train_diverge_feed(&q, base - 0.8 + 2.5 * u * u, &mean, &min); // a skewed spread of 2.5 nats
+  }
+  CHECKF(noisy == 0, "a noisy healthy run warned %d times", noisy);
+}
+
 int main(int argc, char **argv) {
   if (argc >= 3 && !strcmp(argv[1], "--gradcheck")) return gradcheck_model(argv[2], argc >= 4 ? atoi(argv[3]) : 80);
   ll_test_seed();
+  test_diverge();
   if (!ll_test_tmpdir(g_dir, sizeof g_dir)) return 1;
   snprintf(g_model, sizeof g_model, "%s/tiny.ckpt", g_dir);
   // 2 layers, 16 dims, 4 query heads over 2 kv heads (GQA), FFN 24, tied head, 260 byte tokens.

@@ -243,8 +243,8 @@ int ll_cmd_train(int argc, char **argv) {
               (long long)ev.info.step, ev.save_error);
     save_failed = ev.save_failed;
     if (ev.diverging)
-      fprintf(stderr, "%sllsrv train: warning: the loss is diverging: %.4f at step %lld, more than twice its minimum %.4f of the last %d steps (lr too high?)\n",
-              tty ? "\n" : "", ev.info.loss, (long long)ev.info.step, ev.loss_min, LL_TRAIN_DIVERGE_WINDOW);
+      fprintf(stderr, "%sllsrv train: warning: the loss is diverging: %.4f on average over the %d steps to step %lld, more than twice its minimum %.4f of the last %d steps (lr too high?)\n",
+              tty ? "\n" : "", ev.loss_mean, LL_TRAIN_DIVERGE_SMOOTH, (long long)ev.info.step, ev.loss_min, LL_TRAIN_DIVERGE_WINDOW);
     be->i->get_info(be, &x1);
     if (!ev.saved && !ev.evaluated && !ev.save_failed)
       up += x1.bytes_up - x0.bytes_up, down += x1.bytes_down - x0.bytes_down, waits += x1.waits - x0.waits, plain++;

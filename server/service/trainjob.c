@@ -393,8 +393,8 @@ static int slice(struct ll_trainjob *j, int cmds) {
   pthread_mutex_unlock(&j->mu);
   if (ev.diverging) {
     char m[300];
-    snprintf(m, sizeof m, "the loss is diverging: %.4f at step %lld, more than twice its minimum %.4f of the last %d steps (lr too high?)",
-             ev.info.loss, (long long)ev.info.step, ev.loss_min, LL_TRAIN_DIVERGE_WINDOW);
+    snprintf(m, sizeof m, "the loss is diverging: %.4f on average over the %d steps to step %lld, more than twice its minimum %.4f of the last %d steps (lr too high?)",
+             ev.loss_mean, LL_TRAIN_DIVERGE_SMOOTH, (long long)ev.info.step, ev.loss_min, LL_TRAIN_DIVERGE_WINDOW);
     ll_log(LL_LOG_WARN, "training: %s", m);
     json_t *w = json_object();
     json_object_set_new(w, "event", json_string("warning"));

@@ -20,6 +20,17 @@
 
 // Divergence: a loss more than twice the lowest of the last this many steps (and 1 nat above it).
 #define LL_TRAIN_DIVERGE_WINDOW 50
+#define LL_TRAIN_DIVERGE_SMOOTH 8
+// The divergence check's state (zeroed to start): the last LL_TRAIN_DIVERGE_WINDOW losses.
+struct ll_train_diverge {
+  double win[LL_TRAIN_DIVERGE_WINDOW];
+  int n, i;
+  int high; // warned, and the mean has not come back below the line since
+};
+// Feeds one step's loss; 1 when the loss has just started to diverge: the mean of the last
+// LL_TRAIN_DIVERGE_SMOOTH losses (*mean) over twice, and more than 1 nat above, the lowest
+// earlier such mean of the window (*min; at a run's start the means of its first losses count).
+int ll_train_diverge_feed(struct ll_train_diverge *d, double loss, double *mean, double *min);
 
 struct ll_config;
 struct ll_tokenizer;
@@ -54,10 +65,11 @@ struct ll_train_run_event {
   // previous checkpoints are intact; the next checkpoint tries again.
   int save_failed;
   char save_error[512];
-  // The loss has just risen far above its running minimum (loss_min): warn (once, until it
-  // comes back down).
+  // The loss has just risen far above its running minimum: the mean of the last
+  // LL_TRAIN_DIVERGE_SMOOTH losses (loss_mean) over twice the lowest such mean of the last
+  // LL_TRAIN_DIVERGE_WINDOW steps (loss_min): warn (once, until it comes back down).
   int diverging;
-  double loss_min;
+  double loss_mean, loss_min;
 };
 
 // Trainer parameters from the config's train: section (targets parsed, names checked).

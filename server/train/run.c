@@ -38,10 +38,7 @@ struct ll_train_run {
   char resumed_path[PATH_MAX + 32];
   char notes[2048]; // what opening the run did to the directory (skipped checkpoints, stale files)
   int64_t skipped_run; // consecutive skipped steps
-  double loss_win[LL_TRAIN_DIVERGE_WINDOW]; // the last losses of steps that were not skipped
-  int n_win, i_win;
-  double diverge_min;
-  int diverging; // warned, and the loss has not come back below the threshold since
+  struct ll_train_diverge dv; // the last losses of steps that were not skipped
 };
 
 // ---------------------------------------------------------------- config
@@ -492,19 +489,37 @@ int ll_train_run_save(struct ll_train_run *r, struct ll_train_run_event *ev, cha
   return save_now(r, ev, err, errlen);
 }
 
-// The loss far above its running minimum: > 2x the lowest loss of the last
-// LL_TRAIN_DIVERGE_WINDOW steps and more than 1 nat above it (cross-entropy noise between
-// batches stays well inside that). Warned once until the loss comes back under the line.
-static int diverging(struct ll_train_run *r, double loss) {
-  double lo = INFINITY;
-  for (int i = 0; i < r->n_win; i++) lo = r->loss_win[i] < lo ? r->loss_win[i] : lo;
-  const int high = r->n_win > 0 && loss > 2 * lo && loss > lo + 1.0;
-  const int warn = high && !r->diverging;
-  r->diverging = high;
-  if (warn) r->diverge_min = lo;
-  r->loss_win[r->i_win] = loss;
-  r->i_win = (r->i_win + 1) % LL_TRAIN_DIVERGE_WINDOW;
-  if (r->n_win < LL_TRAIN_DIVERGE_WINDOW) r->n_win++;
+// The loss far above its running minimum, both smoothed over LL_TRAIN_DIVERGE_SMOOTH steps
+// (single batches differ by nats: a page of markup next to one of prose): the mean of the last
+// few losses > 2x the lowest such mean of the last LL_TRAIN_DIVERGE_WINDOW steps and more than
+// 1 nat above it. Warned once until the mean comes back under the line.
+int ll_train_diverge_feed(struct ll_train_diverge *r, double loss, double *mean_out, double *min_out) {
+  enum { S = LL_TRAIN_DIVERGE_SMOOTH, W = LL_TRAIN_DIVERGE_WINDOW };
+  r->win[r->i] = loss;
+  r->i = (r->i + 1) % W;
+  if (r->n < W) r->n++;
+  if (r->n < S + 1) return 0; // a mean now and a loss before it
+  // means of S consecutive losses, oldest first; the last one ends with this step's loss
+  const int n = r->n, first = (r->i - n + W) % W;
+  double lo = INFINITY, mean = 0;
+  for (int k = 0; k + S <= n; k++) {
+    double m = 0;
+    for (int i = 0; i < S; i++) m += r->win[(first + k + i) % W];
+    m /= S;
+    if (k + S == n) mean = m;
+    else if (k + S <= n - S && m < lo) lo = m; // earlier means that do not overlap the last one
+  }
+  // At the start of a run (the window holds its first losses) the means of its first 1..S-1
+  // losses count too: a run that diverges within its first steps has no calm S-step mean.
+  for (int j = 1; n < W && j < S && j <= n - S; j++) {
+    double m = 0;
+    for (int i = 0; i < j; i++) m += r->win[(first + i) % W];
+    if (m / j < lo) lo = m / j;
+  }
+  const int high = isfinite(lo) && mean > 2 * lo && mean > lo + 1.0;
+  const int warn = high && !r->high;
+  r->high = high;
+  *mean_out = mean, *min_out = lo;
   return warn;
 }
 
@@ -529,9 +544,8 @@ int ll_train_run_step(struct ll_train_run *r, struct ll_train_run_event *ev, cha
     }
   } else {
     r->skipped_run = 0;
-    if (diverging(r, ev->info.loss)) {
+    if (ll_train_diverge_feed(&r->dv, ev->info.loss, &ev->loss_mean, &ev->loss_min)) {
       ev->diverging = 1;
-      ev->loss_min = r->diverge_min;
     }
   }
   double best_before = INFINITY;
