@@ -55,7 +55,6 @@ def main():
         t0 = time.time()
         srv = Server(tmp, ["--config", os.path.join(ROOT, "configs", "smollm2-docs.yaml"), "--model", model])
         t_start = time.time() - t0
-        mon = Monitor(srv.sock, timeout=600)
         print("machine: %s, %d cores; load %s" % (platform_cpu(), os.cpu_count(), open("/proc/loadavg").read().split()[:3]))
         print("server up in %.1f s" % t_start)
         base = {q: ask(srv, "none", q)[0] for q in QUESTIONS}
@@ -63,7 +62,11 @@ def main():
         next_min = 1
         v0 = None
         while time.time() - t0 < a.minutes * 60:
+            # A new connection each time: its first line is the snapshot of now (one kept open
+            # queues 4 a second, which a reader every 2 s would fall ever further behind on).
+            mon = Monitor(srv.sock, timeout=600)
             tr = mon.snapshot()["training"]
+            mon.close()
             vals = [(p[0], p[2]) for p in tr["history"] if p[2] is not None]
             if vals and v0 is None:
                 v0 = vals[0][1]
