@@ -702,6 +702,76 @@ static void test_shuffle(const struct ll_tokenizer *t) {
   ll_data_close(d);
 }
 
+// shuffle_pieces: the pieces of text files are what an epoch shuffles, so consecutive sequences
+// come from different files (train.shuffle: pieces); by default a file is read through in order.
+// Either way an epoch reads every training token once, and the two streams are told apart by
+// the cursor's fingerprint.
+static void test_shuffle_pieces(const struct ll_tokenizer *t) {
+  char dir[1024], err[512];
+  snprintf(dir, sizeof dir, "%s/pieces", g_tmp);
+  mkdirs(dir);
+  enum { FILES = 4, PIECES = 24, S = 16 };
+  for (int f = 0; f < FILES; f++) { // file f: PIECES pieces of 'a' + f, blank-line separated
+    char name[16], text[PIECES * 80];
+    size_t n = 0;
+    for (int p = 0; p < PIECES; p++) {
+      for (int i = 0; i < 70; i++) text[n++] = (char)('a' + f);
+      text[n++] = '\n', text[n++] = '\n';
+    }
+    snprintf(name, sizeof name, "f%d.txt", f);
+    put(dir, name, text, n);
+  }
+  int64_t count[2][FILES] = {{0}}, switches[2] = {0};
+  uint64_t w[2][LL_DATA_CURSOR_WORDS];
+  for (int mode = 0; mode < 2; mode++) {
+    struct ll_data_params p;
+    ll_data_params_init(&p);
+    p.path = dir, p.seq_len = S, p.val_fraction = 0, p.seed = 5, p.doc_bytes = 64, p.shuffle_pieces = mode;
+    struct ll_data *d = NULL;
+    int rc = ll_data_open(&d, &p, t, err, sizeof err);
+    CHECKF(rc == 0, "open: %s", err);
+    if (rc) return;
+    struct ll_data_stats st;
+    ll_data_stats(d, &st);
+    CHECK(st.docs_train == FILES * PIECES);
+    int32_t ids[S], tg[S], last = -1;
+    for (int64_t j = 0; j < st.seqs_per_epoch; j++) {
+      CHECK(ll_data_next(d, ids, tg, err, sizeof err) == 0);
+      for (int i = 0; i < S; i++) { // ids[0] is the token the previous sequence last predicted
+        int f = ids[i] - B('a');
+        if (f < 0 || f >= FILES) continue;
+        count[mode][f]++;
+        switches[mode] += last >= 0 && f != last;
+        last = f;
+      }
+    }
+    struct ll_data_cursor c;
+    ll_data_cursor_get(d, &c);
+    ll_data_cursor_to_words(&c, w[mode]);
+    ll_data_close(d);
+  }
+  CHECKF(switches[0] == FILES - 1, "files: %lld switches between files", (long long)switches[0]);
+  CHECKF(switches[1] > FILES * PIECES / 2, "pieces: %lld switches between files", (long long)switches[1]);
+  // every letter once an epoch, but for the tail of the epoch's last sequence (under S tokens)
+  for (int f = 0; f < FILES; f++)
+    CHECKF(llabs(count[0][f] - count[1][f]) < S && count[0][f] > 70 * PIECES - S && count[0][f] <= 70 * PIECES &&
+               count[1][f] > 70 * PIECES - S && count[1][f] <= 70 * PIECES,
+           "file %d: %lld and %lld letters", f, (long long)count[0][f], (long long)count[1][f]);
+  struct ll_data_params p;
+  ll_data_params_init(&p);
+  p.path = dir, p.seq_len = S, p.val_fraction = 0, p.seed = 5, p.doc_bytes = 64, p.shuffle_pieces = 1;
+  struct ll_data *d = NULL;
+  if (ll_data_open(&d, &p, t, err, sizeof err) == 0) {
+    struct ll_data_cursor c;
+    ll_data_cursor_from_words(&c, w[0]); // a files-mode run's cursor
+    int rc = ll_data_cursor_set(d, &c, err, sizeof err);
+    CHECKF(rc == LL_ESTATE, "%d %s", rc, err);
+    ll_data_cursor_from_words(&c, w[1]);
+    CHECK(ll_data_cursor_set(d, &c, err, sizeof err) == 0);
+  }
+  ll_data_close(d);
+}
+
 // The trainer's view (struct ll_train_source): the same stream, val split and cursor words.
 static void test_source(const struct ll_tokenizer *t) {
   char dir[1024], err[512];
@@ -953,6 +1023,7 @@ int main(int argc, char **argv) {
       test_cursor(t);
       test_source(t);
       test_shuffle(t);
+      test_shuffle_pieces(t);
       test_vanish(t);
       test_refusals(t);
       ll_tokenizer_free(t);

@@ -78,6 +78,7 @@ struct ll_config {
   char *train_mode;          // lora|full
   int64_t train_warmup;
   char *train_schedule;      // cosine|linear|constant
+  char *train_shuffle;       // files|pieces
   double train_min_lr_ratio;
   int64_t train_grad_accum;
   double train_clip;

@@ -332,8 +332,9 @@ struct dfile {
 };
 
 // What an epoch shuffles: a whole text file (its pieces stay in order, so a file is read as one
-// text), or a run of LL_DATA_UNIT_DOCS records of a JSONL file (records are independent; a
-// file of instructions is reordered too, at a cost of a few bytes per record for the table).
+// text), or with shuffle_pieces one piece of a text file, or a run of LL_DATA_UNIT_DOCS records
+// of a JSONL file (records are independent; a file of instructions is reordered too, at a cost of
+// a few bytes per record for the table).
 #define LL_DATA_UNIT_DOCS 8
 struct unit {
   uint32_t fi;
@@ -349,6 +350,7 @@ struct ll_data {
   int S;
   uint64_t seed, thr;
   int64_t doc_bytes;
+  int pieces; // shuffle_pieces
   int32_t bos, eos, pad;
   int add_bos;
   struct ll_data_filelist fl;
@@ -931,7 +933,9 @@ static int scan(struct ll_data *d, char *err, size_t errlen) {
     // this file's counts, committed when the whole file has been read
     const size_t u_first = d->n_units;
     // records per unit: 8, more for files over 128 MiB (the table stays under ~64K units a file)
-    const uint32_t k = f->jsonl ? (uint32_t)(f->size >> 24 > LL_DATA_UNIT_DOCS ? (f->size >> 24 > (1 << 20) ? 1 << 20 : f->size >> 24) : LL_DATA_UNIT_DOCS) : 0;
+    // text: 0 (the whole file is one unit) or, with shuffle_pieces, 1
+    const uint32_t k = f->jsonl ? (uint32_t)(f->size >> 24 > LL_DATA_UNIT_DOCS ? (f->size >> 24 > (1 << 20) ? 1 << 20 : f->size >> 24) : LL_DATA_UNIT_DOCS)
+                                : (uint32_t)(d->pieces != 0);
     int64_t off = 0, docs = 0, n_tr = 0, n_va = 0, d_tr = 0, d_va = 0, l_tr = 0;
     uint64_t f_min_h = UINT64_MAX;
     size_t f_min_u = 0;
@@ -1052,6 +1056,7 @@ int ll_data_open(struct ll_data **out, const struct ll_data_params *p, const str
   d->S = p->seq_len;
   d->seed = p->seed;
   d->doc_bytes = doc_bytes;
+  d->pieces = p->shuffle_pieces != 0;
   d->thr = p->val_fraction > 0 ? (uint64_t)(p->val_fraction * 18446744073709551616.0) : 0;
   d->bos = ll_tokenizer_bos(tok);
   d->eos = ll_tokenizer_eos(tok);
@@ -1098,6 +1103,7 @@ int ll_data_open(struct ll_data **out, const struct ll_data_params *p, const str
   fp = mix64(fp ^ d->seed);
   fp = mix64(fp ^ d->thr);
   fp = mix64(fp ^ (uint64_t)d->doc_bytes);
+  fp = mix64(fp ^ (uint64_t)d->pieces);
   fp = mix64(fp ^ (uint64_t)(uint32_t)ll_tokenizer_n_vocab(tok) ^ (uint64_t)(uint32_t)d->bos << 32);
   fp = mix64(fp ^ (uint64_t)(uint32_t)d->eos ^ (uint64_t)d->add_bos << 32);
   d->fingerprint = fp;

@@ -66,6 +66,10 @@ struct ll_data_params {
                               // fine enough that a few files still give a validation split)
   const char *chat_template;  // chat records: a format name (chatml, llama2, llama3, zephyr, gemma,
                               // phi3) or Jinja text; NULL: the tokenizer's own template
+  int shuffle_pieces;         // text files: 0 (default) a file is one unit of the epoch's shuffle, read
+                              // in order; 1 each document (piece of ~doc_bytes) is a unit, so that
+                              // consecutive sequences come from different files (pre-training from
+                              // scratch, where a file read for hundreds of steps pulls the model to it)
 };
 void ll_data_params_init(struct ll_data_params *p);
 

@@ -50,6 +50,7 @@ struct ll_train_run_opts {
   const char *chat_template;    // chat records: a chat_template setting (built-in name or template
                                 // file, ll_chat_template_load); NULL: the model's
   int64_t max_skipped;          // this many skipped steps in a row stop the run (an error); 0: never
+  int shuffle_pieces;           // ll_data_params.shuffle_pieces (train.shuffle: pieces)
 };
 
 // What one ll_train_run_step did (for progress lines, monitor fields and events).
