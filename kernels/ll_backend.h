@@ -240,6 +240,10 @@ struct ll_backend {
   // integer tiles (CPUs without AVX-512 VNNI: 1.3-2x at T = 256, docs/PERFORMANCE.md); exact f32
   // products of the dequantized weights, as matmul_backward's. Never the serving path.
   int train_sgemm;
+  // 1 (the engine sets it around a mixture-of-experts layer's expert products): every row of a
+  // product summed as a one-token product is (F32 weights: ggml_vec_dot_f32, not tinyBLAS
+  // tiles; never sgemm), as llama.cpp's mul_mat_id computes each token of an expert's batch.
+  int row_order;
 };
 
 // ---- creation and device choice (kernels/device.c) ----
@@ -286,6 +290,10 @@ int64_t ll_cpu_weight_pack_into(struct ll_weight *w, void *dst, int64_t cap);
 // The bytes ll_cpu_weight_pack would make for a matrix of n rows of k elements of type (0: none).
 int64_t ll_cpu_packed_bytes(int type, int64_t k, int64_t n);
 void ll_cpu_weight_unpack(struct ll_weight *w);
+// ggml's soft_max exponentials on the CPU (ggml_vec_soft_max_f32, its AVX2 order): y[i] =
+// exp(x[i] - max) for host memory; returns their sum (double). A mixture-of-experts router
+// softmax is computed on the host with it, so routing matches llama.cpp's on every backend.
+double ll_cpu_softmax(float *y, const float *x, float max, int n);
 // Memory for weights that decode streams (the packed copies of a whole model in one block):
 // 2 MiB aligned and, where the OS has transparent huge pages on request (Linux "madvise"
 // mode), in huge pages - decode reads every weight once per token, and in 4 KiB pages that

@@ -257,9 +257,9 @@ static void f32g_task(void *vctx, int task, int thread) {
       *o = j->accumulate ? *o + s : s;
     }
 }
-static int cpu_matmul_f32_ggml(struct cpu_ctx *c, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
+static int cpu_matmul_f32_ggml(struct cpu_ctx *c, int row_order, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
   const struct ll_vec_ops *vo = ll_cpu_vec_ops();
-  const int tile = T >= 2 && w->k % 8 == 0 && w->n % 4 == 0; // llamafile_sgemm's conditions (AVX2 build)
+  const int tile = T >= 2 && w->k % 8 == 0 && w->n % 4 == 0 && !row_order; // llamafile_sgemm's conditions (AVX2 build)
   struct f32g_job j = {out, x, w->data, T, (int)w->n, (int)w->k, accumulate, 0, tile, tile ? vo->dot_f32_tile8 : vo->dot_f32_ggml};
   if (!j.dot) j.dot = tile ? ll_cpu_vec_ops_ref()->dot_f32_tile8 : ll_cpu_vec_ops_ref()->dot_f32_ggml;
   const int nt = c->n_threads;
@@ -275,9 +275,9 @@ enum mm_path { MM_BLAS, MM_F32_GGML, MM_TILES };
 static enum mm_path mm_path(struct ll_backend *b, const struct ll_weight *w, int T, const struct ll_type_kernels **k) {
   *k = NULL;
   // Float weights and a batch (not in the server): sgemm beats our dot loops there.
-  if (!b->batch_invariant && T >= LL_BLAS_MIN_T && (w->type == LL_TYPE_F32 || w->type == LL_TYPE_F16 || w->type == LL_TYPE_BF16)) return MM_BLAS;
+  if (!b->batch_invariant && !b->row_order && T >= LL_BLAS_MIN_T && (w->type == LL_TYPE_F32 || w->type == LL_TYPE_F16 || w->type == LL_TYPE_BF16)) return MM_BLAS;
   // Training's opt-in (ll_backend.train_sgemm): quantized weights through the same panels.
-  if (b->train_sgemm && !b->batch_invariant && T >= LL_BLAS_MIN_T && strcmp(ll_cpu_isa(), "avx512vnni") != 0) {
+  if (b->train_sgemm && !b->batch_invariant && !b->row_order && T >= LL_BLAS_MIN_T && strcmp(ll_cpu_isa(), "avx512vnni") != 0) {
     const struct ll_type_traits *tt = ll_type_traits_get(w->type);
     if (tt && tt->has_dequant) return MM_BLAS;
   }
@@ -344,7 +344,7 @@ static int cpu_matmul(struct ll_backend *b, float *out, const float *x, const st
   const struct ll_type_kernels *k;
   const enum mm_path path = mm_path(b, w, T, &k);
   if (path == MM_BLAS) return cpu_matmul_blas(c, out, x, w, T, accumulate);
-  if (path == MM_F32_GGML) return cpu_matmul_f32_ggml(c, out, x, w, T, accumulate);
+  if (path == MM_F32_GGML) return cpu_matmul_f32_ggml(c, b->row_order, out, x, w, T, accumulate);
   if (!k) return LL_EUNSUPPORTED;
   struct mm_job j;
   int rc = quantize_act(c, k, x, w->k, T, &j);

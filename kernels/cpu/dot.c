@@ -566,3 +566,5 @@ const struct ll_type_kernels *ll_cpu_kernels(int t) {
   }
   return ll_cpu_kernels_ref(t);
 }
+
+double ll_cpu_softmax(float *y, const float *x, float max, int n) { return ll_cpu_vec_ops()->softmax(y, x, max, n); }
