@@ -14,3 +14,6 @@ endif()
 # SmolLM2 with a deterministic LoRA adapter: greedy ids equal llama.cpp --lora's (tests/ref).
 ll_script_test(NAME lora_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_lora_smollm2.py
   LABELS integration TIMEOUT 600 FIXTURES smollm2)
+# Mixture of experts: routing against a double-precision reference, experts that are all one
+# dense FFN against that dense model, prompt (grouped experts) against decode, bad MoE files.
+ll_test(NAME test_moe SOURCES test_moe.c LIBS ll_server LABELS unit TIMEOUT 120)

@@ -142,7 +142,7 @@ int ll_cmd_generate(int argc, char **argv) {
     }
     if (n_prompt == 0) ids[n_prompt++] = ll_tokenizer_bos(tok) >= 0 ? ll_tokenizer_bos(tok) : 0;
   } else {
-    ids[n_prompt++] = 1; // llama2.c convention: BOS = 1
+    if (!no_bos || !prompt) ids[n_prompt++] = 1; // llama2.c convention: BOS = 1 (--no-bos: the given ids only)
     if (prompt) n_prompt += parse_ids(prompt, ids + n_prompt, info.n_ctx - 1);
   }
   if (n_prompt + n_predict > info.n_ctx) n_predict = info.n_ctx - n_prompt;

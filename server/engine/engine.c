@@ -17,6 +17,7 @@
 #include "ll_backend.h"
 #include "ll_error.h"
 #include "ll_model.h"
+#include "ll_moe.h"
 #include "ll_lora.h"
 #include "ll_modelfile.h"
 #include "ll_quant.h"
@@ -56,6 +57,10 @@ struct ll_engine {
   float *sel; // (rows needing logits, C)
   float *lora_r, *lora_o; // adapter scratch: (max_batch, lora_rank), (max_batch, max(C, F))
   int lora_rank;
+  // mixture of experts (m.n_expert > 0): the layers' expert tables and the FFN's scratch
+  struct ll_moe_layer *moe_layers; // (L)
+  struct ll_weight *experts;       // (L, 3, E): each layer's gate, up, down slices
+  struct ll_moe_ctx *moe;
 };
 
 void ll_engine_params_default(struct ll_engine_params *p) {
@@ -105,10 +110,18 @@ static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, c
   const char *arch;
   if (ll_mf_get_str(&e->mf, "general.architecture", &arch) != 0)
     return ll_errf(err, errlen, LL_EFORMAT, "model: general.architecture is missing");
-  int neox;
-  if (strcmp(arch, "llama") == 0) neox = 0;
-  else if (strcmp(arch, "qwen2") == 0) neox = 1;
-  else return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: architecture '%s' is not supported (llama, qwen2)", arch);
+  // The architectures: RoPE layout, the mixture-of-experts routing's renormalization (llama:
+  // Mixtral's GGUF layout; llama.cpp's build_moe_ffn norm_w per architecture).
+  static const struct {
+    const char *name;
+    int neox, moe_norm_w;
+  } archs[] = {{"llama", 0, 1}, {"qwen2", 1, 0}, {"qwen2moe", 1, 0}, {"qwen3moe", 1, 1}, {"olmoe", 1, 0}};
+  int ai = -1;
+  for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+    if (strcmp(arch, archs[i].name) == 0) ai = (int)i;
+  if (ai < 0) return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: architecture '%s' is not supported (llama, qwen2, qwen2moe, qwen3moe, olmoe)", arch);
+  const int neox = archs[ai].neox;
+  e->m.moe_norm_w = archs[ai].moe_norm_w;
   snprintf(e->info.arch, sizeof e->info.arch, "%s", arch);
   int64_t v[6];
   static const char *const keys[6] = {"embedding_length", "block_count", "attention.head_count", "feed_forward_length", "context_length",
@@ -123,8 +136,30 @@ static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, c
   e->info.n_ctx_train = (int)v[4];
   if (e->m.C % e->m.H || e->m.H % e->m.Hkv) return ll_errf(err, errlen, LL_EFORMAT, "model: %d heads do not divide %d dims / %d kv heads", e->m.H, e->m.C, e->m.Hkv);
   e->m.hd = e->m.C / e->m.H;
+  int64_t kl;
+  if (ll_mf_get_arch_int(&e->mf, "attention.key_length", &kl) == 0 && kl != e->m.hd)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: %s.attention.key_length %lld differs from embedding_length / head_count = %d (not supported)", arch,
+                   (long long)kl, e->m.hd);
   e->m.kvd = e->m.hd * e->m.Hkv;
+  // Mixture of experts: <arch>.expert_count experts, expert_used_count per token; expert width
+  // expert_feed_forward_length where the converter writes it (qwen2moe, qwen3moe), else
+  // feed_forward_length (Mixtral, OLMoE); qwen2moe's shared expert
+  // expert_shared_feed_forward_length wide.
+  int64_t ne = 0, nu = 0, fe = 0, fs = 0;
+  if (ll_mf_get_arch_int(&e->mf, "expert_count", &ne) == 0 && ne > 0) {
+    if (ne > 1024) return ll_errf(err, errlen, LL_EFORMAT, "model: %s.expert_count = %lld is out of range (1..1024)", arch, (long long)ne);
+    if (ll_mf_get_arch_int(&e->mf, "expert_used_count", &nu) != 0 || nu <= 0 || nu > ne)
+      return ll_errf(err, errlen, LL_EFORMAT, "model: %s.expert_used_count is missing or not in 1..%lld", arch, (long long)ne);
+    if (ll_mf_get_arch_int(&e->mf, "expert_feed_forward_length", &fe) != 0) fe = v[3];
+    if (fe <= 0 || fe > (1 << 20)) return ll_errf(err, errlen, LL_EFORMAT, "model: %s.expert_feed_forward_length = %lld is out of range", arch, (long long)fe);
+    if (ll_mf_get_arch_int(&e->mf, "expert_shared_feed_forward_length", &fs) != 0) fs = strcmp(arch, "qwen2moe") == 0 ? v[3] : 0;
+    if (fs < 0 || fs > (1 << 20)) return ll_errf(err, errlen, LL_EFORMAT, "model: %s.expert_shared_feed_forward_length = %lld is out of range", arch, (long long)fs);
+    e->m.n_expert = (int)ne, e->m.n_expert_used = (int)nu, e->m.F_exp = (int)fe, e->m.F_sh = (int)fs;
+  } else if (strcmp(arch, "qwen2moe") == 0 || strcmp(arch, "qwen3moe") == 0 || strcmp(arch, "olmoe") == 0) {
+    return ll_errf(err, errlen, LL_EFORMAT, "model: %s.expert_count is missing", arch);
+  }
   double d;
+  e->m.moe_w_scale = ll_mf_get_arch_float(&e->mf, "expert_weights_scale", &d) == 0 ? (float)d : 0.0f;
   e->m.eps = ll_mf_get_arch_float(&e->mf, "attention.layer_norm_rms_epsilon", &d) == 0 ? (float)d : 1e-5f;
   e->m.rope.mode = neox ? LL_ROPE_NEOX : LL_ROPE_NORMAL;
   int64_t nrot;
@@ -150,10 +185,56 @@ static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, c
   return 0;
 }
 
+// A 3-D tensor of E stacked matrices (ne = {K, N, E}: the experts of a mixture-of-experts
+// layer, as llama.cpp's converters write ffn_*_exps) as E weights, each a slice of its bytes.
+static int experts3(struct ll_engine *e, const char *name, int64_t k, int64_t n, int E, struct ll_weight *w, char *err, size_t errlen) {
+  const struct ll_tensor_info *t = ll_mf_find_tensor(&e->mf, name);
+  if (!t) return ll_errf(err, errlen, LL_ENOTFOUND, "model: tensor '%s' is missing", name);
+  if (t->n_dims != 3 || t->ne[0] != k || t->ne[1] != n || t->ne[2] != E)
+    return ll_errf(err, errlen, LL_EFORMAT, "model: tensor '%s' has shape (%lld, %lld, %lld), expected (%lld, %lld, %d)", name, (long long)t->ne[0],
+                   (long long)t->ne[1], (long long)t->ne[2], (long long)k, (long long)n, E);
+  if (!ll_type_traits_get(t->type) || !ll_type_traits_get(t->type)->has_dequant)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: tensor '%s' has type %s, which has no kernels", name, ll_type_name(t->type));
+  const size_t bytes = ll_row_size(t->type, k) * (size_t)n;
+  for (int i = 0; i < E; i++) w[i] = (struct ll_weight){.type = t->type, .k = k, .n = n, .data = (const char *)t->data + bytes * (size_t)i};
+  return 0;
+}
+
+// A mixture-of-experts layer's tensors: the router, the experts, qwen2moe's shared expert.
+static int load_moe_layer(struct ll_engine *e, int l, char *err, size_t errlen) {
+  struct ll_model *m = &e->m;
+  const int E = m->n_expert;
+  struct ll_moe_layer *y = &e->moe_layers[l];
+  struct ll_weight *xw = e->experts + (size_t)l * 3 * E;
+  y->gate = xw, y->up = xw + E, y->down = xw + 2 * E;
+  m->layers[l].moe = y;
+  char n[96];
+  int rc;
+#define N(suffix) (snprintf(n, sizeof n, "blk.%d." suffix, l), n)
+  if ((rc = weight(e, N("ffn_gate_inp.weight"), m->C, E, &y->router, 0, err, errlen)) ||
+      (rc = experts3(e, N("ffn_gate_exps.weight"), m->C, m->F_exp, E, y->gate, err, errlen)) ||
+      (rc = experts3(e, N("ffn_up_exps.weight"), m->C, m->F_exp, E, y->up, err, errlen)) ||
+      (rc = experts3(e, N("ffn_down_exps.weight"), m->F_exp, m->C, E, y->down, err, errlen)))
+    return rc;
+  if (m->F_sh > 0 && ((rc = weight(e, N("ffn_gate_shexp.weight"), m->C, m->F_sh, &y->sh_gate, 0, err, errlen)) ||
+                      (rc = weight(e, N("ffn_up_shexp.weight"), m->C, m->F_sh, &y->sh_up, 0, err, errlen)) ||
+                      (rc = weight(e, N("ffn_down_shexp.weight"), m->F_sh, m->C, &y->sh_down, 0, err, errlen)) ||
+                      (rc = weight(e, N("ffn_gate_inp_shexp.weight"), m->C, 1, &y->sh_router, 0, err, errlen))))
+    return rc;
+#undef N
+  return 0;
+}
+
 static int load_weights(struct ll_engine *e, char *err, size_t errlen) {
   int rc;
   e->m.layers = calloc((size_t)e->m.L, sizeof *e->m.layers);
-  e->owned_f32 = malloc(((size_t)e->m.L * (2 * e->m.C + e->m.C + 2 * e->m.kvd) + e->m.C) * sizeof(float));
+  // dequantized 1-D tensors: per layer two norms, three biases, the q/k norms (at most C + kvd)
+  e->owned_f32 = malloc(((size_t)e->m.L * (2 * e->m.C + e->m.C + 2 * e->m.kvd + e->m.C + e->m.kvd) + e->m.C) * sizeof(float));
+  if (e->m.n_expert > 0) {
+    e->moe_layers = calloc((size_t)e->m.L, sizeof *e->moe_layers);
+    e->experts = calloc((size_t)e->m.L * 3 * e->m.n_expert, sizeof *e->experts);
+    if (!e->moe_layers || !e->experts) return ll_errf(err, errlen, LL_ENOMEM, "model: out of memory");
+  }
   if (!e->m.layers || !e->owned_f32) return ll_errf(err, errlen, LL_ENOMEM, "model: out of memory");
   float *arena = e->owned_f32;
   if ((rc = weight(e, "token_embd.weight", e->m.C, e->m.n_vocab, &e->m.tok_embd, 0, err, errlen))) return rc;
@@ -169,10 +250,21 @@ static int load_weights(struct ll_engine *e, char *err, size_t errlen) {
     if ((rc = V("attn_norm.weight", e->m.C, &y->attn_norm, 0)) || (rc = V("ffn_norm.weight", e->m.C, &y->ffn_norm, 0)) ||
         (rc = W("attn_q.weight", e->m.C, e->m.C, &y->wq)) || (rc = W("attn_k.weight", e->m.C, e->m.kvd, &y->wk)) ||
         (rc = W("attn_v.weight", e->m.C, e->m.kvd, &y->wv)) || (rc = W("attn_output.weight", e->m.C, e->m.C, &y->wo)) ||
-        (rc = W("ffn_gate.weight", e->m.C, e->m.F, &y->gate)) || (rc = W("ffn_up.weight", e->m.C, e->m.F, &y->up)) ||
-        (rc = W("ffn_down.weight", e->m.F, e->m.C, &y->down)) || (rc = V("attn_q.bias", e->m.C, &y->bq, 1)) ||
-        (rc = V("attn_k.bias", e->m.kvd, &y->bk, 1)) || (rc = V("attn_v.bias", e->m.kvd, &y->bv, 1)))
+        (rc = V("attn_q.bias", e->m.C, &y->bq, 1)) || (rc = V("attn_k.bias", e->m.kvd, &y->bk, 1)) || (rc = V("attn_v.bias", e->m.kvd, &y->bv, 1)))
       return rc;
+    if (e->m.n_expert > 0) {
+      if ((rc = load_moe_layer(e, l, err, errlen))) return rc;
+    } else if ((rc = W("ffn_gate.weight", e->m.C, e->m.F, &y->gate)) || (rc = W("ffn_up.weight", e->m.C, e->m.F, &y->up)) ||
+               (rc = W("ffn_down.weight", e->m.F, e->m.C, &y->down))) {
+      return rc;
+    }
+    // q/k RMSNorm after the products: per head (qwen3moe) or over the whole row (olmoe)
+    const int qk_rows = strcmp(e->info.arch, "olmoe") == 0;
+    if ((rc = V("attn_q_norm.weight", qk_rows ? e->m.C : e->m.hd, &y->q_norm, 1)) || (rc = V("attn_k_norm.weight", qk_rows ? e->m.kvd : e->m.hd, &y->k_norm, 1)))
+      return rc;
+    if (!y->q_norm != !y->k_norm) return ll_errf(err, errlen, LL_EFORMAT, "model: layer %d has only one of attn_q_norm and attn_k_norm", l);
+    if ((strcmp(e->info.arch, "olmoe") == 0 || strcmp(e->info.arch, "qwen3moe") == 0) && !y->q_norm)
+      return ll_errf(err, errlen, LL_ENOTFOUND, "model: tensor 'blk.%d.attn_q_norm.weight' is missing (%s has q/k norms)", l, e->info.arch);
 #undef W
 #undef V
   }
@@ -186,17 +278,17 @@ static int load_weights(struct ll_engine *e, char *err, size_t errlen) {
                      ll_type_name(t->type), (long long)at, t->type == LL_TYPE_F32 || t->type == LL_TYPE_F16 || t->type == LL_TYPE_BF16 ? "" : " (a block scale)");
   }
   // Statistics for the start-up summary.
-  int64_t params = 0, bytes = 0, counts[LL_TYPE_COUNT] = {0};
+  int64_t bytes = 0, counts[LL_TYPE_COUNT] = {0};
   for (uint64_t i = 0; i < e->mf.n_tensors; i++) {
     const struct ll_tensor_info *t = &e->mf.tensors[i];
-    params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
     bytes += (int64_t)t->nbytes;
     if (t->n_dims >= 2 && t->type < LL_TYPE_COUNT) counts[t->type] += (int64_t)t->nbytes;
   }
   int best = 0;
   for (int i = 0; i < LL_TYPE_COUNT; i++) best = counts[i] > counts[best] ? i : best;
-  e->info.n_params = params;
   e->info.weight_bytes = bytes;
+  // parameters: all, the experts', one token's (ll_moe.h)
+  ll_moe_param_counts(&e->mf, &e->info.n_params, &e->info.n_params_expert, &e->info.n_params_active, &e->info.n_expert, &e->info.n_expert_used);
   snprintf(e->info.quant, sizeof e->info.quant, "%s", ll_type_name(best));
   return 0;
 }
@@ -276,6 +368,8 @@ static int alloc_index(struct ll_engine *e, char *err, size_t errlen) {
 void ll_engine_close(struct ll_engine *e) {
   if (!e) return;
   free_scratch(e);
+  ll_moe_ctx_free(e->moe); // its buffers are the backend's
+  e->moe = NULL;
   ll_backend_free(e->be);
   ll_tokenizer_free(e->tok);
   for (int l = 0; e->k_pool && l < e->m.L; l++) free(e->k_pool[l]);
@@ -285,6 +379,8 @@ void ll_engine_close(struct ll_engine *e) {
   for (int s = 0; e->seqs && s < e->n_seqs; s++) free(e->seqs[s].blocks);
   free(e->seqs);
   free(e->free_list);
+  free(e->moe_layers);
+  free(e->experts);
   free(e->m.layers);
   free(e->owned_f32);
   ll_cpu_stream_free(e->packed);
@@ -300,12 +396,28 @@ int ll_model_each_matrix(struct ll_model *m, int (*fn)(struct ll_weight *w, void
   for (int l = 0; rc == 0 && l < m->L; l++) {
     struct ll_layer *y = &m->layers[l];
     struct ll_weight *ws[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down};
-    for (size_t i = 0; rc == 0 && i < sizeof ws / sizeof ws[0]; i++) rc = fn(ws[i], arg);
+    for (size_t i = 0; rc == 0 && i < sizeof ws / sizeof ws[0]; i++)
+      if (ws[i]->data) rc = fn(ws[i], arg); // a mixture-of-experts layer has no dense FFN
+    struct ll_moe_layer *x = y->moe;
+    if (!x) continue;
+    struct ll_weight *xs[] = {&x->router, &x->sh_gate, &x->sh_up, &x->sh_down, &x->sh_router};
+    for (size_t i = 0; rc == 0 && i < sizeof xs / sizeof xs[0]; i++)
+      if (xs[i]->data) rc = fn(xs[i], arg);
+    for (int i = 0; rc == 0 && i < m->n_expert; i++) {
+      rc = fn(&x->gate[i], arg);
+      if (rc == 0) rc = fn(&x->up[i], arg);
+      if (rc == 0) rc = fn(&x->down[i], arg);
+    }
   }
   return rc;
 }
 
 static int upload_one(struct ll_weight *w, void *be) { return ((struct ll_backend *)be)->i->weight_upload(be, w); }
+static int forget_dev(struct ll_weight *w, void *arg) {
+  (void)arg;
+  w->dev = NULL;
+  return 0;
+}
 
 // Device backends keep the weights resident: upload every matrix once. A device that runs out
 // of memory is given up for the CPU backend, with the reason saying so (never an error).
@@ -323,11 +435,7 @@ static int upload_weights(struct ll_engine *e, const struct ll_engine_params *p,
   free_scratch(e);
   ll_backend_free(be); // releases its device copies
   e->be = NULL;
-  m->tok_embd.dev = m->output.dev = NULL;
-  for (int l = 0; l < m->L; l++) {
-    struct ll_layer *y = &m->layers[l];
-    y->wq.dev = y->wk.dev = y->wv.dev = y->wo.dev = y->gate.dev = y->up.dev = y->down.dev = NULL;
-  }
+  ll_model_each_matrix(m, forget_dev, NULL);
   rc = ll_backend_cpu_create(&e->be, p->n_threads, err, errlen);
   if (rc == 0) snprintf(e->info.device_reason, sizeof e->info.device_reason, "%s", why);
   if (rc == 0) rc = alloc_scratch(e, err, errlen);
@@ -396,6 +504,7 @@ int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, cha
     // Weights, then activations, on the backend: a device that cannot hold them is given up.
     if (rc == 0) rc = e->be->i->weight_upload ? upload_weights(e, p, err, errlen) : alloc_scratch(e, err, errlen);
     if (rc == 0) rc = alloc_index(e, err, errlen);
+    if (rc == 0 && e->m.n_expert > 0) rc = ll_moe_ctx_new(&e->moe, e->be, &e->m, e->max_batch, err, errlen);
     if (rc == 0 && p->repack && !e->be->i->weight_upload) pack_weights(e);
     // llama2.c checkpoints are compared with run.c (libm expf); everything else with llama.cpp.
     if (rc == 0) e->be->ggml_math = strcmp(e->mf.source_format, "llama2c") != 0;
@@ -476,6 +585,7 @@ void ll_engine_lora_dims(const struct ll_engine *e, struct ll_lora_dims *d) {
   memset(d, 0, sizeof *d);
   snprintf(d->arch, sizeof d->arch, "%s", e->info.arch);
   d->n_layer = e->m.L, d->n_embd = e->m.C, d->n_embd_kv = e->m.kvd, d->n_ff = e->m.F, d->n_head = e->m.H, d->n_head_kv = e->m.Hkv;
+  d->n_expert = e->m.n_expert;
 }
 
 int ll_engine_seq_set_adapter(struct ll_engine *e, int s, const struct ll_lora *a, char *err, size_t errlen) {
@@ -605,6 +715,11 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     for (int t = 0; y->bq && t < T; t++) B->add(be, e->q + (size_t)t * C, e->q + (size_t)t * C, y->bq, C);
     for (int t = 0; y->bk && t < T; t++) B->add(be, e->k + (size_t)t * kvd, e->k + (size_t)t * kvd, y->bk, kvd);
     for (int t = 0; y->bv && t < T; t++) B->add(be, e->v + (size_t)t * kvd, e->v + (size_t)t * kvd, y->bv, kvd);
+    if (y->q_norm) { // q/k RMSNorm: per head (rows of hd), or olmoe's whole rows
+      const int whole = strcmp(e->info.arch, "olmoe") == 0;
+      BK(B->rmsnorm(be, e->q, e->q, y->q_norm, whole ? T : T * e->m.H, whole ? C : e->m.hd, e->m.eps), "rmsnorm q");
+      BK(B->rmsnorm(be, e->k, e->k, y->k_norm, whole ? T : T * e->m.Hkv, whole ? kvd : e->m.hd, e->m.eps), "rmsnorm k");
+    }
     for (int i = 0, t0 = 0; i < n_items; t0 += items[i].n_tokens, i++) {
       e->kvv[i] = (struct ll_kv_view){e->kv_type, LL_KV_BLOCK, e->m.Hkv, e->m.hd, e->k_pool[l], e->v_pool[l], e->seqs[items[i].seq].blocks};
       e->it0[i] = t0, e->itn[i] = items[i].n_tokens;
@@ -632,6 +747,12 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
       BK(B->matmul(be, e->tmp, e->att, &y->wo, T, 0), "matmul o");
       LORA(LL_LORA_O, e->att, C, e->tmp, C);
       BK(B->add(be, e->x, e->x, e->tmp, (int64_t)T * C), "add");
+    }
+    if (y->moe) { // x += the routed experts' outputs (moe.c)
+      BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->m.eps), "rmsnorm");
+      int rc = ll_moe_forward(e->moe, y->moe, e->x, e->xn, T, err, errlen);
+      if (rc) return rc;
+      continue;
     }
     { // g (T, F) = silu(xn · Wgateᵀ) * (xn · Wupᵀ), xn = rmsnorm(x)
       const struct ll_weight *const w2[2] = {&y->gate, &y->up};

@@ -35,7 +35,7 @@ struct ll_engine_params {
 #define LL_KV_BLOCK 16
 
 struct ll_engine_info {
-  char arch[32];            // "llama", "qwen2"
+  char arch[32];            // "llama", "qwen2", "qwen2moe", "qwen3moe", "olmoe"
   char name[128];           // general.name or file name
   char quant[16];           // dominant weight type ("q4_1")
   char backend[16];         // "cpu", "opencl"
@@ -47,6 +47,10 @@ struct ll_engine_info {
   int64_t device_mem_total, device_mem_used, device_max_alloc; // bytes; used = our allocations
   int64_t n_params;
   int64_t weight_bytes;
+  // Mixture of experts (0 experts: dense): expert weights counted apart, and the parameters
+  // one token computes with (the router, its k experts, the rest; the token embedding's one row)
+  int n_expert, n_expert_used;
+  int64_t n_params_expert, n_params_active;
   int64_t packed_bytes;     // the CPU kernels' interleaved copies of matrices (decode), 0 if none
   int packed_failed;        // repack was on but the copies could not be allocated (served without)
   int64_t kv_bytes;         // whole pool

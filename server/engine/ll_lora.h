@@ -46,6 +46,7 @@ static inline struct ll_lora_pair *ll_lora_at(const struct ll_lora *a, int layer
 struct ll_lora_dims {
   char arch[32];          // general.architecture
   int n_layer, n_embd, n_embd_kv, n_ff, n_head, n_head_kv;
+  int n_expert;           // > 0: a mixture-of-experts model, whose FFN has no dense gate/up/down
 };
 
 // Target names: "q".."down" (configs, protocol), GGUF tensor stems "attn_q".., PEFT modules "q_proj"..

@@ -11,11 +11,26 @@
 
 #include "ll_backend.h"
 
+// A mixture-of-experts FFN (moe.c): the router ffn_gate_inp picks n_expert_used of n_expert
+// experts per token; each expert is a SwiGLU FFN of width F_exp. The file's 3-D tensors
+// ffn_{gate,up,down}_exps (ne = {K, N, E}) are held as one 2-D weight per expert, a slice of
+// the tensor's bytes (no copy), so every backend call takes an expert as it takes a matrix.
+struct ll_moe_layer {
+  struct ll_weight router;             // (E, C) ffn_gate_inp
+  struct ll_weight *gate, *up, *down;  // (E) each: (F_exp, C), (F_exp, C), (C, F_exp)
+  // qwen2moe's shared expert, every token, scaled by sigmoid(xn · sh_router): .data NULL if none
+  struct ll_weight sh_gate, sh_up, sh_down; // (F_sh, C), (F_sh, C), (C, F_sh)
+  struct ll_weight sh_router;               // (1, C) ffn_gate_inp_shexp
+};
+
 struct ll_layer {
   const float *attn_norm, *ffn_norm; // (C)
   const float *bq, *bk, *bv;         // (C), (kvd), (kvd) or NULL (Qwen2 has them)
+  const float *q_norm, *k_norm;      // RMSNorm of q and k after the products: (hd) per head
+                                     // (qwen3moe) or (C)/(kvd) whole rows (olmoe); NULL: none
   struct ll_weight wq, wk, wv, wo;   // (C, C), (kvd, C), (kvd, C), (C, C)
-  struct ll_weight gate, up, down;   // (F, C), (F, C), (C, F)
+  struct ll_weight gate, up, down;   // (F, C), (F, C), (C, F); unused (.data NULL) where moe
+  struct ll_moe_layer *moe;          // NULL: the dense FFN above
 };
 
 struct ll_model {
@@ -27,6 +42,12 @@ struct ll_model {
   int hd, kvd;  // head dim (C / H), key/value width (hd * Hkv)
   int F;        // feed-forward width
   float eps;    // RMSNorm epsilon
+  // Mixture of experts (n_expert 0: dense). Routing as llama.cpp's build_moe_ffn: softmax over
+  // the router's logits, the top n_expert_used, then (moe_norm_w) renormalized to sum 1.
+  int n_expert, n_expert_used;
+  int F_exp, F_sh;      // expert width; shared expert width (0: none)
+  int moe_norm_w;       // 1: the chosen weights divided by their sum (llama/Mixtral, qwen3moe)
+  float moe_w_scale;    // expert_weights_scale (0 or 1: none)
   struct ll_rope_params rope;
   // weights
   struct ll_weight tok_embd;  // (n_vocab, C)

@@ -149,6 +149,9 @@ static int check(const struct ll_lora *a, const struct ll_lora_dims *d, int valu
     for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
       const struct ll_lora_pair *pr = ll_lora_at(a, l, t);
       if (!pr->a.data && !pr->b.data) continue;
+      if (d->n_expert > 0 && (t == LL_LORA_GATE || t == LL_LORA_UP || t == LL_LORA_DOWN))
+        return ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: blk.%d.%s: the model's FFN is a mixture of %d experts, which adapters do not reach yet", nm, l,
+                       target_tensors[t], d->n_expert);
       int64_t in, o;
       ll_lora_target_dims(d, t, &in, &o);
       if (!pr->a.data || !pr->b.data || pr->a.type != LL_TYPE_F32 || pr->b.type != LL_TYPE_F32)

@@ -461,6 +461,8 @@ void ll_trainer_memory(const struct ll_trainer *tr, struct ll_train_memory *mem)
 
 static int check_params(const struct ll_model *m, const struct ll_trainer_params *p, char *err, size_t errlen) {
   if (p->mode != LL_TRAIN_LORA && p->mode != LL_TRAIN_FULL) return ll_errf(err, errlen, LL_EINVAL, "trainer: unknown mode %d", p->mode);
+  if (m->n_expert > 0) // the forward pass would need the routed experts' backward (issue 32)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: mixture-of-experts models (%d experts) can be served but not trained yet", m->n_expert);
   if (p->mode == LL_TRAIN_LORA) {
     if (p->rank < 1 || p->rank > 4096) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_rank %d must be 1..4096", p->rank);
     if (!(p->alpha > 0) || !isfinite(p->alpha)) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_alpha must be positive");

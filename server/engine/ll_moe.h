@@ -1,0 +1,43 @@
+// ll_moe.h - the mixture-of-experts FFN (moe.c): routing on the host, the experts as backend
+// products over the tokens routed to each, the weighted sum in llama.cpp's order.
+//
+// A layer's step (T tokens, E experts, k = n_expert_used):
+//   logits (T, E) = xn · routerᵀ                      one product, read back to the host
+//   route: softmax, top k (descending), renormalize    ll_moe_route, as build_moe_ffn
+//   group: the T·k (token, slot) pairs sorted by expert, so expert e's tokens are one
+//          block of rows: one gate+up product, one SwiGLU and one down product per expert
+//          over its tokens (a prompt), or only the k routed experts' (decode: T = 1, the
+//          others are never read)
+//   x[t] += Σ_slot w[t, slot] · y[row(t, slot)]  (+ the shared expert's sigmoid-gated output)
+#ifndef LL_MOE_H
+#define LL_MOE_H
+
+#include <stdint.h>
+
+#include "ll_backend.h"
+#include "ll_model.h"
+
+struct ll_moe_ctx;
+
+// Scratch for batches of up to max_batch tokens of model m on backend be (which must outlive it).
+int ll_moe_ctx_new(struct ll_moe_ctx **out, struct ll_backend *be, const struct ll_model *m, int max_batch, char *err, size_t errlen);
+void ll_moe_ctx_free(struct ll_moe_ctx *c); // accepts NULL
+
+// x (T, C) += the layer's mixture-of-experts FFN of xn (T, C), the normed x. Both backend
+// buffers of c's backend. T <= max_batch.
+int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, float *x, const float *xn, int T, char *err, size_t errlen);
+
+// Routing of T tokens from their router logits (T, E) (host memory), llama.cpp's build_moe_ffn
+// with the softmax gate: p = softmax(logits) (ggml's exponentials and sums), the k largest in
+// descending order (ties: the lower expert), w = p[chosen]; norm_w: w / max(Σw, 2^-14);
+// w_scale (not 0 or 1): w *= w_scale. sel (T, k) expert ids, w (T, k); probs (E) scratch.
+void ll_moe_route(const float *logits, int T, int E, int k, int norm_w, float w_scale, int32_t *sel, float *w, float *probs);
+
+// Parameter counts from a model's tensor table: *total (every tensor), *expert (the 3-D
+// ffn_*_exps tensors), *active (what one token computes with: the expert weights scaled by
+// k / E from <arch>.expert_used_count / expert_count, and one row of an untied token
+// embedding). *n_expert, *n_used: 0 for a dense model.
+struct ll_modelfile;
+void ll_moe_param_counts(const struct ll_modelfile *mf, int64_t *total, int64_t *expert, int64_t *active, int *n_expert, int *n_used);
+
+#endif

@@ -1,0 +1,251 @@
+// moe.c - the mixture-of-experts FFN behind ll_moe.h.
+//
+// Routing runs on the host (T·E logits come back; on a device that is the layer's one read);
+// the experts run as ordinary backend products on the rows routed to them, so every backend
+// that multiplies matrices runs MoE models, and the CPU backend's fast kernels (packed
+// decode copies, threads, SIMD) serve the experts as they serve a dense FFN.
+//
+// Bits: llama.cpp computes an expert's tokens with mul_mat_id, one token's product at a time
+// (ggml_vec_dot_*), so the expert products here run with ll_backend.row_order set; the
+// weighted outputs are added in slot order (descending router probability), then the shared
+// expert, then the residual: ggml's graph order, so F32 models match llama.cpp's ids.
+#include "ll_moe.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ll_error.h"
+#include "ll_modelfile.h"
+
+struct ll_moe_ctx {
+  struct ll_backend *be;
+  const struct ll_model *m;
+  int max_batch, host; // host: the backend's buffers are host memory (the CPU backend)
+  // backend buffers
+  float *logits;       // (max_batch, E) router logits
+  float *xg;           // (max_batch·k, C) inputs gathered by expert
+  float *g, *u;        // (max_batch·k, F_exp) gate, up (g then SwiGLU's output)
+  float *ye;           // (max_batch·k, C) expert outputs, then weighted, then summed per token
+  float *sg, *su, *sy; // shared expert: (max_batch, F_sh), (max_batch, F_sh), (max_batch, C)
+  float *sgate;        // (max_batch) shared expert's gate logit
+  // host
+  float *hlog, *hsg;   // (max_batch, E), (max_batch): logits and shared gates read back
+  float *probs, *w;    // (E), (max_batch·k)
+  int32_t *sel;        // (max_batch·k) expert of (token, slot)
+  int *rowof, *src;    // (max_batch·k): row of (token, slot) in the grouped buffers; token of a row
+  int *cnt, *off;      // (E) rows per expert, first row
+};
+
+void ll_moe_route(const float *logits, int T, int E, int k, int norm_w, float w_scale, int32_t *sel, float *w, float *probs) {
+  for (int t = 0; t < T; t++) {
+    const float *x = logits + (size_t)t * E;
+    // ggml_soft_max: max, exponentials with their double sum, scaled by float(1 / sum)
+    float mx = -INFINITY;
+    for (int i = 0; i < E; i++) mx = x[i] > mx ? x[i] : mx;
+    const double sum = ll_cpu_softmax(probs, x, mx, E);
+    const float inv = (float)(1.0 / sum);
+    for (int i = 0; i < E; i++) probs[i] *= inv;
+    // argsort descending, the first k (selection: O(E·k), E is small)
+    int32_t *s = sel + (size_t)t * k;
+    float *wt = w + (size_t)t * k;
+    for (int j = 0; j < k; j++) {
+      int best = -1;
+      for (int i = 0; i < E; i++) {
+        int taken = 0;
+        for (int q = 0; q < j; q++) taken |= s[q] == i;
+        if (!taken && (best < 0 || probs[i] > probs[best])) best = i;
+      }
+      s[j] = best;
+      wt[j] = probs[best];
+    }
+    if (norm_w) { // ggml_sum_rows (double sum), clamped to f16's smallest normal, ggml_div
+      double ws = 0;
+      for (int j = 0; j < k; j++) ws += (double)wt[j];
+      float wsf = (float)ws;
+      wsf = wsf < 6.103515625e-5f ? 6.103515625e-5f : wsf;
+      for (int j = 0; j < k; j++) wt[j] = wt[j] / wsf;
+    }
+    if (w_scale != 0.0f && w_scale != 1.0f)
+      for (int j = 0; j < k; j++) wt[j] *= w_scale;
+  }
+}
+
+void ll_moe_ctx_free(struct ll_moe_ctx *c) {
+  if (!c) return;
+  struct ll_backend *o = c->host ? NULL : c->be;
+  float *bufs[] = {c->logits, c->xg, c->g, c->u, c->ye, c->sg, c->su, c->sy, c->sgate};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ll_backend_free_buf(o, bufs[i]);
+  free(c->hlog), free(c->hsg), free(c->probs), free(c->w), free(c->sel), free(c->rowof), free(c->src), free(c->cnt), free(c->off);
+  free(c);
+}
+
+int ll_moe_ctx_new(struct ll_moe_ctx **out, struct ll_backend *be, const struct ll_model *m, int max_batch, char *err, size_t errlen) {
+  *out = NULL;
+  struct ll_moe_ctx *c = calloc(1, sizeof *c);
+  if (!c) return ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory");
+  c->be = be, c->m = m, c->max_batch = max_batch, c->host = ll_backend_host_buffers(be);
+  struct ll_backend *o = c->host ? NULL : be;
+  const size_t B = (size_t)max_batch, Bk = B * (size_t)m->n_expert_used, E = (size_t)m->n_expert;
+  c->logits = ll_backend_alloc(o, B * E * sizeof(float));
+  c->xg = ll_backend_alloc(o, Bk * m->C * sizeof(float));
+  c->g = ll_backend_alloc(o, Bk * m->F_exp * sizeof(float));
+  c->u = ll_backend_alloc(o, Bk * m->F_exp * sizeof(float));
+  c->ye = ll_backend_alloc(o, Bk * m->C * sizeof(float));
+  int ok = c->logits && c->xg && c->g && c->u && c->ye;
+  if (m->F_sh > 0) {
+    c->sg = ll_backend_alloc(o, B * m->F_sh * sizeof(float));
+    c->su = ll_backend_alloc(o, B * m->F_sh * sizeof(float));
+    c->sy = ll_backend_alloc(o, B * m->C * sizeof(float));
+    c->sgate = ll_backend_alloc(o, B * sizeof(float));
+    c->hsg = malloc(B * sizeof(float));
+    ok = ok && c->sg && c->su && c->sy && c->sgate && c->hsg;
+  }
+  c->hlog = malloc(B * E * sizeof(float));
+  c->probs = malloc(E * sizeof(float));
+  c->w = malloc(Bk * sizeof(float));
+  c->sel = malloc(Bk * sizeof(int32_t));
+  c->rowof = malloc(Bk * sizeof(int));
+  c->src = malloc(Bk * sizeof(int));
+  c->cnt = malloc(E * sizeof(int));
+  c->off = malloc(E * sizeof(int));
+  if (!ok || !c->hlog || !c->probs || !c->w || !c->sel || !c->rowof || !c->src || !c->cnt || !c->off) {
+    ll_moe_ctx_free(c);
+    return ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for the expert scratch (%d tokens x %d experts)", max_batch, m->n_expert_used);
+  }
+  *out = c;
+  return 0;
+}
+
+static int fail(int rc, char *err, size_t errlen, const char *op) { return ll_errf(err, errlen, rc, "moe: backend %s failed: %s", op, ll_strerror(rc)); }
+#define BK(call, op) do { int rc_ = (call); if (rc_) return fail(rc_, err, errlen, op); } while (0)
+
+// dst (n) = a + b, element by element: host loops on the CPU backend, else the backend's add
+static int row_add(struct ll_moe_ctx *c, float *dst, const float *a, const float *b, int n) {
+  if (c->host) {
+    for (int i = 0; i < n; i++) dst[i] = a[i] + b[i];
+    return 0;
+  }
+  return c->be->i->add(c->be, dst, a, b, n);
+}
+// x (n) *= s
+static int row_scale(struct ll_moe_ctx *c, float *x, float s, int n) {
+  if (c->host) {
+    for (int i = 0; i < n; i++) x[i] *= s;
+    return 0;
+  }
+  return c->be->i->scale ? c->be->i->scale(c->be, x, s, n) : LL_EUNSUPPORTED;
+}
+
+// The experts' products over the grouped rows: g, u (rows, F_exp) then SwiGLU, ye (rows, C).
+static int experts(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const float *xn, int T, char *err, size_t errlen) {
+  struct ll_backend *be = c->be;
+  const struct ll_model *m = c->m;
+  const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp;
+  if (T == 1) { // decode: the k experts read the same row; gate and up of two experts per call
+    for (int j0 = 0; j0 < k; j0 += 2) {
+      float *o[4];
+      const struct ll_weight *w[4];
+      int n = 0;
+      for (int j = j0; j < k && j < j0 + 2; j++) {
+        const int e = c->sel[j], r = c->rowof[j];
+        o[n] = c->g + (size_t)r * Fe, w[n++] = &y->gate[e];
+        o[n] = c->u + (size_t)r * Fe, w[n++] = &y->up[e];
+      }
+      BK(ll_backend_matmul_n(be, n, o, xn, w, 1), "matmul expert gate, up");
+    }
+  } else {
+    for (int e = 0; e < E; e++) {
+      if (!c->cnt[e]) continue;
+      const size_t r = (size_t)c->off[e];
+      float *const o[2] = {c->g + r * Fe, c->u + r * Fe};
+      const struct ll_weight *const w[2] = {&y->gate[e], &y->up[e]};
+      BK(ll_backend_matmul_n(be, 2, o, c->xg + r * C, w, c->cnt[e]), "matmul expert gate, up");
+    }
+  }
+  const int rows = T * k;
+  if (Fe % 8 == 0) { // row by row otherwise: ggml's SwiGLU runs lanes of 8 from each row's start
+    BK(be->i->swiglu(be, c->g, c->g, c->u, (int64_t)rows * Fe), "swiglu");
+  } else {
+    for (int r = 0; r < rows; r++) BK(be->i->swiglu(be, c->g + (size_t)r * Fe, c->g + (size_t)r * Fe, c->u + (size_t)r * Fe, Fe), "swiglu");
+  }
+  for (int e = 0; e < E; e++) {
+    if (!c->cnt[e]) continue;
+    const size_t r = (size_t)c->off[e];
+    BK(be->i->matmul(be, c->ye + r * C, c->g + r * Fe, &y->down[e], c->cnt[e], 0), "matmul expert down");
+  }
+  return 0;
+}
+
+// qwen2moe's shared expert: sy (T, C) = sigmoid(xn · sh_routerᵀ) · down(silu(gate) * up) of
+// every token; the gate computed as ggml does, silu(v) / v.
+static int shared_expert(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const float *xn, int T, char *err, size_t errlen) {
+  struct ll_backend *be = c->be;
+  const int C = c->m->C, Fs = c->m->F_sh;
+  float *const o[2] = {c->sg, c->su};
+  const struct ll_weight *const w[2] = {&y->sh_gate, &y->sh_up};
+  BK(ll_backend_matmul_n(be, 2, o, xn, w, T), "matmul shared gate, up");
+  BK(be->i->swiglu(be, c->sg, c->sg, c->su, (int64_t)T * Fs), "swiglu");
+  BK(be->i->matmul(be, c->sy, c->sg, &y->sh_down, T, 0), "matmul shared down");
+  BK(be->i->matmul(be, c->sgate, xn, &y->sh_router, T, 0), "matmul shared gate logit");
+  BK(ll_backend_copy(be, c->hsg, c->sgate, (size_t)T * sizeof(float)), "copy");
+  for (int t = 0; t < T; t++) {
+    const float v = c->hsg[t];
+    const float s = v / (1.0f + expf(-v)); // ggml_silu_f32 (a row of one value takes the scalar tail)
+    BK(row_scale(c, c->sy + (size_t)t * C, s / v, C), "scale");
+  }
+  return 0;
+}
+
+int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, float *x, const float *xn, int T, char *err, size_t errlen) {
+  struct ll_backend *be = c->be;
+  const struct ll_model *m = c->m;
+  const int E = m->n_expert, k = m->n_expert_used, C = m->C;
+  if (T > c->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "moe: batch of %d tokens exceeds %d", T, c->max_batch);
+  // Router logits (T, E), to the host, routed.
+  BK(be->i->matmul(be, c->logits, xn, &y->router, T, 0), "matmul router");
+  BK(ll_backend_copy(be, c->hlog, c->logits, (size_t)T * E * sizeof(float)), "copy");
+  ll_moe_route(c->hlog, T, E, k, m->moe_norm_w, m->moe_w_scale, c->sel, c->w, c->probs);
+  // Rows grouped by expert: expert e owns rows [off[e], off[e] + cnt[e]), tokens in order.
+  memset(c->cnt, 0, (size_t)E * sizeof(int));
+  for (int i = 0; i < T * k; i++) c->cnt[c->sel[i]]++;
+  for (int e = 0, o = 0; e < E; o += c->cnt[e], e++) c->off[e] = o;
+  for (int i = 0; i < T * k; i++) {
+    const int r = c->off[c->sel[i]]++;
+    c->rowof[i] = r, c->src[r] = i / k;
+  }
+  for (int e = 0; e < E; e++) c->off[e] -= c->cnt[e];
+  if (T > 1) // the inputs gathered (decode's experts all read xn's one row)
+    for (int r = 0; r < T * k; r++) BK(ll_backend_copy(be, c->xg + (size_t)r * C, xn + (size_t)c->src[r] * C, (size_t)C * sizeof(float)), "copy");
+  const int ro = be->row_order;
+  be->row_order = 1;
+  int rc = experts(c, y, xn, T, err, errlen);
+  be->row_order = ro;
+  if (rc) return rc;
+  if (y->sh_gate.data && (rc = shared_expert(c, y, xn, T, err, errlen))) return rc;
+  // Weighted, summed in slot order into the first slot's row, + shared, + the residual.
+  for (int i = 0; i < T * k; i++) BK(row_scale(c, c->ye + (size_t)c->rowof[i] * C, c->w[i], C), "scale");
+  for (int t = 0; t < T; t++) {
+    float *acc = c->ye + (size_t)c->rowof[t * k] * C;
+    for (int j = 1; j < k; j++) BK(row_add(c, acc, acc, c->ye + (size_t)c->rowof[t * k + j] * C, C), "add");
+    if (y->sh_gate.data) BK(row_add(c, acc, acc, c->sy + (size_t)t * C, C), "add");
+    BK(row_add(c, x + (size_t)t * C, acc, x + (size_t)t * C, C), "add");
+  }
+  return 0;
+}
+
+void ll_moe_param_counts(const struct ll_modelfile *mf, int64_t *total, int64_t *expert, int64_t *active, int *n_expert, int *n_used) {
+  int64_t all = 0, ex = 0, ne = 0, nu = 0;
+  for (uint64_t i = 0; i < mf->n_tensors; i++) {
+    const struct ll_tensor_info *t = &mf->tensors[i];
+    const int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    all += n;
+    if (t->n_dims == 3 && strstr(t->name.ptr, "_exps.")) ex += n;
+  }
+  if (ll_mf_get_arch_int(mf, "expert_count", &ne) != 0 || ll_mf_get_arch_int(mf, "expert_used_count", &nu) != 0 || ne <= 0 || nu <= 0 || nu > ne)
+    ne = nu = 0;
+  int64_t act = all - (ne > 0 ? ex - ex / ne * nu : 0);
+  const struct ll_tensor_info *te = ll_mf_find_tensor(mf, "token_embd.weight");
+  if (te && ll_mf_find_tensor(mf, "output.weight")) act -= (te->ne[1] - 1) * te->ne[0]; // an untied embedding: one row per token
+  *total = all, *expert = ex, *active = act, *n_expert = (int)ne, *n_used = (int)nu;
+}

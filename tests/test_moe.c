@@ -1,0 +1,272 @@
+// test_moe.c - the mixture-of-experts FFN (server/engine/moe.c): routing against a plain
+// reference, a model whose experts are all one dense FFN against that dense model, a prompt
+// (experts over grouped tokens) against the same tokens decoded one at a time, expert
+// selection per token, and malformed MoE files refused with the tensor or key named.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ll_engine.h"
+#include "ll_error.h"
+#include "ll_gguf.h"
+#include "ll_modelfile.h"
+#include "ll_moe.h"
+#include "ll_quant.h"
+#include "testutil.h"
+
+enum { C = 32, H = 4, HKV = 2, L = 2, F = 40, V = 64, E = 4, K = 2, CTX = 64 };
+#define KVD (C / H * HKV)
+
+// ---------------------------------------------------------------- routing
+
+static void test_route(uint64_t *rs) {
+  enum { T = 64, EE = 8, KK = 3 };
+  float logits[T * EE], probs[EE], w[T * KK];
+  int32_t sel[T * KK];
+  for (int i = 0; i < T * EE; i++) logits[i] = 3 * ll_test_randf(rs);
+  for (int norm = 0; norm < 2; norm++) {
+    ll_moe_route(logits, T, EE, KK, norm, 0.0f, sel, w, probs);
+    int bad_set = 0, bad_w = 0, bad_order = 0, bad_sum = 0;
+    for (int t = 0; t < T; t++) {
+      const float *x = logits + t * EE;
+      double mx = x[0], z = 0, p[EE];
+      for (int i = 1; i < EE; i++) mx = x[i] > mx ? x[i] : mx;
+      for (int i = 0; i < EE; i++) z += exp(x[i] - mx);
+      for (int i = 0; i < EE; i++) p[i] = exp(x[i] - mx) / z;
+      double ws = 0;
+      for (int j = 0; j < KK; j++) ws += p[sel[t * KK + j]];
+      for (int j = 0; j < KK; j++) {
+        const int e = sel[t * KK + j];
+        int above = 0; // experts with a larger probability than a chosen one: fewer than k
+        for (int i = 0; i < EE; i++) above += x[i] > x[e];
+        bad_set += above >= KK;
+        bad_order += j > 0 && x[sel[t * KK + j - 1]] < x[e];
+        const double want = norm ? p[e] / ws : p[e];
+        bad_w += fabs(w[t * KK + j] - want) > 1e-6 * (want > 1 ? want : 1);
+      }
+      double s = 0;
+      for (int j = 0; j < KK; j++) s += w[t * KK + j];
+      bad_sum += norm && fabs(s - 1) > 1e-6;
+    }
+    CHECKF(bad_set == 0, "norm %d: %d chosen experts outside the top %d", norm, bad_set, KK);
+    CHECKF(bad_order == 0, "norm %d: %d slots out of descending order", norm, bad_order);
+    CHECKF(bad_w == 0, "norm %d: %d weights off the double-precision softmax", norm, bad_w);
+    CHECKF(bad_sum == 0, "norm %d: %d tokens whose weights do not sum to 1", norm, bad_sum);
+  }
+  // expert_weights_scale multiplies the (renormalized) weights
+  float w2[T * KK];
+  int32_t sel2[T * KK];
+  ll_moe_route(logits, T, EE, KK, 1, 2.5f, sel2, w2, probs);
+  ll_moe_route(logits, T, EE, KK, 1, 0.0f, sel, w, probs);
+  int bad = 0;
+  for (int i = 0; i < T * KK; i++) bad += sel2[i] != sel[i] || w2[i] != w[i] * 2.5f;
+  CHECKF(bad == 0, "%d weights not scaled by expert_weights_scale", bad);
+}
+
+// ---------------------------------------------------------------- model files
+
+struct model {
+  struct ll_modelfile mf;
+  float *mem;
+  size_t used, cap;
+};
+
+static float *take(struct model *m, size_t n) {
+  float *p = m->mem + m->used;
+  m->used += n;
+  if (m->used > m->cap) abort();
+  return p;
+}
+static void add(struct model *m, const char *name, int nd, int64_t n0, int64_t n1, int64_t n2, const float *data) {
+  const int64_t ne[3] = {n0, n1, n2};
+  CHECK(ll_mf_add_tensor(&m->mf, name, LL_TYPE_F32, nd, ne, data) == 0);
+}
+static float *rnd(struct model *m, size_t n, float scale, uint64_t *rs) {
+  float *p = take(m, n);
+  for (size_t i = 0; i < n; i++) p[i] = scale * ll_test_randf(rs);
+  return p;
+}
+
+// A llama model: dense (experts 0), or MoE whose expert e is (same_experts ? the dense FFN :
+// random); the router random. Weights from the seed, the dense ones first, so a dense model
+// and its MoE twin of the same seed share every non-FFN tensor and the FFN.
+static int write_model(const char *path, int experts, int used, int same_experts, uint64_t seed, const char *break_what) {
+  struct model m = {.cap = 1u << 22};
+  ll_modelfile_init(&m.mf);
+  m.mem = malloc(m.cap * sizeof(float));
+  uint64_t rs = seed, rs2 = seed ^ 0x9e3779b97f4a7c15ull;
+  ll_mf_set_str(&m.mf, "general.architecture", "llama");
+  ll_mf_set_u32(&m.mf, "llama.context_length", CTX);
+  ll_mf_set_u32(&m.mf, "llama.embedding_length", C);
+  ll_mf_set_u32(&m.mf, "llama.block_count", L);
+  ll_mf_set_u32(&m.mf, "llama.feed_forward_length", F);
+  ll_mf_set_u32(&m.mf, "llama.attention.head_count", H);
+  ll_mf_set_u32(&m.mf, "llama.attention.head_count_kv", HKV);
+  ll_mf_set_f32(&m.mf, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  if (experts) {
+    ll_mf_set_u32(&m.mf, "llama.expert_count", (uint32_t)experts);
+    ll_mf_set_u32(&m.mf, "llama.expert_used_count", (uint32_t)(break_what && !strcmp(break_what, "used") ? experts + 1 : used));
+  }
+  add(&m, "token_embd.weight", 2, C, V, 1, rnd(&m, (size_t)C * V, 1.0f, &rs));
+  float *on = take(&m, C);
+  for (int i = 0; i < C; i++) on[i] = 1.0f;
+  add(&m, "output_norm.weight", 1, C, 1, 1, on);
+  add(&m, "output.weight", 2, C, V, 1, rnd(&m, (size_t)C * V, 0.3f, &rs));
+  char n[96];
+  for (int l = 0; l < L; l++) {
+#define NM(s) (snprintf(n, sizeof n, "blk.%d." s, l), n)
+    add(&m, NM("attn_norm.weight"), 1, C, 1, 1, on);
+    add(&m, NM("ffn_norm.weight"), 1, C, 1, 1, on);
+    add(&m, NM("attn_q.weight"), 2, C, C, 1, rnd(&m, (size_t)C * C, 0.3f, &rs));
+    add(&m, NM("attn_k.weight"), 2, C, KVD, 1, rnd(&m, (size_t)C * KVD, 0.3f, &rs));
+    add(&m, NM("attn_v.weight"), 2, C, KVD, 1, rnd(&m, (size_t)C * KVD, 0.3f, &rs));
+    add(&m, NM("attn_output.weight"), 2, C, C, 1, rnd(&m, (size_t)C * C, 0.3f, &rs));
+    float *g = rnd(&m, (size_t)C * F, 0.3f, &rs), *u = rnd(&m, (size_t)C * F, 0.3f, &rs), *d = rnd(&m, (size_t)F * C, 0.3f, &rs);
+    if (!experts) {
+      add(&m, NM("ffn_gate.weight"), 2, C, F, 1, g);
+      add(&m, NM("ffn_up.weight"), 2, C, F, 1, u);
+      add(&m, NM("ffn_down.weight"), 2, F, C, 1, d);
+      continue;
+    }
+    add(&m, NM("ffn_gate_inp.weight"), 2, C, experts, 1, rnd(&m, (size_t)C * experts, 1.0f, &rs2)); // its own stream
+    float *ge = take(&m, (size_t)experts * C * F), *ue = take(&m, (size_t)experts * C * F), *de = take(&m, (size_t)experts * F * C);
+    for (int e = 0; e < experts; e++) {
+      for (size_t i = 0; i < (size_t)C * F; i++) {
+        ge[e * C * F + i] = same_experts ? g[i] : 0.3f * ll_test_randf(&rs2);
+        ue[e * C * F + i] = same_experts ? u[i] : 0.3f * ll_test_randf(&rs2);
+        de[e * C * F + i] = same_experts ? d[i] : 0.3f * ll_test_randf(&rs2);
+      }
+    }
+    const int bad = break_what && !strcmp(break_what, "shape") && l == 1;
+    add(&m, NM("ffn_gate_exps.weight"), 3, C, F, experts, ge);
+    add(&m, NM("ffn_up_exps.weight"), 3, C, F, bad ? experts - 1 : experts, ue);
+    add(&m, NM("ffn_down_exps.weight"), 3, F, C, experts, de);
+#undef NM
+  }
+  char err[256];
+  int rc = ll_gguf_write(path, &m.mf, err, sizeof err);
+  CHECKF(rc == 0, "write %s: %s", path, err);
+  ll_modelfile_free(&m.mf);
+  free(m.mem);
+  return rc;
+}
+
+static struct ll_engine *open_model(const char *path, char *err, size_t errlen) {
+  struct ll_engine_params p;
+  ll_engine_params_default(&p);
+  p.model_path = path;
+  p.n_threads = 2;
+  p.device = "cpu";
+  p.batch_invariant = 1;
+  p.n_ctx = CTX;
+  struct ll_engine *e = NULL;
+  if (ll_engine_open(&e, &p, err, errlen) != 0) return NULL;
+  return e;
+}
+
+// Logits (n, V) of tokens[0..n) on a fresh sequence: as one prompt (all rows), or decoded one
+// token at a time.
+static int run(struct ll_engine *e, const int32_t *tokens, int n, int one_by_one, float *logits) {
+  char err[256];
+  int s = ll_engine_seq_new(e), rc = 0;
+  if (one_by_one) {
+    for (int t = 0; t < n && rc == 0; t++) {
+      struct ll_batch_item it = {s, 1, tokens + t, 1, logits + (size_t)t * V, NULL};
+      rc = ll_engine_decode(e, &it, 1, err, sizeof err);
+    }
+  } else {
+    struct ll_batch_item it = {s, n, tokens, 2, logits, NULL};
+    rc = ll_engine_decode(e, &it, 1, err, sizeof err);
+  }
+  CHECKF(rc == 0, "decode: %s", err);
+  ll_engine_seq_free(e, s);
+  return rc;
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+  return m;
+}
+
+static void test_models(const char *dir, uint64_t *rs) {
+  char dense[4200], same[4200], moe[4200], err[512];
+  snprintf(dense, sizeof dense, "%s/dense.gguf", dir);
+  snprintf(same, sizeof same, "%s/same.gguf", dir);
+  snprintf(moe, sizeof moe, "%s/moe.gguf", dir);
+  const uint64_t seed = ll_test_rand(rs);
+  if (write_model(dense, 0, 0, 0, seed, NULL) || write_model(same, E, K, 1, seed, NULL) || write_model(moe, E, K, 0, seed, NULL)) return;
+  enum { N = 24 };
+  int32_t tok[N];
+  for (int i = 0; i < N; i++) tok[i] = (int32_t)(ll_test_rand(rs) % V);
+  float *a = malloc((size_t)N * V * sizeof(float)), *b = malloc((size_t)N * V * sizeof(float));
+  // 1. every expert the dense FFN: Σ renormalized weights = 1, so the dense model's logits
+  struct ll_engine *ed = open_model(dense, err, sizeof err), *es = open_model(same, err, sizeof err);
+  CHECKF(ed && es, "open: %s", err);
+  if (ed && es) {
+    struct ll_engine_info info;
+    ll_engine_get_info(es, &info);
+    CHECK(info.n_expert == E && info.n_expert_used == K);
+    CHECKF(info.n_params_expert == (int64_t)L * 3 * E * C * F, "expert params %lld", (long long)info.n_params_expert);
+    CHECKF(info.n_params_active == info.n_params - info.n_params_expert / E * (E - K) - (int64_t)(V - 1) * C, "active params %lld of %lld",
+           (long long)info.n_params_active, (long long)info.n_params);
+    for (int mode = 0; mode < 2; mode++) {
+      run(ed, tok, N, mode, a);
+      run(es, tok, N, mode, b);
+      const double d = max_diff(a, b, (size_t)N * V);
+      CHECKF(d < 1e-4, "%s: experts that are all the dense FFN give logits %g away from the dense model's", mode ? "decode" : "prompt", d);
+    }
+  }
+  ll_engine_close(ed);
+  ll_engine_close(es);
+  // 2. distinct experts: a prompt (one product per expert over its tokens) against one token
+  // at a time (only the routed experts) - the same model to float rounding
+  struct ll_engine *em = open_model(moe, err, sizeof err);
+  CHECKF(em != NULL, "open: %s", err);
+  if (em) {
+    run(em, tok, N, 0, a);
+    run(em, tok, N, 1, b);
+    const double d = max_diff(a, b, (size_t)N * V);
+    CHECKF(d < 1e-4, "prompt and decode logits differ by %g", d);
+    // and the experts matter: the MoE model is not the dense one
+    struct ll_engine *e2 = open_model(dense, err, sizeof err);
+    if (e2) {
+      float *c = malloc((size_t)N * V * sizeof(float));
+      run(e2, tok, N, 0, c);
+      CHECKF(max_diff(a, c, (size_t)N * V) > 1e-2, "the MoE model's logits equal the dense model's");
+      free(c);
+      ll_engine_close(e2);
+    }
+    ll_engine_close(em);
+  }
+  free(a);
+  free(b);
+  // 3. malformed files: refused naming the key or the tensor
+  char bad[4200];
+  snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+  if (write_model(bad, E, K, 0, seed, "used") == 0) {
+    struct ll_engine *x = open_model(bad, err, sizeof err);
+    CHECKF(!x && strstr(err, "expert_used_count"), "expert_used_count > expert_count: %s", x ? "accepted" : err);
+    ll_engine_close(x);
+  }
+  if (write_model(bad, E, K, 0, seed, "shape") == 0) {
+    struct ll_engine *x = open_model(bad, err, sizeof err);
+    CHECKF(!x && strstr(err, "blk.1.ffn_up_exps.weight"), "a short 3-D tensor: %s", x ? "accepted" : err);
+    ll_engine_close(x);
+  }
+  unlink(dense), unlink(same), unlink(moe), unlink(bad);
+}
+
+int main(void) {
+  uint64_t rs = ll_test_seed();
+  test_route(&rs);
+  char dir[4096];
+  if (ll_test_tmpdir(dir, sizeof dir)) {
+    test_models(dir, &rs);
+    rmdir(dir);
+  } else {
+    CHECKF(0, "no temporary directory");
+  }
+  return ll_test_summary();
+}
