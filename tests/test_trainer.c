@@ -535,7 +535,7 @@ int main(int argc, char **argv) {
   if (!ll_test_tmpdir(g_dir, sizeof g_dir)) return 1;
   snprintf(g_model, sizeof g_model, "%s/tiny.ckpt", g_dir);
   // 2 layers, 16 dims, 4 query heads over 2 kv heads (GQA), FFN 24, tied head, 260 byte tokens.
-  struct ll_init_dims d = {16, 2, 4, 2, 24, 64};
+  struct ll_init_dims d = {16, 2, 4, 2, 24, 64, 0, 0};
   char err[256];
   int rc = ll_init_model_write(g_model, &d, 11, NULL, err, sizeof err);
   CHECKF(rc == 0, "%s", err);

@@ -33,6 +33,7 @@
 #include "ll_config.h"
 #include "ll_engine.h"
 #include "ll_modelfile.h"
+#include "ll_moe.h"
 
 struct shape {
   int64_t C, L, H, Hkv, F, V, kvd;
@@ -169,6 +170,7 @@ int ll_cmd_plan(int argc, char **argv) {
     for (uint64_t i = 0; i < mf.n_tensors; i++) {
       const struct ll_tensor_info *t = &mf.tensors[i];
       if (t->n_dims == 2 && (t != te || tied)) s.packed += ll_cpu_packed_bytes(t->type, t->ne[0], t->ne[1]);
+      if (t->n_dims == 3) s.packed += ll_cpu_packed_bytes(t->type, t->ne[0], t->ne[1]) * t->ne[2]; // experts: each its own matrix
     }
   }
   const int64_t budget = bi.mem_total > 0 ? bi.mem_total / 10 * 9 : 0;
@@ -176,6 +178,15 @@ int ll_cmd_plan(int argc, char **argv) {
                    0, cfg.train_enabled, cfg.kv_f16, cfg.train_mode && strcmp(cfg.train_mode, "full") == 0};
   printf("model   %s: %lld layers, dim %lld, ffn %lld, %lld heads (%lld kv), vocabulary %lld\n", cfg.model, (long long)s.L, (long long)s.C,
          (long long)s.F, (long long)s.H, (long long)s.Hkv, (long long)s.V);
+  {
+    int64_t all, ex, act;
+    int ne, nu;
+    ll_moe_param_counts(&mf, &all, &ex, &act, &ne, &nu);
+    if (ne > 0)
+      printf("experts %d per layer, %d per token: %lld expert parameters of %lld; %lld active per token (the router's k experts, one embedding row)\n",
+             ne, nu, (long long)ex, (long long)all, (long long)act);
+    else printf("params  %lld; %lld active per token (one embedding row)\n", (long long)all, (long long)act);
+  }
   printf("device  %s: %s, %.1f MiB global memory (budget 90%%: %.1f MiB)\n", bi.name, bi.device, mib(bi.mem_total), mib(budget));
   printf("        %s\n", reason);
   printf("plan as configured:\n");

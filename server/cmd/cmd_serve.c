@@ -251,6 +251,9 @@ int ll_cmd_serve(int argc, char **argv) {
           LL_VERSION, in->name, in->arch, in->quant, in->n_params / 1e6, model_path, in->n_ctx, in->n_parallel, in->n_vocab,
           in->backend, in->device_name, in->device_reason, in->n_threads, wb, kb, in->kv_f16 ? "f16" : "f32", in->kv_blocks_total,
           LL_KV_BLOCK);
+  if (in->n_expert > 0)
+    fprintf(stderr, "  experts   %d per layer, %d per token: %.1fM expert parameters; %.1fM active per token (of %.1fM)\n", in->n_expert,
+            in->n_expert_used, in->n_params_expert / 1e6, in->n_params_active / 1e6, in->n_params / 1e6);
   if (in->packed_bytes > 0) {
     char pb[32];
     fmt_bytes(pb, sizeof pb, (double)in->packed_bytes);

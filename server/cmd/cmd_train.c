@@ -310,13 +310,16 @@ int ll_cmd_init(int argc, char **argv) {
   const char *preset = "tiny", *out = NULL, *vocab = NULL;
   uint64_t seed = 0x6c6c7372765f6431ull;
   struct ll_init_dims d;
-  int have_dims = 0;
+  int have_dims = 0, experts = -1, top_k = -1, moe = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      printf("usage: llsrv init [--preset tiny|small] [--vocab MODEL] [--seed N] [--dims DIM,LAYERS,HEADS,KV_HEADS,FFN,CTX] -o PATH\n"
+      printf("usage: llsrv init [--preset tiny|small] [--vocab MODEL] [--seed N] [--dims DIM,LAYERS,HEADS,KV_HEADS,FFN,CTX]\n"
+             "                  [--arch llama|moe] [--experts N] [--top-k K] -o PATH\n"
              "Writes a randomly initialised Llama .ckpt (f32, tied output head) to train from scratch\n"
              "(llsrv train --mode full). tiny: 128 dims, 4 layers (the demo model); small: 384 dims, 6 layers.\n"
+             "--arch moe (or --experts): a mixture-of-experts FFN in Mixtral's layout, N experts (default 8)\n"
+             "of FFN width each, K (default 2) routed per token.\n"
              "Vocabulary: byte-level (260 tokens), or every tokenizer.* key of MODEL.\n");
       return 0;
     }
@@ -328,6 +331,22 @@ int ll_cmd_init(int argc, char **argv) {
     else if (!strcmp(a, "-o") || !strcmp(a, "--out")) out = v;
     else if (!strcmp(a, "--vocab")) vocab = v;
     else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 0);
+    else if (!strcmp(a, "--arch")) {
+      if (strcmp(v, "llama") && strcmp(v, "moe")) {
+        fprintf(stderr, "llsrv init: --arch %s: unknown (llama, moe)\n", v);
+        return 2;
+      }
+      moe = !strcmp(v, "moe");
+    } else if (!strcmp(a, "--experts") || !strcmp(a, "--top-k")) {
+      char *end;
+      const long n = strtol(v, &end, 10);
+      if (*end || end == v || n < 1 || n > 256) {
+        fprintf(stderr, "llsrv init: %s wants a number 1..256\n", a);
+        return 2;
+      }
+      *(!strcmp(a, "--experts") ? &experts : &top_k) = (int)n;
+      moe = 1;
+    }
     else if (!strcmp(a, "--dims")) {
       if (sscanf(v, "%d,%d,%d,%d,%d,%d", &d.dim, &d.layers, &d.heads, &d.heads_kv, &d.ffn, &d.ctx) != 6) {
         fprintf(stderr, "llsrv init: --dims wants DIM,LAYERS,HEADS,KV_HEADS,FFN,CTX\n");
@@ -348,6 +367,8 @@ int ll_cmd_init(int argc, char **argv) {
     fprintf(stderr, "llsrv init: unknown preset '%s' (tiny, small)\n", preset);
     return 2;
   }
+  d.experts = moe ? (experts > 0 ? experts : 8) : 0;
+  d.top_k = moe ? (top_k > 0 ? top_k : 2) : 0;
   char err[512];
   struct ll_modelfile mf;
   ll_modelfile_init(&mf);
@@ -358,7 +379,9 @@ int ll_cmd_init(int argc, char **argv) {
     fprintf(stderr, "llsrv init: %s\n", err);
     return 1;
   }
-  printf("wrote %s: llama, %d dims, %d layers, %d/%d heads, FFN %d, context %d, %s vocabulary\n", out, d.dim, d.layers, d.heads, d.heads_kv, d.ffn,
-         d.ctx, vocab ? vocab : "byte-level");
+  char ex[64] = "";
+  if (d.experts > 0) snprintf(ex, sizeof ex, " x %d experts (%d per token)", d.experts, d.top_k);
+  printf("wrote %s: llama, %d dims, %d layers, %d/%d heads, FFN %d%s, context %d, %s vocabulary\n", out, d.dim, d.layers, d.heads, d.heads_kv,
+         d.ffn, ex, d.ctx, vocab ? vocab : "byte-level");
   return 0;
 }

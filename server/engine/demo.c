@@ -144,7 +144,7 @@ static void fill_normal(float *w, size_t n, double std, uint64_t *s) {
 struct demo_tensor {
   char name[48];
   int n_dims;
-  int64_t ne[2];
+  int64_t ne[3];
   double std; // 0: RMSNorm weight, all 1.0
 };
 
@@ -153,8 +153,8 @@ struct demo_tensor {
 static int demo_tensors(struct demo_tensor *t, const struct ll_init_dims *d, int n_vocab) {
   int n = 0;
   const double proj_std = DEMO_INIT_STD / sqrt(2.0 * d->layers); // GPT-2's residual projection scaling
-  t[n++] = (struct demo_tensor){"token_embd.weight", 2, {d->dim, n_vocab}, DEMO_INIT_STD};
-  t[n++] = (struct demo_tensor){"output_norm.weight", 1, {d->dim, 1}, 0};
+  t[n++] = (struct demo_tensor){"token_embd.weight", 2, {d->dim, n_vocab, 1}, DEMO_INIT_STD};
+  t[n++] = (struct demo_tensor){"output_norm.weight", 1, {d->dim, 1, 1}, 0};
   const int64_t kvd = (int64_t)d->dim / d->heads * d->heads_kv;
   for (int l = 0; l < d->layers; l++) {
     const struct {
@@ -174,10 +174,21 @@ static int demo_tensors(struct demo_tensor *t, const struct ll_init_dims *d, int
     };
     for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++) {
       struct demo_tensor *e = &t[n++];
-      snprintf(e->name, sizeof e->name, "blk.%d.%s.weight", l, blk[i].suffix);
+      // mixture of experts: the router, then each FFN matrix as experts stacked (ne[2])
+      if (d->experts > 0 && !strcmp(blk[i].suffix, "ffn_gate")) {
+        snprintf(e->name, sizeof e->name, "blk.%d.ffn_gate_inp.weight", l);
+        *e = (struct demo_tensor){.n_dims = 2, .ne = {d->dim, d->experts, 1}, .std = DEMO_INIT_STD};
+        snprintf(e->name, sizeof e->name, "blk.%d.ffn_gate_inp.weight", l);
+        e = &t[n++];
+      }
+      snprintf(e->name, sizeof e->name, d->experts > 0 && !strncmp(blk[i].suffix, "ffn_", 4) && strcmp(blk[i].suffix, "ffn_norm") ? "blk.%d.%s_exps.weight"
+                                                                                                                                     : "blk.%d.%s.weight",
+               l, blk[i].suffix);
       e->n_dims = blk[i].n ? 2 : 1;
       e->ne[0] = blk[i].k;
       e->ne[1] = blk[i].n ? blk[i].n : 1;
+      e->ne[2] = 1;
+      if (d->experts > 0 && strstr(e->name, "_exps.")) e->n_dims = 3, e->ne[2] = d->experts;
       e->std = blk[i].n == 0 ? 0 : blk[i].proj ? proj_std : DEMO_INIT_STD;
     }
   }
@@ -259,24 +270,29 @@ static int set_metadata(struct ll_modelfile *mf, const struct ll_init_dims *d, c
   rc = rc ? rc : ll_mf_set_u32(mf, "llama.rope.dimension_count", (uint32_t)(d->dim / d->heads));
   rc = rc ? rc : ll_mf_set_f32(mf, "llama.rope.freq_base", 10000.0f);
   rc = rc ? rc : ll_mf_set_f32(mf, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  if (d->experts > 0) { // Mixtral's layout: arch llama, feed_forward_length the expert width
+    rc = rc ? rc : ll_mf_set_u32(mf, "llama.expert_count", (uint32_t)d->experts);
+    rc = rc ? rc : ll_mf_set_u32(mf, "llama.expert_used_count", (uint32_t)d->top_k);
+  }
   if (rc || vocab_from) return rc;
   return set_vocab_bytes(mf);
 }
 
-static const struct ll_init_dims demo_dims = {DEMO_DIM, DEMO_LAYERS, DEMO_HEADS, DEMO_HEADS_KV, DEMO_FFN, DEMO_CTX};
+static const struct ll_init_dims demo_dims = {DEMO_DIM, DEMO_LAYERS, DEMO_HEADS, DEMO_HEADS_KV, DEMO_FFN, DEMO_CTX, 0, 0};
 
 int ll_init_preset(const char *name, struct ll_init_dims *d) {
   if (!strcmp(name, "tiny")) *d = demo_dims; // the demo model's shape
-  else if (!strcmp(name, "small")) *d = (struct ll_init_dims){384, 6, 6, 2, 1024, 1024};
+  else if (!strcmp(name, "small")) *d = (struct ll_init_dims){384, 6, 6, 2, 1024, 1024, 0, 0};
   else return LL_EINVAL;
   return 0;
 }
 
 static int check_dims(const struct ll_init_dims *d, char *err, size_t errlen) {
   if (d->dim < 2 || d->dim > 16384 || d->layers < 1 || d->layers > 256 || d->heads < 1 || d->heads_kv < 1 || d->dim % d->heads ||
-      d->heads % d->heads_kv || (d->dim / d->heads) % 2 || d->ffn < 1 || d->ffn > 65536 || d->ctx < 1 || d->ctx > (1 << 20))
-    return ll_errf(err, errlen, LL_EINVAL, "init: bad dimensions (dim %d, layers %d, heads %d/%d, ffn %d, ctx %d)", d->dim, d->layers, d->heads,
-                   d->heads_kv, d->ffn, d->ctx);
+      d->heads % d->heads_kv || (d->dim / d->heads) % 2 || d->ffn < 1 || d->ffn > 65536 || d->ctx < 1 || d->ctx > (1 << 20) || d->experts < 0 ||
+      d->experts > 256 || (d->experts > 0 && (d->top_k < 1 || d->top_k > d->experts)))
+    return ll_errf(err, errlen, LL_EINVAL, "init: bad dimensions (dim %d, layers %d, heads %d/%d, ffn %d, ctx %d, experts %d, top-k %d)", d->dim,
+                   d->layers, d->heads, d->heads_kv, d->ffn, d->ctx, d->experts, d->top_k);
   return 0;
 }
 
@@ -289,11 +305,11 @@ static int build_model(struct ll_modelfile *mf, float **block, const struct ll_i
   rc = set_metadata(mf, d, name, vocab_from, &n_vocab);
   if (rc == LL_EFORMAT) return ll_errf(err, errlen, rc, "init: the vocabulary model has no tokenizer.ggml.tokens");
   if (rc) return ll_errf(err, errlen, rc, "init: metadata: %s", ll_strerror(rc));
-  struct demo_tensor *t = calloc(2 + 9 * (size_t)d->layers, sizeof *t);
+  struct demo_tensor *t = calloc(2 + 10 * (size_t)d->layers, sizeof *t);
   if (!t) return ll_errf(err, errlen, LL_ENOMEM, "init: out of memory");
   const int n = demo_tensors(t, d, n_vocab);
   size_t total = 0;
-  for (int i = 0; i < n; i++) total += (size_t)(t[i].ne[0] * t[i].ne[1]);
+  for (int i = 0; i < n; i++) total += (size_t)(t[i].ne[0] * t[i].ne[1] * t[i].ne[2]);
   float *w = malloc(total * sizeof *w);
   *block = w;
   if (!w) {
@@ -302,7 +318,7 @@ static int build_model(struct ll_modelfile *mf, float **block, const struct ll_i
   }
   uint64_t s = seed;
   for (int i = 0; i < n && rc == 0; i++) {
-    const size_t cnt = (size_t)(t[i].ne[0] * t[i].ne[1]);
+    const size_t cnt = (size_t)(t[i].ne[0] * t[i].ne[1] * t[i].ne[2]);
     if (t[i].std > 0) fill_normal(w, cnt, t[i].std, &s);
     else for (size_t j = 0; j < cnt; j++) w[j] = 1.0f;
     if ((rc = ll_mf_add_tensor(mf, t[i].name, LL_TYPE_F32, t[i].n_dims, t[i].ne, w)))

@@ -19,6 +19,7 @@ int ll_demo_model_ensure(const char *state_dir, char *path_out, size_t cap, char
 struct ll_modelfile;
 struct ll_init_dims {
   int dim, layers, heads, heads_kv, ffn, ctx;
+  int experts, top_k; // experts > 0: a mixture-of-experts FFN (Mixtral's layout), ffn wide each, top_k per token
 };
 // "tiny" (the demo model's shape: 128 dims, 4 layers) or "small" (384 dims, 6 layers, GQA 6/2,
 // FFN 1024); LL_EINVAL for another name.
