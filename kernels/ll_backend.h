@@ -242,7 +242,8 @@ struct ll_backend {
   int train_sgemm;
   // 1 (the engine sets it around a mixture-of-experts layer's expert products): every row of a
   // product summed as a one-token product is (F32 weights: ggml_vec_dot_f32, not tinyBLAS
-  // tiles; never sgemm), as llama.cpp's mul_mat_id computes each token of an expert's batch.
+  // tiles), as llama.cpp's mul_mat_id computes each token of an expert's batch. sgemm still
+  // takes large batches where batch_invariant is 0 (as it does for the dense products).
   int row_order;
 };
 

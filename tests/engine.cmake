@@ -17,3 +17,8 @@ ll_script_test(NAME lora_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/
 # Mixture of experts: routing against a double-precision reference, experts that are all one
 # dense FFN against that dense model, prompt (grouped experts) against decode, bad MoE files.
 ll_test(NAME test_moe SOURCES test_moe.c LIBS ll_server LABELS unit TIMEOUT 120)
+# Mixture-of-experts layouts (Mixtral's llama, qwen2moe, qwen3moe, olmoe) written by the gguf
+# package: 32 greedy ids on 4 prompts equal llama.cpp's (tests/ref/moe_greedy32.tsv), top-5
+# logits within 1e-3, the OpenCL device's ids (PoCL, reference tier) equal the CPU's.
+ll_script_test(NAME moe_ref COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_moe_ref.py
+  LABELS integration TIMEOUT 600)

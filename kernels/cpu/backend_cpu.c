@@ -275,9 +275,9 @@ enum mm_path { MM_BLAS, MM_F32_GGML, MM_TILES };
 static enum mm_path mm_path(struct ll_backend *b, const struct ll_weight *w, int T, const struct ll_type_kernels **k) {
   *k = NULL;
   // Float weights and a batch (not in the server): sgemm beats our dot loops there.
-  if (!b->batch_invariant && !b->row_order && T >= LL_BLAS_MIN_T && (w->type == LL_TYPE_F32 || w->type == LL_TYPE_F16 || w->type == LL_TYPE_BF16)) return MM_BLAS;
+  if (!b->batch_invariant && T >= LL_BLAS_MIN_T && (w->type == LL_TYPE_F32 || w->type == LL_TYPE_F16 || w->type == LL_TYPE_BF16)) return MM_BLAS;
   // Training's opt-in (ll_backend.train_sgemm): quantized weights through the same panels.
-  if (b->train_sgemm && !b->batch_invariant && !b->row_order && T >= LL_BLAS_MIN_T && strcmp(ll_cpu_isa(), "avx512vnni") != 0) {
+  if (b->train_sgemm && !b->batch_invariant && T >= LL_BLAS_MIN_T && strcmp(ll_cpu_isa(), "avx512vnni") != 0) {
     const struct ll_type_traits *tt = ll_type_traits_get(w->type);
     if (tt && tt->has_dequant) return MM_BLAS;
   }
