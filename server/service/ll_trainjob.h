@@ -49,4 +49,26 @@ int64_t ll_trainjob_device_bytes(struct ll_trainjob *j);
 // that cannot hold a run's buffers gives the run to the CPU (logged), so it may change then.
 void ll_trainjob_describe(struct ll_trainjob *j, char *out, size_t cap);
 
+// ---- more runs on the training thread (fine-tuning jobs, ftjobs.c) ----
+// One training thread runs one run at a time: the configured run (the train: section) and the
+// runs a queue hands it. fn(user, j) is called on the training thread between two steps of the
+// configured run (or while it is off, paused, stopped or done) after ll_trainjob_kick; it runs
+// at most one queued run to its end - or until ll_trainjob_quitting - and returns 1 when it
+// ran one (it is called again), 0 when none is waiting. Meanwhile the configured run stands
+// still where it is, open, its adapter still served as `live` (the monitor's `training` object
+// says `yielded_to`: ll_trainjob_yield_to), and it goes on afterwards. Set once, before kicks.
+void ll_trainjob_set_queue(struct ll_trainjob *j, int (*fn)(void *user, struct ll_trainjob *j), void *user);
+void ll_trainjob_kick(struct ll_trainjob *j);            // any thread: the queue has work
+int ll_trainjob_quitting(const struct ll_trainjob *j);   // training thread: ll_trainjob_stop was called
+// For fn, on the training thread: the training backend and model, the hooks that make a
+// trainer behave as the configured run's (its optimizer update on the compute thread between
+// decode steps, train.share's pauses while requests run), work on the compute thread, and the
+// name shown in the monitor (NULL: none).
+struct ll_backend *ll_trainjob_backend(struct ll_trainjob *j);
+const struct ll_model *ll_trainjob_model(struct ll_trainjob *j);
+struct ll_trainer;
+void ll_trainjob_hooks(struct ll_trainjob *j, struct ll_trainer *tr);
+int ll_trainjob_on_compute(struct ll_trainjob *j, int (*fn)(void *), void *arg);
+void ll_trainjob_yield_to(struct ll_trainjob *j, const char *name);
+
 #endif

@@ -77,6 +77,11 @@ struct ll_trainjob {
   int64_t stride; // history keeps steps that are multiples of stride (doubles when full)
   double t_run;   // seconds of training in this process, tokens over it (tokens/s)
   int64_t tokens;
+  // The queue of other runs (fine-tuning jobs): fn runs one on this thread; kicked under mu.
+  int (*q_fn)(void *user, struct ll_trainjob *j);
+  void *q_user;
+  int q_kicked;
+  char yielded_to[128]; // under mu: the queued run that has the thread now ("" none)
 };
 
 static double now_s(void) {
@@ -528,14 +533,24 @@ static void *train_main(void *arg) {
   if (rc) return NULL;
   for (;;) {
     pthread_mutex_lock(&j->mu);
-    while (!j->quit && !j->cmds && j->state != ST_RUNNING) pthread_cond_wait(&j->cv, &j->mu);
-    const int quit = j->quit, cmds = j->cmds;
+    while (!j->quit && !j->cmds && j->state != ST_RUNNING && !j->q_kicked) pthread_cond_wait(&j->cv, &j->mu);
+    const int quit = j->quit, kicked = j->q_kicked;
+    j->q_kicked = 0;
+    pthread_mutex_unlock(&j->mu);
+    if (quit) break;
+    // Queued runs first: the configured run stands still (between two of its steps) meanwhile.
+    if (kicked && j->q_fn) {
+      while (j->q_fn(j->q_user, j) == 1 && !ll_trainjob_quitting(j)) {
+      }
+      continue;
+    }
+    pthread_mutex_lock(&j->mu);
+    const int cmds = j->cmds;
     j->cmds = 0;
     // A pause that waited for its step takes effect here, under the lock, so that a resume
     // arriving now either cancels it (still pausing) or is queued behind it (paused).
     if ((cmds & CMD_PAUSE) && j->state == ST_PAUSING) j->state = ST_PAUSED;
     pthread_mutex_unlock(&j->mu);
-    if (quit) break;
     slice(j, cmds);
   }
   return NULL;
@@ -693,6 +708,7 @@ json_t *ll_trainjob_json(struct ll_trainjob *j) {
   json_object_set_new(tr, "device", json_string(j->be_device));
   json_object_set_new(tr, "device_reason", json_string(j->be_reason));
   if (j->state == ST_ERROR) json_object_set_new(tr, "error", json_string(j->error));
+  json_object_set_new(tr, "yielded_to", j->yielded_to[0] ? json_string(j->yielded_to) : json_null());
   json_t *h = json_array();
   for (int i = 0; i < j->n_hist; i++) {
     json_t *p = json_array();
@@ -725,4 +741,35 @@ int64_t ll_trainjob_bytes(struct ll_trainjob *j) {
   int64_t b = j->bytes;
   pthread_mutex_unlock(&j->mu);
   return b;
+}
+
+// ---------------------------------------------------------------- the queue of other runs
+
+void ll_trainjob_set_queue(struct ll_trainjob *j, int (*fn)(void *user, struct ll_trainjob *j), void *user) {
+  pthread_mutex_lock(&j->mu);
+  j->q_fn = fn, j->q_user = user;
+  pthread_mutex_unlock(&j->mu);
+}
+
+void ll_trainjob_kick(struct ll_trainjob *j) {
+  pthread_mutex_lock(&j->mu);
+  j->q_kicked = 1;
+  pthread_cond_broadcast(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+}
+
+int ll_trainjob_quitting(const struct ll_trainjob *j) { return __atomic_load_n(&j->quit, __ATOMIC_RELAXED); }
+struct ll_backend *ll_trainjob_backend(struct ll_trainjob *j) { return j->be; }
+const struct ll_model *ll_trainjob_model(struct ll_trainjob *j) { return j->m; }
+int ll_trainjob_on_compute(struct ll_trainjob *j, int (*fn)(void *), void *arg) { return on_compute(j, fn, arg); }
+
+void ll_trainjob_hooks(struct ll_trainjob *j, struct ll_trainer *tr) {
+  ll_trainer_set_update_hook(tr, update_hook, j);
+  ll_trainer_set_yield_hook(tr, train_yield, j);
+}
+
+void ll_trainjob_yield_to(struct ll_trainjob *j, const char *name) {
+  pthread_mutex_lock(&j->mu);
+  snprintf(j->yielded_to, sizeof j->yielded_to, "%s", name ? name : "");
+  pthread_mutex_unlock(&j->mu);
 }
