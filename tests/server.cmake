@@ -32,3 +32,10 @@ ll_script_test(NAME lora_export COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/s
 # /metrics through prometheus_client's parser. Makes a venv under the build directory once.
 ll_script_test(NAME server_http COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_http.py
   LABELS integration TIMEOUT 600)
+# OpenAI's fine-tuning API with the openai package on the demo model: upload (bad lines named),
+# a job to success (events with the loss, checkpoints, its ft: model answering over HTTP and
+# GEN adapter=), errors as SDK exceptions, cancel of a queued and a running job, a restart
+# (store back, the model served again, a running job resumed), malformed multipart and
+# oversized bodies. Same venv as server_http.
+ll_script_test(NAME server_http_finetune COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_http_finetune.py
+  LABELS integration TIMEOUT 600)

@@ -34,17 +34,23 @@ int main(void) {
   CHECK(ll_proto_int(ll_proto_find(&q, "max_tokens"), 1, 10, &iv, err, sizeof err) != 0 && strstr(err, "out of range"));
   CHECK(ll_proto_float(ll_proto_find(&q, "temperature"), 0, 2, &dv, err, sizeof err) == 0 && dv == 0.0);
 
-  // adapter=NAME: letters, digits, '.', '_', '-', 1..63 bytes.
+  // adapter=NAME: letters, digits, '.', '_', '-', ':', 1..127 bytes (a fine-tuned model's
+  // ft:BASE:SUFFIX:ID; a ':' inside a value does not start the text, only ' :' does).
   {
-    char name[64];
+    char name[LL_ADAPTER_NAME_MAX + 1];
     CHECK(parse("GEN adapter=my-run.step_100 :x", &q, buf, &code, err) == 0);
     CHECK(ll_proto_name(ll_proto_find(&q, "adapter"), name, sizeof name, err, sizeof err) == 0 && strcmp(name, "my-run.step_100") == 0);
+    CHECK(parse("GEN adapter=ft:demo:my-suffix:ab12cd34 max_tokens=3 :x", &q, buf, &code, err) == 0 && q.has_text && !strcmp(q.text, "x"));
+    CHECK(ll_proto_name(ll_proto_find(&q, "adapter"), name, sizeof name, err, sizeof err) == 0 && !strcmp(name, "ft:demo:my-suffix:ab12cd34"));
+    CHECK(ll_proto_find(&q, "max_tokens") != NULL);
+    CHECK(parse("GEN adapter=ft::: :x", &q, buf, &code, err) == 0);
+    CHECK(ll_proto_name(ll_proto_find(&q, "adapter"), name, sizeof name, err, sizeof err) == 0 && !strcmp(name, "ft:::"));
     CHECK(parse("GEN adapter=a/b :x", &q, buf, &code, err) == 0);
     CHECK(ll_proto_name(ll_proto_find(&q, "adapter"), name, sizeof name, err, sizeof err) == LL_EINVAL && strstr(err, "byte 1"));
     CHECK(parse("GEN adapter=\\x00 :x", &q, buf, &code, err) == 0);
     CHECK(ll_proto_name(ll_proto_find(&q, "adapter"), name, sizeof name, err, sizeof err) == LL_EINVAL);
-    CHECK(parse("GEN adapter=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa :x", &q, buf, &code, err) == 0); // 64 bytes
-    CHECK(ll_proto_name(ll_proto_find(&q, "adapter"), name, sizeof name, err, sizeof err) == LL_EINVAL && strstr(err, "1..63"));
+    CHECK(parse("GEN adapter=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa :x", &q, buf, &code, err) == 0); // 128 bytes
+    CHECK(ll_proto_name(ll_proto_find(&q, "adapter"), name, sizeof name, err, sizeof err) == LL_EINVAL && strstr(err, "1..127"));
   }
 
   // Case-insensitive verb, text with escapes and a leading space kept, CRLF.

@@ -13,6 +13,7 @@
 #include "ll_config.h"
 #include "ll_demo.h"
 #include "ll_error.h"
+#include "ll_ftjobs.h"
 #include "ll_log.h"
 #include "ll_lora.h"
 #include "ll_model.h"
@@ -62,7 +63,7 @@ static int load_adapters(struct ll_server *srv, const char *list, struct ll_lora
     }
     int rc = strcmp(a->name, "none") == 0 || strcmp(a->name, "live") == 0 ? LL_EINVAL : ll_sched_adapter_register(srv->sched, a->name, a);
     if (rc) {
-      ll_log(LL_LOG_ERROR, "adapter %s: its name '%s' cannot be used (reserved, or not [A-Za-z0-9._-]); rename the file", p, a->name);
+      ll_log(LL_LOG_ERROR, "adapter %s: its name '%s' cannot be used (reserved, or not [A-Za-z0-9._:-]); rename the file", p, a->name);
       ll_lora_free(a);
       continue;
     }
@@ -232,6 +233,18 @@ int ll_cmd_serve(int argc, char **argv) {
       goto out;
     }
   }
+  // The fine-tuning API's files and jobs: jobs run on the training job's thread, ahead of the
+  // configured run; the models of earlier processes' jobs are served again.
+  {
+    char ft_dir[1100], base_id[128];
+    snprintf(ft_dir, sizeof ft_dir, "%s/fine_tuning", state_dir);
+    ll_server_model_id(model_path, base_id, sizeof base_id);
+    const struct ll_ftjobs_env fe = {ft_dir, base_id, model_path, &cfg, srv.e, srv.sched, srv.job, srv.loop};
+    if (ll_ftjobs_open(&srv.ft, &fe, err, sizeof err) != 0) {
+      fprintf(stderr, "llsrv: %s\n", err);
+      goto out;
+    }
+  }
   if (ll_server_listen(&srv, sock_path, err, sizeof err) != 0) {
     fprintf(stderr, "llsrv: %s\n", err);
     goto out;
@@ -324,12 +337,17 @@ int ll_cmd_serve(int argc, char **argv) {
   ll_log(exit_code ? LL_LOG_ERROR : LL_LOG_INFO, "stopped%s", exit_code ? " (the training checkpoint failed: see above)" : "");
 out:
   ll_trainjob_stop(srv.job); // an error path: a job started before it (a no-op once stopped)
+  ll_ftjobs_stop(srv.ft);    // after the training thread: its last records written
   ll_sched_destroy(srv.sched); // joins the compute thread before the engine goes
   srv.sched = NULL;
   ll_trainjob_destroy(srv.job); // after the compute thread: requests may still have read its adapter
   srv.job = NULL;
   for (int i = 0; i < n_adapters; i++) ll_lora_free(adapters[i]); // before the engine's backend goes
+  ll_ftjobs_release_adapters(srv.ft);
+  struct ll_ftjobs *ft = srv.ft;
+  srv.ft = NULL;
   ll_server_close(&srv); // sockets, handles, the loop
+  ll_ftjobs_free(ft);    // after the loop's handles (its uv_async) are closed
   ll_engine_close(srv.e);
   ll_config_free(&cfg);
   return exit_code;

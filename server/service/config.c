@@ -50,6 +50,8 @@ const struct ll_option ll_options[] = {
      "Clients must send AUTH with this token first (HTTP: Authorization: Bearer TOKEN); required to listen on a non-loopback address."},
     {"max_clients", LL_OPT_INT, 1, 65536, "256", NULL, OFF(max_clients), "N", "Simultaneous TCP connections."},
     {"max_line", LL_OPT_SIZE, 64, 64 * MIB, "1M", NULL, OFF(max_line), "BYTES", "Longest request line; a longer one closes the connection."},
+    {"max_upload", LL_OPT_SIZE, 1 * KIB, 1 * GIB, "16M", NULL, OFF(max_upload), "BYTES",
+     "Largest HTTP upload (POST /v1/files, a fine-tuning file); other HTTP bodies stop at max_line."},
     {"max_queued", LL_OPT_INT, 0, 65536, "64", NULL, OFF(max_queued), "N",
      "Requests that may wait beyond the parallel running ones before new ones get ERR busy."},
     {"max_tokens", LL_OPT_INT, 1, 131072, "4096", NULL, OFF(max_tokens), "N", "Largest max_tokens a request may ask for."},

@@ -29,6 +29,7 @@
 #include <time.h>
 
 #include "ll_error.h"
+#include "ll_ftjobs.h"
 #include "ll_log.h"
 #include "ll_proto.h"
 #include "ll_request.h"
@@ -204,7 +205,7 @@ static const char *status_reason(int status) {
   }
 }
 
-static json_t *error_object(int status, const char *code, const char *param, const char *msg) {
+json_t *ll_http_error_object(int status, const char *code, const char *param, const char *msg) {
   const char *type = status == 401 ? "authentication_error"
                      : status == 429 ? "rate_limit_exceeded"
                      : status >= 500 ? "server_error"
@@ -229,7 +230,7 @@ static void send_error(struct ll_http *h, h2o_req_t *req, int status, const char
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  send_json(h, req, status, status_reason(status), error_object(status, code, param, msg));
+  send_json(h, req, status, status_reason(status), ll_http_error_object(status, code, param, msg));
 }
 
 // The HTTP status of a scheduler error code.
@@ -571,7 +572,7 @@ static void on_event(struct hreq *hr, const struct ll_sched_ev *ev) {
     char msg[700];
     snprintf(msg, sizeof msg, "%s%.*s", !strcmp(ev->reason, "shutdown") ? "the server is shutting down" : "generation failed: ",
              !strcmp(ev->reason, "shutdown") ? 0 : (int)(ev->len < 600 ? ev->len : 600), ev->data);
-    stream_event(hr, error_object(!strcmp(ev->reason, "shutdown") ? 503 : 500, ev->reason, NULL, msg));
+    stream_event(hr, ll_http_error_object(!strcmp(ev->reason, "shutdown") ? 503 : 500, ev->reason, NULL, msg));
   } else {
     if (hr->lp) stream_chunk(hr, "", 0, NULL, 0); // logprobs of tokens whose text was held back
     stream_chunk(hr, "", 0, finish_reason(ev->reason), 0);
@@ -743,7 +744,7 @@ static int resolve_model(struct ll_http *h, struct body *b, struct ll_sched_req 
     snprintf(r->adapter, sizeof r->adapter, "none");
     return 0;
   }
-  char names[LL_SCHED_MAX_ADAPTERS][64];
+  char names[LL_SCHED_MAX_ADAPTERS][LL_ADAPTER_NAME_MAX + 1];
   int n = ll_sched_adapter_names(h->srv->sched, names, LL_SCHED_MAX_ADAPTERS);
   for (int i = 0; i < n; i++)
     if (!strcmp(names[i], m)) {
@@ -863,11 +864,14 @@ static json_t *model_object(struct ll_http *h, const char *id, const char *owner
 }
 
 static void handle_models(struct ll_http *h, h2o_req_t *req, const char *one) {
-  char names[LL_SCHED_MAX_ADAPTERS][64];
+  char names[LL_SCHED_MAX_ADAPTERS][LL_ADAPTER_NAME_MAX + 1];
   int n = ll_sched_adapter_names(h->srv->sched, names, LL_SCHED_MAX_ADAPTERS);
   json_t *data = json_array();
   json_array_append_new(data, model_object(h, h->base_id, "llsrv"));
-  for (int i = 0; i < n; i++) json_array_append_new(data, model_object(h, names[i], strcmp(names[i], "live") ? "llsrv-adapter" : "llsrv-training"));
+  for (int i = 0; i < n; i++)
+    json_array_append_new(data, model_object(h, names[i], !strcmp(names[i], "live")       ? "llsrv-training"
+                                                          : !strncmp(names[i], "ft:", 3) ? "llsrv-fine-tuning"
+                                                                                         : "llsrv-adapter"));
   if (one) {
     for (size_t i = 0; i < json_array_size(data); i++) {
       json_t *m = json_array_get(data, i);
@@ -999,15 +1003,23 @@ static void submit(struct ll_http *h, h2o_req_t *req, struct ll_sched_req *r, st
   s->outstanding++;
 }
 
-static void handle_generate(struct ll_http *h, h2o_req_t *req, enum hkind kind, struct body *b) {
-  struct ll_sched_req *r = calloc(1, sizeof *r);
-  struct hreq *hr = calloc(1, sizeof *hr);
-  if (!r || !hr) {
-    free(r), free(hr);
+// A request and its table entry, zeroed (slot -1: none yet); 0, or -1 with the 500 sent.
+static int req_alloc(struct ll_http *h, h2o_req_t *req, struct ll_sched_req **r, struct hreq **hr) {
+  *r = calloc(1, sizeof **r);
+  *hr = calloc(1, sizeof **hr);
+  if (!*r || !*hr) {
+    free(*r), free(*hr);
     send_error(h, req, 500, "internal", NULL, "out of memory");
-    return;
+    return -1;
   }
-  hr->slot = -1;
+  (*hr)->slot = -1;
+  return 0;
+}
+
+static void handle_generate(struct ll_http *h, h2o_req_t *req, enum hkind kind, struct body *b) {
+  struct ll_sched_req *r;
+  struct hreq *hr;
+  if (req_alloc(h, req, &r, &hr)) return;
   hr->kind = kind;
   hr->special = 0;
   r->kind = kind == HK_CHAT ? LL_REQ_CHAT : LL_REQ_GEN; // before the defaults: a chat's messages are text
@@ -1089,14 +1101,9 @@ bad:
 }
 
 static void handle_tokenize(struct ll_http *h, h2o_req_t *req, int detok, struct body *b) {
-  struct ll_sched_req *r = calloc(1, sizeof *r);
-  struct hreq *hr = calloc(1, sizeof *hr);
-  if (!r || !hr) {
-    free(r), free(hr);
-    send_error(h, req, 500, "internal", NULL, "out of memory");
-    return;
-  }
-  hr->slot = -1;
+  struct ll_sched_req *r;
+  struct hreq *hr;
+  if (req_alloc(h, req, &r, &hr)) return;
   hr->special = 1;
   json_t *v;
   int rc;
@@ -1151,6 +1158,65 @@ bad:
   free(hr);
 }
 
+// PATH itself or below it.
+static int path_under(h2o_req_t *req, const char *p) {
+  size_t n = strlen(p);
+  return req->path_normalized.len >= n && memcmp(req->path_normalized.base, p, n) == 0 &&
+         (req->path_normalized.len == n || req->path_normalized.base[n] == '/');
+}
+
+// ---- the fine-tuning API (ftjobs.c) ----
+
+// An answer that may come later (an upload, after the worker has stored it): this context
+// outlives whichever comes last of the answer and the h2o_req_t (H2O disposes of it when the
+// client goes): a ref-counted chunk, one reference held by the request's pool, one by ftjobs.
+struct ftctx {
+  struct ll_http *h;
+  h2o_req_t *req; // NULL once H2O has disposed of it
+};
+
+static void ft_req_gone(void *p) {
+  struct ftctx *c = *(struct ftctx **)p;
+  c->req = NULL;
+  h2o_mem_release_shared(c);
+}
+
+static void ft_reply(void *ctx, int status, json_t *body) {
+  struct ftctx *c = ctx;
+  if (body && c->req) send_json(c->h, c->req, status, status_reason(status), body);
+  else json_decref(body);
+  h2o_mem_release_shared(c);
+}
+
+static void handle_fine_tuning(struct ll_http *h, h2o_req_t *req) {
+  struct ll_server *s = h->srv;
+  if (!s->ft) {
+    send_error(h, req, 503, "unavailable", NULL, "the fine-tuning API is not available (the server is starting or stopping)");
+    return;
+  }
+  const h2o_iovec_t p = req->path_normalized;
+  const int upload = p.len == 9 && method_is(req, "POST");
+  if (!upload && req->entity.base && req->entity.len > (size_t)s->cfg->max_line) { // H2O's limit is max_upload's
+    send_error(h, req, 413, "body_too_large", NULL, "the body is larger than max_line (%lld bytes)", (long long)s->cfg->max_line);
+    return;
+  }
+  ssize_t ct = h2o_find_header(&req->headers, H2O_TOKEN_CONTENT_TYPE, -1);
+  const h2o_iovec_t ctype = ct >= 0 ? req->headers.entries[ct].value : h2o_iovec_init("", 0);
+  const char *q = req->query_at != SIZE_MAX ? req->path.base + req->query_at + 1 : "";
+  const size_t qlen = req->query_at != SIZE_MAX ? req->path.len - req->query_at - 1 : 0;
+  struct ftctx *c = h2o_mem_alloc_shared(NULL, sizeof *c, NULL); // ftjobs' reference
+  c->h = h, c->req = req;
+  struct ftctx **ref = h2o_mem_alloc_shared(&req->pool, sizeof *ref, ft_req_gone);
+  *ref = c;
+  h2o_mem_addref_shared(c); // the pool's
+  if (!ll_ftjobs_request(s->ft, req->method.base, req->method.len, p.base + 3, p.len - 3, q, qlen, req->entity.base, req->entity.base ? req->entity.len : 0,
+                         ctype.base, ctype.len, ft_reply, c)) {
+    h2o_mem_release_shared(c);
+    send_error(h, req, 404, "not_found", NULL, "no endpoint %.*s %.*s (see man 7 llsrv-http)", (int)(req->method.len < 16 ? req->method.len : 16),
+               req->method.base, (int)(p.len < 200 ? p.len : 200), p.base);
+  }
+}
+
 static int on_req(h2o_handler_t *self, h2o_req_t *req) {
   struct ll_http *h = *(struct ll_http **)(self + 1);
   struct ll_server *s = h->srv;
@@ -1187,6 +1253,14 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     char id[256];
     snprintf(id, sizeof id, "%.*s", (int)(req->path_normalized.len - 11 < 255 ? req->path_normalized.len - 11 : 255), req->path_normalized.base + 11);
     handle_models(h, req, id);
+    return 0;
+  }
+  if (path_under(req, "/v1/files") || path_under(req, "/v1/fine_tuning")) {
+    handle_fine_tuning(h, req);
+    return 0;
+  }
+  if (req->entity.base && req->entity.len > (size_t)s->cfg->max_line) { // H2O's limit is max_upload's
+    send_error(h, req, 413, "body_too_large", NULL, "the body is larger than max_line (%lld bytes)", (long long)s->cfg->max_line);
     return 0;
   }
   int chat = path_is(req, "/v1/chat/completions"), compl = path_is(req, "/v1/completions");
@@ -1305,14 +1379,13 @@ int ll_http_start(struct ll_server *s, char *err, size_t errlen) {
   h->n_reqs_cap = (int)(s->cfg->max_clients + s->cfg->parallel + s->cfg->max_queued);
   h->reqs = calloc((size_t)h->n_reqs_cap, sizeof *h->reqs);
   if (!h->reqs) return ll_errf(err, errlen, LL_ENOMEM, "out of memory");
-  const char *stem = strrchr(s->model_path, '/') ? strrchr(s->model_path, '/') + 1 : s->model_path;
-  snprintf(h->base_id, sizeof h->base_id, "%.*s", (int)strcspn(stem, "."), stem);
-  if (!h->base_id[0]) snprintf(h->base_id, sizeof h->base_id, "llsrv");
+  ll_server_model_id(s->model_path, h->base_id, sizeof h->base_id);
 
   h2o_config_init(&h->conf);
   h->conf_ready = 1;
   h->conf.server_name = h2o_iovec_init(H2O_STRLIT("llsrv"));
-  h->conf.max_request_entity_size = (size_t)s->cfg->max_line;
+  // Uploads (POST /v1/files) up to max_upload; every other body is refused past max_line.
+  h->conf.max_request_entity_size = (size_t)(s->cfg->max_upload > s->cfg->max_line ? s->cfg->max_upload : s->cfg->max_line);
   double t = s->cfg->line_timeout < s->cfg->idle_timeout ? s->cfg->line_timeout : s->cfg->idle_timeout;
   h->conf.http1.req_timeout = (uint64_t)(t * 1000.0);
   h->conf.http1.upgrade_to_http2 = 0;

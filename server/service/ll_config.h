@@ -54,6 +54,7 @@ struct ll_config {
   char *auth_token;     // NULL: no AUTH (then only loopback addresses may be bound)
   int64_t max_clients;
   int64_t max_line;         // bytes
+  int64_t max_upload;       // bytes of an HTTP upload (POST /v1/files)
   int64_t max_queued;       // requests waiting beyond the `parallel` active ones
   int64_t max_tokens;       // per-request cap on max_tokens
   int64_t default_max_tokens;

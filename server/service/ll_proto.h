@@ -54,7 +54,12 @@ const struct ll_proto_param *ll_proto_find(const struct ll_proto_req *req, const
 int ll_proto_int(const struct ll_proto_param *p, int64_t min, int64_t max, int64_t *out, char *err, size_t errlen);
 int ll_proto_float(const struct ll_proto_param *p, double min, double max, double *out, char *err, size_t errlen);
 int ll_proto_bool(const struct ll_proto_param *p, int *out, char *err, size_t errlen);
-// A name (adapter=NAME): 1..63 bytes of [A-Za-z0-9._-], copied NUL-terminated into out (cap >= 64).
+// Adapter names: 1..LL_ADAPTER_NAME_MAX bytes of letters, digits, '.', '_', '-' and ':' (':'
+// for fine-tuned models, ft:BASE:SUFFIX:ID). The one rule both protocols and the scheduler use.
+#define LL_ADAPTER_NAME_MAX 127
+// 0 when s[0..n) is such a name, else the offending byte's index + 1 (n + 1: wrong length).
+size_t ll_adapter_name_check(const char *s, size_t n);
+// A name (adapter=NAME), copied NUL-terminated into out (cap > LL_ADAPTER_NAME_MAX).
 int ll_proto_name(const struct ll_proto_param *p, char *out, size_t cap, char *err, size_t errlen);
 
 // The response line (with its '\n') of one scheduler event: TOK, PROB, END, ERR, IDS or TEXT.

@@ -36,7 +36,7 @@ void ll_gen_defaults(struct ll_sched_req *r, int64_t default_max_tokens);
 void ll_gen_set_int(struct ll_sched_req *r, const struct ll_gen_param *p, int64_t v);
 void ll_gen_set_float(struct ll_sched_req *r, const struct ll_gen_param *p, double v);
 // A stop string (1..256 bytes without NUL, at most LL_MAX_STOP) or an adapter name
-// ([A-Za-z0-9._-], 1..63 bytes). 0, or LL_EINVAL / LL_ENOMEM with a message naming the key.
+// ([A-Za-z0-9._:-], 1..LL_ADAPTER_NAME_MAX bytes). 0, or LL_EINVAL / LL_ENOMEM with a message naming the key.
 int ll_gen_set_str(struct ll_sched_req *r, const struct ll_gen_param *p, const char *s, size_t n, char *msg, size_t cap);
 
 #endif

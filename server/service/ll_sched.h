@@ -38,7 +38,7 @@ struct ll_sched_req {
   int want_logprob;                // PROB events carry the sampled token's logprob even with n_probs 0
   int n_stops;
   char *stops[LL_MAX_STOP];        // owned
-  char adapter[64];                // "" (the server's default), "none", "live" or a registered name
+  char adapter[LL_ADAPTER_NAME_MAX + 1]; // "" (the server's default), "none", "live" or a registered name
   double t_submit;                 // CLOCK_MONOTONIC ms, set by ll_sched_submit (monitor's age_s)
 };
 
@@ -86,7 +86,7 @@ struct ll_sched_req_progress {
   uint64_t conn;
   int prefilling;
   int prompt_tokens, prefilled, tokens, max_tokens;
-  char adapter[64];                // "none", "live" or the adapter's name
+  char adapter[LL_ADAPTER_NAME_MAX + 1]; // "none", "live" or the adapter's name
   double age_s;                    // since submitted
   double tok_s;                    // decode tokens/s of this request; < 0 before its first token
 };
@@ -123,13 +123,13 @@ struct ll_sched_ev *ll_sched_take_events(struct ll_sched *s);
 void ll_sched_get_stats(struct ll_sched *s, struct ll_sched_stats *st);
 
 // ---- LoRA adapters requests may choose (GEN/CHAT adapter=NAME) ----
-// Registers adapter a under `name` (1..63 bytes of [A-Za-z0-9._-]; "none" is reserved; "live"
+// Registers adapter a under `name` (ll_adapter_name_check; "none" is reserved; "live"
 // is the trainer's adapter being trained), replacing an earlier one of that name; a NULL
 // unregisters. Any thread. The scheduler does not own a: requests admitted earlier keep
 // computing with the adapter they started with, so the caller keeps every adapter it
 // registered alive until ll_sched_destroy(). At most LL_SCHED_MAX_ADAPTERS names.
 // Requests naming an unknown adapter end with `ERR id bad_adapter :...`.
-#define LL_SCHED_MAX_ADAPTERS 32
+#define LL_SCHED_MAX_ADAPTERS 64
 struct ll_lora;
 int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct ll_lora *a);
 // Why `live` is not registered now, for the bad_adapter message of requests that name it (NULL
@@ -137,7 +137,7 @@ int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct
 void ll_sched_live_reason(struct ll_sched *s, const char *why);
 // The names registered now ("live" among them while training), up to cap; returns the count.
 // Any thread.
-int ll_sched_adapter_names(struct ll_sched *s, char (*names)[64], int cap);
+int ll_sched_adapter_names(struct ll_sched *s, char (*names)[LL_ADAPTER_NAME_MAX + 1], int cap);
 // The adapter of requests that name none ("none" or NULL: the base model; the default).
 int ll_sched_adapter_default(struct ll_sched *s, const char *name);
 

@@ -4,6 +4,7 @@
 #ifndef LL_SERVER_H
 #define LL_SERVER_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -21,6 +22,7 @@ struct ll_server {
   struct ll_engine_info info;
   struct ll_sched *sched;
   struct ll_trainjob *job; // background training, NULL when the model cannot train (no tokenizer)
+  struct ll_ftjobs *ft;    // the fine-tuning API's files and jobs (ftjobs.c), NULL while loading
   const char *model_path;
   double t_start; // ms, uv_hrtime based
 
@@ -57,6 +59,9 @@ struct ll_server {
 // listen (sockets, tick, signals), run (until shutdown), close (after the scheduler is gone).
 void ll_server_init(struct ll_server *s, const struct ll_config *cfg, const char *model_path);
 void ll_server_notify(void *user); // the scheduler's notify: wakes the loop (any thread)
+// The base model's id on the HTTP API and in fine-tuned names: the model file's stem up to its
+// first '.' ("SmolLM2-135M-Instruct" of .../SmolLM2-135M-Instruct.Q4_1.gguf).
+void ll_server_model_id(const char *model_path, char *out, size_t cap);
 // Runs fn(arg) (opening the engine) on a worker thread while the loop serves the HTTP API,
 // started here, whose /health answers 503 (loading) meanwhile; returns fn's result.
 int ll_server_load(struct ll_server *s, int (*fn)(void *arg), void *arg, char *err, size_t errlen);

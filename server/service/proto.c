@@ -261,15 +261,24 @@ int ll_proto_bool(const struct ll_proto_param *p, int *out, char *err, size_t er
   return ll_errf(err, errlen, LL_EINVAL, "parameter '%s': expected 0 or 1", p->key);
 }
 
-int ll_proto_name(const struct ll_proto_param *p, char *out, size_t cap, char *err, size_t errlen) {
-  size_t n = p->val_len;
-  if (n == 0 || n > 63 || n >= cap)
-    return ll_errf(err, errlen, LL_EINVAL, "parameter '%s': a name of 1..63 bytes of letters, digits, '.', '_', '-'", p->key);
+size_t ll_adapter_name_check(const char *s, size_t n) {
+  if (n == 0 || n > LL_ADAPTER_NAME_MAX) return n + 1;
   for (size_t i = 0; i < n; i++) {
-    const unsigned char ch = (unsigned char)p->val[i];
-    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
-      return ll_errf(err, errlen, LL_EINVAL, "parameter '%s': byte %zu (0x%02x) is not a letter, digit, '.', '_' or '-'", p->key, i, ch);
+    const unsigned char ch = (unsigned char)s[i];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-' || ch == ':'))
+      return i + 1;
   }
+  return 0;
+}
+
+int ll_proto_name(const struct ll_proto_param *p, char *out, size_t cap, char *err, size_t errlen) {
+  size_t n = p->val_len, bad = ll_adapter_name_check(p->val, n);
+  if (bad == n + 1 || n >= cap)
+    return ll_errf(err, errlen, LL_EINVAL, "parameter '%s': a name of 1..%d bytes of letters, digits, '.', '_', '-', ':'", p->key,
+                   LL_ADAPTER_NAME_MAX);
+  if (bad)
+    return ll_errf(err, errlen, LL_EINVAL, "parameter '%s': byte %zu (0x%02x) is not a letter, digit, '.', '_', '-' or ':'", p->key, bad - 1,
+                   (unsigned char)p->val[bad - 1]);
   memcpy(out, p->val, n);
   out[n] = 0;
   return 0;

@@ -69,10 +69,8 @@ void ll_gen_set_float(struct ll_sched_req *r, const struct ll_gen_param *p, doub
 
 int ll_gen_set_str(struct ll_sched_req *r, const struct ll_gen_param *p, const char *s, size_t n, char *msg, size_t cap) {
   if (p->type == LL_GEN_NAME) {
-    if (n == 0 || n >= sizeof r->adapter) return ll_errf(msg, cap, LL_EINVAL, "parameter '%s': 1..63 bytes of [A-Za-z0-9._-]", p->name);
-    for (size_t i = 0; i < n; i++)
-      if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '_' && s[i] != '-')
-        return ll_errf(msg, cap, LL_EINVAL, "parameter '%s': 1..63 bytes of [A-Za-z0-9._-]", p->name);
+    if (n >= sizeof r->adapter || ll_adapter_name_check(s, n) != 0)
+      return ll_errf(msg, cap, LL_EINVAL, "parameter '%s': 1..%d bytes of [A-Za-z0-9._:-]", p->name, LL_ADAPTER_NAME_MAX);
     memcpy(r->adapter, s, n);
     r->adapter[n] = 0;
     return 0;

@@ -50,7 +50,7 @@ struct slot {
   int n_hold;
   double t_admit, t_first, t_end;
   int cancel;             // reason to end at the next step: 0 none, else an END reason
-  char adapter[64];       // resolved adapter name ("none" for the base model)
+  char adapter[LL_ADAPTER_NAME_MAX + 1]; // resolved adapter name ("none" for the base model)
 };
 
 enum { END_NONE, END_CANCEL, END_SHUTDOWN };
@@ -80,9 +80,9 @@ struct ll_sched {
   int shutdown, quit;
   struct ll_sched_ev *out_head, *out_tail;
   struct ll_sched_stats stats;
-  struct { char name[64]; const struct ll_lora *a; } adapters[LL_SCHED_MAX_ADAPTERS];
+  struct { char name[LL_ADAPTER_NAME_MAX + 1]; const struct ll_lora *a; } adapters[LL_SCHED_MAX_ADAPTERS];
   int n_adapters;
-  char default_adapter[64];
+  char default_adapter[LL_ADAPTER_NAME_MAX + 1];
   char live_why[256]; // why adapter=live names no adapter now ("": training is not running)
 
   // compute thread only
@@ -328,19 +328,13 @@ static int resolve_adapter(struct ll_sched *s, struct slot *sl, char *msg, size_
   if (!found) return LL_ENOTFOUND;
   char e2[400];
   if (a && ll_engine_seq_set_adapter(s->e, sl->seq, a, e2, sizeof e2) != 0) {
-    snprintf(msg, cap, "adapter '%s': %s", want, e2);
+    snprintf(msg, cap, "adapter '%s': %.300s", want, e2);
     return LL_EINVAL;
   }
   return 0;
 }
 
-static int adapter_name_ok(const char *n) {
-  size_t len = strlen(n);
-  if (len == 0 || len > 63) return 0;
-  for (size_t i = 0; i < len; i++)
-    if (!isalnum((unsigned char)n[i]) && n[i] != '.' && n[i] != '_' && n[i] != '-') return 0;
-  return 1;
-}
+static int adapter_name_ok(const char *n) { return ll_adapter_name_check(n, strlen(n)) == 0; }
 
 int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct ll_lora *a) {
   if (!name || !adapter_name_ok(name) || strcmp(name, "none") == 0) return LL_EINVAL;
@@ -369,10 +363,10 @@ void ll_sched_live_reason(struct ll_sched *s, const char *why) {
   pthread_mutex_unlock(&s->mu);
 }
 
-int ll_sched_adapter_names(struct ll_sched *s, char (*names)[64], int cap) {
+int ll_sched_adapter_names(struct ll_sched *s, char (*names)[LL_ADAPTER_NAME_MAX + 1], int cap) {
   pthread_mutex_lock(&s->mu);
   int n = 0;
-  for (int i = 0; i < s->n_adapters && n < cap; i++) snprintf(names[n++], 64, "%s", s->adapters[i].name);
+  for (int i = 0; i < s->n_adapters && n < cap; i++) snprintf(names[n++], LL_ADAPTER_NAME_MAX + 1, "%s", s->adapters[i].name);
   pthread_mutex_unlock(&s->mu);
   return n;
 }

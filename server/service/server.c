@@ -9,6 +9,7 @@
 // published by rename, so nothing is torn.
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -48,6 +49,12 @@ static void on_async(uv_async_t *a) {
 static void close_walk(uv_handle_t *h, void *arg) {
   (void)arg;
   if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+void ll_server_model_id(const char *model_path, char *out, size_t cap) {
+  const char *stem = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
+  snprintf(out, cap, "%.*s", (int)strcspn(stem, "."), stem);
+  if (!out[0]) snprintf(out, cap, "llsrv");
 }
 
 void ll_server_notify(void *user) { uv_async_send(&((struct ll_server *)user)->async); }

@@ -170,6 +170,30 @@ def _die_with_parent():
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def ensure_venv(pkgs, modules):
+    """Re-runs the calling script under the test venv's python (LL_BINARY_DIR/pyvenv), making
+    the venv with pkgs first when it cannot import `modules` (under a lock: two suites may
+    share a build directory). Test-only Python packages live there, never in the system."""
+    build = os.path.abspath(os.environ.get("LL_BINARY_DIR", "build"))
+    venv = os.path.join(build, "pyvenv")
+    vpy = os.path.join(venv, "bin", "python")
+    if os.path.realpath(sys.prefix) == os.path.realpath(venv):
+        return
+    import fcntl
+    os.makedirs(build, exist_ok=True)
+    with open(os.path.join(build, "pyvenv.lock"), "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        probe = [vpy, "-c", "import " + ", ".join(modules)]
+        if not (os.path.exists(vpy) and subprocess.run(probe, capture_output=True).returncode == 0):
+            print("-- making the test venv %s (%s)" % (venv, ", ".join(pkgs)), flush=True)
+            subprocess.run([sys.executable, "-m", "venv", "--clear", venv], check=True)
+            r = subprocess.run([vpy, "-m", "pip", "install", "-q", "--disable-pip-version-check"] + pkgs)
+            if r.returncode != 0 or subprocess.run(probe).returncode != 0:
+                print("FAILED: cannot install %s into %s (pip needs PyPI)" % (pkgs, venv), flush=True)
+                sys.exit(1)
+    os.execv(vpy, [vpy, "-u"] + sys.argv)
+
+
 def wait_until(cond, what, timeout=60.0, step=0.05):
     """Polls cond() until it returns a true value or `timeout` seconds pass; returns the last
     value. Tests wait for events this way, with bounds far above the work's duration."""

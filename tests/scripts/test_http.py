@@ -12,7 +12,6 @@
 #   - /metrics parsed by prometheus_client's text-format parser.
 # The Python packages come from a venv the test makes once under the build directory
 # (LL_BINARY_DIR/pyvenv, reused while it imports them).
-import fcntl
 import json
 import os
 import re
@@ -23,37 +22,17 @@ import sys
 import tempfile
 import time
 
-BUILD = os.path.abspath(os.environ.get("LL_BINARY_DIR", "build"))
-VENV = os.path.join(BUILD, "pyvenv")
-VPY = os.path.join(VENV, "bin", "python")
+# The test venv's packages (llsrv_client.ensure_venv); test_http_finetune.py uses the same venv.
 PKGS = ["openai>=1.30,<3", "prometheus_client>=0.17"]
+BUILD = os.path.abspath(os.environ.get("LL_BINARY_DIR", "build"))
+sys.path.insert(0, os.path.dirname(__file__))
+from llsrv_client import ensure_venv  # noqa: E402
 
-
-def ensure_venv():
-    """Re-runs this script under the venv's python, making the venv first if need be (under a
-    lock: two suites may share a build directory)."""
-    if os.path.realpath(sys.prefix) == os.path.realpath(VENV):
-        return
-    os.makedirs(BUILD, exist_ok=True)
-    with open(os.path.join(BUILD, "pyvenv.lock"), "w") as lk:
-        fcntl.flock(lk, fcntl.LOCK_EX)
-        probe = [VPY, "-c", "import openai, prometheus_client"]
-        if not (os.path.exists(VPY) and subprocess.run(probe, capture_output=True).returncode == 0):
-            print("-- making the test venv %s (%s)" % (VENV, ", ".join(PKGS)), flush=True)
-            subprocess.run([sys.executable, "-m", "venv", "--clear", VENV], check=True)
-            r = subprocess.run([VPY, "-m", "pip", "install", "-q", "--disable-pip-version-check"] + PKGS)
-            if r.returncode != 0 or subprocess.run(probe).returncode != 0:
-                print("FAILED: cannot install %s into %s (pip needs PyPI)" % (PKGS, VENV), flush=True)
-                sys.exit(1)
-    os.execv(VPY, [VPY, "-u"] + sys.argv)
-
-
-ensure_venv()
+ensure_venv(PKGS, ["openai", "prometheus_client"])
 
 import openai  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
 from llsrv_client import BIN, Checker, Server, wait_until  # noqa: E402
 
 check = Checker()
