@@ -1,13 +1,32 @@
-// threadpool.c - workers spin briefly on a generation counter, then sleep on a condvar, so a
-// decode step's ~200 small jobs cost microseconds each while an idle server burns no CPU.
+// threadpool.c - workers spin briefly on the job word, then sleep on a condvar, so a decode
+// step's ~200 small jobs cost microseconds each while an idle server burns no CPU.
+//
+// A job is one 64-bit word: generation (16 bits) | task count (24) | next unclaimed task (24).
+// Tasks are claimed by compare-and-swap on the word, so a claim names its job: a worker that
+// slept through a job (or several) can never run a task of the wrong one. The caller waits
+// for the job's tasks to be done, not for every worker to check in: with more threads than a
+// job has tasks (a 2-task product on 16 threads), the workers that found nothing, or were still
+// asleep, cost the caller nothing. Before, the caller waited until each of the n - 1 workers
+// had woken and counted itself done; a worker asleep on the condvar came back through the
+// mutex one after another, so every job after a pause paid n - 1 serialised wake-ups (issue 30).
 #include "ll_threadpool.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #define SPIN_ITERS 20000
+// With more threads than CPUs a spinning thread takes the core a working one needs: spin only
+// a little (a pause is 10-140 cycles), then sleep (workers) or yield (the caller).
+#define SPIN_ITERS_OVER 64
+
+#define W_NEXT_BITS 24
+#define W_MAX_TASKS ((1 << W_NEXT_BITS) - 1)
+#define W_GEN(w) ((unsigned)((w) >> (2 * W_NEXT_BITS)))
+#define W_NTASKS(w) ((int)(((w) >> W_NEXT_BITS) & W_MAX_TASKS))
+#define W_NEXT(w) ((int)((w)&W_MAX_TASKS))
 
 // A polite spin-wait hint: keeps a waiting core from flooding the memory system and lets an
 // SMT sibling run (x86 pause, Arm yield).
@@ -21,16 +40,20 @@ static inline void cpu_relax(void) {
 
 struct ll_threadpool {
   int n;
+  int spin; // SPIN_ITERS, or SPIN_ITERS_OVER when n exceeds the CPUs we may run on
   pthread_t *threads;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  atomic_uint gen;      // bumped for each job
-  atomic_int next_task; // work queue: tasks are claimed by atomic increment
-  atomic_int done;      // workers finished with the current job
+  _Alignas(64) _Atomic uint64_t work; // the job word (see the file comment)
+  atomic_int sleepers;                // workers in (or entering) the condvar wait
   atomic_int stop;
-  ll_task_fn fn;
+  _Alignas(64) atomic_int pending; // tasks of the current job not yet finished
+  // The current job, written before its word is published and not again until its tasks are
+  // all done: a worker reads them only after claiming a task of that job.
+  _Alignas(64) ll_task_fn fn;
   void *ctx;
-  int n_tasks;
+  int base; // task index offset (jobs of more than W_MAX_TASKS tasks run in parts)
+  unsigned gen;
 };
 
 struct worker_arg {
@@ -38,11 +61,16 @@ struct worker_arg {
   int id;
 };
 
-static void drain(struct ll_threadpool *p, int id) {
+// Claims and runs tasks of generation gen (mod 2^16) until there are none left or the word has
+// moved on to another job.
+static void drain(struct ll_threadpool *p, unsigned gen, int id) {
+  uint64_t w = atomic_load(&p->work);
   for (;;) {
-    int t = atomic_fetch_add(&p->next_task, 1);
-    if (t >= p->n_tasks) break;
-    p->fn(p->ctx, t, id);
+    if (W_GEN(w) != gen || W_NEXT(w) >= W_NTASKS(w)) return;
+    if (!atomic_compare_exchange_weak(&p->work, &w, w + 1)) continue; // w reloaded
+    p->fn(p->ctx, p->base + W_NEXT(w), id);
+    atomic_fetch_sub(&p->pending, 1);
+    w = atomic_load(&p->work);
   }
 }
 
@@ -54,21 +82,32 @@ static void *worker(void *arg) {
   for (;;) {
     unsigned g;
     int spins = 0;
-    while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop)) {
-      if (++spins < SPIN_ITERS) {
+    while ((g = W_GEN(atomic_load(&p->work))) == seen && !atomic_load(&p->stop)) {
+      if (++spins < p->spin) {
         cpu_relax();
         continue;
       }
+      // Sleep. sleepers is raised before gen is read again and the caller reads sleepers after
+      // publishing a job (both sequentially consistent): one of the two sees the other.
       pthread_mutex_lock(&p->mu);
-      while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
+      atomic_fetch_add(&p->sleepers, 1);
+      while ((g = W_GEN(atomic_load(&p->work))) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
+      atomic_fetch_sub(&p->sleepers, 1);
       pthread_mutex_unlock(&p->mu);
       break;
     }
     if (atomic_load(&p->stop)) return NULL;
     seen = g;
-    drain(p, wa.id);
-    atomic_fetch_add(&p->done, 1);
+    drain(p, g, wa.id);
   }
+}
+
+static int cpus_usable(void) {
+#ifdef CPU_COUNT
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
+  return 0; // unknown: assume enough
 }
 
 struct ll_threadpool *ll_threadpool_new(int n_threads) {
@@ -76,6 +115,8 @@ struct ll_threadpool *ll_threadpool_new(int n_threads) {
   struct ll_threadpool *p = calloc(1, sizeof *p);
   if (!p) return NULL;
   p->n = n_threads;
+  const int ncpu = cpus_usable();
+  p->spin = ncpu > 0 && n_threads > ncpu ? SPIN_ITERS_OVER : SPIN_ITERS;
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
   p->threads = calloc((size_t)n_threads, sizeof *p->threads);
@@ -96,26 +137,34 @@ struct ll_threadpool *ll_threadpool_new(int n_threads) {
 
 int ll_threadpool_size(const struct ll_threadpool *p) { return p ? p->n : 1; }
 
+static void run_part(struct ll_threadpool *p, ll_task_fn fn, void *ctx, int base, int n_tasks) {
+  p->fn = fn;
+  p->ctx = ctx;
+  p->base = base;
+  p->gen = (p->gen + 1) & 0xffff;
+  atomic_store(&p->pending, n_tasks);
+  atomic_store(&p->work, (uint64_t)p->gen << (2 * W_NEXT_BITS) | (uint64_t)n_tasks << W_NEXT_BITS);
+  if (atomic_load(&p->sleepers) > 0) {
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+  }
+  drain(p, p->gen, 0);
+  // The tasks others claimed finish within microseconds of ours: spin (a sched_yield per
+  // check was a system call each time, ~4% of a batched decode step), yield only if it takes
+  // long (a worker preempted in its task).
+  for (int spins = 0; atomic_load(&p->pending) > 0;)
+    if (++spins < p->spin) cpu_relax();
+    else sched_yield();
+}
+
 void ll_threadpool_run(struct ll_threadpool *p, ll_task_fn fn, void *ctx, int n_tasks) {
   if (!p || p->n == 1 || n_tasks <= 1) {
     for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
     return;
   }
-  p->fn = fn;
-  p->ctx = ctx;
-  p->n_tasks = n_tasks;
-  atomic_store(&p->next_task, 0);
-  atomic_store(&p->done, 0);
-  pthread_mutex_lock(&p->mu);
-  atomic_fetch_add(&p->gen, 1);
-  pthread_cond_broadcast(&p->cv);
-  pthread_mutex_unlock(&p->mu);
-  drain(p, 0);
-  // The workers finish within microseconds of the caller: spin (a sched_yield per check was
-  // a system call each time, ~4% of a batched decode step), yield only if it takes long.
-  for (int spins = 0; atomic_load(&p->done) < p->n - 1;)
-    if (++spins < SPIN_ITERS) cpu_relax();
-    else sched_yield();
+  for (int base = 0; base < n_tasks; base += W_MAX_TASKS)
+    run_part(p, fn, ctx, base, n_tasks - base < W_MAX_TASKS ? n_tasks - base : W_MAX_TASKS);
 }
 
 void ll_threadpool_free(struct ll_threadpool *p) {
