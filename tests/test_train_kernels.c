@@ -602,6 +602,26 @@ static void test_fast_matmul(void) {
       free(wq), free(x), free(dout), free(dx0), free(dw0), free(rdx), free(rdw);
     }
   }
+  // A tall weight (the vocabulary's shape, scaled down): over 2^21 floats, so dx goes through
+  // several dequantized panels of rows, added in row order - the same bits for 1, 2, 3 threads.
+  {
+    const int K = 2048, N = (1 << 21) / K * 2 + 77, T = 9;
+    void *wq = malloc(ll_row_size(LL_TYPE_Q4_0, K) * N);
+    random_weight(LL_TYPE_Q4_0, wq, N, K);
+    struct ll_weight w = {LL_TYPE_Q4_0, K, N, wq, NULL, NULL};
+    float *dout = malloc(sizeof(float) * T * N), *dx0 = malloc(sizeof(float) * T * K), *fdx[3];
+    fill(dout, (size_t)T * N, 1), fill(dx0, (size_t)T * K, 1);
+    float *rdx = dup_f(dx0, (size_t)T * K);
+    CHECK(ll_train_ref_matmul_backward(NULL, rdx, NULL, dout, NULL, &w, T) == 0);
+    for (int b = 0; b < 3; b++) {
+      fdx[b] = dup_f(dx0, (size_t)T * K);
+      CHECK(bk[b]->i->matmul_backward(bk[b], fdx[b], NULL, dout, NULL, &w, T) == 0);
+    }
+    same3("matmul_backward dx q4_0 in panels", fdx, (size_t)T * K);
+    close_ref("matmul_backward dx q4_0 in panels", fdx[1], rdx, (size_t)T * K);
+    for (int b = 0; b < 3; b++) free(fdx[b]);
+    free(wq), free(dout), free(dx0), free(rdx);
+  }
   printf("  matmul_backward fast vs reference, normalized error per type:");
   for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) printf(" %s %.1e", ll_type_name(types[ti]), worst_type[ti]);
   printf("\n");
