@@ -6,6 +6,9 @@
 # (TIMEOUT: PoCL compiles the program twice - with and without f64 - on a first run after the
 # kernels change: about 2.5 min on two busy cores; seconds once its cache has them.)
 ll_test(NAME test_opencl SOURCES test_opencl.c LIBS ll_kernels LABELS unit TIMEOUT 600)
+# The fast tier's training kernels (train_fast.cl) against the CPU's scalar references, stated
+# tolerances (issue 30).
+ll_test(NAME test_opencl_train_fast SOURCES test_opencl_train_fast.c LIBS ll_kernels LABELS unit TIMEOUT 600)
 # The fast tier (LL_OPENCL_REFERENCE=0) end to end on SmolLM2 against the CPU, teacher-forced:
 # perplexity and top-1 agreement no farther from the CPU's than a control's (the reference tier
 # without f64: issue 29's 0.1% / 99% are below SmolLM2's noise floor, see the test), a decode
@@ -19,7 +22,9 @@ ll_script_test(NAME server_smollm2_opencl COMMAND ${CMAKE_COMMAND} -E env LL_TES
   python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_server_smollm2.py
   LABELS "integration;slow" TIMEOUT 900 FIXTURES smollm2)
 # Training on the OpenCL device: `llsrv train` (full-parameter, LoRA with dropout, LoRA on Q4_1) gives the
-# CPU backend's per-step loss curve within 1e-3 relative, stderr naming the device (~15 s).
+# CPU backend's per-step loss curve within 1e-3 relative, stderr naming the device; the fast tier
+# (LL_OPENCL_REFERENCE=0) too, and a fast-tier run resumed from its checkpoint continues the
+# uninterrupted run's curve (~30 s once PoCL's cache holds both tiers' programs).
 ll_script_test(NAME opencl_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_opencl_train.sh
   LABELS integration TIMEOUT 300)
 # The server's background trainer on the OpenCL serving device: its own instance, named in the

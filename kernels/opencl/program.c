@@ -150,6 +150,8 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_deq, "deq_rows");
   MK(c->k_mm_dx, "mm_bwd_dx");
   MK(c->k_mm_dw, "mm_bwd_dw");
+  MK(c->k_mm_dx_t, "mm_bwd_dx_tiled");
+  MK(c->k_mm_dw_t, "mm_bwd_dw_tiled");
   MK(c->k_rms_bwd, "rmsnorm_bwd");
   MK(c->k_rms_dg, "rmsnorm_bwd_dg");
   MK(c->k_rope_bwd, "rope_bwd");
@@ -179,6 +181,12 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_rope_kv, "rope_kv");
   MK(c->k_argmax, "argmax_rows");
 #undef MK
+  // The tiled training products take work-groups of 16 x 16: only where both kernels allow
+  // 256 work items (else the fast tier keeps the reference's products).
+  size_t kwg[2] = {0, 0};
+  c->train_tiled = c->fast && clGetKernelWorkGroupInfo(c->k_mm_dx_t, c->dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg[0], &kwg[0], NULL) == CL_SUCCESS &&
+                   clGetKernelWorkGroupInfo(c->k_mm_dw_t, c->dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg[1], &kwg[1], NULL) == CL_SUCCESS &&
+                   kwg[0] >= 256 && kwg[1] >= 256;
   return 0;
 }
 

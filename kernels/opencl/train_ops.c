@@ -28,6 +28,10 @@ int ocl_fbytes(const struct ocl_ctx *c, int64_t a, int64_t b, size_t *out) {
 
 int ocl_float_type(int type) { return type == LL_TYPE_F32 ? 0 : type == LL_TYPE_F16 ? 1 : type == LL_TYPE_BF16 ? 2 : -1; }
 
+// The fast tier's tiled products (train_fast.cl): work-groups of 16 x 16, global sizes rounded up.
+#define RUP16(n) (((size_t)(n) + 15) / 16 * 16)
+static const size_t TILE16[2] = {16, 16};
+
 // Rows of W dequantized per chunk of dx's product (f32 scratch of at most this many bytes).
 #define DEQ_CHUNK_BYTES ((size_t)8 << 20)
 
@@ -68,19 +72,19 @@ int ocl_matmul_backward(struct ll_backend *b, float *dx, float *dw, const float 
         if (e || (rc = ocl_launch(c, k, 1, &g, NULL))) return ocl_fail(c, e ? LL_EIO : rc);
         wf = c->s[S_SCR].use;
       }
-      cl_kernel k = c->k_mm_dx;
+      cl_kernel k = c->train_tiled ? c->k_mm_dx_t : c->k_mm_dx;
       e |= ARG(k, 0, c->s[S_A].use) | ARG(k, 1, c->s[S_B].use) | ARG(k, 2, wf) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K) | ARG(k, 6, n0);
       e |= ARG(k, 7, cnt);
-      const size_t gl[2] = {(size_t)K, (size_t)T};
-      if (e || (rc = ocl_launch(c, k, 2, gl, NULL))) return ocl_fail(c, e ? LL_EIO : rc);
+      const size_t gl[2] = {c->train_tiled ? RUP16(K) : (size_t)K, c->train_tiled ? RUP16(T) : (size_t)T};
+      if (e || (rc = ocl_launch(c, k, 2, gl, c->train_tiled ? TILE16 : NULL))) return ocl_fail(c, e ? LL_EIO : rc);
     }
   }
   if (dw) {
     if ((rc = ocl_put(c, S_X, x, xb)) || (rc = ocl_put(c, S_C, dw, wb))) return ocl_fail(c, rc); // x (T, K), dw (N, K) accumulates
-    cl_kernel k = c->k_mm_dw;
+    cl_kernel k = c->train_tiled ? c->k_mm_dw_t : c->k_mm_dw;
     e |= ARG(k, 0, c->s[S_C].use) | ARG(k, 1, c->s[S_B].use) | ARG(k, 2, c->s[S_X].use) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K);
-    const size_t gl[2] = {(size_t)K, (size_t)N};
-    if (e || (rc = ocl_launch(c, k, 2, gl, NULL))) return ocl_fail(c, e ? LL_EIO : rc);
+    const size_t gl[2] = {c->train_tiled ? RUP16(K) : (size_t)K, c->train_tiled ? RUP16(N) : (size_t)N};
+    if (e || (rc = ocl_launch(c, k, 2, gl, c->train_tiled ? TILE16 : NULL))) return ocl_fail(c, e ? LL_EIO : rc);
   }
   if (dx && (rc = ocl_get(c, S_A, dx, xb))) return ocl_fail(c, rc);
   if (dw && (rc = ocl_get(c, S_C, dw, wb))) return ocl_fail(c, rc);

@@ -109,6 +109,36 @@ run lora_q4_1 "$D/q4_1.ckpt" "$DEV" "${LORA[@]}"
 compare lora_q4_1 10
 traffic lora_q4_1
 
+# The fast tier (LL_OPENCL_REFERENCE=0: train_fast.cl's tiled products, llsrv_fast.cl's forward)
+# against the same CPU curves: full-parameter (the tiled dw of every weight) and LoRA on the Q4_1
+# base (the tiled dx through dequantized weights), the same 1e-3 relative per step. Then resume
+# on the device: 5 steps, a checkpoint, the same command for 10 resumes at step 5 and its steps
+# 6-10 print the uninterrupted fast run's losses (constant schedule: the step count does not
+# change the learning rates).
+export LL_OPENCL_REFERENCE=0
+mkdir -p "$D/fast" && D0=$D && D=$D0/fast
+cp "$D0/full-cpu.loss" "$D0/lora_q4_1-cpu.loss" "$D/"
+run full "$D0/m.ckpt" "$DEV" "${FULL[@]}"
+compare full 20
+run lora_q4_1 "$D0/q4_1.ckpt" "$DEV" "${LORA[@]}"
+compare lora_q4_1 10
+RES=(--seq-len 64 --batch 1 --lora-rank 4 --lora-alpha 8 --lora-targets q,v,down --lora-dropout 0.1 --lr 1e-2 --warmup 0 --schedule constant)
+run whole "$D0/q4_1.ckpt" "$DEV" "${RES[@]}" --steps 10
+"$LLSRV" train --model "$D0/q4_1.ckpt" --data "$LL_SOURCE_DIR/man" --log-every 1 --eval-every 0 --checkpoint-every 5 -t 2 \
+  --device "$DEV" -o "$D/run-res" "${RES[@]}" --steps 5 >"$D/res1.out" 2>"$D/res1.err" &&
+  "$LLSRV" train --model "$D0/q4_1.ckpt" --data "$LL_SOURCE_DIR/man" --log-every 1 --eval-every 0 --checkpoint-every 5 -t 2 \
+    --device "$DEV" -o "$D/run-res" "${RES[@]}" --steps 10 >"$D/res2.out" 2>"$D/res2.err"
+check $? "fast tier: the interrupted run: $(tail -n 3 "$D/res1.err" "$D/res2.err")"
+grep -q "resuming .*last.ckpt at step 5" "$D/res2.out"
+check $? "fast tier: the second run does not resume at step 5: $(head -5 "$D/res2.out")"
+grep "^step " "$D/res2.out" | sed -E 's/^step ([0-9]+)\/[0-9]+ +loss ([0-9.]+).*/\1 \2/' >"$D/res.loss"
+tail -5 "$D/whole-opencl.loss" >"$D/whole6.loss"
+echo "fast tier, resumed at step 5 against uninterrupted:"; paste -d' ' "$D/res.loss" "$D/whole6.loss"
+[ -s "$D/res.loss" ] && cmp -s "$D/res.loss" "$D/whole6.loss"
+check $? "fast tier: steps 6-10 after resuming differ from the uninterrupted run's"
+D=$D0
+unset LL_OPENCL_REFERENCE
+
 # A device that holds the weights but not a run's buffers (capped at 3 MB): the CPU trains, with
 # one line saying why, and the run completes.
 LL_OPENCL_MEM_LIMIT=3000000 "$LLSRV" train --model "$D/m.ckpt" --data "$LL_SOURCE_DIR/man" --eval-every 0 --checkpoint-every 0 -t 2 \
