@@ -180,7 +180,9 @@ static void *quant_thread(void *arg) {
 }
 
 static int is_weight_matrix(const struct ll_tensor_info *t) {
-  return t->n_dims == 2 && t->ne[2] == 1 && t->ne[3] == 1 && t->ne[0] % 32 == 0 &&
+  // 2-D matrices, and the 3-D expert stacks of a mixture of experts (each expert a matrix)
+  const int experts = t->n_dims == 3 && strstr(t->name.ptr, "_exps.") != NULL;
+  return (t->n_dims == 2 || experts) && (t->ne[2] == 1 || experts) && t->ne[3] == 1 && t->ne[0] % 32 == 0 &&
          ll_ckpt_role_from_tensor_name(t->name.ptr) == LL_CKPT_ROLE_WEIGHT;
 }
 
