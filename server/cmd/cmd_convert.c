@@ -2,7 +2,7 @@
 //
 // IN: anything ll_model_open() reads (GGUF, llama2.c .bin, safetensors) or a .ckpt.
 // OUT: a .ckpt (default) or, when it ends in ".gguf", a GGUF file.
-// --quant re-encodes 2-D weight matrices whose rows are a multiple of 32 (norms, biases and
+// --quant re-encodes 2-D weight matrices (and 3-D expert stacks) whose rows are a multiple of 32 (norms, biases and
 // other 1-D tensors become/stay F32); general.file_type records the result.
 #include <dirent.h>
 #include <errno.h>
