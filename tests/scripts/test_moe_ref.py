@@ -8,6 +8,8 @@
 #   - the 5 largest logits after the prompt: the same ids, values within 1e-3 (printed: the
 #     largest difference seen; the reference build is GGML_NATIVE on an AVX-512 machine, whose
 #     F32 dot products sum in 16 lanes where llsrv keeps the AVX2 order: up to ~2e-4 here);
+#   - converted to Q8_0 (`llsrv convert`, the 3-D expert stacks too): the same first id (random
+#     weights make later ids sensitive: 3 of 16 pairs part within 4 ids);
 #   - on the OpenCL device (PoCL, or $LL_TEST_OPENCL_DEVICE; reference tier): the same 32 ids
 #     as the CPU, the device named on stderr (a silent CPU fallback would compare the CPU
 #     with itself).
@@ -104,6 +106,16 @@ def main():
             worst = max(worst, d)
             print("%-9s prompt %d: top-5 logits within %.2g of llama.cpp's" % (layout, idx, d), flush=True)
             check(d <= 1e-3, "%s prompt %d: top-5 logits differ from llama.cpp's by %g" % (layout, idx, d))
+        # Q8_0 experts (llsrv convert quantizes the 3-D stacks): the same first greedy ids
+        q8 = os.path.join(tmp, "moe-%s-q8_0.ckpt" % layout)
+        if not os.path.exists(q8):
+            c = subprocess.run([LLSRV, "convert", model, q8, "--quant", "q8_0"], capture_output=True, text=True)
+            check(c.returncode == 0 and "q8_0" in c.stderr, "%s: convert --quant q8_0: %s" % (layout, c.stderr[-300:]))
+            # the experts are most of the bytes: quantized, the file is well under half the F32 one
+            check(os.path.getsize(q8) < 0.45 * os.path.getsize(model), "%s: the Q8_0 file is %d bytes of the F32 one's %d (experts not quantized?)" %
+                  (layout, os.path.getsize(q8), os.path.getsize(model)))
+        r = generate(q8, prompt, "cpu", 1)
+        check(r.stdout.split() == want[:1], "%s prompt %d: Q8_0's first id %s, F32's %s" % (layout, idx, r.stdout.split(), want[:1]))
         r = generate(model, prompt, DEV, len(want))
         dev_line = [l for l in r.stderr.splitlines() if l.startswith("llsrv generate: device")]
         check(bool(dev_line) and dev_line[0].startswith("llsrv generate: device opencl"),
