@@ -60,6 +60,7 @@ struct ll_kv_view {
   int n_head_kv, head_dim;
   void *k, *v;         // pool base for this layer
   const int32_t *block_table; // logical block -> physical block, for this sequence
+  int window;          // sliding-window attention: a query at pos attends to (pos - window, pos]; 0: [0, pos]
 };
 
 struct ll_backend_info {
@@ -115,7 +116,7 @@ struct ll_backend_i {
   int (*kv_store)(struct ll_backend *b, const struct ll_kv_view *kv, const float *k, const float *v,
                   const int32_t *pos, int T);
   // Causal attention of one sequence: q (T, n_head, head_dim) at positions pos (T) attends to
-  // cache positions [0, pos[t]]; out (T, n_head, head_dim). scale = 1/sqrt(head_dim).
+  // cache positions [0, pos[t]] (or the window of kv->window); out (T, n_head, head_dim); scores times scale.
   // Grouped-query: head h reads kv head h / (n_head / n_head_kv).
   int (*attention)(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv,
                    const int32_t *pos, int T, int n_head, float scale);
@@ -126,6 +127,10 @@ struct ll_backend_i {
                          const int *t0, const int *nt, int n_seq, int n_head, float scale);
   // out (T, F) = silu(gate) * up
   int (*swiglu)(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n);
+  // (optional) out (T, F) = gelu_tanh(gate) * up (GeGLU). With ggml_math, llama.cpp's CPU
+  // values: gelu read at f16(gate) from a table of f16(gelu(h)) (ggml's GGML_GELU_FP16), 0
+  // below -10, gate itself above 10; else 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  int (*geglu)(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n);
   // out = a + b (n)
   int (*add)(struct ll_backend *b, float *out, const float *a, const float *x, int64_t n);
 

@@ -447,13 +447,15 @@ static void test_backend_ops(void) {
       }
     CHECKF(bad == 0, "rope call %d (mode %d): %d differences", call, mode, bad);
   }
-  // attention over a paged f32 cache against a naive softmax(q·k)·v; f16 cache within 1e-2.
-  for (int kvt = 0; kvt < 2; kvt++) {
+  // attention over a paged f32 cache against a naive softmax(q·k)·v; f16 cache within 1e-2;
+  // each also with a sliding window of 9 positions (a query at t sees (t - 9, t]).
+  for (int run = 0; run < 4; run++) {
+    const int kvt = run % 2, win = run / 2 ? 9 : 0;
     const int hd = 32, Hkv = 2, H = 4, P = 37;
     const size_t es = kvt ? 2 : 4;
     unsigned char *kp = calloc(8 * 16 * Hkv * hd, es), *vp = calloc(8 * 16 * Hkv * hd, es);
     int32_t table[3] = {5, 1, 6}, pos[P];
-    struct ll_kv_view kv = {kvt ? LL_TYPE_F16 : LL_TYPE_F32, 16, Hkv, hd, kp, vp, table};
+    struct ll_kv_view kv = {kvt ? LL_TYPE_F16 : LL_TYPE_F32, 16, Hkv, hd, kp, vp, table, win};
     float *k = malloc(sizeof(float) * P * Hkv * hd), *v = malloc(sizeof(float) * P * Hkv * hd);
     float *q = malloc(sizeof(float) * P * H * hd), *o = malloc(sizeof(float) * P * H * hd);
     for (int i = 0; i < P * Hkv * hd; i++) k[i] = ll_test_randf(&rs), v[i] = ll_test_randf(&rs);
@@ -466,24 +468,46 @@ static void test_backend_ops(void) {
       for (int h = 0; h < H; h++) {
         const int kh = h / (H / Hkv);
         double sc[64], mx = -1e30, z = 0;
-        for (int p = 0; p <= t; p++) {
+        const int lo = win && t + 1 > win ? t + 1 - win : 0;
+        for (int p = lo; p <= t; p++) {
           double s = 0;
           for (int i = 0; i < hd; i++) s += q[(t * H + h) * hd + i] * k[(p * Hkv + kh) * hd + i];
           sc[p] = s / sqrt(hd);
           mx = sc[p] > mx ? sc[p] : mx;
         }
-        for (int p = 0; p <= t; p++) z += exp(sc[p] - mx);
+        for (int p = lo; p <= t; p++) z += exp(sc[p] - mx);
         for (int i = 0; i < hd; i++) {
           double r = 0;
-          for (int p = 0; p <= t; p++) r += exp(sc[p] - mx) / z * v[(p * Hkv + kh) * hd + i];
+          for (int p = lo; p <= t; p++) r += exp(sc[p] - mx) / z * v[(p * Hkv + kh) * hd + i];
           const double d = fabs(r - o[(t * H + h) * hd + i]);
           worst = d > worst ? d : worst;
         }
       }
-    printf("attention (%s cache): worst abs difference %.2e\n", kvt ? "f16" : "f32", worst);
+    printf("attention (%s cache, window %d): worst abs difference %.2e\n", kvt ? "f16" : "f32", win, worst);
     CHECK(worst < (kvt ? 1e-2 : 1e-5));
     free(kp), free(vp), free(k), free(v), free(q), free(o);
   }
+  // GeGLU against 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) * up in double: the float formula
+  // within 2e-4 relative (float tanhf); llama.cpp's f16 table (ggml_math) within f16 rounding of x and of gelu.
+  for (int gm = 0; gm < 2; gm++) {
+    enum { N = 4099 };
+    float *gx = malloc(sizeof(float) * N), *gu = malloc(sizeof(float) * N), *go = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) gx[i] = 24.0f * (ll_test_randf(&rs) - 0.5f), gu[i] = ll_test_randf(&rs) - 0.5f;
+    gx[0] = -10.0f, gx[1] = 10.0f, gx[2] = 0.0f;
+    b->ggml_math = gm;
+    CHECK(B->geglu && B->geglu(b, go, gx, gu, N) == 0);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+      const double xv = gx[i], ge = 0.5 * xv * (1 + tanh(0.7978845608028654 * (xv + 0.044715 * xv * xv * xv)));
+      const double d = fabs(go[i] - ge * gu[i]) / (fabs(ge * gu[i]) + 1e-3 * fabs(gu[i]) + 1e-30);
+      worst = d > worst ? d : worst;
+    }
+    printf("geglu (%s): worst relative difference %.2e\n", gm ? "ggml's f16 table" : "tanhf", worst);
+    CHECK(worst < (gm ? 1e-2 : 2e-4));
+    CHECK(go[0] == 0.0f && go[1] == 10.0f * gu[1] && go[2] == 0.0f);
+    free(gx), free(gu), free(go);
+  }
+  b->ggml_math = 0;
   ll_backend_free(b);
   // Device choice: a malformed device string is an error; cpu and auto always give a backend
   // and a reason (the OpenCL paths are tested in test_opencl).

@@ -213,8 +213,8 @@ static void test_attention(struct ll_backend *cpu, struct ll_backend *cl) {
     const int len[3] = {40, 17, 1}; // positions already stored per sequence
     struct ll_kv_view vcpu[3], vcl[3];
     for (int s = 0; s < 3; s++) {
-      vcpu[s] = (struct ll_kv_view){f16 ? LL_TYPE_F16 : LL_TYPE_F32, block, Hkv, hd, kc, vc, tabs[s]};
-      vcl[s] = (struct ll_kv_view){f16 ? LL_TYPE_F16 : LL_TYPE_F32, block, Hkv, hd, kd, vd, tabs[s]};
+      vcpu[s] = (struct ll_kv_view){f16 ? LL_TYPE_F16 : LL_TYPE_F32, block, Hkv, hd, kc, vc, tabs[s], 0};
+      vcl[s] = (struct ll_kv_view){f16 ? LL_TYPE_F16 : LL_TYPE_F32, block, Hkv, hd, kd, vd, tabs[s], 0};
       float *k = malloc((size_t)len[s] * kvd * 4), *v = malloc((size_t)len[s] * kvd * 4);
       int32_t *pos = malloc((size_t)len[s] * 4);
       randf(k, (size_t)len[s] * kvd, 1.0f), randf(v, (size_t)len[s] * kvd, 1.0f);
@@ -852,8 +852,8 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
     int32_t pos[4] = {0, 1, 2, 20};
     struct ll_kv_view vcpu[2], vcl[2];
     for (int s2 = 0; s2 < 2; s2++) {
-      vcpu[s2] = (struct ll_kv_view){f16 ? LL_TYPE_F16 : LL_TYPE_F32, block, Hkv, hd, kc, vc, tabs[s2]};
-      vcl[s2] = (struct ll_kv_view){f16 ? LL_TYPE_F16 : LL_TYPE_F32, block, Hkv, hd, kd, vd, tabs[s2]};
+      vcpu[s2] = (struct ll_kv_view){f16 ? LL_TYPE_F16 : LL_TYPE_F32, block, Hkv, hd, kc, vc, tabs[s2], 0};
+      vcl[s2] = (struct ll_kv_view){f16 ? LL_TYPE_F16 : LL_TYPE_F32, block, Hkv, hd, kd, vd, tabs[s2], 0};
     }
     float *q = malloc(T * H * hd * 4), *k = malloc(T * kvd * 4), *vv = malloc(T * kvd * 4), *q2 = malloc(T * H * hd * 4);
     float *k2 = malloc(T * kvd * 4), *oa = malloc(T * H * hd * 4), *ob = malloc(T * H * hd * 4);

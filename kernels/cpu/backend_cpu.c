@@ -3,6 +3,7 @@
 // quantization per weight type, f16 KV cache with f16 query/probability conversion), so that
 // greedy outputs can be compared token for token.
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -631,7 +632,9 @@ static void attn_task(void *vctx, int task, int thread) {
   // prompt chunks do not depend on other requests), so batching never changes its results.
   const int prompt_order = j->ggml_math && j->nt[si] >= 2 && hd % 8 == 0;
   const int kvh = h / (j->n_head / kv->n_head_kv);
-  const int n_pos = j->pos[t] + 1;
+  // Sliding window: positions (pos - window, pos] only, counted from lo (score p is position lo + p).
+  const int lo = kv->window > 0 && j->pos[t] + 1 > kv->window ? j->pos[t] + 1 - kv->window : 0;
+  const int n_pos = j->pos[t] + 1 - lo;
   float *sc = j->c->scratch + (size_t)thread * j->c->scratch_per_thread;
   float *qv = sc + n_pos; // hd floats
   const float *q = j->q + ((size_t)t * j->n_head + h) * hd;
@@ -643,16 +646,16 @@ static void attn_task(void *vctx, int task, int thread) {
   // Row pointers into the paged cache, K then V (after the V lanes in this thread's scratch).
   const uint16_t **rows = (const uint16_t **)(void *)(sc + attn_rows_off(j->max_pos, hd));
   if (f16) {
-    kv_rows(kv, kv->k, kvh, n_pos, rows);
-    if (prompt_order) j->f16->dot_rows8_f16(sc, qv, rows, n_pos, hd);
-    else j->f16->dot_rows_f16(sc, qv, rows, n_pos, hd);
+    kv_rows(kv, kv->k, kvh, lo + n_pos, rows);
+    if (prompt_order) j->f16->dot_rows8_f16(sc, qv, rows + lo, n_pos, hd);
+    else j->f16->dot_rows_f16(sc, qv, rows + lo, n_pos, hd);
     for (int p = 0; p < n_pos; p++) {
       sc[p] *= j->scale;
       if (sc[p] > mx) mx = sc[p];
     }
   } else {
     for (int p = 0; p < n_pos; p++) {
-      const float *kk = (const float *)((const char *)kv_at(kv, kv->k, p) + (size_t)kvh * hd * 4);
+      const float *kk = (const float *)((const char *)kv_at(kv, kv->k, lo + p) + (size_t)kvh * hd * 4);
       float s = 0;
       for (int i = 0; i < hd; i++) s += qv[i] * kk[i];
       sc[p] = s * j->scale;
@@ -675,15 +678,15 @@ static void attn_task(void *vctx, int task, int thread) {
     // accumulated (fused) into lane p % 32, lanes reduced in ggml's fixed tree.
     float *lanes = qv + hd; // (32, hd)
     j->f16->round_f16(sc, sc, inv, n_pos); // probabilities rounded to f16, in place
-    kv_rows(kv, kv->v, kvh, n_pos, rows);
-    if (prompt_order) j->f16->wsum_rows8_f16(o, rows, sc, n_pos, hd, lanes);
-    else j->f16->wsum_rows_f16(o, rows, sc, n_pos, hd, lanes);
+    kv_rows(kv, kv->v, kvh, lo + n_pos, rows);
+    if (prompt_order) j->f16->wsum_rows8_f16(o, rows + lo, sc, n_pos, hd, lanes);
+    else j->f16->wsum_rows_f16(o, rows + lo, sc, n_pos, hd, lanes);
     return;
   }
   for (int i = 0; i < hd; i++) o[i] = 0;
   for (int p = 0; p < n_pos; p++) {
     const float w = sc[p] * inv;
-    const float *vv = (const float *)((const char *)kv_at(kv, kv->v, p) + (size_t)kvh * hd * kv_elem(kv));
+    const float *vv = (const float *)((const char *)kv_at(kv, kv->v, lo + p) + (size_t)kvh * hd * kv_elem(kv));
     for (int i = 0; i < hd; i++) o[i] += w * vv[i];
   }
 }
@@ -718,6 +721,30 @@ static int cpu_attention(struct ll_backend *b, float *out, const float *q, const
                          float scale) {
   const int t0 = 0;
   return cpu_attention_multi(b, out, q, kv, pos, &t0, &T, 1, n_head, scale);
+}
+
+// GeGLU. ggml's CPU reads gelu from a table of f16(gelu(h)) for every f16 h (GGML_GELU_FP16),
+// at f16(x): the table is made once, the same way (libm tanhf), on first use.
+static float gelu_tanh_ref(float x) {
+  const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f; // ggml's constants
+  return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+}
+static float gelu_table[1 << 16];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+static void gelu_table_init(void) {
+  for (int i = 0; i < 1 << 16; i++) gelu_table[i] = ll_fp16_to_fp32(ll_fp32_to_fp16(gelu_tanh_ref(ll_fp16_to_fp32((ll_fp16)i))));
+}
+static int cpu_geglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) {
+  if (b->ggml_math) {
+    pthread_once(&gelu_once, gelu_table_init);
+    for (int64_t i = 0; i < n; i++) {
+      const float x = gate[i];
+      out[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x * up[i] : gelu_table[ll_fp32_to_fp16(x)] * up[i];
+    }
+    return 0;
+  }
+  for (int64_t i = 0; i < n; i++) out[i] = gelu_tanh_ref(gate[i]) * up[i];
+  return 0;
 }
 
 static int cpu_swiglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) {
@@ -775,6 +802,7 @@ static const struct ll_backend_i cpu_iface = {
     .attention = cpu_attention,
     .attention_multi = cpu_attention_multi,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
     .add = cpu_add,
     // training (kernels/cpu/train.c; their references in train_ref.c, ll_cpu_train.h)
     .alloc = ll_train_cpu_alloc,

@@ -501,6 +501,17 @@ kernel void swiglu(global float *out, global const float *g, global const float 
   out[i] = fdiv(gv, 1.0f + e) * u[i];
 }
 
+// out = gelu_tanh(gate) * up (GeGLU; kernels/cpu/backend_cpu.c cpu_geglu): with ggml math,
+// gelu at f16(x) rounded to f16 as ggml's table holds it, 0 below -10, x above 10.
+inline float gelu_tanh(float x) { return 0.5f * x * (1.0f + tanh(0.79788456080286535587989211986876f * x * (1.0f + 0.044715f * x * x))); }
+kernel void geglu(global float *out, global const float *gate, global const float *up, long n, int ggml) {
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  const float x = gate[i];
+  if (!ggml) out[i] = gelu_tanh(x) * up[i];
+  else out[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x * up[i] : round_f16(gelu_tanh(round_f16(x))) * up[i];
+}
+
 kernel void add(global float *out, global const float *a, global const float *b, long n) {
   const long i = get_global_id(0);
   if (i < n) out[i] = a[i] + b[i];
@@ -557,11 +568,14 @@ inline float tree32(const float *lane) {
 kernel void attention(global float *out, global const float *q, global const uchar *K, global const uchar *V,
                       global const int *pos, global const int *tab, global const int *seq_of, global const int *tab_off,
                       global const int *seq_nt, global float *scratch, int H, int Hkv, int hd, int block, int f16, float scale,
-                      int stride, int ggml) {
+                      int stride, int ggml, int window) {
   local float qv[256];
   local float inv_l;
   const int t = get_group_id(0) / H, h = get_group_id(0) % H, lid = get_local_id(0);
-  const int kvh = h / (H / Hkv), n_pos = pos[t] + 1, n = Hkv * hd;
+  // Sliding window: positions (pos - window, pos]; score i (sc[i]) is position lo + i, and the
+  // lanes count from lo as the CPU's do.
+  const int lo = window > 0 && pos[t] + 1 > window ? pos[t] + 1 - window : 0;
+  const int kvh = h / (H / Hkv), n_pos = pos[t] + 1 - lo, n = Hkv * hd;
   const int prompt = ggml && seq_nt[seq_of[t]] >= 2 && hd % 8 == 0;
   global const int *tb = tab + tab_off[seq_of[t]];
   global float *sc = scratch + (size_t)get_group_id(0) * stride;
@@ -569,7 +583,7 @@ kernel void attention(global float *out, global const float *q, global const uch
   for (int i = lid; i < hd; i += WG) qv[i] = f16 ? round_f16(qp[i]) : qp[i];
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int p = lid; p < n_pos; p += WG) {
-    const size_t base = ((size_t)tb[p / block] * block + p % block) * n + (size_t)kvh * hd;
+    const size_t base = ((size_t)tb[(lo + p) / block] * block + (lo + p) % block) * n + (size_t)kvh * hd;
     float s;
     if (f16 && prompt) {
       float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -624,7 +638,7 @@ kernel void attention(global float *out, global const float *q, global const uch
     if (f16 && prompt) {
       float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int p = 0; p < n_pos; p++) {
-        const size_t base = ((size_t)tb[p / block] * block + p % block) * n;
+        const size_t base = ((size_t)tb[(lo + p) / block] * block + (lo + p) % block) * n;
         l[p % 8] = fma(kv_ld(V, base + off, 1), sc[p], l[p % 8]);
       }
       o[i] = tree8(l);
@@ -632,14 +646,14 @@ kernel void attention(global float *out, global const float *q, global const uch
       float lane[32];
       for (int j = 0; j < 32; j++) lane[j] = 0;
       for (int p = 0; p < n_pos; p++) {
-        const size_t base = ((size_t)tb[p / block] * block + p % block) * n;
+        const size_t base = ((size_t)tb[(lo + p) / block] * block + (lo + p) % block) * n;
         lane[p % 32] = fma(sc[p], kv_ld(V, base + off, 1), lane[p % 32]);
       }
       o[i] = tree32(lane);
     } else {
       float acc = 0;
       for (int p = 0; p < n_pos; p++) {
-        const size_t base = ((size_t)tb[p / block] * block + p % block) * n;
+        const size_t base = ((size_t)tb[(lo + p) / block] * block + (lo + p) % block) * n;
         acc += (sc[p] * inv) * kv_ld(V, base + off, 0);
       }
       o[i] = acc;

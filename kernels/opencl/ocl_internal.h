@@ -120,7 +120,7 @@ struct ocl_ctx {
   cl_context cx;
   cl_command_queue q;
   cl_program prog;
-  cl_kernel k_quant, k_round, k_mm[LL_TYPE_COUNT], k_mm_f, k_gr_f, k_gr_q, k_rmsnorm, k_rope, k_swiglu, k_add, k_kv_store,
+  cl_kernel k_quant, k_round, k_mm[LL_TYPE_COUNT], k_mm_f, k_gr_f, k_gr_q, k_rmsnorm, k_rope, k_swiglu, k_geglu, k_add, k_kv_store,
       k_attention;
   // the fast tier (llsrv_fast.cl); k_argmax serves both tiers
   cl_kernel k_fmm[LL_TYPE_COUNT], k_fmmt[LL_TYPE_COUNT], k_rope_kv, k_argmax;
@@ -201,6 +201,7 @@ int ocl_rmsnorm(struct ll_backend *b, float *out, const float *x, const float *g
 int ocl_rope_tables(struct ocl_ctx *c, const int32_t *pos, int T, const struct ll_rope_params *p, float **ct, float **st);
 int ocl_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, int n_head, int head_dim, const struct ll_rope_params *p);
 int ocl_swiglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n);
+int ocl_geglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n);
 int ocl_add(struct ll_backend *b, float *out, const float *a, const float *x, int64_t n);
 int ocl_kv_pool(struct ocl_ctx *c, const void *host, size_t bytes, cl_mem *out);
 size_t ocl_kv_elem(const struct ll_kv_view *kv);

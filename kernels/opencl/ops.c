@@ -218,13 +218,13 @@ int ocl_rope(struct ll_backend *b, float *x, const int32_t *pos, int T, int n_he
   return ocl_get(c, S_X, x, xb);
 }
 
-int ocl_swiglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) {
+// SwiGLU and GeGLU: one kernel each, the same arguments.
+static int glu(struct ll_backend *b, cl_kernel k, float *out, const float *gate, const float *up, int64_t n) {
   struct ocl_ctx *c = CTX(b);
   if (n <= 0) return 0;
   const size_t nb = (size_t)n * sizeof(float);
   int rc;
   if ((rc = ocl_put(c, S_A, gate, nb)) || (rc = ocl_put(c, S_B, up, nb)) || (rc = ocl_output(c, S_OUT, out, nb))) return rc;
-  cl_kernel k = c->k_swiglu;
   cl_long ln = n;
   const int ggml = b->ggml_math;
   cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, ln) | ARG(k, 4, ggml);
@@ -232,6 +232,8 @@ int ocl_swiglu(struct ll_backend *b, float *out, const float *gate, const float 
   if (e || (rc = ocl_launch(c, k, 1, &g, NULL))) return e ? LL_EIO : rc;
   return ocl_get(c, S_OUT, out, nb);
 }
+int ocl_swiglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) { return glu(b, CTX(b)->k_swiglu, out, gate, up, n); }
+int ocl_geglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) { return glu(b, CTX(b)->k_geglu, out, gate, up, n); }
 
 int ocl_add(struct ll_backend *b, float *out, const float *a, const float *x, int64_t n) {
   struct ocl_ctx *c = CTX(b);
@@ -325,7 +327,7 @@ int ocl_seq_tables(const struct ll_kv_view *kv, const int32_t *pos, const int *t
   *idx = NULL;
   for (int i = 0; i < n_seq; i++) {
     if (kv[i].k != k0->k || kv[i].v != k0->v || kv[i].head_dim != k0->head_dim || kv[i].n_head_kv != k0->n_head_kv ||
-        kv[i].kv_type != k0->kv_type || kv[i].block != k0->block || kv[i].block <= 0 || t0[i] != rows || nt[i] < 0)
+        kv[i].kv_type != k0->kv_type || kv[i].block != k0->block || kv[i].block <= 0 || kv[i].window != k0->window || t0[i] != rows || nt[i] < 0)
       return LL_EINVAL;
     rows += nt[i];
     int mp = 0;
@@ -388,7 +390,7 @@ int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const 
   cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_X].use) | ARG(k, 2, K) | ARG(k, 3, V) | ARG(k, 4, c->s[S_POS].use);
   e |= ARG(k, 5, c->s[S_TAB].use) | ARG(k, 6, c->s[S_SEQ].use) | ARG(k, 7, c->s[S_TOFF].use) | ARG(k, 8, c->s[S_SNT].use);
   e |= ARG(k, 9, c->s[S_SCR].use) | ARG(k, 10, n_head) | ARG(k, 11, Hkv) | ARG(k, 12, hd) | ARG(k, 13, k0->block) | ARG(k, 14, f16);
-  e |= ARG(k, 15, scale) | ARG(k, 16, stride) | ARG(k, 17, ggml);
+  e |= ARG(k, 15, scale) | ARG(k, 16, stride) | ARG(k, 17, ggml) | ARG(k, 18, k0->window);
   const size_t gl = (size_t)rows * n_head * WG, lo = WG;
   if (e || (rc = ocl_launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
   return ocl_get(c, S_OUT, out, qb);

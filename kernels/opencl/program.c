@@ -144,6 +144,7 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_rmsnorm, "rmsnorm");
   MK(c->k_rope, "rope");
   MK(c->k_swiglu, "swiglu");
+  MK(c->k_geglu, "geglu");
   MK(c->k_add, "add");
   MK(c->k_kv_store, "kv_store");
   MK(c->k_attention, "attention");

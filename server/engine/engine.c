@@ -1,4 +1,5 @@
-// engine.c - the Llama-family inference engine behind ll_engine.h.
+// engine.c - the inference engine behind ll_engine.h, for every family of ll_arch.h (Llama,
+// Mistral, Qwen2/3, Gemma 3, Phi-3): one forward pass whose variants are the row's flags.
 //
 // Model: hyperparameters from GGUF-style metadata, weights kept in their file type (mmapped or
 // loaded .ckpt memory) as struct ll_weight, norms as f32. Forward over a batch of
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ll_arch.h"
 #include "ll_backend.h"
 #include "ll_error.h"
 #include "ll_model.h"
@@ -110,18 +112,10 @@ static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, c
   const char *arch;
   if (ll_mf_get_str(&e->mf, "general.architecture", &arch) != 0)
     return ll_errf(err, errlen, LL_EFORMAT, "model: general.architecture is missing");
-  // The architectures: RoPE layout, the mixture-of-experts routing's renormalization (llama:
-  // Mixtral's GGUF layout; llama.cpp's build_moe_ffn norm_w per architecture).
-  static const struct {
-    const char *name;
-    int neox, moe_norm_w;
-  } archs[] = {{"llama", 0, 1}, {"qwen2", 1, 0}, {"qwen2moe", 1, 0}, {"qwen3moe", 1, 1}, {"olmoe", 1, 0}};
-  int ai = -1;
-  for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
-    if (strcmp(arch, archs[i].name) == 0) ai = (int)i;
-  if (ai < 0) return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: architecture '%s' is not supported (llama, qwen2, qwen2moe, qwen3moe, olmoe)", arch);
-  const int neox = archs[ai].neox;
-  e->m.moe_norm_w = archs[ai].moe_norm_w;
+  const struct ll_arch *A = ll_arch_find(arch);
+  if (!A) return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: architecture '%.64s' is not supported (supported: %s)", arch, ll_arch_names());
+  e->m.arch = A;
+  e->m.moe_norm_w = A->moe_norm_w;
   snprintf(e->info.arch, sizeof e->info.arch, "%s", arch);
   int64_t v[6];
   static const char *const keys[6] = {"embedding_length", "block_count", "attention.head_count", "feed_forward_length", "context_length",
@@ -134,12 +128,21 @@ static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, c
   }
   e->m.C = (int)v[0], e->m.L = (int)v[1], e->m.H = (int)v[2], e->m.F = (int)v[3], e->m.Hkv = (int)v[5];
   e->info.n_ctx_train = (int)v[4];
-  if (e->m.C % e->m.H || e->m.H % e->m.Hkv) return ll_errf(err, errlen, LL_EFORMAT, "model: %d heads do not divide %d dims / %d kv heads", e->m.H, e->m.C, e->m.Hkv);
-  e->m.hd = e->m.C / e->m.H;
-  int64_t kl;
-  if (ll_mf_get_arch_int(&e->mf, "attention.key_length", &kl) == 0 && kl != e->m.hd)
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: %s.attention.key_length %lld differs from embedding_length / head_count = %d (not supported)", arch,
-                   (long long)kl, e->m.hd);
+  if (e->m.H % e->m.Hkv) return ll_errf(err, errlen, LL_EFORMAT, "model: %d kv heads do not divide %d heads", e->m.Hkv, e->m.H);
+  // The head width: attention.key_length where the GGUF has it (Gemma 3: 256 with C = 640, H = 4),
+  // else C / H. Values as wide as keys (every family here).
+  int64_t kl, vl;
+  if (ll_mf_get_arch_int(&e->mf, "attention.key_length", &kl) == 0) {
+    if (kl <= 0 || kl > 4096) return ll_errf(err, errlen, LL_EFORMAT, "model: %s.attention.key_length = %lld is out of range", arch, (long long)kl);
+    if (ll_mf_get_arch_int(&e->mf, "attention.value_length", &vl) == 0 && vl != kl)
+      return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: value_length %lld differs from key_length %lld", (long long)vl, (long long)kl);
+    e->m.hd = (int)kl;
+  } else {
+    if (e->m.C % e->m.H) return ll_errf(err, errlen, LL_EFORMAT, "model: %d heads do not divide %d dims", e->m.H, e->m.C);
+    e->m.hd = e->m.C / e->m.H;
+  }
+  if ((int64_t)e->m.hd * e->m.H > (1 << 20)) return ll_errf(err, errlen, LL_EFORMAT, "model: %d heads of %d dims are too wide", e->m.H, e->m.hd);
+  e->m.qd = e->m.hd * e->m.H;
   e->m.kvd = e->m.hd * e->m.Hkv;
   // Mixture of experts: <arch>.expert_count experts, expert_used_count per token; expert width
   // expert_feed_forward_length where the converter writes it (qwen2moe, qwen3moe), else
@@ -155,13 +158,13 @@ static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, c
     if (ll_mf_get_arch_int(&e->mf, "expert_shared_feed_forward_length", &fs) != 0) fs = strcmp(arch, "qwen2moe") == 0 ? v[3] : 0;
     if (fs < 0 || fs > (1 << 20)) return ll_errf(err, errlen, LL_EFORMAT, "model: %s.expert_shared_feed_forward_length = %lld is out of range", arch, (long long)fs);
     e->m.n_expert = (int)ne, e->m.n_expert_used = (int)nu, e->m.F_exp = (int)fe, e->m.F_sh = (int)fs;
-  } else if (strcmp(arch, "qwen2moe") == 0 || strcmp(arch, "qwen3moe") == 0 || strcmp(arch, "olmoe") == 0) {
+  } else if (A->flags & LL_ARCH_MOE) {
     return ll_errf(err, errlen, LL_EFORMAT, "model: %s.expert_count is missing", arch);
   }
   double d;
   e->m.moe_w_scale = ll_mf_get_arch_float(&e->mf, "expert_weights_scale", &d) == 0 ? (float)d : 0.0f;
   e->m.eps = ll_mf_get_arch_float(&e->mf, "attention.layer_norm_rms_epsilon", &d) == 0 ? (float)d : 1e-5f;
-  e->m.rope.mode = neox ? LL_ROPE_NEOX : LL_ROPE_NORMAL;
+  e->m.rope.mode = A->rope_mode;
   int64_t nrot;
   e->m.rope.n_rot = ll_mf_get_arch_int(&e->mf, "rope.dimension_count", &nrot) == 0 ? (int)nrot : e->m.hd;
   if (e->m.rope.n_rot <= 0 || e->m.rope.n_rot > e->m.hd || e->m.rope.n_rot % 2) return ll_errf(err, errlen, LL_EFORMAT, "model: rope.dimension_count %d", e->m.rope.n_rot);
@@ -177,6 +180,25 @@ static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, c
     if (ff->type != LL_TYPE_F32 || ff->ne[0] != e->m.rope.n_rot / 2) return ll_errf(err, errlen, LL_EFORMAT, "model: rope_freqs.weight shape/type");
     e->m.rope.freq_factors = ff->data;
   }
+  if (ll_mf_find_tensor(&e->mf, "rope_factors_long.weight") || ll_mf_find_tensor(&e->mf, "rope_factors_short.weight"))
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: LongRoPE scaling (rope_factors_long/short, Phi-3 128k) is not supported yet");
+  // Sliding-window layers: a window where the family honours the key; which layers from the
+  // GGUF's sliding_window_pattern (an integer n: every n-th layer global) or the row's default.
+  // Their RoPE: the global one, but for the base (rope.freq_base_swa, else the row's).
+  e->m.rope_swa = e->m.rope;
+  int64_t win = 0;
+  if ((A->flags & LL_ARCH_SWA) && ll_mf_get_arch_int(&e->mf, "attention.sliding_window", &win) == 0 && win > 0) {
+    if (win > (1 << 24)) return ll_errf(err, errlen, LL_EFORMAT, "model: %s.attention.sliding_window = %lld is out of range", arch, (long long)win);
+    e->m.window = (int)win;
+    if (ll_mf_get_arch_float(&e->mf, "rope.freq_base_swa", &d) == 0 && d > 0) e->m.rope_swa.freq_base = (float)d;
+    else if (A->rope_base_swa > 0) e->m.rope_swa.freq_base = A->rope_base_swa;
+    if (A->rope_base_swa > 0) e->m.rope_swa.freq_scale = 1.0f, e->m.rope_swa.freq_factors = NULL; // llama.cpp: rope_freq_scale_train_swa = 1
+  }
+  e->m.embd_scale = (A->flags & LL_ARCH_EMBD_SCALE) ? sqrtf((float)e->m.C) : 1.0f;
+  // Gemma 3 27B scales by C / H rather than the head width (llama.cpp's gemma3.cpp, from Google's config).
+  e->m.attn_scale = 1.0f / sqrtf((float)(strcmp(arch, "gemma3") == 0 && e->m.L == 62 ? e->m.C / e->m.H : e->m.hd));
+  if (ll_mf_get_arch_float(&e->mf, "final_logit_softcapping", &d) == 0 && d != 0)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: final_logit_softcapping (%g) is not supported yet", d);
   const struct ll_tensor_info *te = ll_mf_find_tensor(&e->mf, "token_embd.weight");
   if (!te) return ll_errf(err, errlen, LL_ENOTFOUND, "model: tensor 'token_embd.weight' is missing");
   e->m.n_vocab = (int)te->ne[1];
@@ -225,11 +247,21 @@ static int load_moe_layer(struct ll_engine *e, int l, char *err, size_t errlen) 
   return 0;
 }
 
+// A fused matrix's rows [r0, r0 + n) as a matrix of its own (rows are contiguous in every type).
+static struct ll_weight rows_of(const struct ll_weight *w, int64_t r0, int64_t n) {
+  struct ll_weight s = *w;
+  s.data = (const char *)w->data + (size_t)r0 * ll_row_size(w->type, w->k);
+  s.n = n;
+  return s;
+}
+
 static int load_weights(struct ll_engine *e, char *err, size_t errlen) {
   int rc;
+  const struct ll_arch *A = e->m.arch;
+  const int C = e->m.C, qd = e->m.qd, kvd = e->m.kvd, hd = e->m.hd, F = e->m.F;
   e->m.layers = calloc((size_t)e->m.L, sizeof *e->m.layers);
-  // dequantized 1-D tensors: per layer two norms, three biases, the q/k norms (at most C + kvd)
-  e->owned_f32 = malloc(((size_t)e->m.L * (2 * e->m.C + e->m.C + 2 * e->m.kvd + e->m.C + e->m.kvd) + e->m.C) * sizeof(float));
+  // dequantized 1-D tensors: per layer 4 norms of C, biases (qd + 2 kvd), q/k norms (at most qd + kvd: olmoe's whole rows); the output norm
+  e->owned_f32 = malloc(((size_t)e->m.L * (4 * (size_t)C + 2 * (size_t)qd + 3 * (size_t)kvd) + C) * sizeof(float));
   if (e->m.n_expert > 0) {
     e->moe_layers = calloc((size_t)e->m.L, sizeof *e->moe_layers);
     e->experts = calloc((size_t)e->m.L * 3 * e->m.n_expert, sizeof *e->experts);
@@ -237,36 +269,53 @@ static int load_weights(struct ll_engine *e, char *err, size_t errlen) {
   }
   if (!e->m.layers || !e->owned_f32) return ll_errf(err, errlen, LL_ENOMEM, "model: out of memory");
   float *arena = e->owned_f32;
-  if ((rc = weight(e, "token_embd.weight", e->m.C, e->m.n_vocab, &e->m.tok_embd, 0, err, errlen))) return rc;
-  rc = weight(e, "output.weight", e->m.C, e->m.n_vocab, &e->m.output, 1, err, errlen);
+  if ((rc = weight(e, "token_embd.weight", C, e->m.n_vocab, &e->m.tok_embd, 0, err, errlen))) return rc;
+  rc = weight(e, "output.weight", C, e->m.n_vocab, &e->m.output, 1, err, errlen);
   if (rc < 0) return rc;
   if (rc == 1) e->m.output = e->m.tok_embd, e->m.tied = 1; // tied embeddings
-  if ((rc = vec(e, "output_norm.weight", e->m.C, &e->m.output_norm, &arena, 0, err, errlen))) return rc;
+  if ((rc = vec(e, "output_norm.weight", C, &e->m.output_norm, &arena, 0, err, errlen))) return rc;
   char n[96];
+  const int qkn = (A->flags & LL_ARCH_QK_NORM) != 0, qk_rows = (A->flags & LL_ARCH_QK_NORM_ROWS) != 0, post = (A->flags & LL_ARCH_POST_NORMS) != 0, bias = (A->flags & LL_ARCH_QKV_BIAS) != 0;
+  int swa_every = A->swa_every;
+  int64_t pat;
+  if (ll_mf_get_arch_int(&e->mf, "attention.sliding_window_pattern", &pat) == 0 && pat >= 0 && pat <= e->m.L) swa_every = (int)pat;
   for (int l = 0; l < e->m.L; l++) {
     struct ll_layer *y = &e->m.layers[l];
 #define W(suffix, K, N, dst) (snprintf(n, sizeof n, "blk.%d." suffix, l), weight(e, n, K, N, dst, 0, err, errlen))
 #define V(suffix, N, dst, opt) (snprintf(n, sizeof n, "blk.%d." suffix, l), vec(e, n, N, dst, &arena, opt, err, errlen))
-    if ((rc = V("attn_norm.weight", e->m.C, &y->attn_norm, 0)) || (rc = V("ffn_norm.weight", e->m.C, &y->ffn_norm, 0)) ||
-        (rc = W("attn_q.weight", e->m.C, e->m.C, &y->wq)) || (rc = W("attn_k.weight", e->m.C, e->m.kvd, &y->wk)) ||
-        (rc = W("attn_v.weight", e->m.C, e->m.kvd, &y->wv)) || (rc = W("attn_output.weight", e->m.C, e->m.C, &y->wo)) ||
-        (rc = V("attn_q.bias", e->m.C, &y->bq, 1)) || (rc = V("attn_k.bias", e->m.kvd, &y->bk, 1)) || (rc = V("attn_v.bias", e->m.kvd, &y->bv, 1)))
+#define HAS(suffix) (snprintf(n, sizeof n, "blk.%d." suffix, l), ll_mf_find_tensor(&e->mf, n) != NULL)
+    if ((rc = V("attn_norm.weight", C, &y->attn_norm, 0)) || (rc = V("ffn_norm.weight", C, &y->ffn_norm, 0)) ||
+        (rc = W("attn_output.weight", qd, C, &y->wo)))
       return rc;
-    if (e->m.n_expert > 0) {
-      if ((rc = load_moe_layer(e, l, err, errlen))) return rc;
-    } else if ((rc = W("ffn_gate.weight", e->m.C, e->m.F, &y->gate)) || (rc = W("ffn_up.weight", e->m.C, e->m.F, &y->up)) ||
-               (rc = W("ffn_down.weight", e->m.F, e->m.C, &y->down))) {
+    if ((A->flags & LL_ARCH_FUSED_QKV) && !HAS("attn_q.weight")) { // phi3: q, k, v rows of one matrix
+      struct ll_weight qkv;
+      if ((rc = W("attn_qkv.weight", C, (int64_t)qd + 2 * kvd, &qkv))) return rc;
+      y->wq = rows_of(&qkv, 0, qd), y->wk = rows_of(&qkv, qd, kvd), y->wv = rows_of(&qkv, (int64_t)qd + kvd, kvd);
+    } else if ((rc = W("attn_q.weight", C, qd, &y->wq)) || (rc = W("attn_k.weight", C, kvd, &y->wk)) || (rc = W("attn_v.weight", C, kvd, &y->wv))) {
       return rc;
     }
-    // q/k RMSNorm after the products: per head (qwen3moe) or over the whole row (olmoe)
-    const int qk_rows = strcmp(e->info.arch, "olmoe") == 0;
-    if ((rc = V("attn_q_norm.weight", qk_rows ? e->m.C : e->m.hd, &y->q_norm, 1)) || (rc = V("attn_k_norm.weight", qk_rows ? e->m.kvd : e->m.hd, &y->k_norm, 1)))
+    if (e->m.n_expert > 0) { // a mixture of experts in place of the dense FFN (moe.c)
+      if ((rc = load_moe_layer(e, l, err, errlen))) return rc;
+    } else if ((A->flags & LL_ARCH_FUSED_UP) && !HAS("ffn_gate.weight")) { // phi3: gate, then up, in ffn_up
+      struct ll_weight gu;
+      if ((rc = W("ffn_up.weight", C, 2 * (int64_t)F, &gu))) return rc;
+      y->gate = rows_of(&gu, 0, F), y->up = rows_of(&gu, F, F);
+      if ((rc = W("ffn_down.weight", F, C, &y->down))) return rc;
+    } else if ((rc = W("ffn_gate.weight", C, F, &y->gate)) || (rc = W("ffn_up.weight", C, F, &y->up)) || (rc = W("ffn_down.weight", F, C, &y->down))) {
       return rc;
-    if (!y->q_norm != !y->k_norm) return ll_errf(err, errlen, LL_EFORMAT, "model: layer %d has only one of attn_q_norm and attn_k_norm", l);
-    if ((strcmp(e->info.arch, "olmoe") == 0 || strcmp(e->info.arch, "qwen3moe") == 0) && !y->q_norm)
-      return ll_errf(err, errlen, LL_ENOTFOUND, "model: tensor 'blk.%d.attn_q_norm.weight' is missing (%s has q/k norms)", l, e->info.arch);
+    }
+    if (bias && ((rc = V("attn_q.bias", qd, &y->bq, 1)) || (rc = V("attn_k.bias", kvd, &y->bk, 1)) || (rc = V("attn_v.bias", kvd, &y->bv, 1))))
+      return rc;
+    // q/k RMSNorm after the products: per head (qwen3, qwen3moe, gemma3) or over the whole row (olmoe)
+    if (qkn && ((rc = V("attn_q_norm.weight", qk_rows ? qd : hd, &y->q_norm, 0)) || (rc = V("attn_k_norm.weight", qk_rows ? kvd : hd, &y->k_norm, 0))))
+      return rc;
+    if (post && ((rc = V("post_attention_norm.weight", C, &y->post_attn_norm, 0)) || (rc = V("post_ffw_norm.weight", C, &y->post_ffn_norm, 0))))
+      return rc;
+    // llama.cpp's set_swa_pattern(n): layer il is local unless il % n == n - 1 (n = 0 or 1: all local)
+    y->swa = e->m.window > 0 && (swa_every <= 1 || l % swa_every < swa_every - 1);
 #undef W
 #undef V
+#undef HAS
   }
   // A NaN or Inf weight poisons every output (and makes every training step skip for ever):
   // refused here, naming the tensor, rather than found out later. Every tensor of the file, once.
@@ -342,9 +391,9 @@ static void free_scratch(struct ll_engine *e) {
 static int alloc_scratch(struct ll_engine *e, char *err, size_t errlen) {
   e->max_batch = MAX_BATCH_DEFAULT > e->n_seqs ? MAX_BATCH_DEFAULT : e->n_seqs;
   const size_t B = (size_t)e->max_batch;
-  float **bufs[] = {&e->x, &e->xn, &e->q, &e->att, &e->tmp, &e->sel};
+  float **bufs[] = {&e->x, &e->xn, &e->tmp, &e->sel, &e->q, &e->att}; // (B, C), then q and att (B, qd)
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-    if (!(*bufs[i] = abuf(e, B * e->m.C))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory for activations");
+    if (!(*bufs[i] = abuf(e, B * (i < 4 ? e->m.C : e->m.qd)))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory for activations");
   e->k = abuf(e, B * e->m.kvd);
   e->v = abuf(e, B * e->m.kvd);
   e->g = abuf(e, B * e->m.F);
@@ -584,7 +633,7 @@ int ll_engine_seq_len(const struct ll_engine *e, int s) { return s >= 0 && s < e
 void ll_engine_lora_dims(const struct ll_engine *e, struct ll_lora_dims *d) {
   memset(d, 0, sizeof *d);
   snprintf(d->arch, sizeof d->arch, "%s", e->info.arch);
-  d->n_layer = e->m.L, d->n_embd = e->m.C, d->n_embd_kv = e->m.kvd, d->n_ff = e->m.F, d->n_head = e->m.H, d->n_head_kv = e->m.Hkv;
+  d->n_layer = e->m.L, d->n_embd = e->m.C, d->n_embd_q = e->m.qd, d->n_embd_kv = e->m.kvd, d->n_ff = e->m.F, d->n_head = e->m.H, d->n_head_kv = e->m.Hkv;
   d->n_expert = e->m.n_expert;
 }
 
@@ -596,7 +645,8 @@ int ll_engine_seq_set_adapter(struct ll_engine *e, int s, const struct ll_lora *
     int rc = ll_lora_check_shapes(a, &d, err, errlen);
     if (rc) return rc;
     if (a->rank > e->lora_rank) { // scratch grows to the largest rank seen
-      const size_t wide = (size_t)(e->m.C > e->m.F ? e->m.C : e->m.F);
+      size_t wide = (size_t)(e->m.C > e->m.F ? e->m.C : e->m.F);
+      wide = wide > (size_t)e->m.qd ? wide : (size_t)e->m.qd;
       float *r = abuf(e, (size_t)e->max_batch * (size_t)a->rank);
       float *o = e->lora_o ? e->lora_o : abuf(e, (size_t)e->max_batch * wide);
       if (!r || !o) {
@@ -685,8 +735,10 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
       e->ids[t] = items[i].tokens[j];
       e->pos[t] = e->seqs[items[i].seq].len + j;
     }
-  const int C = e->m.C, kvd = e->m.kvd;
-  const float scale = 1.0f / sqrtf((float)e->m.hd);
+  const struct ll_model *m = &e->m;
+  const int C = m->C, qd = m->qd, kvd = m->kvd, hd = m->hd, F = m->F;
+  const int prescale = (m->arch->flags & LL_ARCH_Q_PRESCALE) != 0, silu = m->arch->act == LL_ACT_SILU;
+  const float scale = prescale ? 1.0f : m->attn_scale; // attention's own scale (1 where q was scaled first)
   int any_lora = 0;
   for (int i = 0; i < n_items; i++) any_lora |= e->seqs[items[i].seq].lora != NULL;
   // A device's fast tier fuses the step's ops (ll_backend.h, fused decode ops): each fused call
@@ -694,86 +746,98 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
   // Adapters read the normed input and add to the products: with one, nothing is fused.
   const int fuse = !any_lora && B->fused_matmul;
 #define FUSED(call) (fuse ? (call) : LL_EUNSUPPORTED)
-  BK(B->get_rows(be, e->x, &e->m.tok_embd, e->ids, T), "get_rows"); // x (T, C)
-  for (int l = 0; l < e->m.L; l++) {
-    const struct ll_layer *y = &e->m.layers[l];
-    { // q (T, C), k (T, kvd), v (T, kvd): one product of xn = rmsnorm(x) by three matrices
+  BK(B->get_rows(be, e->x, &m->tok_embd, e->ids, T), "get_rows"); // x (T, C)
+  if (m->embd_scale != 1.0f) { // Gemma: x *= sqrt(C)
+    if (!B->scale) return ll_errf(err, errlen, LL_EUNSUPPORTED, "engine: the %s backend has no scale op (%s needs it)", e->info.backend, m->arch->name);
+    BK(B->scale(be, e->x, m->embd_scale, (int64_t)T * C), "scale");
+  }
+  for (int l = 0; l < m->L; l++) {
+    const struct ll_layer *y = &m->layers[l];
+    const struct ll_rope_params *rope = y->swa ? &m->rope_swa : &m->rope;
+    { // q (T, qd), k (T, kvd), v (T, kvd): one product of xn = rmsnorm(x) by three matrices
       const struct ll_weight *const w3[3] = {&y->wq, &y->wk, &y->wv};
       float *const o3[3] = {e->q, e->k, e->v};
-      int rc = FUSED(B->fused_matmul(be, 3, o3, e->x, y->attn_norm, e->m.eps, w3, T, LL_FUSE_SET));
+      int rc = FUSED(B->fused_matmul(be, 3, o3, e->x, y->attn_norm, m->eps, w3, T, LL_FUSE_SET));
       if (rc == LL_EUNSUPPORTED) {
-        BK(B->rmsnorm(be, e->xn, e->x, y->attn_norm, T, C, e->m.eps), "rmsnorm"); // xn (T, C)
+        BK(B->rmsnorm(be, e->xn, e->x, y->attn_norm, T, C, m->eps), "rmsnorm"); // xn (T, C)
         rc = ll_backend_matmul_n(be, 3, o3, e->xn, w3, T);
       }
       BK(rc, "matmul q, k, v");
     }
     if (any_lora) { // adapters before biases, as llama.cpp's build_lora_mm
-      LORA(LL_LORA_Q, e->xn, C, e->q, C);
+      LORA(LL_LORA_Q, e->xn, C, e->q, qd);
       LORA(LL_LORA_K, e->xn, C, e->k, kvd);
       LORA(LL_LORA_V, e->xn, C, e->v, kvd);
     }
-    for (int t = 0; y->bq && t < T; t++) B->add(be, e->q + (size_t)t * C, e->q + (size_t)t * C, y->bq, C);
+    for (int t = 0; y->bq && t < T; t++) B->add(be, e->q + (size_t)t * qd, e->q + (size_t)t * qd, y->bq, qd);
     for (int t = 0; y->bk && t < T; t++) B->add(be, e->k + (size_t)t * kvd, e->k + (size_t)t * kvd, y->bk, kvd);
     for (int t = 0; y->bv && t < T; t++) B->add(be, e->v + (size_t)t * kvd, e->v + (size_t)t * kvd, y->bv, kvd);
-    if (y->q_norm) { // q/k RMSNorm: per head (rows of hd), or olmoe's whole rows
-      const int whole = strcmp(e->info.arch, "olmoe") == 0;
-      BK(B->rmsnorm(be, e->q, e->q, y->q_norm, whole ? T : T * e->m.H, whole ? C : e->m.hd, e->m.eps), "rmsnorm q");
-      BK(B->rmsnorm(be, e->k, e->k, y->k_norm, whole ? T : T * e->m.Hkv, whole ? kvd : e->m.hd, e->m.eps), "rmsnorm k");
+    if (y->q_norm) { // q/k RMSNorm before RoPE: each head (rows of hd: Qwen3, Gemma 3), or olmoe's whole rows
+      const int whole = (m->arch->flags & LL_ARCH_QK_NORM_ROWS) != 0;
+      BK(B->rmsnorm(be, e->q, e->q, y->q_norm, whole ? T : T * m->H, whole ? qd : hd, m->eps), "rmsnorm q");
+      BK(B->rmsnorm(be, e->k, e->k, y->k_norm, whole ? T : T * m->Hkv, whole ? kvd : hd, m->eps), "rmsnorm k");
     }
     for (int i = 0, t0 = 0; i < n_items; t0 += items[i].n_tokens, i++) {
-      e->kvv[i] = (struct ll_kv_view){e->kv_type, LL_KV_BLOCK, e->m.Hkv, e->m.hd, e->k_pool[l], e->v_pool[l], e->seqs[items[i].seq].blocks};
+      e->kvv[i] = (struct ll_kv_view){e->kv_type, LL_KV_BLOCK, m->Hkv, hd, e->k_pool[l], e->v_pool[l], e->seqs[items[i].seq].blocks, y->swa ? m->window : 0};
       e->it0[i] = t0, e->itn[i] = items[i].n_tokens;
     }
-    int rc_rk = fuse && B->rope_kv_store ? B->rope_kv_store(be, e->q, e->k, e->v, e->kvv, e->pos, e->it0, e->itn, n_items, e->m.H, &e->m.rope)
+    int rc_rk = fuse && B->rope_kv_store ? B->rope_kv_store(be, e->q, e->k, e->v, e->kvv, e->pos, e->it0, e->itn, n_items, m->H, rope)
                                          : LL_EUNSUPPORTED;
     if (rc_rk == LL_EUNSUPPORTED) {
-      BK(B->rope(be, e->q, e->pos, T, e->m.H, e->m.hd, &e->m.rope), "rope q");
-      BK(B->rope(be, e->k, e->pos, T, e->m.Hkv, e->m.hd, &e->m.rope), "rope k");
+      BK(B->rope(be, e->q, e->pos, T, m->H, hd, rope), "rope q");
+      BK(B->rope(be, e->k, e->pos, T, m->Hkv, hd, rope), "rope k");
       for (int i = 0; i < n_items; i++)
         BK(B->kv_store(be, &e->kvv[i], e->k + (size_t)e->it0[i] * kvd, e->v + (size_t)e->it0[i] * kvd, e->pos + e->it0[i], e->itn[i]), "kv_store");
       rc_rk = 0;
     }
     BK(rc_rk, "rope, kv_store");
-    if (B->attention_multi) { // all sequences in one dispatch: att (T, C)
-      BK(B->attention_multi(be, e->att, e->q, e->kvv, e->pos, e->it0, e->itn, n_items, e->m.H, scale), "attention");
+    if (prescale) { // Gemma 3, Phi-3: q *= the attention scale, then attention scales by 1 (llama.cpp's order)
+      if (!B->scale) return ll_errf(err, errlen, LL_EUNSUPPORTED, "engine: the %s backend has no scale op (%s needs it)", e->info.backend, m->arch->name);
+      BK(B->scale(be, e->q, m->attn_scale, (int64_t)T * qd), "scale q");
+    }
+    if (B->attention_multi) { // all sequences in one dispatch: att (T, qd)
+      BK(B->attention_multi(be, e->att, e->q, e->kvv, e->pos, e->it0, e->itn, n_items, m->H, scale), "attention");
     } else {
       for (int i = 0; i < n_items; i++)
-        BK(B->attention(be, e->att + (size_t)e->it0[i] * C, e->q + (size_t)e->it0[i] * C, &e->kvv[i], e->pos + e->it0[i], e->itn[i], e->m.H, scale),
-           "attention"); // att (n, C)
+        BK(B->attention(be, e->att + (size_t)e->it0[i] * qd, e->q + (size_t)e->it0[i] * qd, &e->kvv[i], e->pos + e->it0[i], e->itn[i], m->H, scale),
+           "attention"); // att (n, qd)
     }
-    if (!any_lora) {
+    if (!any_lora && !y->post_attn_norm) {
       BK(B->matmul(be, e->x, e->att, &y->wo, T, 1), "matmul o"); // x += att · Woᵀ
-    } else { // x += (att · Woᵀ + scale · B·(A·att)): llama.cpp's association, bit for bit
+    } else { // x += (att · Woᵀ + scale · B·(A·att)): llama.cpp's association, bit for bit; post-normed (Gemma 3)
       BK(B->matmul(be, e->tmp, e->att, &y->wo, T, 0), "matmul o");
-      LORA(LL_LORA_O, e->att, C, e->tmp, C);
+      if (any_lora) LORA(LL_LORA_O, e->att, qd, e->tmp, C);
+      if (y->post_attn_norm) BK(B->rmsnorm(be, e->tmp, e->tmp, y->post_attn_norm, T, C, m->eps), "rmsnorm post-attention");
       BK(B->add(be, e->x, e->x, e->tmp, (int64_t)T * C), "add");
     }
     if (y->moe) { // x += the routed experts' outputs (moe.c)
-      BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->m.eps), "rmsnorm");
+      BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, m->eps), "rmsnorm");
       int rc = ll_moe_forward(e->moe, y->moe, e->x, e->xn, T, err, errlen);
       if (rc) return rc;
       continue;
     }
-    { // g (T, F) = silu(xn · Wgateᵀ) * (xn · Wupᵀ), xn = rmsnorm(x)
+    { // g (T, F) = act(xn · Wgateᵀ) * (xn · Wupᵀ), xn = rmsnorm(x); act silu (SwiGLU) or gelu (GeGLU)
       const struct ll_weight *const w2[2] = {&y->gate, &y->up};
       float *const o2[2] = {e->g, e->u};
-      int rc = FUSED(B->fused_matmul(be, 2, o2, e->x, y->ffn_norm, e->m.eps, w2, T, LL_FUSE_SWIGLU));
+      int rc = silu ? FUSED(B->fused_matmul(be, 2, o2, e->x, y->ffn_norm, m->eps, w2, T, LL_FUSE_SWIGLU)) : LL_EUNSUPPORTED;
       if (rc == LL_EUNSUPPORTED) {
-        BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, e->m.eps), "rmsnorm");
+        BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, m->eps), "rmsnorm");
         BK(ll_backend_matmul_n(be, 2, o2, e->xn, w2, T), "matmul gate, up"); // g, u (T, F)
         if (any_lora) {
-          LORA(LL_LORA_GATE, e->xn, C, e->g, e->m.F);
-          LORA(LL_LORA_UP, e->xn, C, e->u, e->m.F);
+          LORA(LL_LORA_GATE, e->xn, C, e->g, F);
+          LORA(LL_LORA_UP, e->xn, C, e->u, F);
         }
-        rc = B->swiglu(be, e->g, e->g, e->u, (int64_t)T * e->m.F);
+        if (silu) rc = B->swiglu(be, e->g, e->g, e->u, (int64_t)T * F);
+        else rc = B->geglu ? B->geglu(be, e->g, e->g, e->u, (int64_t)T * F) : LL_EUNSUPPORTED;
       }
-      BK(rc, "gate, up, swiglu");
+      BK(rc, silu ? "gate, up, swiglu" : "gate, up, geglu");
     }
-    if (!any_lora) {
+    if (!any_lora && !y->post_ffn_norm) {
       BK(B->matmul(be, e->x, e->g, &y->down, T, 1), "matmul down"); // x += g · Wdownᵀ
     } else {
       BK(B->matmul(be, e->tmp, e->g, &y->down, T, 0), "matmul down");
-      LORA(LL_LORA_DOWN, e->g, e->m.F, e->tmp, C);
+      if (any_lora) LORA(LL_LORA_DOWN, e->g, F, e->tmp, C);
+      if (y->post_ffn_norm) BK(B->rmsnorm(be, e->tmp, e->tmp, y->post_ffn_norm, T, C, m->eps), "rmsnorm post-ffn");
       BK(B->add(be, e->x, e->x, e->tmp, (int64_t)T * C), "add");
     }
   }

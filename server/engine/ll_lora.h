@@ -47,6 +47,7 @@ struct ll_lora_dims {
   char arch[32];          // general.architecture
   int n_layer, n_embd, n_embd_kv, n_ff, n_head, n_head_kv;
   int n_expert;           // > 0: a mixture-of-experts model, whose FFN has no dense gate/up/down
+  int n_embd_q;           // q's output and o's input width (head_dim * n_head); 0: n_embd
 };
 
 // Target names: "q".."down" (configs, protocol), GGUF tensor stems "attn_q".., PEFT modules "q_proj"..

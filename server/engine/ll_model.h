@@ -1,5 +1,5 @@
-// ll_model.h - a loaded Llama-family model's hyperparameters and weights, as the engine reads
-// them from the file. The engine's forward pass and the trainer's forward/backward passes both
+// ll_model.h - a loaded model's hyperparameters and weights (any family of ll_arch.h), as the
+// engine reads them from the file. The engine's forward pass and the trainer's forward/backward passes both
 // read this one picture (the trainer through ll_engine_model()), so the two cannot disagree on
 // shapes, tied heads or RoPE parameters.
 //
@@ -9,6 +9,7 @@
 #ifndef LL_MODEL_H
 #define LL_MODEL_H
 
+#include "ll_arch.h"
 #include "ll_backend.h"
 
 // A mixture-of-experts FFN (moe.c): the router ffn_gate_inp picks n_expert_used of n_expert
@@ -25,12 +26,15 @@ struct ll_moe_layer {
 
 struct ll_layer {
   const float *attn_norm, *ffn_norm; // (C)
-  const float *bq, *bk, *bv;         // (C), (kvd), (kvd) or NULL (Qwen2 has them)
-  const float *q_norm, *k_norm;      // RMSNorm of q and k after the products: (hd) per head
-                                     // (qwen3moe) or (C)/(kvd) whole rows (olmoe); NULL: none
-  struct ll_weight wq, wk, wv, wo;   // (C, C), (kvd, C), (kvd, C), (C, C)
-  struct ll_weight gate, up, down;   // (F, C), (F, C), (C, F); unused (.data NULL) where moe
+  const float *bq, *bk, *bv;         // (qd), (kvd), (kvd) or NULL (Qwen2 has them)
+  const float *q_norm, *k_norm;      // RMSNorm of q and k after the products (LL_ARCH_QK_NORM): (hd) per head,
+                                     // or (qd)/(kvd) whole rows (olmoe); NULL: none
+  const float *post_attn_norm, *post_ffn_norm; // (C), or NULL (LL_ARCH_POST_NORMS)
+  struct ll_weight wq, wk, wv, wo;   // (qd, C), (kvd, C), (kvd, C), (C, qd); rows of attn_qkv (phi3)
+  struct ll_weight gate, up, down;   // (F, C), (F, C), (C, F); gate and up rows of one ffn_up (phi3);
+                                     // unused (.data NULL) where moe
   struct ll_moe_layer *moe;          // NULL: the dense FFN above
+  int swa;                           // 1: a sliding-window (local) layer: window m.window, RoPE m.rope_swa
 };
 
 struct ll_model {
@@ -39,7 +43,8 @@ struct ll_model {
   int C;        // embedding width
   int L;        // layers
   int H, Hkv;   // query heads, key/value heads (grouped-query: H % Hkv == 0)
-  int hd, kvd;  // head dim (C / H), key/value width (hd * Hkv)
+  int hd, kvd;  // head dim (attention.key_length, else C / H), key/value width (hd * Hkv)
+  int qd;       // query width hd * H (C, except where key_length says otherwise: Gemma 3, Qwen3)
   int F;        // feed-forward width
   float eps;    // RMSNorm epsilon
   // Mixture of experts (n_expert 0: dense). Routing as llama.cpp's build_moe_ffn: softmax over
@@ -48,7 +53,12 @@ struct ll_model {
   int F_exp, F_sh;      // expert width; shared expert width (0: none)
   int moe_norm_w;       // 1: the chosen weights divided by their sum (llama/Mixtral, qwen3moe)
   float moe_w_scale;    // expert_weights_scale (0 or 1: none)
-  struct ll_rope_params rope;
+  struct ll_rope_params rope;     // the global layers'
+  struct ll_rope_params rope_swa; // the sliding-window layers' (the same, but for Gemma 3's base)
+  const struct ll_arch *arch;     // the family's row (ll_arch.h)
+  float embd_scale;  // token embeddings times this (sqrt(C) for LL_ARCH_EMBD_SCALE, else 1)
+  float attn_scale;  // attention's score scale (1/sqrt(hd))
+  int window;        // sliding window of the layers with swa (positions pos - window < p <= pos), 0: none
   // weights
   struct ll_weight tok_embd;  // (n_vocab, C)
   struct ll_weight output;    // (n_vocab, C); the same matrix as tok_embd when tied

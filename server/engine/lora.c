@@ -25,11 +25,12 @@ int ll_lora_target_from_name(const char *s) {
 }
 
 void ll_lora_target_dims(const struct ll_lora_dims *d, int t, int64_t *in, int64_t *out) {
+  const int qd = d->n_embd_q > 0 ? d->n_embd_q : d->n_embd;
   switch (t) {
-  case LL_LORA_Q: *in = d->n_embd, *out = d->n_embd; break;
+  case LL_LORA_Q: *in = d->n_embd, *out = qd; break;
   case LL_LORA_K:
   case LL_LORA_V: *in = d->n_embd, *out = d->n_embd_kv; break;
-  case LL_LORA_O: *in = d->n_embd, *out = d->n_embd; break;
+  case LL_LORA_O: *in = qd, *out = d->n_embd; break;
   case LL_LORA_GATE:
   case LL_LORA_UP: *in = d->n_embd, *out = d->n_ff; break;
   default: *in = d->n_ff, *out = d->n_embd; break; // down

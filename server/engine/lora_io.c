@@ -202,12 +202,13 @@ int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, 
     if (tg < 0 || t->ne[0] <= 0 || t->ne[1] <= 0 || t->ne[0] > (1 << 20) || t->ne[1] > (1 << 20)) continue;
     if (l + 1 > d->n_layer) d->n_layer = l + 1;
     const int v = (int)(b ? t->ne[1] : t->ne[0]); // B: out features; A: in features
-    int *in_dim = tg == LL_LORA_DOWN ? &d->n_ff : &d->n_embd;
-    int *out_dim = tg == LL_LORA_K || tg == LL_LORA_V ? &d->n_embd_kv : tg == LL_LORA_GATE || tg == LL_LORA_UP ? &d->n_ff : &d->n_embd;
+    int *in_dim = tg == LL_LORA_DOWN ? &d->n_ff : tg == LL_LORA_O ? &d->n_embd_q : &d->n_embd;
+    int *out_dim = tg == LL_LORA_K || tg == LL_LORA_V ? &d->n_embd_kv : tg == LL_LORA_GATE || tg == LL_LORA_UP ? &d->n_ff : tg == LL_LORA_Q ? &d->n_embd_q : &d->n_embd;
     int *dst = b ? out_dim : in_dim;
     if (!*dst) *dst = v;
   }
   if (!d->n_layer) return ll_errf(err, errlen, LL_EFORMAT, "lora: no adapter tensors (blk.N.<matrix>.weight.lora_a / .lora_b)");
+  if (d->n_embd_q == d->n_embd) d->n_embd_q = 0; // the usual case: says "as n_embd"
   return 0;
 }
 

@@ -481,6 +481,13 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
       !(p->min_lr_ratio >= 0 && p->min_lr_ratio <= 1))
     return ll_errf(err, errlen, LL_EINVAL, "trainer: clip, weight_decay, betas, eps or min_lr_ratio out of range");
   if (m->L < 1 || m->C < 1 || m->n_vocab < 1) return ll_errf(err, errlen, LL_EINVAL, "trainer: empty model");
+  // What this trainer differentiates: the Llama/Qwen2 forward (ll_arch.h's train_hooks say which
+  // other hooks it has). Another family is refused, naming what is missing, rather than trained wrong.
+  const char *what;
+  if (m->arch && !ll_arch_trainable(m->arch, &what))
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: %s models cannot be trained yet (no backward for %s)", m->arch->name, what);
+  if (m->window > 0) return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: sliding-window attention cannot be trained yet");
+  if (m->qd != 0 && m->qd != m->C) return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: a head width other than C / heads cannot be trained yet");
   return 0;
 }
 
