@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Qwen3, Phi-3 and Mistral (llama + attention.sliding_window) against llama.cpp: the small random
+models tests/scripts/make_arch_models.py writes (with the gguf package, in a venv made once under
+the build directory: LL_BINARY_DIR/pyvenv-gguf) must be the bytes llama.cpp's references were made
+from (sha256), and the engine's greedy ids on each prompt of tests/ref/archs_prompts.ids must be
+llama.cpp's, every one (test_arch_ref --exact; F32 weights: the same sums as ggml's)."""
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+
+BUILD = os.path.abspath(os.environ.get("LL_BINARY_DIR", "build"))
+SRC = os.path.abspath(os.environ.get("LL_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")))
+VENV = os.path.join(BUILD, "pyvenv-gguf")
+VPY = os.path.join(VENV, "bin", "python")
+PKGS = ["gguf==0.19.0", "numpy>=1.26"]
+# sha256 of the files llama.cpp's reference ids (tests/ref/archs_*_greedy64.tsv) were made from
+SHA = {
+    "qwen3": "a47a384b70e6315c87fefea5e38ab797f6f54f686cc4d0dba4d394cd79b4f323",
+    "phi3": "165c79f4982a1deaf018b018f104e92ece47588c6cd106934930e292c6a4dfa4",
+    "mistral": "258f5295e07f4c1a64dfd8be9a7a5570d08a277a03e7d8ee69c579f63ac1f3bf",
+}
+
+
+def ensure_venv():
+    if os.path.realpath(sys.prefix) == os.path.realpath(VENV):
+        return
+    os.makedirs(BUILD, exist_ok=True)
+    with open(os.path.join(BUILD, "pyvenv-gguf.lock"), "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        probe = [VPY, "-c", "import gguf, numpy"]
+        if not (os.path.exists(VPY) and subprocess.run(probe, capture_output=True).returncode == 0):
+            print("-- making the test venv %s (%s)" % (VENV, ", ".join(PKGS)), flush=True)
+            subprocess.run([sys.executable, "-m", "venv", "--clear", VENV], check=True)
+            r = subprocess.run([VPY, "-m", "pip", "install", "-q", "--disable-pip-version-check"] + PKGS)
+            if r.returncode != 0 or subprocess.run(probe).returncode != 0:
+                print("FAILED: cannot install %s into %s (pip needs PyPI)" % (PKGS, VENV), flush=True)
+                sys.exit(1)
+    os.execv(VPY, [VPY, "-u"] + sys.argv)
+
+
+ensure_venv()
+passed = failed = 0
+with tempfile.TemporaryDirectory(prefix="llsrv-archs-") as tmp:
+    subprocess.run([sys.executable, os.path.join(SRC, "tests/scripts/make_arch_models.py"), tmp], check=True, capture_output=True)
+    for name, sha in SHA.items():
+        path = os.path.join(tmp, name + ".gguf")
+        got = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        if got != sha:
+            print(f"FAIL: {name}.gguf has sha256 {got}, not the bytes the reference was made from ({sha})")
+            failed += 1
+            continue
+        ref = os.path.join(SRC, f"tests/ref/archs_{name}_greedy64.tsv")
+        r = subprocess.run([os.path.join(BUILD, "tests/test_arch_ref"), path, ref, "--exact", "--min-tf", "1.0"], capture_output=True, text=True)
+        print(f"== {name}\n{r.stdout}{r.stderr}", end="")
+        if r.returncode == 0:
+            passed += 1
+        else:
+            failed += 1
+            print(f"FAIL: {name}")
+    # An unknown architecture is refused, naming it and the supported ones.
+    bad = os.path.join(tmp, "bad.gguf")
+    data = open(os.path.join(tmp, "mistral.gguf"), "rb").read().replace(b"\x05\x00\x00\x00\x00\x00\x00\x00llama", b"\x05\x00\x00\x00\x00\x00\x00\x00lxama", 1)
+    data = data.replace(b"llama.", b"lxama.")
+    open(bad, "wb").write(data)
+    r = subprocess.run([os.path.join(BUILD, "server/llsrv"), "generate", "--model", bad, "-p", "1 2", "-n", "1"], capture_output=True, text=True)
+    ok = r.returncode != 0 and "'lxama' is not supported" in r.stderr and "gemma3" in r.stderr and "qwen3" in r.stderr
+    print(("ok" if ok else "FAIL") + f": unknown architecture refused: {r.stderr.strip()}")
+    passed, failed = passed + ok, failed + (not ok)
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
