@@ -2,7 +2,10 @@
 # bench_http.py - the HTTP API against the line protocol on the same server, same run: N
 # concurrent greedy streams (HTTP: /v1/completions with stream=true, read as SSE on raw
 # sockets; line: GEN), aggregate generated tok/s and the mean time to first token. The runs
-# alternate (line, http, line, http, ...) and the best of --reps is kept for each.
+# alternate (line, http, line, http, ...) and the best of --reps is kept for each. Beside them,
+# the event loop thread's CPU time per generated token (its utime + stime from /proc, which a
+# loaded machine does not inflate the way it does wall time): what each protocol's encoding
+# costs the thread that also admits every request.
 #   python3 tests/bench/bench_http.py [MODEL] [--streams 8] [--tokens 64] [--threads 2]
 # Without MODEL: the embedded demo model (protocol overhead dominates: the harsher case).
 import argparse
@@ -72,6 +75,16 @@ def http_stream(i):
     return n, first
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def loop_cpu():
+    """CPU seconds of the server's main thread (the libuv loop: sockets, parsing, encoding)."""
+    with open("/proc/%d/task/%d/stat" % (srv.p.pid, srv.p.pid)) as f:
+        st = f.read().rsplit(")", 1)[1].split()
+    return (int(st[11]) + int(st[12])) / TICK
+
+
 def run(fn):
     res = []
     ths = [threading.Thread(target=lambda i=i: res.append(fn(i))) for i in range(a.streams)]
@@ -81,18 +94,27 @@ def run(fn):
     for t in ths:
         t.join()
     dt = time.perf_counter() - t0
-    return sum(n for n, _ in res) / dt, sum(f for _, f in res) / len(res) * 1e3
+    return sum(n for n, _ in res) / dt, sum(f for _, f in res) / len(res) * 1e3, sum(n for n, _ in res)
 
 
 run(line_stream), run(http_stream)  # warm-up
 best = {"line": (0, 1e9), "http": (0, 1e9)}
+cpu = {"line": [0.0, 0], "http": [0.0, 0]}  # loop CPU seconds, tokens
+with open("/proc/loadavg") as f:
+    load0 = f.read().split()[:3]
 for _ in range(a.reps):
     for name, fn in (("line", line_stream), ("http", http_stream)):
-        tps, ttft = run(fn)
+        c0 = loop_cpu()
+        tps, ttft, n = run(fn)
+        cpu[name][0] += loop_cpu() - c0
+        cpu[name][1] += n
         best[name] = (max(best[name][0], tps), min(best[name][1], ttft))
 srv.stop()
-print("| protocol | %d streams x %d tokens: aggregate tok/s | mean TTFT ms |" % (a.streams, a.tokens))
-print("|---------|------:|------:|")
+with open("/proc/loadavg") as f:
+    load1 = f.read().split()[:3]
+print("| protocol | %d streams x %d tokens: aggregate tok/s | mean TTFT ms | loop thread CPU us/token |" % (a.streams, a.tokens))
+print("|---------|------:|------:|------:|")
 for name in ("line", "http"):
-    print("| %s | %.1f | %.2f |" % (name, best[name][0], best[name][1]))
-print("http/line throughput %.3f, TTFT difference %+.2f ms" % (best["http"][0] / best["line"][0], best["http"][1] - best["line"][1]))
+    print("| %s | %.1f | %.2f | %.1f |" % (name, best[name][0], best[name][1], cpu[name][0] / max(cpu[name][1], 1) * 1e6))
+print("http/line throughput %.3f, TTFT difference %+.2f ms; load average %s before, %s after" %
+      (best["http"][0] / best["line"][0], best["http"][1] - best["line"][1], "/".join(load0), "/".join(load1)))
