@@ -12,6 +12,8 @@
 #   - cancel of a queued job and of a running one (it stops; no model);
 #   - a restart: files, jobs and events listed again, the model served again with the same
 #     answer, and a job that was running resumes from its checkpoint;
+#   - beside the configured train: run: the job takes the training thread (the monitor's
+#     training.yielded_to), the run stands still, then goes on;
 #   - bad input on raw sockets: malformed multipart bodies, an upload over max_upload (413), a
 #     JSON body over max_line, bad list parameters, a file in use deleted; both protocols keep
 #     serving.
@@ -30,7 +32,7 @@ ensure_venv(["openai>=1.30,<3", "prometheus_client>=0.17"], ["openai", "promethe
 
 import openai  # noqa: E402
 
-from llsrv_client import Checker, Server, wait_until  # noqa: E402
+from llsrv_client import Checker, Monitor, Server, wait_until  # noqa: E402
 
 check = Checker()
 tmp = tempfile.mkdtemp(prefix="llsrv-ft-")
@@ -288,6 +290,15 @@ is_error(raw(b"GET /v1/fine_tuning/jobs?limit=0 HTTP/1.1\r\nHost: x\r\n\r\n"), 4
 is_error(raw(b"GET /v1/fine_tuning/jobs?limit=abc HTTP/1.1\r\nHost: x\r\n\r\n"), 400, "limit=abc", "limit")
 is_error(raw(b"PUT /v1/fine_tuning/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"), 405, "PUT on the jobs list")
 is_error(raw(b"GET /v1/fine_tuning/nothing HTTP/1.1\r\nHost: x\r\n\r\n"), 404, "an unknown fine-tuning path")
+# A file too short for one training sequence passes the upload (its lines are fine) and fails
+# the job while its file is validated, as OpenAI's jobs fail.
+tiny = cli.files.create(file=open(write("tiny.jsonl", json.dumps({"messages": [{"role": "user", "content": "a"},
+                                                                           {"role": "assistant", "content": "b"}]}) + "\n"), "rb"),
+                        purpose="fine-tune")
+jt = cli.fine_tuning.jobs.create(model=base, training_file=tiny.id)
+st = job_status(jt.id, ("failed", "succeeded"), 60) and cli.fine_tuning.jobs.retrieve(jt.id)
+check(st and st.status == "failed" and st.error.code == "invalid_training_file" and "token" in st.error.message,
+      "a file too short fails its job with invalid_training_file: %r" % (st and st.error))
 # A file in use by a queued or running job cannot be deleted; an unused one can.
 f2 = cli.files.create(file=open(good, "rb"), purpose="fine-tune")
 busy = cli.fine_tuning.jobs.create(model=base, training_file=f2.id, hyperparameters={"n_epochs": 50})
@@ -303,4 +314,32 @@ both_serve("the bad-input battery")
 
 rc = srv.stop()
 check(rc == 0, "SIGTERM: exit 0 (%r)" % rc)
+
+# ---- beside the configured run ----
+print("-- a job beside the configured train: run: it yields, then goes on", flush=True)
+src = os.environ.get("LL_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+targs = ARGS + ["--config", os.path.join(src, "configs", "demo.yaml"), "--train-data", os.path.join(src, "man"), "--train-seq-len", "64",
+                "--train-batch", "2", "--train-eval-every", "0", "--train-checkpoint-every", "1000", "--train-steps", "100000"]
+srv = Server(tmp, targs, name="srv3")
+cli = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srv.http_port, api_key="unused", max_retries=0, timeout=120)
+mon = Monitor(srv.sock)
+check(wait_until(lambda: (mon.snapshot()["training"]["step"] or 0) >= 2, "configured run at step 2", 120), "the configured run trains")
+jc = cli.fine_tuning.jobs.create(model=base, training_file=f.id, suffix="beside", hyperparameters={"n_epochs": 4})
+snap = wait_until(lambda: (lambda t: t if t["yielded_to"] == jc.id else None)(mon.snapshot()["training"]), "yielded_to the job", 60)
+check(snap and snap["state"] == "running", "the monitor's training.yielded_to names the job while it trains: %r" % (snap and snap["yielded_to"]))
+step_at_yield = snap["step"] if snap else -1
+# Every snapshot taken while the job has the thread shows the configured run at the same step.
+steps, t0 = [step_at_yield], time.time()
+while time.time() - t0 < 180:
+    t = mon.snapshot()["training"]
+    if t["yielded_to"] != jc.id:
+        break
+    steps.append(t["step"])
+check(len(steps) >= 2 and set(steps) == {step_at_yield}, "the configured run stands still while the job trains: steps %r in %d snapshots (%d at the yield)" %
+      (sorted(set(steps)), len(steps), step_at_yield))
+check(job_status(jc.id, ("succeeded", "failed"), 60) and cli.fine_tuning.jobs.retrieve(jc.id).status == "succeeded", "the job succeeds")
+check(wait_until(lambda: mon.snapshot()["training"]["step"] >= step_at_yield + 2, "configured run goes on", 120), "the configured run goes on after the job")
+mon.close()
+rc = srv.stop()
+check(rc == 0, "SIGTERM with the configured run: exit 0 (%r)" % rc)
 sys.exit(check.summary())
