@@ -457,7 +457,8 @@ static struct slot *admit(struct ll_sched *s, struct slot *sl) {
   }
   sl->logits = malloc((size_t)s->V * sizeof *sl->logits);
   sl->smp = ll_sampler_new(&r->sp, s->V);
-  sl->greedy = sl->smp && ll_sampler_is_greedy(sl->smp);
+  // A logprob is computed from the logits, which the argmax path does not bring back.
+  sl->greedy = sl->smp && ll_sampler_is_greedy(sl->smp) && !r->want_logprob;
   sl->stop = ll_stop_new((const char *const *)r->stops, r->n_stops);
   if (sl->seq < 0 || !sl->logits || !sl->smp || !sl->stop) goto oom;
   for (int i = 0; i < sl->n_prompt; i++) ll_sampler_accept(sl->smp, sl->tokens[i]);

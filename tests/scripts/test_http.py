@@ -211,6 +211,12 @@ check(all(len(e.top_logprobs) == 3 and e.logprob <= 0 and e.top_logprobs[0].logp
 check("".join(bytes(e.bytes).decode("utf-8", "replace") for e in lp) == r.choices[0].message.content or
       b"".join(bytes(e.bytes) for e in lp).decode("utf-8", "replace") == r.choices[0].message.content,
       "the tokens' bytes make the text")
+# logprobs without top_logprobs: plain greedy otherwise, whose argmax path brings no logits back;
+# the logprob must still be the token's (it was read from stale logits: -7e31 on the demo).
+r0 = cli.chat.completions.create(model="demo", messages=msgs, max_tokens=8, temperature=0, logprobs=True)
+l0 = [e.logprob for e in r0.choices[0].logprobs.content]
+check(len(l0) == len(lp) and all(abs(a - e.logprob) < 1e-4 for a, e in zip(l0, lp)),
+      "logprobs without top_logprobs equal those with them: %r vs %r" % (l0[:3], [e.logprob for e in lp[:3]]))
 r = cli.completions.create(model="demo", prompt="Once", max_tokens=5, temperature=0, logprobs=2)
 l2 = r.choices[0].logprobs
 check(len(l2.tokens) == 5 and len(l2.token_logprobs) == 5 and len(l2.top_logprobs) == 5 and l2.text_offset[0] == 0,
