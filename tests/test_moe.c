@@ -13,9 +13,11 @@
 #include "ll_modelfile.h"
 #include "ll_moe.h"
 #include "ll_quant.h"
+#include "ll_lora.h"
+#include "ll_trainer.h"
 #include "testutil.h"
 
-enum { C = 32, H = 4, HKV = 2, L = 2, F = 40, V = 64, E = 4, K = 2, CTX = 64 };
+enum { C = 32, H = 4, HKV = 2, L = 2, F = 40, FS = 24, V = 64, E = 4, K = 2, CTX = 64 };
 #define KVD (C / H * HKV)
 
 // ---------------------------------------------------------------- routing
@@ -96,18 +98,25 @@ static int write_model(const char *path, int experts, int used, int same_experts
   ll_modelfile_init(&m.mf);
   m.mem = malloc(m.cap * sizeof(float));
   uint64_t rs = seed, rs2 = seed ^ 0x9e3779b97f4a7c15ull;
-  ll_mf_set_str(&m.mf, "general.architecture", "llama");
-  ll_mf_set_u32(&m.mf, "llama.context_length", CTX);
-  ll_mf_set_u32(&m.mf, "llama.embedding_length", C);
-  ll_mf_set_u32(&m.mf, "llama.block_count", L);
-  ll_mf_set_u32(&m.mf, "llama.feed_forward_length", F);
-  ll_mf_set_u32(&m.mf, "llama.attention.head_count", H);
-  ll_mf_set_u32(&m.mf, "llama.attention.head_count_kv", HKV);
-  ll_mf_set_f32(&m.mf, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  // break_what "shared": qwen2moe's layout with a shared expert (width FS) beside the experts
+  const int shared = break_what && !strcmp(break_what, "shared");
+  const char *arch = shared ? "qwen2moe" : "llama";
+  char key[96];
+#define KEY(s) (snprintf(key, sizeof key, "%s." s, arch), key)
+  ll_mf_set_str(&m.mf, "general.architecture", arch);
+  ll_mf_set_u32(&m.mf, KEY("context_length"), CTX);
+  ll_mf_set_u32(&m.mf, KEY("embedding_length"), C);
+  ll_mf_set_u32(&m.mf, KEY("block_count"), L);
+  ll_mf_set_u32(&m.mf, KEY("feed_forward_length"), F);
+  ll_mf_set_u32(&m.mf, KEY("attention.head_count"), H);
+  ll_mf_set_u32(&m.mf, KEY("attention.head_count_kv"), HKV);
+  ll_mf_set_f32(&m.mf, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
   if (experts) {
-    ll_mf_set_u32(&m.mf, "llama.expert_count", (uint32_t)experts);
-    ll_mf_set_u32(&m.mf, "llama.expert_used_count", (uint32_t)(break_what && !strcmp(break_what, "used") ? experts + 1 : used));
+    ll_mf_set_u32(&m.mf, KEY("expert_count"), (uint32_t)experts);
+    ll_mf_set_u32(&m.mf, KEY("expert_used_count"), (uint32_t)(break_what && !strcmp(break_what, "used") ? experts + 1 : used));
+    if (shared) ll_mf_set_u32(&m.mf, KEY("expert_feed_forward_length"), F), ll_mf_set_u32(&m.mf, KEY("expert_shared_feed_forward_length"), FS);
   }
+#undef KEY
   add(&m, "token_embd.weight", 2, C, V, 1, rnd(&m, (size_t)C * V, 1.0f, &rs));
   float *on = take(&m, C);
   for (int i = 0; i < C; i++) on[i] = 1.0f;
@@ -142,6 +151,12 @@ static int write_model(const char *path, int experts, int used, int same_experts
     add(&m, NM("ffn_gate_exps.weight"), 3, C, F, experts, ge);
     add(&m, NM("ffn_up_exps.weight"), 3, C, F, bad ? experts - 1 : experts, ue);
     add(&m, NM("ffn_down_exps.weight"), 3, F, C, experts, de);
+    if (shared) {
+      add(&m, NM("ffn_gate_inp_shexp.weight"), 1, C, 1, 1, rnd(&m, C, 0.5f, &rs2));
+      add(&m, NM("ffn_gate_shexp.weight"), 2, C, FS, 1, rnd(&m, (size_t)C * FS, 0.3f, &rs2));
+      add(&m, NM("ffn_up_shexp.weight"), 2, C, FS, 1, rnd(&m, (size_t)C * FS, 0.3f, &rs2));
+      add(&m, NM("ffn_down_shexp.weight"), 2, FS, C, 1, rnd(&m, (size_t)FS * C, 0.3f, &rs2));
+    }
 #undef NM
   }
   char err[256];
@@ -270,12 +285,95 @@ static void test_models(const char *dir, uint64_t *rs) {
   unlink(dense), unlink(same), unlink(moe), unlink(bad);
 }
 
+// ---------------------------------------------------------------- training through experts
+
+// LoRA on q, k, v, o of an MoE model: every adapter gradient against central differences of
+// the summed loss. The gradient reaches the lower layer's adapters through the upper layer's
+// experts, their routing weights (softmax, renormalization) and, with `shared`, qwen2moe's
+// sigmoid-gated shared expert: ll_moe_backward.
+static void test_grads(const char *dir, int shared, uint64_t *rs) {
+  char path[4200], err[256];
+  snprintf(path, sizeof path, "%s/train-%d.gguf", dir, shared);
+  if (write_model(path, E, K, 0, ll_test_rand(rs), shared ? "shared" : NULL)) return;
+  struct ll_engine *e = open_model(path, err, sizeof err);
+  CHECKF(e != NULL, "open: %s", err);
+  if (!e) return;
+  struct ll_trainer_params p;
+  ll_trainer_params_init(&p);
+  p.rank = 4, p.alpha = 8, p.batch = 2, p.seq_len = 8, p.lr = 1e-2, p.steps = 10, p.seed = 7;
+  p.targets = (1u << LL_LORA_Q) | (1u << LL_LORA_K) | (1u << LL_LORA_V) | (1u << LL_LORA_O);
+  struct ll_trainer *tr = NULL;
+  int rc = ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err);
+  CHECKF(rc == 0, "trainer: %s", err);
+  if (rc == 0) {
+    const struct ll_lora *lo = ll_trainer_lora(tr);
+    uint64_t bs = 99;
+    for (int l = 0; l < lo->n_layer; l++) // B starts at zero (every A gradient zero): values first
+      for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+        struct ll_lora_pair *pr = ll_lora_at(lo, l, t);
+        for (int64_t i = 0; pr->b.data && i < pr->b.k * pr->b.n; i++) ((float *)pr->b.data)[i] = 0.3f * ll_test_randf(&bs);
+      }
+    int32_t ids[16], tg[16];
+    for (int i = 0; i < 16; i++) ids[i] = (int32_t)(ll_test_rand(rs) % V), tg[i] = (int32_t)(ll_test_rand(rs) % V);
+    float *P, *G;
+    int64_t n;
+    ll_trainer_vectors(tr, &P, &G, &n);
+    ll_trainer_zero_grad(tr);
+    double loss, lp, lm;
+    rc = ll_trainer_forward_backward(tr, ids, tg, 2, 1, 1.0f, &loss, NULL, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    float *g = malloc((size_t)n * sizeof *g);
+    memcpy(g, G, (size_t)n * sizeof *g);
+    int bad = 0, lower = 0, kinks = 0;
+    double max_err = 0, max_g = 0;
+    const double h = 1e-3;
+    for (int c = 0; c < 80 && rc == 0; c++) {
+      // half of the checks in layer 0's adapters: their gradient crossed layer 1's experts
+      const int64_t i = c % 2 ? (int64_t)(ll_test_rand(rs) % (uint64_t)(n / 2)) : (int64_t)(ll_test_rand(rs) % (uint64_t)n);
+      lower += i < n / 2;
+      const float keep = P[i];
+      P[i] = (float)(keep + h);
+      rc |= ll_trainer_forward_backward(tr, ids, tg, 2, 0, 1.0f, &lp, NULL, err, sizeof err);
+      P[i] = (float)(keep - h);
+      rc |= ll_trainer_forward_backward(tr, ids, tg, 2, 0, 1.0f, &lm, NULL, err, sizeof err);
+      P[i] = keep;
+      // top-k routing is piecewise: a step that changes a token's experts jumps the loss. Such
+      // a kink shows as one-sided differences that disagree; those parameters are not checked.
+      const double up = (lp - loss) / ((double)(float)(keep + h) - keep), dn = (loss - lm) / (keep - (double)(float)(keep - h));
+      if (fabs(up - dn) > 0.05 * fmax(fabs(up), fabs(dn)) + 2e-2) {
+        kinks++;
+        continue;
+      }
+      const double fd = (lp - lm) / ((double)(float)(keep + h) - (double)(float)(keep - h)), d = fabs(fd - g[i]);
+      max_err = fmax(max_err, d), max_g = fmax(max_g, fabs(fd));
+      if (d > 2e-3 + 3e-2 * fabs(fd) && bad++ < 5) fprintf(stderr, "param %lld: analytic %.6g, finite differences %.6g\n", (long long)i, g[i], fd);
+    }
+    printf("%s: 80 adapter gradients (%d in layer 0; %d at a routing kink, not checked), max |g_fd| %.4g, max |error| %.3g\n",
+           shared ? "qwen2moe" : "mixtral", lower, kinks, max_g, max_err);
+    CHECKF(kinks <= 4, "%d of 80 parameters at routing kinks", kinks);
+    CHECKF(rc == 0, "%s", err);
+    CHECKF(bad == 0, "%d of 80 gradients off the finite differences", bad);
+    CHECK(max_g > 1e-3);
+    free(g);
+    ll_trainer_free(tr);
+  }
+  // what is refused: FFN targets, full-parameter training
+  p.targets = LL_LORA_ALL_TARGETS;
+  rc = ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err);
+  CHECKF(rc == LL_EUNSUPPORTED && strstr(err, "gate/up/down"), "FFN targets on an MoE model: %s", rc ? err : "accepted");
+  if (rc == 0) ll_trainer_free(tr);
+  ll_engine_close(e);
+  unlink(path);
+}
+
 int main(void) {
   uint64_t rs = ll_test_seed();
   test_route(&rs);
   char dir[4096];
   if (ll_test_tmpdir(dir, sizeof dir)) {
     test_models(dir, &rs);
+    test_grads(dir, 0, &rs);
+    test_grads(dir, 1, &rs);
     rmdir(dir);
   } else {
     CHECKF(0, "no temporary directory");

@@ -14,3 +14,7 @@ ll_script_test(NAME server_train_faults COMMAND python3 -u ${CMAKE_CURRENT_SOURC
 # kill -9 + restart resumes on the same curve, the exported adapter gives llama.cpp's greedy ids.
 ll_script_test(NAME finetune_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_finetune_smollm2.py
   LABELS "integration;slow" TIMEOUT 1500 FIXTURES smollm2)
+# LoRA on attention through a mixture of experts (router and experts frozen): `llsrv init --arch
+# moe`, 30 steps lower the validation loss, FFN targets refused, the adapter serves (~10 s).
+ll_script_test(NAME moe_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_moe_train.sh
+  LABELS integration TIMEOUT 300)

@@ -27,6 +27,14 @@ void ll_moe_ctx_free(struct ll_moe_ctx *c); // accepts NULL
 // buffers of c's backend. T <= max_batch.
 int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, float *x, const float *xn, int T, char *err, size_t errlen);
 
+// Training: dxn (T, C) += the gradient of the layer's MoE output with respect to xn, given the
+// output's gradient dy (T, C); the router and the experts frozen (no weight gradients), the
+// routing weights differentiated (softmax, renormalization) with the chosen experts held. The
+// forward is recomputed (the same routes). ops: the backend's members with the training ones
+// filled (the trainer's). Host buffers only (the CPU backend): LL_EUNSUPPORTED elsewhere.
+int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, float *dxn, const float *xn, const float *dy,
+                    int T, char *err, size_t errlen);
+
 // Routing of T tokens from their router logits (T, E) (host memory), llama.cpp's build_moe_ffn
 // with the softmax gate: p = softmax(logits) (ggml's exponentials and sums), the k largest in
 // descending order (ties: the lower expert), w = p[chosen]; norm_w: w / max(Σw, 2^-14);

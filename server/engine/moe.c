@@ -35,6 +35,10 @@ struct ll_moe_ctx {
   int32_t *sel;        // (max_batch·k) expert of (token, slot)
   int *rowof, *src;    // (max_batch·k): row of (token, slot) in the grouped buffers; token of a row
   int *cnt, *off;      // (E) rows per expert, first row
+  // training (ll_moe_backward; made on its first call, host buffers only)
+  float *h, *dh, *d2, *dye; // (max_batch·k, F_exp) x3, (max_batch·k, C)
+  float *sh, *dsh, *dsg, *dsu, *dsy, *dv; // shared expert: (max_batch, F_sh) x4, (max_batch, C), (max_batch)
+  float *dlog, *dw; // (max_batch, E), (max_batch·k)
 };
 
 void ll_moe_route(const float *logits, int T, int E, int k, int norm_w, float w_scale, int32_t *sel, float *w, float *probs) {
@@ -77,6 +81,8 @@ void ll_moe_ctx_free(struct ll_moe_ctx *c) {
   float *bufs[] = {c->logits, c->xg, c->g, c->u, c->ye, c->sg, c->su, c->sy, c->sgate};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ll_backend_free_buf(o, bufs[i]);
   free(c->hlog), free(c->hsg), free(c->probs), free(c->w), free(c->sel), free(c->rowof), free(c->src), free(c->cnt), free(c->off);
+  float *tb[] = {c->h, c->dh, c->d2, c->dye, c->sh, c->dsh, c->dsg, c->dsu, c->dsy, c->dv, c->dlog, c->dw};
+  for (size_t i = 0; i < sizeof tb / sizeof tb[0]; i++) free(tb[i]);
   free(c);
 }
 
@@ -136,6 +142,8 @@ static int row_scale(struct ll_moe_ctx *c, float *x, float s, int n) {
   }
   return c->be->i->scale ? c->be->i->scale(c->be, x, s, n) : LL_EUNSUPPORTED;
 }
+
+static int route_group(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const float *xn, int T, char *err, size_t errlen);
 
 // The experts' products over the grouped rows: g, u (rows, F_exp) then SwiGLU, ye (rows, C).
 static int experts(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const float *xn, int T, char *err, size_t errlen) {
@@ -200,9 +208,33 @@ static int shared_expert(struct ll_moe_ctx *c, const struct ll_moe_layer *y, con
 int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, float *x, const float *xn, int T, char *err, size_t errlen) {
   struct ll_backend *be = c->be;
   const struct ll_model *m = c->m;
-  const int E = m->n_expert, k = m->n_expert_used, C = m->C;
+  const int k = m->n_expert_used, C = m->C;
   if (T > c->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "moe: batch of %d tokens exceeds %d", T, c->max_batch);
-  // Router logits (T, E), to the host, routed.
+  int rc = route_group(c, y, xn, T, err, errlen);
+  if (rc) return rc;
+  const int ro = be->row_order;
+  be->row_order = 1;
+  rc = experts(c, y, xn, T, err, errlen);
+  be->row_order = ro;
+  if (rc) return rc;
+  if (y->sh_gate.data && (rc = shared_expert(c, y, xn, T, err, errlen))) return rc;
+  // Weighted, summed in slot order into the first slot's row, + shared, + the residual.
+  for (int i = 0; i < T * k; i++) BK(row_scale(c, c->ye + (size_t)c->rowof[i] * C, c->w[i], C), "scale");
+  for (int t = 0; t < T; t++) {
+    float *acc = c->ye + (size_t)c->rowof[t * k] * C;
+    for (int j = 1; j < k; j++) BK(row_add(c, acc, acc, c->ye + (size_t)c->rowof[t * k + j] * C, C), "add");
+    if (y->sh_gate.data) BK(row_add(c, acc, acc, c->sy + (size_t)t * C, C), "add");
+    BK(row_add(c, x + (size_t)t * C, acc, x + (size_t)t * C, C), "add");
+  }
+  return 0;
+}
+
+// Router logits (T, E) to the host, routed; the (token, slot) pairs grouped by expert and, for
+// a batch, xn's rows gathered in that order into xg.
+static int route_group(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const float *xn, int T, char *err, size_t errlen) {
+  struct ll_backend *be = c->be;
+  const struct ll_model *m = c->m;
+  const int E = m->n_expert, k = m->n_expert_used, C = m->C;
   BK(be->i->matmul(be, c->logits, xn, &y->router, T, 0), "matmul router");
   BK(ll_backend_copy(be, c->hlog, c->logits, (size_t)T * E * sizeof(float)), "copy");
   ll_moe_route(c->hlog, T, E, k, m->moe_norm_w, m->moe_w_scale, c->sel, c->w, c->probs);
@@ -217,20 +249,6 @@ int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, float *x,
   for (int e = 0; e < E; e++) c->off[e] -= c->cnt[e];
   if (T > 1) // the inputs gathered (decode's experts all read xn's one row)
     for (int r = 0; r < T * k; r++) BK(ll_backend_copy(be, c->xg + (size_t)r * C, xn + (size_t)c->src[r] * C, (size_t)C * sizeof(float)), "copy");
-  const int ro = be->row_order;
-  be->row_order = 1;
-  int rc = experts(c, y, xn, T, err, errlen);
-  be->row_order = ro;
-  if (rc) return rc;
-  if (y->sh_gate.data && (rc = shared_expert(c, y, xn, T, err, errlen))) return rc;
-  // Weighted, summed in slot order into the first slot's row, + shared, + the residual.
-  for (int i = 0; i < T * k; i++) BK(row_scale(c, c->ye + (size_t)c->rowof[i] * C, c->w[i], C), "scale");
-  for (int t = 0; t < T; t++) {
-    float *acc = c->ye + (size_t)c->rowof[t * k] * C;
-    for (int j = 1; j < k; j++) BK(row_add(c, acc, acc, c->ye + (size_t)c->rowof[t * k + j] * C, C), "add");
-    if (y->sh_gate.data) BK(row_add(c, acc, acc, c->sy + (size_t)t * C, C), "add");
-    BK(row_add(c, x + (size_t)t * C, acc, x + (size_t)t * C, C), "add");
-  }
   return 0;
 }
 
@@ -248,4 +266,109 @@ void ll_moe_param_counts(const struct ll_modelfile *mf, int64_t *total, int64_t 
   const struct ll_tensor_info *te = ll_mf_find_tensor(mf, "token_embd.weight");
   if (te && ll_mf_find_tensor(mf, "output.weight")) act -= (te->ne[1] - 1) * te->ne[0]; // an untied embedding: one row per token
   *total = all, *expert = ex, *active = act, *n_expert = (int)ne, *n_used = (int)nu;
+}
+
+// ---------------------------------------------------------------- backward (training)
+
+static float *grab(float **p, size_t n, int *ok) {
+  if (!*p) *p = calloc(n, sizeof(float));
+  *ok = *ok && *p;
+  return *p;
+}
+
+int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, float *dxn, const float *xn, const float *dy,
+                    int T, char *err, size_t errlen) {
+  struct ll_backend *be = c->be;
+  const struct ll_model *m = c->m;
+  const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp, Fs = m->F_sh;
+  if (!c->host) return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: training runs on the CPU backend only");
+  if (T > c->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "moe: batch of %d tokens exceeds %d", T, c->max_batch);
+  const size_t B = (size_t)c->max_batch, Bk = B * (size_t)k;
+  int ok = 1;
+  grab(&c->h, Bk * Fe, &ok), grab(&c->dh, Bk * Fe, &ok), grab(&c->d2, Bk * Fe, &ok), grab(&c->dye, Bk * C, &ok);
+  grab(&c->dlog, B * E, &ok), grab(&c->dw, Bk, &ok);
+  if (Fs > 0) grab(&c->sh, B * Fs, &ok), grab(&c->dsh, B * Fs, &ok), grab(&c->dsg, B * Fs, &ok), grab(&c->dsu, B * Fs, &ok), grab(&c->dsy, B * C, &ok), grab(&c->dv, B, &ok);
+  if (!ok) return ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for the backward pass");
+  // The forward again (deterministic: the same routes): g, u, h and ye of every (token, slot).
+  int rc = route_group(c, y, xn, T, err, errlen);
+  if (rc) return rc;
+  if (T == 1) memcpy(c->xg, xn, (size_t)C * sizeof(float));
+  for (int r = 1; T == 1 && r < k; r++) memcpy(c->xg + (size_t)r * C, xn, (size_t)C * sizeof(float));
+  for (int e = 0; e < E; e++) {
+    if (!c->cnt[e]) continue;
+    const size_t r = (size_t)c->off[e];
+    float *const o[2] = {c->g + r * Fe, c->u + r * Fe};
+    const struct ll_weight *const w[2] = {&y->gate[e], &y->up[e]};
+    BK(ll_backend_matmul_n(be, 2, o, c->xg + r * C, w, c->cnt[e]), "matmul expert gate, up");
+  }
+  BK(ops->swiglu(be, c->h, c->g, c->u, (int64_t)T * k * Fe), "swiglu");
+  for (int e = 0; e < E; e++)
+    if (c->cnt[e]) BK(ops->matmul(be, c->ye + (size_t)c->off[e] * C, c->h + (size_t)c->off[e] * Fe, &y->down[e], c->cnt[e], 0), "matmul expert down");
+  // out[t] = Σ_j w_j ye_j: dw_j = dy[t]·ye_j, dye_j = w_j dy[t]
+  for (int i = 0; i < T * k; i++) {
+    const float *d = dy + (size_t)(i / k) * C, *ye = c->ye + (size_t)c->rowof[i] * C;
+    float *g = c->dye + (size_t)c->rowof[i] * C;
+    double s = 0;
+    for (int j = 0; j < C; j++) s += (double)d[j] * ye[j], g[j] = c->w[i] * d[j];
+    c->dw[i] = (float)s;
+  }
+  // through the experts: dh = dye·down, (dg, du) = swiglu', dxg = dg·gate + du·up
+  memset(c->dh, 0, (size_t)T * k * Fe * sizeof(float));
+  for (int e = 0; e < E; e++)
+    if (c->cnt[e])
+      BK(ops->matmul_backward(be, c->dh + (size_t)c->off[e] * Fe, NULL, c->dye + (size_t)c->off[e] * C, c->h + (size_t)c->off[e] * Fe, &y->down[e], c->cnt[e]),
+         "matmul_backward expert down");
+  BK(ops->swiglu_backward(be, c->h, c->d2, c->dh, c->g, c->u, (int64_t)T * k * Fe), "swiglu_backward"); // dg in h, du in d2
+  memset(c->dye, 0, (size_t)T * k * C * sizeof(float)); // now dxg
+  for (int e = 0; e < E; e++) {
+    if (!c->cnt[e]) continue;
+    const size_t r = (size_t)c->off[e];
+    BK(ops->matmul_backward(be, c->dye + r * C, NULL, c->h + r * Fe, c->xg + r * C, &y->gate[e], c->cnt[e]), "matmul_backward expert gate");
+    BK(ops->matmul_backward(be, c->dye + r * C, NULL, c->d2 + r * Fe, c->xg + r * C, &y->up[e], c->cnt[e]), "matmul_backward expert up");
+  }
+  for (int r = 0; r < T * k; r++) { // scattered back to the tokens
+    float *d = dxn + (size_t)c->src[r] * C;
+    const float *g = c->dye + (size_t)r * C;
+    for (int j = 0; j < C; j++) d[j] += g[j];
+  }
+  // through the routing weights to the router's logits (the router itself is frozen):
+  // w_j = sc·p_j / S (S = Σ_chosen p, when renormalized), p = softmax(logits)
+  const float sc = m->moe_w_scale != 0.0f && m->moe_w_scale != 1.0f ? m->moe_w_scale : 1.0f;
+  for (int t = 0; t < T; t++) {
+    const float *x = c->hlog + (size_t)t * E;
+    float mx = -INFINITY;
+    for (int i = 0; i < E; i++) mx = x[i] > mx ? x[i] : mx;
+    const double z = ll_cpu_softmax(c->probs, x, mx, E);
+    double S = 0, dS = 0, dp[1024] = {0}, pd = 0;
+    for (int i = 0; i < E; i++) c->probs[i] = (float)(c->probs[i] / z);
+    for (int j = 0; j < k; j++) S += c->probs[c->sel[t * k + j]];
+    const int norm = m->moe_norm_w && S >= 6.103515625e-5;
+    for (int j = 0; j < k; j++) dS += (double)c->dw[t * k + j] * c->probs[c->sel[t * k + j]];
+    for (int j = 0; j < k; j++) dp[c->sel[t * k + j]] = sc * (norm ? c->dw[t * k + j] / S - dS / (S * S) : (m->moe_norm_w ? c->dw[t * k + j] / 6.103515625e-5 : c->dw[t * k + j]));
+    for (int i = 0; i < E; i++) pd += c->probs[i] * dp[i];
+    for (int i = 0; i < E; i++) c->dlog[(size_t)t * E + i] = (float)(c->probs[i] * (dp[i] - pd));
+  }
+  BK(ops->matmul_backward(be, dxn, NULL, c->dlog, xn, &y->router, T), "matmul_backward router");
+  if (Fs <= 0 || !y->sh_gate.data) return 0;
+  // qwen2moe's shared expert: out += σ(v) s, s = down(silu(g)·u), v = xn·r
+  float *const o[2] = {c->sg, c->su};
+  const struct ll_weight *const w[2] = {&y->sh_gate, &y->sh_up};
+  BK(ll_backend_matmul_n(be, 2, o, xn, w, T), "matmul shared gate, up");
+  BK(ops->swiglu(be, c->sh, c->sg, c->su, (int64_t)T * Fs), "swiglu");
+  BK(ops->matmul(be, c->sy, c->sh, &y->sh_down, T, 0), "matmul shared down");
+  BK(ops->matmul(be, c->sgate, xn, &y->sh_router, T, 0), "matmul shared gate logit");
+  for (int t = 0; t < T; t++) {
+    const float v = c->sgate[t], sig = 1.0f / (1.0f + expf(-v));
+    const float *d = dy + (size_t)t * C, *s = c->sy + (size_t)t * C;
+    double ds = 0;
+    for (int j = 0; j < C; j++) ds += (double)d[j] * s[j], c->dsy[(size_t)t * C + j] = sig * d[j];
+    c->dv[t] = (float)(ds * sig * (1.0f - sig));
+  }
+  memset(c->dsh, 0, (size_t)T * Fs * sizeof(float));
+  BK(ops->matmul_backward(be, c->dsh, NULL, c->dsy, c->sh, &y->sh_down, T), "matmul_backward shared down");
+  BK(ops->swiglu_backward(be, c->dsg, c->dsu, c->dsh, c->sg, c->su, (int64_t)T * Fs), "swiglu_backward");
+  BK(ops->matmul_backward(be, dxn, NULL, c->dsg, xn, &y->sh_gate, T), "matmul_backward shared gate");
+  BK(ops->matmul_backward(be, dxn, NULL, c->dsu, xn, &y->sh_up, T), "matmul_backward shared up");
+  BK(ops->matmul_backward(be, dxn, NULL, c->dv, xn, &y->sh_router, T), "matmul_backward shared gate logit");
+  return 0;
 }

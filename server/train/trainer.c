@@ -30,6 +30,7 @@
 #include "ll_cpu_train.h"
 #include "ll_error.h"
 #include "ll_lora.h"
+#include "ll_moe.h"
 #include "ll_modelfile.h"
 #include "ll_quant.h"
 
@@ -65,6 +66,7 @@ struct ll_trainer {
   struct ll_modelfile meta; // full mode: the model file (metadata and frozen tensors for checkpoints)
   struct ll_backend *be;
   struct ll_backend_i ops; // the backend's members, training ones filled from the CPU references
+  struct ll_moe_ctx *moe;  // mixture-of-experts layers: their FFN's scratch (ll_moe.h)
   struct ll_lora *lora;
   float *P, *G, *M, *V; // parameters, gradients, AdamW moments (n_par each; backend buffers)
   // The parameters' host copy: what the server serves and checkpoints write. P itself where
@@ -248,6 +250,10 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   BK(copy(tr, a->m, x, (int64_t)T * C), "copy");
   if ((rc = lin_forward(tr, a->m, a->a, &y->wo, l, LL_LORA_O, a->axs[LL_LORA_O], 1, err, errlen))) return rc; // m = x + o(a)
   BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");                     // n2 (T, C)
+  if (y->moe) { // x' = m + moe(n2)
+    BK(copy(tr, xout, a->m, (int64_t)T * C), "copy");
+    return ll_moe_forward(tr->moe, y->moe, xout, a->n2, T, err, errlen);
+  }
   if ((rc = lin_forward(tr, a->g, a->n2, &y->gate, l, LL_LORA_GATE, a->axs[LL_LORA_GATE], 0, err, errlen))) return rc; // (T, F)
   if ((rc = lin_forward(tr, a->u, a->n2, &y->up, l, LL_LORA_UP, a->axs[LL_LORA_UP], 0, err, errlen))) return rc;       // (T, F)
   BK(B->swiglu(be, a->h, a->g, a->u, (int64_t)T * m->F), "swiglu");                            // h (T, F)
@@ -267,6 +273,12 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   int rc;
   // n1, n2 and h are not saved (they share one buffer, tr->nh): each is recomputed from what is
   // saved (x, m, g and u) with the forward's kernel, so it has the same bits, just before its use.
+  if (y->moe) { // x' = m + moe(n2): dn = moe'(n2)ᵀ dx
+    BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");
+    BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
+    if ((rc = ll_moe_backward(tr->moe, B, y->moe, tr->dn, a->n2, dx, T, err, errlen))) return rc;
+    goto ffn_norm;
+  }
   // x' = m + down(h)
   BK(B->swiglu(be, a->h, a->g, a->u, (int64_t)T * F), "swiglu");
   BK(zero(tr, tr->dh, (int64_t)T * F), "zero");
@@ -279,7 +291,7 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   if ((rc = lin_backward(tr, tr->dn, tr->dg, a->n2, &y->gate, gw->gate, l, LL_LORA_GATE, a->axs[LL_LORA_GATE], err, errlen)) ||
       (rc = lin_backward(tr, tr->dn, tr->du, a->n2, &y->up, gw->up, l, LL_LORA_UP, a->axs[LL_LORA_UP], err, errlen)))
     return rc;
-  // n2 = rmsnorm(m): dx becomes dm (the residual path plus the norm's)
+ffn_norm: // n2 = rmsnorm(m): dx becomes dm (the residual path plus the norm's)
   BK(B->rmsnorm_backward(be, dx, gw->ffn_norm, tr->dn, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm_backward");
   // m = x + o(a)
   BK(zero(tr, tr->da, (int64_t)T * C), "zero");
@@ -461,8 +473,16 @@ void ll_trainer_memory(const struct ll_trainer *tr, struct ll_train_memory *mem)
 
 static int check_params(const struct ll_model *m, const struct ll_trainer_params *p, char *err, size_t errlen) {
   if (p->mode != LL_TRAIN_LORA && p->mode != LL_TRAIN_FULL) return ll_errf(err, errlen, LL_EINVAL, "trainer: unknown mode %d", p->mode);
-  if (m->n_expert > 0) // the forward pass would need the routed experts' backward (issue 32)
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: mixture-of-experts models (%d experts) can be served but not trained yet", m->n_expert);
+  if (m->n_expert > 0) { // LoRA on attention through frozen experts and router (ll_moe_backward)
+    if (p->mode != LL_TRAIN_LORA)
+      return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: a mixture-of-experts model (%d experts) trains LoRA adapters only (train.mode lora)", m->n_expert);
+    if (p->targets & ((1u << LL_LORA_GATE) | (1u << LL_LORA_UP) | (1u << LL_LORA_DOWN)))
+      return ll_errf(err, errlen, LL_EUNSUPPORTED,
+                     "trainer: lora_targets names gate/up/down, but the model's FFN is a mixture of %d experts, which adapters do not reach yet: use q,k,v,o",
+                     m->n_expert);
+    for (int l = 0; l < m->L; l++)
+      if (m->layers[l].q_norm) return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: q/k norms (qwen3moe, olmoe) are not trained yet");
+  }
   if (p->mode == LL_TRAIN_LORA) {
     if (p->rank < 1 || p->rank > 4096) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_rank %d must be 1..4096", p->rank);
     if (!(p->alpha > 0) || !isfinite(p->alpha)) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_alpha must be positive");
@@ -681,6 +701,11 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   ll_modelfile_init(&tr->meta);
   fill_ops(tr);
   tr->B = p->batch, tr->S = p->seq_len, tr->T = p->batch * p->seq_len;
+  if (m->n_expert > 0 && (rc = ll_moe_ctx_new(&tr->moe, be, m, tr->T, err, errlen))) goto fail;
+  if (m->n_expert > 0 && tr->dev) {
+    rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: mixture-of-experts models train on the CPU backend only (not on a device yet)");
+    goto fail;
+  }
   if (p->mode == LL_TRAIN_LORA) {
     rc = setup_lora(tr, err, errlen);
   } else {
@@ -754,6 +779,7 @@ void ll_trainer_free(struct ll_trainer *tr) {
   ll_backend_sync(tr->be); // deferred results (ll_backend.h) land in xparts before it goes
   for (int i = 0; i < tr->n_bufs; i++) ll_backend_free_buf(tr->be, tr->bufs[i]);
   ll_lora_free(tr->lora);
+  ll_moe_ctx_free(tr->moe);
   if (tr->dev && tr->p.mode == LL_TRAIN_FULL) free(tr->Ph);
   free(tr->dpairs), free(tr->fhlayers);
   ll_modelfile_free(&tr->meta);
