@@ -313,43 +313,49 @@ static void test_grads(const char *dir, int shared, uint64_t *rs) {
         struct ll_lora_pair *pr = ll_lora_at(lo, l, t);
         for (int64_t i = 0; pr->b.data && i < pr->b.k * pr->b.n; i++) ((float *)pr->b.data)[i] = 0.3f * ll_test_randf(&bs);
       }
-    int32_t ids[16], tg[16];
-    for (int i = 0; i < 16; i++) ids[i] = (int32_t)(ll_test_rand(rs) % V), tg[i] = (int32_t)(ll_test_rand(rs) % V);
+    // A batch whose tokens sit on a routing tie (two experts' probabilities within what a step
+    // of h moves them) makes most parameters kinks: then another batch, up to 4.
+    int kinks = 0, bad = 0, lower = 0;
+    double max_err = 0, max_g = 0;
     float *P, *G;
     int64_t n;
     ll_trainer_vectors(tr, &P, &G, &n);
-    ll_trainer_zero_grad(tr);
-    double loss, lp, lm;
-    rc = ll_trainer_forward_backward(tr, ids, tg, 2, 1, 1.0f, &loss, NULL, err, sizeof err);
-    CHECKF(rc == 0, "%s", err);
     float *g = malloc((size_t)n * sizeof *g);
-    memcpy(g, G, (size_t)n * sizeof *g);
-    int bad = 0, lower = 0, kinks = 0;
-    double max_err = 0, max_g = 0;
-    const double h = 1e-3;
-    for (int c = 0; c < 80 && rc == 0; c++) {
-      // half of the checks in layer 0's adapters: their gradient crossed layer 1's experts
-      const int64_t i = c % 2 ? (int64_t)(ll_test_rand(rs) % (uint64_t)(n / 2)) : (int64_t)(ll_test_rand(rs) % (uint64_t)n);
-      lower += i < n / 2;
-      const float keep = P[i];
-      P[i] = (float)(keep + h);
-      rc |= ll_trainer_forward_backward(tr, ids, tg, 2, 0, 1.0f, &lp, NULL, err, sizeof err);
-      P[i] = (float)(keep - h);
-      rc |= ll_trainer_forward_backward(tr, ids, tg, 2, 0, 1.0f, &lm, NULL, err, sizeof err);
-      P[i] = keep;
-      // top-k routing is piecewise: a step that changes a token's experts jumps the loss. Such
-      // a kink shows as one-sided differences that disagree; those parameters are not checked.
-      const double up = (lp - loss) / ((double)(float)(keep + h) - keep), dn = (loss - lm) / (keep - (double)(float)(keep - h));
-      if (fabs(up - dn) > 0.05 * fmax(fabs(up), fabs(dn)) + 2e-2) {
-        kinks++;
-        continue;
+    for (int attempt = 0; attempt < 4 && rc == 0; attempt++) {
+      int32_t ids[16], tg[16];
+      for (int i = 0; i < 16; i++) ids[i] = (int32_t)(ll_test_rand(rs) % V), tg[i] = (int32_t)(ll_test_rand(rs) % V);
+      ll_trainer_zero_grad(tr);
+      double loss, lp, lm;
+      rc = ll_trainer_forward_backward(tr, ids, tg, 2, 1, 1.0f, &loss, NULL, err, sizeof err);
+      CHECKF(rc == 0, "%s", err);
+      memcpy(g, G, (size_t)n * sizeof *g);
+      kinks = bad = lower = 0, max_err = max_g = 0;
+      const double h = 1e-3;
+      for (int c = 0; c < 80 && rc == 0; c++) {
+        // half of the checks in layer 0's adapters: their gradient crossed layer 1's experts
+        const int64_t i = c % 2 ? (int64_t)(ll_test_rand(rs) % (uint64_t)(n / 2)) : (int64_t)(ll_test_rand(rs) % (uint64_t)n);
+        lower += i < n / 2;
+        const float keep = P[i];
+        P[i] = (float)(keep + h);
+        rc |= ll_trainer_forward_backward(tr, ids, tg, 2, 0, 1.0f, &lp, NULL, err, sizeof err);
+        P[i] = (float)(keep - h);
+        rc |= ll_trainer_forward_backward(tr, ids, tg, 2, 0, 1.0f, &lm, NULL, err, sizeof err);
+        P[i] = keep;
+        // top-k routing is piecewise: a step that changes a token's experts jumps the loss. Such
+        // a kink shows as one-sided differences that disagree; those parameters are not checked.
+        const double up = (lp - loss) / ((double)(float)(keep + h) - keep), dn = (loss - lm) / (keep - (double)(float)(keep - h));
+        if (fabs(up - dn) > 0.1 * fmax(fabs(up), fabs(dn)) + 0.05) {
+          kinks++;
+          continue;
+        }
+        const double fd = (lp - lm) / ((double)(float)(keep + h) - (double)(float)(keep - h)), d = fabs(fd - g[i]);
+        max_err = fmax(max_err, d), max_g = fmax(max_g, fabs(fd));
+        if (d > 2e-3 + 3e-2 * fabs(fd) && bad++ < 5) fprintf(stderr, "param %lld: analytic %.6g, finite differences %.6g\n", (long long)i, g[i], fd);
       }
-      const double fd = (lp - lm) / ((double)(float)(keep + h) - (double)(float)(keep - h)), d = fabs(fd - g[i]);
-      max_err = fmax(max_err, d), max_g = fmax(max_g, fabs(fd));
-      if (d > 2e-3 + 3e-2 * fabs(fd) && bad++ < 5) fprintf(stderr, "param %lld: analytic %.6g, finite differences %.6g\n", (long long)i, g[i], fd);
+      printf("%s: batch %d, 80 adapter gradients (%d in layer 0; %d at a routing kink, not checked), max |g_fd| %.4g, max |error| %.3g\n",
+             shared ? "qwen2moe" : "mixtral", attempt, lower, kinks, max_g, max_err);
+      if (kinks <= 4) break;
     }
-    printf("%s: 80 adapter gradients (%d in layer 0; %d at a routing kink, not checked), max |g_fd| %.4g, max |error| %.3g\n",
-           shared ? "qwen2moe" : "mixtral", lower, kinks, max_g, max_err);
     CHECKF(kinks <= 4, "%d of 80 parameters at routing kinks", kinks);
     CHECKF(rc == 0, "%s", err);
     CHECKF(bad == 0, "%d of 80 gradients off the finite differences", bad);
