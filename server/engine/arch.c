@@ -27,7 +27,8 @@ static const struct ll_arch arches[] = {
     {"phi3", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_FUSED_QKV | LL_ARCH_FUSED_UP | LL_ARCH_Q_PRESCALE, 0, 0.0f, 0, 0},
     // Mixtures of experts (moe.c): qwen2moe (biases, a shared expert), qwen3moe (per-head q/k
     // norms), olmoe (q/k norms over whole rows).
-    {"qwen2moe", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QKV_BIAS | LL_ARCH_MOE, 0, 0.0f, 0, LL_ARCH_QKV_BIAS},
+    // (qwen2moe trains LoRA on attention through its frozen experts: moe.c's ll_moe_backward)
+    {"qwen2moe", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QKV_BIAS | LL_ARCH_MOE, 0, 0.0f, 0, LL_ARCH_QKV_BIAS | LL_ARCH_MOE},
     {"qwen3moe", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QK_NORM | LL_ARCH_MOE, 0, 0.0f, 1, 0},
     {"olmoe", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QK_NORM | LL_ARCH_QK_NORM_ROWS | LL_ARCH_MOE, 0, 0.0f, 0, 0},
 };
