@@ -184,11 +184,26 @@ print("-- restart: the store comes back; a running job resumes", flush=True)
 step_before = s1.to_dict()["step"]
 rc = srv.stop()
 check(rc == 0, "SIGTERM with a job running: exit 0 (%r)" % rc)
+# Damaged records beside the good ones: each is logged and left out, the rest comes back.
+st_dir = os.path.join(tmp, "state", "fine_tuning")
+bad_jobs = {"ftjob-" + "a" * 24: '{"version": 1, "job": {"id": "ftjob-' + "a" * 24 + '"', # cut short
+            "ftjob-" + "b" * 24: json.dumps({"version": 1, "job": {}, "llsrv": {}, "events": 5, "checkpoints": []}),
+            "ftjob-" + "c" * 24: "\x00\xff" * 100}
+good_rec = json.load(open(os.path.join(st_dir, "jobs", j.id + ".json")))
+good_rec["llsrv"]["steps"] = -4  # out of range
+good_rec["job"]["id"] = "ftjob-" + "d" * 24
+bad_jobs["ftjob-" + "d" * 24] = json.dumps(good_rec)
+for k, v in bad_jobs.items():
+    write(os.path.join(st_dir, "jobs", k + ".json"), v)
+write(os.path.join(st_dir, "files", "file-" + "e" * 24 + ".json"), '{"id": "file-' + "e" * 24 + '", "bytes": 1e400}')
 srv = Server(tmp, ARGS, name="srv2")
+log = srv.output()
+check(all(("%s.json left out" % k) in log for k in bad_jobs) and ("file-" + "e" * 24 + ".json left out") in log,
+      "each damaged record is logged as left out: %r" % [ln for ln in log.splitlines() if "left out" in ln])
 cli = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srv.http_port, api_key="unused", max_retries=0, timeout=120)
 check(f.id in [x.id for x in cli.files.list().data], "the file is listed after the restart")
 ids = [x.id for x in cli.fine_tuning.jobs.list(limit=100).data]
-check(ids[:3] == [long2.id, long1.id, j.id], "the jobs are listed, newest first: %r" % ids)
+check(ids == [long2.id, long1.id, j.id], "the jobs are listed, newest first, the damaged ones left out: %r" % ids)
 check(cli.fine_tuning.jobs.retrieve(long2.id).status == "cancelled", "the cancelled job stays cancelled")
 s = cli.fine_tuning.jobs.retrieve(j.id)
 check(s.status == "succeeded" and s.fine_tuned_model == FT, "the succeeded job stays succeeded")
