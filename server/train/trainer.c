@@ -430,6 +430,12 @@ static int64_t model_bytes(const struct ll_model *m) {
     const struct ll_layer *y = &m->layers[l];
     b += weight_bytes(&y->wq) + weight_bytes(&y->wk) + weight_bytes(&y->wv) + weight_bytes(&y->wo) + weight_bytes(&y->gate) +
          weight_bytes(&y->up) + weight_bytes(&y->down) + 2 * (int64_t)m->C * 4;
+    const struct ll_moe_layer *x = y->moe; // a mixture of experts: the router, every expert, the shared one
+    for (int e = 0; x && e < m->n_expert; e++) b += weight_bytes(&x->gate[e]) + weight_bytes(&x->up[e]) + weight_bytes(&x->down[e]);
+    if (x)
+      b += weight_bytes(&x->router) + (x->sh_gate.data ? weight_bytes(&x->sh_gate) + weight_bytes(&x->sh_up) + weight_bytes(&x->sh_down) +
+                                                             weight_bytes(&x->sh_router)
+                                                       : 0);
   }
   return b;
 }
