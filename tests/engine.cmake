@@ -15,7 +15,8 @@ endif()
 ll_script_test(NAME lora_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_lora_smollm2.py
   LABELS integration TIMEOUT 600 FIXTURES smollm2)
 # Mixture of experts: routing against a double-precision reference, experts that are all one
-# dense FFN against that dense model, prompt (grouped experts) against decode, bad MoE files.
+# dense FFN against that dense model, prompt (grouped experts) against decode, batch invariance,
+# bad MoE files, LoRA gradients through the experts against finite differences.
 ll_test(NAME test_moe SOURCES test_moe.c LIBS ll_server LABELS unit TIMEOUT 120)
 # Mixture-of-experts layouts (Mixtral's llama, qwen2moe, qwen3moe, olmoe) written by the gguf
 # package: 32 greedy ids on 4 prompts equal llama.cpp's (tests/ref/moe_greedy32.tsv), top-5

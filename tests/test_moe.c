@@ -1,7 +1,9 @@
 // test_moe.c - the mixture-of-experts FFN (server/engine/moe.c): routing against a plain
 // reference, a model whose experts are all one dense FFN against that dense model, a prompt
-// (experts over grouped tokens) against the same tokens decoded one at a time, expert
-// selection per token, and malformed MoE files refused with the tensor or key named.
+// (experts over grouped tokens) against the same tokens decoded one at a time, a prompt's
+// logits the same bits with another sequence in its step (the server's batch invariance),
+// malformed MoE files refused with the tensor or key named, and LoRA training through the
+// experts: every adapter gradient against finite differences (Mixtral's layout, qwen2moe's).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +177,7 @@ static struct ll_engine *open_model(const char *path, char *err, size_t errlen) 
   p.device = "cpu";
   p.batch_invariant = 1;
   p.n_ctx = CTX;
+  p.n_parallel = 4;
   p.kv_f16 = 0; // f32: an f16 cache's rounding steps would magnify the 1e-7 differences compared here
   struct ll_engine *e = NULL;
   if (ll_engine_open(&e, &p, err, errlen) != 0) return NULL;
@@ -256,6 +259,42 @@ static void test_models(const char *dir, uint64_t *rs) {
     // dense products) move logits of ~10 by ~1e-4 through two layers
     const double d = max_diff(a, b, (size_t)N * V), scale = max_abs(a, (size_t)N * V);
     CHECKF(d < 1e-5 * scale, "prompt and decode logits differ by %g (largest logit %g)", d, scale);
+    // batch invariance (the server's contract, ll_engine_params.batch_invariant): a sequence's
+    // logits are the same bits whether other sequences share its steps, which regroups every
+    // expert's rows
+    {
+      char e2[256];
+      float *solo = malloc((size_t)N * V * sizeof(float)), *both = malloc((size_t)(N + 8) * V * sizeof(float));
+      run(em, tok, N, 0, solo);
+      int32_t other[8];
+      for (int i = 0; i < 8; i++) other[i] = (int32_t)(ll_test_rand(rs) % V);
+      const int s1 = ll_engine_seq_new(em), s2 = ll_engine_seq_new(em);
+      struct ll_batch_item its[2] = {{s2, 8, other, 2, both + (size_t)N * V, NULL}, {s1, N, tok, 2, both, NULL}};
+      int rc2 = s1 >= 0 && s2 >= 0 ? ll_engine_decode(em, its, 2, e2, sizeof e2) : -1;
+      CHECKF(rc2 == 0, "two sequences in one step: %s", rc2 == -1 ? "no second sequence" : e2);
+      // then one more token each, together (decode with other sequences' tokens beside)
+      float last1[V], last2[V], alone[V];
+      const int32_t t1 = 5, t2 = 9;
+      struct ll_batch_item st[2] = {{s1, 1, &t1, 1, last1, NULL}, {s2, 1, &t2, 1, last2, NULL}};
+      if (rc2 == 0) rc2 = ll_engine_decode(em, st, 2, e2, sizeof e2);
+      CHECKF(rc2 == 0, "decode step of two: %s", e2);
+      CHECKF(rc2 == 0 && memcmp(solo, both, (size_t)N * V * sizeof(float)) == 0, "a prompt's logits changed with another sequence in its step (max %g)",
+             max_diff(solo, both, (size_t)N * V));
+      ll_engine_seq_free(em, s1), ll_engine_seq_free(em, s2);
+      int32_t tk[N + 1];
+      memcpy(tk, tok, sizeof tok), tk[N] = t1;
+      const int s3 = ll_engine_seq_new(em);
+      struct ll_batch_item a1 = {s3, N, tok, 0, NULL, NULL}, a2 = {s3, 1, &t1, 1, alone, NULL};
+      rc2 = ll_engine_decode(em, &a1, 1, e2, sizeof e2);
+      if (rc2 == 0) rc2 = ll_engine_decode(em, &a2, 1, e2, sizeof e2);
+      // (F32 dense products sum a lone token as ggml_vec_dot_f32 and two as tinyBLAS tiles, as
+      // llama.cpp does: a step of one token and a step of two differ there by float rounding,
+      // the dense model as much as this one, so here a tolerance, not bits)
+      CHECKF(rc2 == 0 && max_diff(alone, last1, V) < 1e-5 * max_abs(alone, V), "a decode step's logits changed with another sequence beside it (max %g)",
+             max_diff(alone, last1, V));
+      ll_engine_seq_free(em, s3);
+      free(solo), free(both);
+    }
     // and the experts matter: the MoE model is not the dense one
     struct ll_engine *e2 = open_model(dense, err, sizeof err);
     if (e2) {
