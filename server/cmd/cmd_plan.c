@@ -36,7 +36,7 @@
 #include "ll_moe.h"
 
 struct shape {
-  int64_t C, L, H, Hkv, F, V, kvd;
+  int64_t C, L, H, Hkv, F, V, kvd, qd; // qd: q width, head_dim (attention.key_length, else C / H) * H
   int64_t weights;
   int64_t packed; // the CPU kernels' interleaved copies (repack)
 };
@@ -61,7 +61,7 @@ static int64_t compute_bytes(const struct shape *s, const struct plan *p) {
 
 // Parameters of every matrix (full-parameter training trains them all, in f32).
 static int64_t matrix_params(const struct shape *s) {
-  return s->L * (s->C * s->C * 2 + s->C * s->kvd * 2 + s->C * s->F * 3) + s->V * s->C;
+  return s->L * (s->C * s->qd * 2 + s->C * s->kvd * 2 + s->C * s->F * 3) + s->V * s->C;
 }
 
 // *own: the trainer instance's staging buffers (it shares the served weights).
@@ -69,7 +69,7 @@ static int64_t train_bytes(const struct shape *s, const struct plan *p, int64_t 
   *adapters = *acts = *own = 0;
   if (!p->train) return 0;
   const int64_t r = p->rank, C = s->C, F = s->F, kvd = s->kvd;
-  const int64_t per_layer = r * ((C + C) * 2 + (C + kvd) * 2 + (C + F) * 2 + (F + C));
+  const int64_t per_layer = r * ((C + s->qd) * 2 + (C + kvd) * 2 + (C + F) * 2 + (F + C));
   // weights, gradients, two moments: of the adapters, or (full) of every matrix in f32
   *adapters = p->full ? 4 * matrix_params(s) * 4 : 4 * s->L * per_layer * 4;
   const int64_t tok = p->batch * p->seq_len, head_rows = tok < 64 ? tok : 64;
@@ -147,11 +147,13 @@ int ll_cmd_plan(int argc, char **argv) {
       goto out;
     }
   const struct ll_tensor_info *te = ll_mf_find_tensor(&mf, "token_embd.weight");
-  if (!te || v[0] % v[2] || v[2] % v[4]) {
+  int64_t hd = 0; // the head width as the engine reads it: attention.key_length (Gemma 3, Qwen3), else C / H
+  if (ll_mf_get_arch_int(&mf, "attention.key_length", &hd) != 0) hd = v[2] && v[0] % v[2] == 0 ? v[0] / v[2] : 0;
+  if (!te || hd <= 0 || hd > 4096 || v[2] % v[4]) {
     fprintf(stderr, "llsrv plan: %s: token_embd.weight missing or head counts inconsistent\n", cfg.model);
     goto out;
   }
-  s.C = v[0], s.L = v[1], s.H = v[2], s.F = v[3], s.Hkv = v[4], s.V = te->ne[1], s.kvd = v[0] / v[2] * v[4];
+  s.C = v[0], s.L = v[1], s.H = v[2], s.F = v[3], s.Hkv = v[4], s.V = te->ne[1], s.kvd = hd * v[4], s.qd = hd * v[2];
   for (uint64_t i = 0; i < mf.n_tensors; i++)
     if (mf.tensors[i].n_dims >= 2) s.weights += (int64_t)mf.tensors[i].nbytes;
 

@@ -60,6 +60,13 @@ with tempfile.TemporaryDirectory(prefix="llsrv-archs-") as tmp:
         else:
             failed += 1
             print(f"FAIL: {name}")
+    # llsrv plan sizes the KV cache by the head width the engine uses (key_length 32, not C / H = 16):
+    # 2 (k, v) x 4 layers x 2048 positions x 8 sequences x 64 (2 kv heads of 32) x 2 bytes = 16 MiB.
+    r = subprocess.run([os.path.join(BUILD, "server/llsrv"), "plan", "--model", os.path.join(tmp, "qwen3.gguf"), "--device", "cpu",
+                        "--ctx", "2048", "--parallel", "8"], capture_output=True, text=True)
+    ok = r.returncode == 0 and any("KV cache" in l and " 16.0 MiB" in l for l in r.stdout.splitlines())
+    print(("ok" if ok else "FAIL") + ": plan's KV cache for qwen3 (16.0 MiB): " + " ".join(l.strip() for l in r.stdout.splitlines() if "KV cache" in l) + r.stderr.strip())
+    passed, failed = passed + ok, failed + (not ok)
     # An unknown architecture is refused, naming it and the supported ones.
     bad = os.path.join(tmp, "bad.gguf")
     data = open(os.path.join(tmp, "mistral.gguf"), "rb").read().replace(b"\x05\x00\x00\x00\x00\x00\x00\x00llama", b"\x05\x00\x00\x00\x00\x00\x00\x00lxama", 1)
