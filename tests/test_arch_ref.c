@@ -2,19 +2,22 @@
 // of ll_arch.h (tests/ref/README.md says how the references were made).
 //
 // usage: test_arch_ref MODEL REF.tsv [--prompts PROMPTS.txt] [--min-tf FRACTION] [--exact]
-//                      [--device D] [--threads N]
+//                      [--device D] [--threads N] [--adapter LORA.gguf]
 // REF.tsv rows: index \t prompt ids \t greedy ids (llama.cpp, one thread, CPU).
 //  - with --prompts, the prompt line's text (\n escapes) tokenizes to the reference's prompt ids;
 //  - teacher forcing: prompt + the reference's greedy ids decoded in one pass, every row's
 //    argmax compared with the id llama.cpp chose next (agreement >= --min-tf, default 0.99);
 //  - free-running greedy from the prompt: with --exact every id equals llama.cpp's; else the
-//    length of the common prefix is printed (a near tie can send two correct engines apart).
+//    length of the common prefix is printed (a near tie can send two correct engines apart);
+//  - with --adapter, every sequence computes with that LoRA adapter (llama.cpp's --lora, scale 1).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ll_engine.h"
 #include "ll_error.h"
+#include "ll_lora.h"
+#include "ll_model.h"
 #include "ll_tokenizer.h"
 #include "testutil.h"
 
@@ -40,7 +43,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: test_arch_ref MODEL REF.tsv [--prompts F] [--min-tf X] [--exact] [--device D] [--threads N]\n");
     return 2;
   }
-  const char *prompts_path = NULL, *device = "cpu";
+  const char *prompts_path = NULL, *device = "cpu", *adapter = NULL;
   double min_tf = 0.99;
   int exact = 0, threads = 1;
   for (int i = 3; i < argc; i++) {
@@ -48,6 +51,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--min-tf") == 0 && i + 1 < argc) min_tf = atof(argv[++i]);
     else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) device = argv[++i];
     else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--adapter") == 0 && i + 1 < argc) adapter = argv[++i];
     else if (strcmp(argv[i], "--exact") == 0) exact = 1;
   }
   struct ll_engine_params ep;
@@ -64,6 +68,14 @@ int main(int argc, char **argv) {
     return ll_test_summary();
   }
   const int V = ll_engine_n_vocab(e);
+  struct ll_lora *lora = NULL;
+  if (adapter) {
+    struct ll_lora_dims d;
+    ll_engine_lora_dims(e, &d);
+    const int rc = ll_lora_load(&lora, adapter, &d, ll_engine_backend(e), err, sizeof err);
+    if (rc) fprintf(stderr, "%s\n", err);
+    CHECK(rc == 0);
+  }
   FILE *rf = fopen(argv[2], "r"), *pf = prompts_path ? fopen(prompts_path, "r") : NULL;
   CHECK(rf && (!prompts_path || pf));
   static char line[1 << 16], pline[1 << 14];
@@ -88,6 +100,7 @@ int main(int argc, char **argv) {
     memcpy(all, prompt, sizeof(int32_t) * (size_t)np);
     memcpy(all + np, gen, sizeof(int32_t) * (size_t)(ng - 1));
     int s = ll_engine_seq_new(e);
+    if (lora) CHECK(ll_engine_seq_set_adapter(e, s, lora, err, sizeof err) == 0);
     struct ll_batch_item it = {s, np + ng - 1, all, 2, logits, NULL};
     CHECK(ll_engine_decode(e, &it, 1, err, sizeof err) == 0);
     int agree = 0;
@@ -102,6 +115,7 @@ int main(int argc, char **argv) {
     tf_ok += agree, tf_n += ng;
     // free-running greedy, one token at a time after the prompt
     s = ll_engine_seq_new(e);
+    if (lora) CHECK(ll_engine_seq_set_adapter(e, s, lora, err, sizeof err) == 0);
     struct ll_batch_item p = {s, np, prompt, 1, NULL, &ours[0]};
     int same = 0, rc = ll_engine_decode(e, &p, 1, err, sizeof err);
     for (int k = 1; rc == 0 && k < ng; k++) {
@@ -120,6 +134,7 @@ int main(int argc, char **argv) {
   if (rf) fclose(rf);
   if (pf) fclose(pf);
   free(logits);
+  ll_lora_free(lora); // before the engine: its memory is the engine's backend's
   ll_engine_close(e);
   return ll_test_summary();
 }

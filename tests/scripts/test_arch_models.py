@@ -60,6 +60,19 @@ with tempfile.TemporaryDirectory(prefix="llsrv-archs-") as tmp:
         else:
             failed += 1
             print(f"FAIL: {name}")
+    # A LoRA adapter on qwen3 (q's B is (128, r): the q width, not C): llama.cpp --lora's ids, every one.
+    ad = os.path.join(tmp, "qwen3-lora.gguf")
+    r = subprocess.run([os.path.join(BUILD, "tests/test_lora"), "--make-adapter", os.path.join(tmp, "qwen3.gguf"), ad, "4", "8", "7", "0.05"],
+                       capture_output=True, text=True)
+    got = hashlib.sha256(open(ad, "rb").read()).hexdigest() if r.returncode == 0 else r.stderr
+    if got != "d14dbd29dd0e14180b3be59546c7a05cc3edb83920bbcb49231cd5697435c19e":
+        print(f"FAIL: the qwen3 adapter is not the reference's bytes: {got}")
+        failed += 1
+    else:
+        r = subprocess.run([os.path.join(BUILD, "tests/test_arch_ref"), os.path.join(tmp, "qwen3.gguf"), os.path.join(SRC, "tests/ref/archs_qwen3_lora_greedy64.tsv"),
+                            "--exact", "--min-tf", "1.0", "--adapter", ad], capture_output=True, text=True)
+        print(f"== qwen3 + LoRA\n{r.stdout}{r.stderr}", end="")
+        passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
     # llsrv plan sizes the KV cache by the head width the engine uses (key_length 32, not C / H = 16):
     # 2 (k, v) x 4 layers x 2048 positions x 8 sequences x 64 (2 kv heads of 32) x 2 bytes = 16 MiB.
     r = subprocess.run([os.path.join(BUILD, "server/llsrv"), "plan", "--model", os.path.join(tmp, "qwen3.gguf"), "--device", "cpu",
