@@ -104,13 +104,13 @@ def phi3(path):
     finish(w)
 
 
-def mistral(path):
+def mistral(path, window=CTX):
     rng = np.random.Generator(np.random.PCG64(7))
     hd = C // H
     w = writer(path, "llama")
     w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(10000.0)
-    w.add_sliding_window(CTX)
+    w.add_sliding_window(window)
     common_head(w, rng, tied=False)
     for i in range(L):
         w.add_tensor(f"blk.{i}.attn_norm.weight", norm(rng, C))
@@ -125,7 +125,9 @@ def mistral(path):
     finish(w)
 
 
-MODELS = {"qwen3": qwen3, "phi3": phi3, "mistral": mistral}
+MODELS = {"qwen3": qwen3, "phi3": phi3, "mistral": mistral,
+          # the same weights with an 8-position window (no llama.cpp reference: it ignores the key)
+          "mistral_w8": lambda path: mistral(path, 8)}
 
 if __name__ == "__main__":
     out = sys.argv[1]

@@ -73,6 +73,20 @@ with tempfile.TemporaryDirectory(prefix="llsrv-archs-") as tmp:
                             "--exact", "--min-tf", "1.0", "--adapter", ad], capture_output=True, text=True)
         print(f"== qwen3 + LoRA\n{r.stdout}{r.stderr}", end="")
         passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
+    # Mistral's sliding window, exercised: with a window of 8 over 45 positions the greedy ids
+    # change (against the 512 window), and the CPU and the OpenCL reference tier (PoCL) agree.
+    P = " ".join(str(100 + i) for i in range(21))
+    outs = {}
+    for f in ("mistral", "mistral_w8"):
+        for d in ("cpu", "opencl:0:0"):
+            r = subprocess.run([os.path.join(BUILD, "server/llsrv"), "generate", "--model", os.path.join(tmp, f + ".gguf"), "--device", d, "-p", P,
+                                "--no-bos", "-n", "24", "--temp", "0", "--ids"], capture_output=True, text=True, env=dict(os.environ, LL_OPENCL_REFERENCE="1"))
+            outs[f, d] = r.stdout.split() if r.returncode == 0 else r.stderr
+    ok = len(outs["mistral_w8", "cpu"]) == 24 and outs["mistral_w8", "cpu"] == outs["mistral_w8", "opencl:0:0"] and \
+        outs["mistral", "cpu"] == outs["mistral", "opencl:0:0"] and outs["mistral_w8", "cpu"] != outs["mistral", "cpu"]
+    print(("ok" if ok else "FAIL") + f": sliding window 8 (CPU {outs['mistral_w8', 'cpu']}, OpenCL {outs['mistral_w8', 'opencl:0:0']}) "
+          f"differs from window 512 (CPU {outs['mistral', 'cpu']}, OpenCL {outs['mistral', 'opencl:0:0']})")
+    passed, failed = passed + ok, failed + (not ok)
     # llsrv plan sizes the KV cache by the head width the engine uses (key_length 32, not C / H = 16):
     # 2 (k, v) x 4 layers x 2048 positions x 8 sequences x 64 (2 kv heads of 32) x 2 bytes = 16 MiB.
     r = subprocess.run([os.path.join(BUILD, "server/llsrv"), "plan", "--model", os.path.join(tmp, "qwen3.gguf"), "--device", "cpu",
