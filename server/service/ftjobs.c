@@ -43,6 +43,7 @@
 
 enum ft_status { FT_VALIDATING, FT_QUEUED, FT_RUNNING, FT_SUCCEEDED, FT_FAILED, FT_CANCELLED, FT_N_STATUS };
 static const char *const k_status[FT_N_STATUS] = {"validating_files", "queued", "running", "succeeded", "failed", "cancelled"};
+_Static_assert(FT_N_STATUS == LL_FTJOBS_N_STATUS, "ll_ftjobs_stats.jobs has a slot per status");
 
 struct ft_file {
   char id[8 + FT_HEX];
@@ -81,6 +82,7 @@ struct ft_job {
   int64_t n_epochs, batch, steps, steps_per_epoch;
   double lrm;
   int64_t step, trained_tokens;
+  double last_loss; // of its last step (NaN: none yet; not kept across a restart)
   char err_code[48], err_param[32], err_msg[640];
   struct ft_event *ev;
   int n_ev, cap_ev;
@@ -830,6 +832,7 @@ static void run_job(struct ll_ftjobs *f, struct ll_trainjob *tj, struct ft_job *
     pthread_mutex_lock(&f->mu);
     j->step = ev.info.step;
     j->trained_tokens += ev.info.tokens;
+    if (!ev.info.skipped) j->last_loss = ev.info.loss;
     const double vl = ev.evaluated ? ev.val_loss : NAN;
     if (ev.info.skipped)
       add_event(j, 1, 1, ev.info.step, NAN, vl, "Step %lld/%lld: skipped (a non-finite loss or gradient)", (long long)ev.info.step, (long long)steps);
@@ -896,6 +899,7 @@ static int queue_fn(void *user, struct ll_trainjob *tj) {
     return 0;
   }
   if (j->status == FT_QUEUED) add_event(j, 0, 0, 0, NAN, NAN, "Fine-tuning job started");
+  j->last_loss = NAN;
   j->status = FT_RUNNING;
   wake_worker(f);
   char id[sizeof j->id];
@@ -1375,6 +1379,22 @@ int ll_ftjobs_request(struct ll_ftjobs *f, const char *method, size_t mlen, cons
   return 1;
 }
 
+void ll_ftjobs_stats(struct ll_ftjobs *f, struct ll_ftjobs_stats *st) {
+  memset(st, 0, sizeof *st);
+  st->loss = NAN;
+  if (!f) return;
+  pthread_mutex_lock(&f->mu);
+  st->files = f->n_files;
+  for (int i = 0; i < f->n_jobs; i++) {
+    const struct ft_job *j = f->jobs[i];
+    st->jobs[j->status]++;
+    if (j->status == FT_RUNNING) st->running = 1, st->step = j->step, st->total_steps = j->steps, st->loss = j->last_loss;
+  }
+  pthread_mutex_unlock(&f->mu);
+}
+
+const char *ll_ftjobs_status_name(int i) { return i >= 0 && i < FT_N_STATUS ? k_status[i] : NULL; }
+
 // ---------------------------------------------------------------- open / close
 
 static int mkdirs(const char *p, char *err, size_t errlen) {
@@ -1432,6 +1452,21 @@ static void load_store(struct ll_ftjobs *f) {
       break;
     }
     f->files = v, f->files[f->n_files++] = fl;
+  }
+  if (d) closedir(d);
+  // What a stop between an upload's two writes left (data without its record), and temporary
+  // files of writes cut short: never referenced, removed.
+  d = opendir(f->files_dir);
+  while (d && (de = readdir(d))) {
+    char path[1400];
+    snprintf(path, sizeof path, "%s/%s", f->files_dir, de->d_name);
+    const size_t n = strlen(de->d_name);
+    if (strstr(de->d_name, ".tmp.")) {
+      if (ll_tmp_unlink_stale(path)) ll_log(LL_LOG_INFO, "fine-tuning: removed %s (a write cut short)", path);
+    } else if (n == 5 + FT_HEX + 6 && id_ok(de->d_name, 5 + FT_HEX, "file-") && !strcmp(de->d_name + 5 + FT_HEX, ".jsonl") &&
+               !find_file(f, de->d_name, 5 + FT_HEX)) {
+      if (unlink(path) == 0) ll_log(LL_LOG_INFO, "fine-tuning: removed %s (an upload without its record)", path);
+    }
   }
   if (d) closedir(d);
   d = opendir(f->jobs_dir);

@@ -955,6 +955,19 @@ static void handle_metrics(struct ll_http *h, h2o_req_t *req) {
   if (tj && json_is_number(v = json_object_get(tj, "tokens_per_s")))
     metric(&b, "llsrv_train_tokens_per_second", "gauge", "Training throughput.", json_number_value(v));
   json_decref(tj);
+  struct ll_ftjobs_stats fs;
+  ll_ftjobs_stats(s->ft, &fs);
+  buf_str(&b, "# HELP llsrv_fine_tuning_jobs Fine-tuning jobs by status.\n# TYPE llsrv_fine_tuning_jobs gauge\n");
+  for (int i = 0; ll_ftjobs_status_name(i); i++) {
+    k = snprintf(line, sizeof line, "llsrv_fine_tuning_jobs{status=\"%s\"} %lld\n", ll_ftjobs_status_name(i), (long long)fs.jobs[i]);
+    buf_add(&b, line, (size_t)k);
+  }
+  metric(&b, "llsrv_fine_tuning_files", "gauge", "Uploaded fine-tuning files.", (double)fs.files);
+  if (fs.running) {
+    metric(&b, "llsrv_fine_tuning_step", "gauge", "The running fine-tuning job's optimizer step.", (double)fs.step);
+    metric(&b, "llsrv_fine_tuning_total_steps", "gauge", "The running fine-tuning job's steps in all.", (double)fs.total_steps);
+    if (isfinite(fs.loss)) metric(&b, "llsrv_fine_tuning_loss", "gauge", "The running fine-tuning job's last training loss.", fs.loss);
+  }
   metric(&b, "llsrv_uptime_seconds", "gauge", "Seconds since the server started.", (now_ms() - s->t_start) / 1e3);
   count_status(h, 200);
   req->res.status = 200;

@@ -21,6 +21,7 @@
 #define LL_FTJOBS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <jansson.h>
 #include <uv.h>
@@ -62,6 +63,19 @@ typedef void (*ll_ftjobs_reply_fn)(void *ctx, int status, json_t *body);
 // and fn is called exactly once - at once, or later from the loop (an upload).
 int ll_ftjobs_request(struct ll_ftjobs *f, const char *method, size_t mlen, const char *path, size_t plen, const char *query,
                       size_t qlen, const char *body, size_t blen, const char *ctype, size_t ctlen, ll_ftjobs_reply_fn fn, void *ctx);
+
+// For /metrics: jobs by status (ll_ftjobs_status_name(i) names jobs[i]; NULL past the last),
+// the uploaded files, and the running job's step, total steps and last loss (NaN: none).
+#define LL_FTJOBS_N_STATUS 6
+struct ll_ftjobs_stats {
+  int64_t jobs[LL_FTJOBS_N_STATUS];
+  int64_t files;
+  int running; // a job trains now: its step, total_steps, loss
+  int64_t step, total_steps;
+  double loss;
+};
+void ll_ftjobs_stats(struct ll_ftjobs *f, struct ll_ftjobs_stats *st); // accepts NULL (all zero)
+const char *ll_ftjobs_status_name(int i);
 
 // The OpenAI error object {"error": {message, type, param, code}} for an HTTP status (http.c).
 json_t *ll_http_error_object(int status, const char *code, const char *param, const char *msg);

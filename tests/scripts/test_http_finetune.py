@@ -9,7 +9,8 @@
 #     adapter=ft:... on the line protocol gives the same greedy text as the HTTP completion;
 #   - errors as the SDK's exception types: unknown job -> NotFoundError, unknown training_file
 #     and bad hyperparameters -> BadRequestError;
-#   - cancel of a queued job and of a running one (it stops; no model);
+#   - cancel of a queued job and of a running one (it stops; no model); /metrics counts jobs by
+#     status and carries the running job's step and loss (prometheus_client's parser);
 #   - a restart: files, jobs and events listed again, the model served again with the same
 #     answer, and a job that was running resumes from its checkpoint;
 #   - beside the configured train: run: the job takes the training thread (the monitor's
@@ -24,6 +25,7 @@ import socket
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 from llsrv_client import ensure_venv  # noqa: E402
@@ -31,6 +33,7 @@ from llsrv_client import ensure_venv  # noqa: E402
 ensure_venv(["openai>=1.30,<3", "prometheus_client>=0.17"], ["openai", "prometheus_client"])
 
 import openai  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from llsrv_client import Checker, Monitor, Server, wait_until  # noqa: E402
 
@@ -178,6 +181,13 @@ check(cq.status == "cancelled", "cancel of a queued job: %s" % cq.status)
 wait_until(lambda: cli.fine_tuning.jobs.retrieve(long1.id).to_dict().get("step", 0) >= 3, "long job at step 3", 120, step=0.2)
 s1 = cli.fine_tuning.jobs.retrieve(long1.id)
 check(s1.to_dict().get("step", 0) >= 3, "the running job advances: step %r" % s1.to_dict().get("step"))
+mt = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % srv.http_port, timeout=30).read().decode()
+fam = {f.name: f for f in text_string_to_metric_families(mt)}
+jobs_by = {x.labels["status"]: x.value for x in fam["llsrv_fine_tuning_jobs"].samples} if "llsrv_fine_tuning_jobs" in fam else {}
+check(jobs_by.get("running") == 1 and jobs_by.get("succeeded") == 1 and jobs_by.get("cancelled") == 1,
+      "/metrics: fine-tuning jobs by status: %r" % jobs_by)
+check("llsrv_fine_tuning_step" in fam and fam["llsrv_fine_tuning_step"].samples[0].value >= 3 and "llsrv_fine_tuning_loss" in fam and
+      fam["llsrv_fine_tuning_loss"].samples[0].value > 0, "/metrics: the running job's step and loss")
 
 # ---- restart ----
 print("-- restart: the store comes back; a running job resumes", flush=True)
