@@ -18,7 +18,8 @@ PKGS=(build-essential cmake pkg-config clang libclang-rt-14-dev
       libuv1-dev libncurses-dev ocl-icd-opencl-dev opencl-c-headers pocl-opencl-icd
       libopenblas-dev libzstd-dev libyaml-dev libjansson-dev libssl-dev libpcre2-dev
       libh2o-dev python3 python3-pip python3-venv curl ca-certificates netcat-openbsd socat tmux
-      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+      libopenmpi-dev openmpi-bin haproxy)
 
 missing=()
 for p in "${PKGS[@]}"; do

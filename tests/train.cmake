@@ -18,3 +18,19 @@ ll_script_test(NAME finetune_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_D
 # moe`, 30 steps lower the validation loss, FFN targets refused, the adapter serves (~10 s).
 ll_script_test(NAME moe_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_moe_train.sh
   LABELS integration TIMEOUT 300)
+# Data-parallel training over MPI (issue 33): 1/2/4 ranks against one process (bit for bit for
+# LoRA on the CPU, 1e-6 otherwise), the demo model and stories260K (its weights through
+# train_world_probe; its shape through llsrv train on PoCL), a killed rank, restart with another
+# rank count, SIGTERM. Without MPI in the build: `--world mpi` says MPI is not built in.
+if(MPI_C_FOUND AND MPIEXEC_EXECUTABLE)
+  add_executable(train_world_probe train_world_probe.c)
+  target_link_libraries(train_world_probe PRIVATE ll_server)
+  # Benchmark (not run by the suite): the gradient sum's cost per order (docs/PERFORMANCE.md).
+  add_executable(allreduce_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/allreduce_bench.c)
+  target_link_libraries(allreduce_bench PRIVATE ll_server)
+  ll_script_test(NAME train_mpi COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_train_mpi.sh LABELS "integration;slow" TIMEOUT 600)
+else()
+  ll_script_test(NAME train_no_mpi COMMAND bash -c
+    "$<TARGET_FILE:llsrv> train --world mpi --model x --data x -o x 2>&1 | grep -q 'MPI is not built in'"
+    LABELS unit TIMEOUT 30)
+endif()

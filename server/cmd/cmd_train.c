@@ -18,9 +18,12 @@
 #include "ll_model.h"
 #include "ll_modelfile.h"
 #include "ll_train_run.h"
+#include "ll_train_world.h"
 #include "ll_trainer.h"
 
 static volatile sig_atomic_t g_stop;
+// Who speaks in messages: "llsrv train", or with several ranks "llsrv train [rank R/N]".
+static char g_who[64] = "llsrv train";
 static void on_signal(int sig) { g_stop = sig; }
 
 static double now_s(void) {
@@ -38,6 +41,12 @@ static void train_usage(FILE *f) {
              "  --restart       start over even if RUN_DIR holds a run (default: resume from RUN_DIR/last.ckpt)\n"
              "  --log-every N   progress lines every N steps when stdout is not a terminal (default 10)\n"
              "  --device D, --ctx N (engine options)\n"
+             "  --world auto|mpi|off  data parallelism over MPI (mpirun -np N llsrv train ...): auto (default)\n"
+             "                  joins the MPI job when an MPI launcher started llsrv, mpi requires it\n"
+             "  --reduce ordered|allreduce  how ranks sum gradients: in rank order, bit-exact (default), or\n"
+             "                  MPI_Allreduce (the MPI library's order)\n"
+             "  --loss-log FILE  one line per step: step, loss, validation loss, gradient norm, learning rate,\n"
+             "                  at full precision (%%.17g; for comparing runs)\n"
              "  --chat-template NAME|FILE  chat records' template over the model's (chatml, llama2, llama3,\n"
              "                  zephyr, gemma, phi3, or a template file)\n"
              "RUN_DIR gets last.ckpt, best.ckpt and the last `keep` step checkpoints; SIGINT/SIGTERM save one\n"
@@ -58,11 +67,14 @@ int ll_cmd_train(int argc, char **argv) {
   const char *run_dir = NULL;
   int dry = 0, restart = 0, rc = 0, status = 1;
   int64_t log_every = 10;
+  const char *world_opt = "auto", *reduce_opt = "ordered", *loss_log = NULL;
+  FILE *loss_f = NULL;
+  struct ll_train_world *world = NULL;
   // --config first, so flags override it whatever the order.
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--config") && i + 1 < argc) {
       if ((rc = ll_config_load_file(&c, argv[i + 1], err, sizeof err))) {
-        fprintf(stderr, "llsrv train: %s\n", err);
+        fprintf(stderr, "%s: %s\n", g_who, err);
         ll_config_free(&c);
         return 2;
       }
@@ -79,6 +91,9 @@ int ll_cmd_train(int argc, char **argv) {
     if (!strcmp(a, "--restart")) { restart = 1; continue; }
     const char *name = NULL;
     if ((!strcmp(a, "-o") || !strcmp(a, "--out")) && v) { run_dir = v, i++; continue; }
+    if (!strcmp(a, "--world") && v) { world_opt = v, i++; continue; }
+    if (!strcmp(a, "--reduce") && v) { reduce_opt = v, i++; continue; }
+    if (!strcmp(a, "--loss-log") && v) { loss_log = v, i++; continue; }
     if (!strcmp(a, "--log-every") && v) { log_every = atoll(v) > 0 ? atoll(v) : 10, i++; continue; }
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) name = "model";
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) name = "threads";
@@ -122,6 +137,42 @@ int ll_cmd_train(int argc, char **argv) {
 
   struct ll_trainer_params tp;
   if ((rc = ll_train_params_from_config(&c, &tp, err, sizeof err))) goto usage_err;
+  // Data parallelism: join the MPI job mpirun started (or refuse to run N copies that would
+  // each train alone into the same directory).
+  int reduce = !strcmp(reduce_opt, "ordered") ? LL_REDUCE_ORDERED : !strcmp(reduce_opt, "allreduce") ? LL_REDUCE_ALLREDUCE : -1;
+  if (reduce < 0) { snprintf(err, sizeof err, "--reduce: '%s' is not ordered or allreduce", reduce_opt); goto usage_err; }
+  if (strcmp(world_opt, "auto") && strcmp(world_opt, "mpi") && strcmp(world_opt, "off")) {
+    snprintf(err, sizeof err, "--world: '%s' is not auto, mpi or off", world_opt);
+    goto usage_err;
+  }
+  char launched[96];
+  const int under_mpi = ll_train_world_launched(launched, sizeof launched);
+  if (!strcmp(world_opt, "mpi") || (!strcmp(world_opt, "auto") && under_mpi)) {
+    if (!ll_train_world_built()) {
+      fprintf(stderr, "llsrv train: --world %s%s%s: MPI is not built in (install libopenmpi-dev and rebuild: CMake's FindMPI enables it)\n",
+              world_opt, under_mpi ? ", launched by MPI: " : "", under_mpi ? launched : "");
+      ll_config_free(&c);
+      return 2;
+    }
+    if ((rc = ll_train_world_open(&world, reduce, err, sizeof err))) {
+      fprintf(stderr, "llsrv train: %s\n", err);
+      ll_config_free(&c);
+      return 1;
+    }
+  }
+  const int rank = ll_train_world_rank(world), n_ranks = ll_train_world_size(world);
+  struct ll_train_comm comm;
+  ll_train_world_comm(world, &comm);
+  if (n_ranks > 1) {
+    snprintf(g_who, sizeof g_who, "llsrv train [rank %d/%d]", rank, n_ranks);
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    fprintf(stderr, "%s: pid %d on %s\n", g_who, (int)getpid(), host);
+    if (rank != 0 && !freopen("/dev/null", "w", stdout)) { // rank 0 alone prints progress
+      fprintf(stderr, "%s: /dev/null: %s\n", g_who, strerror(errno));
+      ll_train_world_abort(world, 1);
+    }
+  }
 
   struct ll_engine_params ep;
   ll_engine_params_default(&ep);
@@ -134,17 +185,17 @@ int ll_cmd_train(int argc, char **argv) {
   struct ll_train_run *run = NULL;
   struct ll_backend *cpu_be = NULL; // the trainer's, when the device cannot hold its buffers
   if ((rc = ll_engine_open(&e, &ep, err, sizeof err))) {
-    fprintf(stderr, "llsrv train: %s\n", err);
-    ll_config_free(&c);
-    return 1;
+    fprintf(stderr, "%s: %s\n", g_who, err);
+    goto out;
   }
   struct ll_engine_info info;
   ll_engine_get_info(e, &info);
-  fprintf(stderr, "model: %s (%s, %s, %lld parameters), %s: %s, %d threads\n", info.name, info.arch, info.quant, (long long)info.n_params,
+  if (rank == 0)
+    fprintf(stderr, "model: %s (%s, %s, %lld parameters), %s: %s, %d threads\n", info.name, info.arch, info.quant, (long long)info.n_params,
           info.backend, info.device_name, info.n_threads);
   struct ll_train_run_opts ro = {run_dir ? run_dir : "(dry run)", c.train_data, c.model, info.arch, c.train_checkpoint_every, c.train_eval_every,
                                  c.train_eval_seqs, c.train_keep, c.train_val_fraction, restart || dry, c.chat_template,
-                                 c.train_max_skipped_steps, c.train_shuffle && !strcmp(c.train_shuffle, "pieces")};
+                                 c.train_max_skipped_steps, c.train_shuffle && !strcmp(c.train_shuffle, "pieces"), &comm};
   // This backend serves nothing else: quantized products of training batches may take
   // dequantize + sgemm where that beats the integer tiles (ll_backend.train_sgemm; CPUs without
   // AVX-512 VNNI). The server's training thread sets it on its own backend too (trainjob.c); the
@@ -153,17 +204,17 @@ int ll_cmd_train(int argc, char **argv) {
   be->train_sgemm = 1;
   rc = ll_train_run_open(&run, ll_engine_model(e), be, ll_engine_tokenizer(e), &tp, &ro, err, sizeof err);
   if (rc == LL_ENOMEM && !ll_backend_host_buffers(be)) { // the device holds the weights but not the run: the CPU trains
-    fprintf(stderr, "llsrv train: on the CPU: the device cannot hold the training buffers: %s\n", err);
+    fprintf(stderr, "%s: on the CPU: the device cannot hold the training buffers: %s\n", g_who, err);
     char cerr[256];
     if ((rc = ll_trainer_cpu_backend(&cpu_be, be, (int)c.threads, cerr, sizeof cerr))) {
-      fprintf(stderr, "llsrv train: %s\n", cerr);
+      fprintf(stderr, "%s: %s\n", g_who, cerr);
       goto out;
     }
     be = cpu_be;
     rc = ll_train_run_open(&run, ll_engine_model(e), be, ll_engine_tokenizer(e), &tp, &ro, err, sizeof err);
   }
   if (rc) {
-    fprintf(stderr, "llsrv train: %s\n", err);
+    fprintf(stderr, "%s: %s\n", g_who, err);
     goto out;
   }
   char desc[4096];
@@ -188,7 +239,7 @@ int ll_cmd_train(int argc, char **argv) {
     }
     free(ids), free(tg);
     if (rc) {
-      fprintf(stderr, "llsrv train: %s\n", err);
+      fprintf(stderr, "%s: %s\n", g_who, err);
       goto out;
     }
     const double step_s = (t1 - t0) * tp.grad_accum;
@@ -201,7 +252,7 @@ int ll_cmd_train(int argc, char **argv) {
   }
   for (const char *nt = ll_train_run_notes(run); *nt;) { // skipped damaged checkpoints, stale files removed
     const size_t l = strcspn(nt, "\n");
-    fprintf(stderr, "llsrv train: %.*s\n", (int)l, nt);
+    fprintf(stderr, "%s: %.*s\n", g_who, (int)l, nt);
     nt += l + (nt[l] == '\n');
   }
   if (ll_train_run_resumed_from(run) >= 0) printf("resuming %s at step %lld\n", ll_train_run_resumed_path(run), (long long)ll_train_run_resumed_from(run));
@@ -212,14 +263,18 @@ int ll_cmd_train(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   signal(SIGXFSZ, SIG_IGN); // a file-size limit fails a checkpoint's write (EFBIG), handled as a full disk is
   const int tty = isatty(STDOUT_FILENO);
+  if (loss_log && rank == 0 && !(loss_f = fopen(loss_log, "a"))) {
+    fprintf(stderr, "%s: --loss-log %s: %s\n", g_who, loss_log, strerror(errno));
+    goto out;
+  }
   double val = NAN;
   if (ll_train_run_resumed_from(run) < 0 && c.train_eval_every > 0) { // where the curve starts
     rc = ll_train_run_eval(run, &val, err, sizeof err);
     if (isfinite(val)) printf("step 0/%lld  val %.4f\n", (long long)tp.steps, val);
     if (rc && isfinite(val)) // evaluated, but best.ckpt could not be written: as any checkpoint that fails
-      fprintf(stderr, "llsrv train: warning: %s (training goes on)\n", err);
+      fprintf(stderr, "%s: warning: %s (training goes on)\n", g_who, err);
     else if (rc && rc != LL_ENOTFOUND) {
-      fprintf(stderr, "llsrv train: %s\n", err);
+      fprintf(stderr, "%s: %s\n", g_who, err);
       goto out;
     }
     fflush(stdout);
@@ -232,23 +287,32 @@ int ll_cmd_train(int argc, char **argv) {
   // Host <-> device traffic of the plain steps (those that neither evaluate nor save).
   struct ll_backend_info x0, x1;
   int64_t up = 0, down = 0, waits = 0, plain = 0;
-  while (!ll_train_run_done(run) && !g_stop) {
+  if (n_ranks > 1)
+    printf("data parallel: %d ranks x %d x %d sequences per step (%s gradient sum)\n", n_ranks, tp.grad_accum, tp.batch,
+           reduce == LL_REDUCE_ORDERED ? "rank-ordered, bit-exact" : "MPI_Allreduce");
+  int stop = 0;
+  while (!ll_train_run_done(run) && !(stop = ll_train_world_any(world, g_stop != 0))) {
     be->i->get_info(be, &x0);
     if ((rc = ll_train_run_step(run, &ev, err, sizeof err))) {
-      fprintf(stderr, "%sllsrv train: %s\n", tty ? "\n" : "", err);
+      fprintf(stderr, "%s%s: %s\n", tty ? "\n" : "", g_who, err);
       goto out;
     }
     if (ev.save_failed) // the step stands and the last good checkpoint is intact; the next one retries
-      fprintf(stderr, "%sllsrv train: warning: checkpoint at step %lld failed: %s (training goes on)\n", tty ? "\n" : "",
+      fprintf(stderr, "%s%s: warning: checkpoint at step %lld failed: %s (training goes on)\n", tty ? "\n" : "", g_who,
               (long long)ev.info.step, ev.save_error);
     save_failed = ev.save_failed;
     if (ev.diverging)
-      fprintf(stderr, "%sllsrv train: warning: the loss is diverging: %.4f on average over the %d steps to step %lld, more than twice its minimum %.4f of the last %d steps (lr too high?)\n",
-              tty ? "\n" : "", ev.loss_mean, LL_TRAIN_DIVERGE_SMOOTH, (long long)ev.info.step, ev.loss_min, LL_TRAIN_DIVERGE_WINDOW);
+      fprintf(stderr, "%s%s: warning: the loss is diverging: %.4f on average over the %d steps to step %lld, more than twice its minimum %.4f of the last %d steps (lr too high?)\n",
+              tty ? "\n" : "", g_who, ev.loss_mean, LL_TRAIN_DIVERGE_SMOOTH, (long long)ev.info.step, ev.loss_min, LL_TRAIN_DIVERGE_WINDOW);
     be->i->get_info(be, &x1);
     if (!ev.saved && !ev.evaluated && !ev.save_failed)
       up += x1.bytes_up - x0.bytes_up, down += x1.bytes_down - x0.bytes_down, waits += x1.waits - x0.waits, plain++;
     tokens += ev.info.tokens, steps_done++;
+    if (loss_f) {
+      fprintf(loss_f, "%lld %.17g %.17g %.17g %.17g\n", (long long)ev.info.step, ev.info.loss, ev.evaluated ? ev.val_loss : NAN, ev.info.grad_norm,
+              ev.info.lr);
+      fflush(loss_f);
+    }
     if (ev.evaluated) val = ev.val_loss;
     const double el = now_s() - t_start, tps = tokens / el;
     char eta[32], vs[32];
@@ -260,22 +324,30 @@ int ll_cmd_train(int argc, char **argv) {
       printf("%sstep %lld/%lld  loss %.4f  val %s  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s%s%s%s", tty ? "\r\033[K" : "", (long long)ev.info.step,
              (long long)tp.steps, ev.info.loss, vs, ev.info.lr, ev.info.grad_norm, tps, eta, ev.info.skipped ? "  (skipped: non-finite)" : "",
              ev.saved ? "  saved " : "", ev.saved ? ev.path : "");
+    if (show && ev.saved && n_ranks > 1) printf("  hash %016llx on %d ranks", (unsigned long long)ev.param_hash, n_ranks);
     if (show && (!tty || ev.saved || ev.evaluated)) putchar('\n');
     fflush(stdout);
   }
   ll_trainer_state(tr, &st);
   if (plain > 0 && strcmp(x1.name, "cpu") != 0)
-    fprintf(stderr, "%sllsrv train: device transfers per step: %.0f bytes up, %.0f bytes down, %.1f waits\n", tty ? "\n" : "",
+    fprintf(stderr, "%s%s: device transfers per step: %.0f bytes up, %.0f bytes down, %.1f waits\n", tty ? "\n" : "", g_who,
             (double)up / plain, (double)down / plain, (double)waits / plain);
-  if (g_stop) {
+  if (n_ranks > 1) {
+    struct ll_train_world_stats ws;
+    ll_train_world_stats(world, &ws);
+    if (ws.sums > 0)
+      fprintf(stderr, "%s: data parallel: %d ranks, gradient sum of %lld floats (%.2f MiB) per step, %.2f ms per sum on average (%lld sums)\n",
+              g_who, n_ranks, (long long)ws.floats, ws.floats * 4 / 1048576.0, ws.seconds * 1e3 / (double)ws.sums, (long long)ws.sums);
+  }
+  if (stop) {
     rc = ll_train_run_save(run, &ev, err, sizeof err);
     if (rc) {
-      fprintf(stderr, "\nllsrv train: stopped at step %lld but the checkpoint failed: %s\n", (long long)st.step, err);
+      fprintf(stderr, "\n%s: stopped at step %lld but the checkpoint failed: %s\n", g_who, (long long)st.step, err);
       goto out;
     }
-    printf("\nstopped by signal %d at step %lld; saved %s (run the same command to resume)\n", (int)g_stop, (long long)st.step, ev.path);
+    printf("\nstopped by signal %d at step %lld; saved %s (run the same command to resume)\n", (int)(g_stop ? g_stop : SIGTERM), (long long)st.step, ev.path);
   } else if (save_failed) {
-    fprintf(stderr, "llsrv train: finished at step %lld but its checkpoint failed (see above); %s/last.ckpt is the last good one\n",
+    fprintf(stderr, "%s: finished at step %lld but its checkpoint failed (see above); %s/last.ckpt is the last good one\n", g_who,
             (long long)st.step, run_dir);
     goto out;
   } else {
@@ -292,13 +364,21 @@ int ll_cmd_train(int argc, char **argv) {
   }
   status = 0;
 out:
+  // One rank's error would leave the others waiting in the next sum: end the whole job, said
+  // by this rank (its message is above) and by mpirun.
+  if (status != 0 && n_ranks > 1) {
+    fprintf(stderr, "%s: aborting the job (the last checkpoint is intact)\n", g_who);
+    ll_train_world_abort(world, 1);
+  }
+  if (loss_f) fclose(loss_f);
   ll_train_run_close(run);
   ll_backend_free(cpu_be);
   ll_engine_close(e);
+  ll_train_world_close(world);
   ll_config_free(&c);
   return status;
 usage_err:
-  fprintf(stderr, "llsrv train: %s\n", err);
+  fprintf(stderr, "%s: %s\n", g_who, err);
   train_usage(stderr);
   ll_config_free(&c);
   return 2;

@@ -785,7 +785,7 @@ static void run_job(struct ll_ftjobs *f, struct ll_trainjob *tj, struct ft_job *
   struct ll_engine_info info;
   ll_engine_get_info(f->env.e, &info);
   struct ll_train_run_opts ro = {run_dir, data, f->env.model_path, info.arch, spe, spe, cfg->train_eval_seqs, epochs, cfg->train_val_fraction, 0,
-                                 f->tmpl_setting, cfg->train_max_skipped_steps, 0 /* JSONL records: shuffled in runs of 8 */};
+                                 f->tmpl_setting, cfg->train_max_skipped_steps, 0 /* JSONL records: shuffled in runs of 8 */, NULL};
   struct ll_train_run *run = NULL;
   if (rc == 0) rc = ll_train_run_open(&run, ll_trainjob_model(tj), ll_trainjob_backend(tj), f->tok, &tp, &ro, err, sizeof err);
   if (rc) {

@@ -51,6 +51,10 @@ struct ll_train_run_opts {
                                 // file, ll_chat_template_load); NULL: the model's
   int64_t max_skipped;          // this many skipped steps in a row stop the run (an error); 0: never
   int shuffle_pieces;           // ll_data_params.shuffle_pieces (train.shuffle: pieces)
+  // Data parallelism (NULL: alone): every rank opens the same run; rank 0 alone writes the run
+  // directory (checkpoints, best.ckpt, the sweep of stale files), and at each checkpoint every
+  // rank checks that its parameters hash as rank 0's (LL_ESTATE naming the rank if not).
+  const struct ll_train_comm *comm;
 };
 
 // What one ll_train_run_step did (for progress lines, monitor fields and events).
@@ -71,6 +75,7 @@ struct ll_train_run_event {
   // LL_TRAIN_DIVERGE_WINDOW steps (loss_min): warn (once, until it comes back down).
   int diverging;
   double loss_mean, loss_min;
+  uint64_t param_hash;          // with a checkpoint: the parameters' hash (the same on every rank)
 };
 
 // Trainer parameters from the config's train: section (targets parsed, names checked).

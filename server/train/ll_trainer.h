@@ -155,6 +155,29 @@ void ll_trainer_set_best_val(struct ll_trainer *tr, double v);
 int ll_trainer_save(struct ll_trainer *tr, const char *path, struct ll_train_source *src, char *err, size_t errlen);
 int ll_trainer_resume(struct ll_trainer *tr, const char *path, struct ll_train_source *src, char *err, size_t errlen);
 
+// Data parallelism (server/train/ll_train_comm.h makes one over MPI). With a communicator of
+// size N > 1, every rank runs the same trainer on the same data source; one optimizer step
+// reads N x grad_accum micro-batches from the source (the same cursor on every rank) and rank
+// r computes micro-batches r·grad_accum .. (r+1)·grad_accum - 1 of them, with their global
+// dropout seeds. The token count, the micro-batch losses and the gradient are combined across
+// ranks (sum_f32 on the gradient, gather_f64 on the rest, summed in rank order), so every rank
+// takes the same AdamW update: the step equals one process's with grad_accum N x grad_accum
+// (bit for bit when sum_f32 adds in rank order and each parameter gets one addition per
+// micro-batch - LoRA; within float rounding otherwise). Evaluation splits the validation
+// batches round-robin and sums their losses in batch order (the single process's order).
+struct ll_train_comm {
+  int rank, size;
+  void *user;
+  // buf (n floats) := the sum of every rank's buf, on every rank
+  int (*sum_f32)(void *user, float *buf, int64_t n, char *err, size_t errlen);
+  // out (size x n) := every rank's in (n doubles), rank 0's first, on every rank
+  int (*gather_f64)(void *user, const double *in, int n, double *out, char *err, size_t errlen);
+};
+// c (copied; NULL or size 1: alone) must be set before the first step.
+int ll_trainer_set_comm(struct ll_trainer *tr, const struct ll_train_comm *c, char *err, size_t errlen);
+// A hash of the parameters (the host copy, made current): equal on every rank of a run.
+uint64_t ll_trainer_param_hash(struct ll_trainer *tr);
+
 // Tests: the next step's gradient gets a NaN (exercises the skip path on real data).
 void ll_trainer_inject_nan(struct ll_trainer *tr);
 

@@ -39,6 +39,8 @@ struct ll_train_run {
   char notes[2048]; // what opening the run did to the directory (skipped checkpoints, stale files)
   int64_t skipped_run; // consecutive skipped steps
   struct ll_train_diverge dv; // the last losses of steps that were not skipped
+  struct ll_train_comm comm;  // size 1: alone
+  int writer;                 // rank 0 (or alone): writes the run directory
 };
 
 // ---------------------------------------------------------------- config
@@ -242,7 +244,7 @@ static int resume_newest(struct ll_train_run *r, char *err, size_t errlen) {
   int64_t *steps;
   int n;
   int swept = 0;
-  int rc = scan_dir(r->run_dir, 1, &steps, &n, &swept, err, errlen);
+  int rc = scan_dir(r->run_dir, r->writer, &steps, &n, &swept, err, errlen);
   if (rc) return rc;
   if (swept) note(r, "removed %d stale temporary file%s of interrupted writes\n", swept, swept == 1 ? "" : "s");
   char path[PATH_MAX + 32], first_err[600] = "", skipped[1024] = "";
@@ -302,7 +304,7 @@ static int resume_newest(struct ll_train_run *r, char *err, size_t errlen) {
     char last[PATH_MAX + 16], kept[80] = "";
     snprintf(last, sizeof last, "%s/last.ckpt", r->run_dir);
     char lerr[64];
-    if (is_last && strcmp(r->resumed_path, last) != 0 && publish_link(r->run_dir, last, "last.ckpt.damaged", lerr, sizeof lerr) == 0)
+    if (r->writer && is_last && strcmp(r->resumed_path, last) != 0 && publish_link(r->run_dir, last, "last.ckpt.damaged", lerr, sizeof lerr) == 0)
       snprintf(kept, sizeof kept, "; the damaged last.ckpt is kept as last.ckpt.damaged");
     note(r, "resuming from %s, the newest checkpoint that loads; skipped newer: %s%s\n", strrchr(r->resumed_path, '/') + 1, skipped, kept);
   }
@@ -325,6 +327,10 @@ int ll_train_run_open(struct ll_train_run **out, const struct ll_model *m, struc
   r->o = *o;
   r->resumed_from = -1;
   r->val_loss = NAN;
+  r->comm.size = 1;
+  if (o->comm && o->comm->size > 1) r->comm = *o->comm;
+  r->writer = r->comm.rank == 0;
+  r->o.comm = NULL;
   snprintf(r->run_dir, sizeof r->run_dir, "%s", o->run_dir);
   r->o.run_dir = r->run_dir;
   struct ll_data_params dp;
@@ -345,12 +351,13 @@ int ll_train_run_open(struct ll_train_run **out, const struct ll_model *m, struc
     tp.arch = o->arch;
     tp.model_path = o->model_path;
     rc = ll_trainer_create(&r->tr, m, be, &tp, err, errlen);
+    if (rc == 0) rc = ll_trainer_set_comm(r->tr, &r->comm, err, errlen);
   }
   if (rc == 0) ll_trainer_memory(r->tr, &r->mem);
   if (rc == 0 && !o->restart) { // resume when the directory holds a run
     rc = resume_newest(r, err, errlen);
     // Checkpoints of earlier processes count against `keep` too (6 restarts used to leave 6 x keep).
-    if (rc == 0 && prune(r, err, errlen) != 0) rc = 0; // an unreadable directory fails at the first save, naming it
+    if (rc == 0 && r->writer && prune(r, err, errlen) != 0) rc = 0; // an unreadable directory fails at the first save, naming it
   }
   if (rc) {
     ll_train_run_close(r);
@@ -376,7 +383,7 @@ int64_t ll_train_run_resumed_from(const struct ll_train_run *r) { return r->resu
 int64_t ll_train_run_steps_per_epoch(const struct ll_train_run *r) {
   struct ll_data_stats st;
   ll_data_stats(r->data, &st);
-  const int64_t per = (int64_t)r->p.batch * r->p.grad_accum;
+  const int64_t per = (int64_t)r->p.batch * r->p.grad_accum * r->comm.size;
   return per > 0 ? st.seqs_per_epoch / per : 0;
 }
 
@@ -400,6 +407,8 @@ int ll_train_run_describe(const struct ll_train_run *r, char *buf, size_t cap) {
   human(w, sizeof w, m->weights), human(a, sizeof a, m->adapters), human(g, sizeof g, m->grads), human(op, sizeof op, m->optimizer);
   human(ac, sizeof ac, m->activations), human(tot, sizeof tot, m->weights + m->adapters + m->grads + m->optimizer + m->activations);
   const int64_t spe = ll_train_run_steps_per_epoch(r);
+  char ranks[32] = ""; // data parallel: N ranks x grad_accum x batch
+  if (r->comm.size > 1) snprintf(ranks, sizeof ranks, "%d ranks x ", r->comm.size);
   char what[128] = "full-parameter";
   if (r->p.mode == LL_TRAIN_LORA) {
     int wl = snprintf(what, sizeof what, "LoRA r=%d alpha=%g dropout=%g on ", r->p.rank, r->p.alpha, r->p.dropout);
@@ -407,22 +416,46 @@ int ll_train_run_describe(const struct ll_train_run *r, char *buf, size_t cap) {
       if ((r->p.targets >> t) & 1) wl += snprintf(what + wl, sizeof what - (size_t)wl, "%s%s", first ? "" : ",", ll_lora_target_name(t)), first = 0;
   }
   int k = snprintf(buf + n, cap - (size_t)n,
-                   "train: %s, %lld steps of %d x %d sequences of %d tokens (%lld tokens per step), %lld steps per epoch (%.2f epochs)\n"
+                   "train: %s, %lld steps of %s%d x %d sequences of %d tokens (%lld tokens per step), %lld steps per epoch (%.2f epochs)\n"
                    "memory: weights %s, %s %s, gradients %s, optimizer %s, activations %s%s: %s\n",
-                   what, (long long)r->p.steps, r->p.grad_accum, r->p.batch, r->p.seq_len,
-                   (long long)r->p.grad_accum * r->p.batch * r->p.seq_len, (long long)spe, spe > 0 ? (double)r->p.steps / (double)spe : 0.0, w,
+                   what, (long long)r->p.steps, ranks, r->p.grad_accum, r->p.batch, r->p.seq_len,
+                   (long long)r->p.grad_accum * r->p.batch * r->p.seq_len * r->comm.size, (long long)spe, spe > 0 ? (double)r->p.steps / (double)spe : 0.0, w,
                    r->p.mode == LL_TRAIN_FULL ? "trained copies" : "adapters", a, g, op, ac, r->p.recompute ? " (recomputed per layer)" : "",
                    tot);
   return k < 0 ? k : n + k;
 }
 
+// Data parallel: every rank's parameters hash as rank 0's (called by every rank at the same
+// step: a collective). LL_ESTATE naming the first rank that differs.
+static int check_ranks(struct ll_train_run *r, uint64_t *hash, int64_t step, char *err, size_t errlen) {
+  *hash = ll_trainer_param_hash(r->tr);
+  if (r->comm.size <= 1) return 0;
+  const int N = r->comm.size;
+  double mine[2] = {(double)(*hash >> 32), (double)(*hash & 0xffffffffu)}, *all = malloc((size_t)N * 2 * sizeof *all);
+  if (!all) return ll_errf(err, errlen, LL_ENOMEM, "train: out of memory");
+  int rc = r->comm.gather_f64(r->comm.user, mine, 2, all, err, errlen);
+  for (int k = 1; rc == 0 && k < N; k++)
+    if (all[2 * k] != all[0] || all[2 * k + 1] != all[1])
+      rc = ll_errf(err, errlen, LL_ESTATE, "data parallel: at step %lld rank %d's parameters (hash %08llx%08llx) differ from rank 0's (%08llx%08llx)",
+                   (long long)step, k, (unsigned long long)all[2 * k], (unsigned long long)all[2 * k + 1], (unsigned long long)all[0],
+                   (unsigned long long)all[1]);
+  free(all);
+  return rc;
+}
+
 static int save_now(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen) {
   struct ll_trainer_state st;
   ll_trainer_state(r->tr, &st);
-  int rc = mkdir_p(r->run_dir, err, errlen);
-  if (rc) return rc;
   char path[PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/step-%08lld.ckpt", r->run_dir, (long long)st.step);
+  int rc;
+  if (!r->writer) { // rank 0 writes; the others hold the same parameters (checked above)
+    ev->saved = 1;
+    snprintf(ev->path, sizeof ev->path, "%s", path);
+    r->pending_best = 0;
+    return 0;
+  }
+  if ((rc = mkdir_p(r->run_dir, err, errlen))) return rc;
   if ((rc = ll_trainer_save(r->tr, path, &r->src, err, errlen))) return rc;
   for (int i = 0; i < r->n_damaged; i++) // rewritten: no longer the damaged file
     if (r->damaged[i] == st.step) r->damaged[i--] = r->damaged[--r->n_damaged];
@@ -459,6 +492,7 @@ static int write_best(struct ll_train_run *r, double v, char *err, size_t errlen
   char path[PATH_MAX + 16];
   snprintf(path, sizeof path, "%s/best.ckpt", r->run_dir);
   ll_trainer_set_best_val(r->tr, v); // recorded in the checkpoint itself
+  if (!r->writer) return 0;           // rank 0 writes it
   int rc = mkdir_p(r->run_dir, err, errlen);
   if (rc == 0) rc = ll_trainer_save(r->tr, path, &r->src, err, errlen);
   if (rc) {
@@ -487,7 +521,10 @@ int ll_train_run_eval(struct ll_train_run *r, double *val, char *err, size_t err
 int ll_train_run_save(struct ll_train_run *r, struct ll_train_run_event *ev, char *err, size_t errlen) {
   memset(ev, 0, sizeof *ev);
   ev->val_loss = r->val_loss;
-  return save_now(r, ev, err, errlen);
+  struct ll_trainer_state st;
+  ll_trainer_state(r->tr, &st);
+  int rc = check_ranks(r, &ev->param_hash, st.step, err, errlen);
+  return rc ? rc : save_now(r, ev, err, errlen);
 }
 
 // The loss far above its running minimum, both smoothed over LL_TRAIN_DIVERGE_SMOOTH steps
@@ -576,6 +613,7 @@ int ll_train_run_step(struct ll_train_run *r, struct ll_train_run_event *ev, cha
     rc = 0;
   }
   if (save_due) {
+    if ((rc = check_ranks(r, &ev->param_hash, step, err, errlen))) return rc; // ranks that differ: the run is wrong, stop
     char serr[sizeof ev->save_error];
     if (save_now(r, ev, serr, sizeof serr) != 0) {
       if (r->pending_best) { // not linked: a later checkpoint holds other weights

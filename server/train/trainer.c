@@ -99,6 +99,8 @@ struct ll_trainer {
   void *update_user;
   void (*yield_fn)(void *user);   // (optional) called before each layer, forward and backward
   void *yield_user;
+  struct ll_train_comm comm; // data parallelism (size 1: alone)
+  float *gh;              // (n_par) host copy of the gradient for sum_f32 on a device backend
   void *bufs[MAX_BUFS];
   int n_bufs;
   int64_t act_bytes;
@@ -707,6 +709,7 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   ll_modelfile_init(&tr->meta);
   fill_ops(tr);
   tr->B = p->batch, tr->S = p->seq_len, tr->T = p->batch * p->seq_len;
+  tr->comm.size = 1;
   if (m->n_expert > 0 && (rc = ll_moe_ctx_new(&tr->moe, be, m, tr->T, err, errlen))) goto fail;
   if (m->n_expert > 0 && tr->dev) {
     rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: mixture-of-experts models train on the CPU backend only (not on a device yet)");
@@ -790,6 +793,7 @@ void ll_trainer_free(struct ll_trainer *tr) {
   free(tr->dpairs), free(tr->fhlayers);
   ll_modelfile_free(&tr->meta);
   free(tr->pt), free(tr->flayers), free(tr->lg), free(tr->xs), free(tr->acts), free(tr->pos), free(tr->ids), free(tr->tg), free(tr->xparts);
+  free(tr->gh);
   free(tr);
 }
 
@@ -812,6 +816,43 @@ void ll_trainer_vectors(struct ll_trainer *tr, float **params, float **grads, in
 }
 int ll_trainer_zero_grad(struct ll_trainer *tr) { return zero(tr, tr->G, tr->n_par); }
 void ll_trainer_inject_nan(struct ll_trainer *tr) { tr->inject_nan = 1; }
+
+int ll_trainer_set_comm(struct ll_trainer *tr, const struct ll_train_comm *c, char *err, size_t errlen) {
+  if (!c || c->size <= 1) {
+    memset(&tr->comm, 0, sizeof tr->comm);
+    tr->comm.size = 1;
+    return 0;
+  }
+  if (c->rank < 0 || c->rank >= c->size || !c->sum_f32 || !c->gather_f64)
+    return ll_errf(err, errlen, LL_EINVAL, "trainer: bad communicator (rank %d of %d)", c->rank, c->size);
+  if (tr->dev && !tr->gh && !(tr->gh = malloc((size_t)tr->n_par * sizeof *tr->gh)))
+    return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for the gradient's host copy (%lld floats)", (long long)tr->n_par);
+  tr->comm = *c;
+  return 0;
+}
+
+uint64_t ll_trainer_param_hash(struct ll_trainer *tr) {
+  if (ll_trainer_sync(tr, NULL, 0) != 0) return 0;
+  const float *p = tr->dev ? tr->Ph : tr->P;
+  uint64_t h = mix64((uint64_t)tr->n_par);
+  for (int64_t i = 0; i < tr->n_par; i++) {
+    uint32_t w;
+    memcpy(&w, &p[i], sizeof w);
+    h = mix64(h ^ w);
+  }
+  return h;
+}
+
+// The gradient summed over the ranks (through the host on a device backend).
+static int grad_allsum(struct ll_trainer *tr, char *err, size_t errlen) {
+  const struct ll_train_comm *c = &tr->comm;
+  if (!tr->dev) return c->sum_f32(c->user, tr->G, tr->n_par, err, errlen);
+  int rc = copy(tr, tr->gh, tr->G, tr->n_par);
+  if (rc) return ll_errf(err, errlen, rc, "trainer: reading the gradient back from the device: %s", ll_strerror(rc));
+  if ((rc = c->sum_f32(c->user, tr->gh, tr->n_par, err, errlen))) return rc;
+  if ((rc = copy(tr, tr->G, tr->gh, tr->n_par))) return ll_errf(err, errlen, rc, "trainer: writing the gradient to the device: %s", ll_strerror(rc));
+  return 0;
+}
 
 void ll_trainer_set_update_hook(struct ll_trainer *tr, ll_trainer_update_fn fn, void *user) {
   tr->update_fn = fn;
@@ -871,33 +912,49 @@ int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct l
   const struct ll_backend_i *B = &tr->ops;
   struct ll_backend *be = tr->be;
   const int A = tr->p.grad_accum, T = tr->T, S = tr->S;
+  const int N = tr->comm.size, R = tr->comm.rank; // data parallel: N ranks, this one R (1, 0 alone)
   memset(info, 0, sizeof *info);
   // Read the whole step's data first: the loss is a mean over every counted token of the step,
   // so each micro-batch's gradient is scaled by 1 / (the step's count) before it is summed.
-  int32_t *ids = malloc((size_t)A * T * sizeof *ids), *tg = malloc((size_t)A * T * sizeof *tg);
+  // With N ranks the step is N x A micro-batches read from the one cursor; this rank keeps
+  // its own A (the others' sequences are read past into one sequence's scratch).
+  int32_t *ids = malloc((size_t)(A * T + S) * sizeof *ids), *tg = malloc((size_t)(A * T + S) * sizeof *tg);
   if (!ids || !tg) {
     free(ids), free(tg);
     return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
   }
   int rc = 0, epoch = 0;
   int64_t count = 0;
-  for (int i = 0; i < A * tr->B && rc == 0; i++) {
-    int e = src->next(src->user, ids + (size_t)i * S, tg + (size_t)i * S, err, errlen);
+  const int per = A * tr->B; // sequences per rank and step
+  for (int i = 0; i < N * per && rc == 0; i++) {
+    const size_t o = i / per == R ? (size_t)(i - R * per) * S : (size_t)A * T; // others' into the scratch
+    int e = src->next(src->user, ids + o, tg + o, err, errlen);
     if (e < 0) rc = e;
     else epoch = e;
   }
   for (int64_t i = 0; rc == 0 && i < (int64_t)A * T; i++) count += tg[i] >= 0;
+  double *rk = NULL; // N > 1: every rank's count, then every micro-batch's loss (N x A)
+  if (rc == 0 && N > 1) {
+    if (!(rk = malloc((size_t)(N + 1) * A * sizeof *rk))) rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+    double mine = (double)count; // exact below 2^53
+    if (rc == 0) rc = tr->comm.gather_f64(tr->comm.user, &mine, 1, rk, err, errlen);
+    count = 0;
+    for (int k = 0; rc == 0 && k < N; k++) count += (int64_t)rk[k];
+  }
   const float gscale = count > 0 ? 1.0f / (float)count : 0.0f;
   const int nc = n_chunks(tr);
   // Every micro-batch queued back to back (on a device, no wait in between); the losses are
-  // read with the gradient norm, the step's one wait for the device.
+  // read with the gradient norm, the step's one wait for the device. A micro-batch's dropout
+  // seed is its index in the whole step, whichever rank computes it.
   for (int a = 0; a < A && rc == 0; a++) {
-    tr->seed_now = mix64(tr->p.seed ^ mix64((uint64_t)tr->micro + 1));
+    tr->seed_now = mix64(tr->p.seed ^ mix64((uint64_t)(tr->micro + (int64_t)R * A) + 1));
     rc = fb(tr, ids + (size_t)a * T, tg + (size_t)a * T, tr->B, 1, gscale, tr->xparts + (size_t)a * nc, NULL, err, errlen);
     tr->micro++;
   }
+  tr->micro += (int64_t)(N - 1) * A;
   free(ids), free(tg);
   if (rc) {
+    free(rk);
     zero(tr, tr->G, tr->n_par); // the error reported is rc's
     return rc;
   }
@@ -906,14 +963,28 @@ int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct l
     BK(copy(tr, tr->G, &nan_v, 1), "copy");
     tr->inject_nan = 0;
   }
+  double loss_sum = 0;
+  if (N > 1) {
+    // Micro-batch losses in the step's order, then the gradient summed: every rank holds the
+    // same G, so the norm, the skip decision and the update below agree on every rank.
+    double *mine = rk + (size_t)N * A;
+    rc = ll_backend_sync(be);
+    if (rc) rc = ll_errf(err, errlen, rc, "trainer: sync: %s", ll_strerror(rc));
+    for (int a = 0; a < A; a++) mine[a] = parts_sum(tr->xparts + (size_t)a * nc, nc);
+    if (rc == 0) rc = tr->comm.gather_f64(tr->comm.user, mine, A, rk, err, errlen);
+    for (int k = 0; rc == 0 && k < N * A; k++) loss_sum += rk[k];
+    free(rk);
+    if (rc == 0) rc = grad_allsum(tr, err, errlen);
+    if (rc) return rc;
+  }
   double ss = 0;
   BK(B->sumsq(be, &ss, tr->G, tr->n_par), "sumsq");
   BK(ll_backend_sync(be), "sync"); // the losses (sumsq's read has drained the queue already)
-  double loss_sum = 0;
-  for (int a = 0; a < A; a++) loss_sum += parts_sum(tr->xparts + (size_t)a * nc, nc); // as micro-batch sums, in order
+  if (N == 1)
+    for (int a = 0; a < A; a++) loss_sum += parts_sum(tr->xparts + (size_t)a * nc, nc); // as micro-batch sums, in order
   const double loss = count > 0 ? loss_sum / (double)count : NAN;
   info->grad_norm = sqrt(ss);
-  info->tokens = (int64_t)A * T;
+  info->tokens = (int64_t)N * A * T;
   info->epoch = epoch;
   info->lr = lr_at(&tr->p, tr->step);
   info->loss = loss;
@@ -938,7 +1009,7 @@ int ll_trainer_eval(struct ll_trainer *tr, struct ll_train_source *src, int64_t 
   *loss = NAN;
   if (!src->val_next) return ll_errf(err, errlen, LL_ENOTFOUND, "trainer: no validation data");
   if (src->val_reset) src->val_reset(src->user);
-  const int S = tr->S;
+  const int S = tr->S, N = tr->comm.size, R = tr->comm.rank;
   int32_t *ids = malloc((size_t)tr->T * sizeof *ids), *tg = malloc((size_t)tr->T * sizeof *tg);
   if (!ids || !tg) {
     free(ids), free(tg);
@@ -947,6 +1018,10 @@ int ll_trainer_eval(struct ll_trainer *tr, struct ll_train_source *src, int64_t 
   double sum = 0;
   int64_t cnt = 0, seen = 0;
   int rc = 0, done = 0;
+  // N > 1: batch k is computed by rank k % N; each batch's (loss sum, count) is kept, gathered,
+  // and summed in batch order below, as one process sums them.
+  double *bl = NULL;
+  int nb = 0, cap = 0;
   while (!done && rc == 0 && (max_seqs <= 0 || seen < max_seqs)) {
     int n = 0;
     while (n < tr->B && (max_seqs <= 0 || seen < max_seqs)) {
@@ -958,10 +1033,30 @@ int ll_trainer_eval(struct ll_trainer *tr, struct ll_train_source *src, int64_t 
     if (rc || n == 0) break;
     double ls = 0;
     int64_t c = 0;
-    rc = ll_trainer_forward_backward(tr, ids, tg, n, 0, 1.0f, &ls, &c, err, errlen);
-    sum += ls, cnt += c;
+    if (N == 1 || nb % N == R) rc = ll_trainer_forward_backward(tr, ids, tg, n, 0, 1.0f, &ls, &c, err, errlen);
+    if (N == 1) {
+      sum += ls, cnt += c;
+      continue;
+    }
+    if (nb == cap) {
+      double *nbl = realloc(bl, (size_t)(cap = cap ? 2 * cap : 64) * 2 * sizeof *bl);
+      if (!nbl) { rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory"); break; }
+      bl = nbl;
+    }
+    bl[2 * nb] = ls, bl[2 * nb + 1] = (double)c;
+    nb++;
   }
   free(ids), free(tg);
+  if (rc == 0 && N > 1 && nb > 0) {
+    double *all = malloc((size_t)N * nb * 2 * sizeof *all);
+    rc = all ? tr->comm.gather_f64(tr->comm.user, bl, 2 * nb, all, err, errlen) : ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+    for (int k = 0; rc == 0 && k < nb; k++) {
+      const double *b = all + ((size_t)(k % N) * nb + k) * 2;
+      sum += b[0], cnt += (int64_t)b[1];
+    }
+    free(all);
+  }
+  free(bl);
   if (rc) return rc;
   if (cnt == 0) return ll_errf(err, errlen, LL_ENOTFOUND, "trainer: the validation split has no counted tokens");
   *loss = sum / (double)cnt;
