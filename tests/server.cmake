@@ -39,3 +39,7 @@ ll_script_test(NAME server_http COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/s
 # oversized bodies. Same venv as server_http.
 ll_script_test(NAME server_http_finetune COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_http_finetune.py
   LABELS integration TIMEOUT 600)
+# Two replicas behind HAProxy (configs/haproxy.cfg, issue 33): health checks, sessions and HTTP
+# requests spread over both, a replica killed mid-run takes only its own sessions down, the
+# other answers everything after, the restarted replica comes back UP.
+ll_script_test(NAME replicas_haproxy COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_replicas.py LABELS integration TIMEOUT 300)
