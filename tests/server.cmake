@@ -43,3 +43,6 @@ ll_script_test(NAME server_http_finetune COMMAND python3 -u ${CMAKE_CURRENT_SOUR
 # requests spread over both, a replica killed mid-run takes only its own sessions down, the
 # other answers everything after, the restarted replica comes back UP.
 ll_script_test(NAME replicas_haproxy COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_replicas.py LABELS integration TIMEOUT 300)
+# Adapters hot-loaded (issue 33): `adapter load/unload` on the monitor socket and adapter_dir,
+# a new version served while a request streams on the old one, which it finishes on.
+ll_script_test(NAME adapter_hotload COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_adapter_hotload.py LABELS integration TIMEOUT 300)

@@ -15,6 +15,7 @@
 #include "ll_error.h"
 #include "ll_ftjobs.h"
 #include "ll_log.h"
+#include "ll_adapters.h"
 #include "ll_lora.h"
 #include "ll_model.h"
 #include "ll_server.h"
@@ -220,6 +221,14 @@ int ll_cmd_serve(int argc, char **argv) {
     goto out;
   }
   n_adapters = load_adapters(&srv, cfg.adapter, adapters);
+  { // hot-loading: the monitor's adapter load/unload, and the watched adapter_dir
+    struct ll_lora_dims d;
+    ll_engine_lora_dims(srv.e, &d);
+    if (ll_adapters_create(&srv.adapters, srv.loop, srv.sched, &d, cfg.adapter_dir, cfg.adapter_dir_poll, err, sizeof err) != 0) {
+      fprintf(stderr, "llsrv: %s\n", err);
+      goto out;
+    }
+  }
   // Background training: a job whenever the model can train (it has a tokenizer); it starts
   // at once with train.enabled, else on `train start` from the monitor socket.
   char run_dir[1400] = "";
@@ -348,6 +357,7 @@ out:
   srv.ft = NULL;
   ll_server_close(&srv); // sockets, handles, the loop
   ll_ftjobs_free(ft);    // after the loop's handles (its uv_async) are closed
+  ll_adapters_free(srv.adapters); // its loads in progress ended with the loop
   ll_engine_close(srv.e);
   ll_config_free(&cfg);
   return exit_code;

@@ -38,6 +38,8 @@ struct ll_config {
   // model and engine
   char *model;          // path; NULL: the demo model under state_dir
   char *adapter;        // comma-separated LoRA adapter paths; NULL: none
+  char *adapter_dir;    // watched directory of adapters (hot-loaded); NULL: none
+  double adapter_dir_poll; // seconds between scans of adapter_dir
   char *chat_template;  // built-in name or template file; NULL: the model's
   char *device;         // auto|cpu|opencl[:P[:D]]
   int64_t threads;      // 0 = online CPUs

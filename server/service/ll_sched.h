@@ -132,6 +132,22 @@ void ll_sched_get_stats(struct ll_sched *s, struct ll_sched_stats *st);
 #define LL_SCHED_MAX_ADAPTERS 64
 struct ll_lora;
 int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct ll_lora *a);
+// Hot-loading (adapter load/unload, the adapter_dir watch): publishes version `version` of
+// adapter a under `name` (NULL: unloads the name), and the scheduler owns a from then on.
+// Requests admitted from now on compute with it; those admitted earlier finish on the version
+// they began with. A version is released - release(a), on whichever thread drops its last
+// use, logged - once its name maps to another one (or none) and its last request has ended,
+// or at ll_sched_destroy. "live" and "none" are refused (LL_EINVAL); on any error a stays the
+// caller's. Any thread.
+int ll_sched_adapter_publish(struct ll_sched *s, const char *name, struct ll_lora *a, uint64_t version, void (*release)(struct ll_lora *a));
+// The published versions alive now (registered, or still used by requests), up to cap; returns the count.
+struct ll_sched_adapter_version {
+  char name[LL_ADAPTER_NAME_MAX + 1];
+  uint64_t version;
+  int users;      // requests computing with it
+  int registered; // 1: its name maps to it; 0: replaced or unloaded, freed after its last request
+};
+int ll_sched_adapter_versions(struct ll_sched *s, struct ll_sched_adapter_version *out, int cap);
 // Why `live` is not registered now, for the bad_adapter message of requests that name it (NULL
 // or "": "training is not running"). Any thread.
 void ll_sched_live_reason(struct ll_sched *s, const char *why);

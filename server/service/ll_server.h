@@ -45,7 +45,11 @@ struct ll_server {
   int mon_open;
   char mon_path[256];
   struct ll_mconn *mconns;
+  uint64_t mon_ids; // the last monitor client's id (a reply that comes later finds its client by id)
   uv_timer_t mon_timer;
+
+  // hot-loaded adapters (adapters.c): `adapter load|unload`, adapter_dir; NULL when none
+  struct ll_adapters *adapters;
 
   uv_async_t async;
   uv_timer_t tick;

@@ -17,6 +17,7 @@
 #include "ll_error.h"
 #include "ll_log.h"
 #include "ll_server.h"
+#include "ll_adapters.h"
 #include "ll_trainjob.h"
 
 #define MON_MAX_CLIENTS 64
@@ -31,6 +32,7 @@ struct ll_mconn {
   size_t in_len;
   int closing;  // uv_close called
   int draining; // a last reply queued: nothing more is sent or read, closed once it is out
+  uint64_t id;  // s->mon_ids at accept: found again by a reply that comes later (adapter load)
   uv_shutdown_t sd;
 };
 
@@ -155,6 +157,20 @@ static json_t *snapshot_json(struct ll_server *s) {
     json_array_append_new(reqs, r);
   }
   json_object_set_new(sv, "requests", reqs);
+  // Hot-loaded adapter versions alive: the served one of each name, and replaced ones still
+  // computing requests that began with them (freed after their last).
+  struct ll_sched_adapter_version av[64];
+  const int nav = ll_sched_adapter_versions(s->sched, av, 64);
+  json_t *avs = json_array();
+  for (int i = 0; i < nav && i < 64; i++) {
+    json_t *a = json_object();
+    json_object_set_new(a, "name", json_string(av[i].name));
+    json_object_set_new(a, "version", json_integer((json_int_t)av[i].version));
+    json_object_set_new(a, "requests", json_integer(av[i].users));
+    json_object_set_new(a, "served", json_boolean(av[i].registered));
+    json_array_append_new(avs, a);
+  }
+  json_object_set_new(sv, "adapter_versions", avs);
   json_object_set_new(root, "serving", sv);
 
   // Training: the job's fields, or "unavailable" (a model without a tokenizer cannot train).
@@ -291,22 +307,71 @@ static void mcmd_train(struct ll_mconn *m, const char *cmd, const char *arg) {
   reply(m, cmd, 1, NULL);
 }
 
+// adapter load NAME PATH | adapter unload NAME: hot-loading (adapters.c). A load replies when
+// the file is read and served (or not), which may be after other commands' replies.
+struct pending_reply {
+  struct ll_server *srv;
+  uint64_t id;
+};
+static void adapter_loaded(void *user, int rc, const char *msg) {
+  struct pending_reply *p = user;
+  for (struct ll_mconn *m = p->srv->mconns; m; m = m->next)
+    if (m->id == p->id && !m->closing && !m->draining) {
+      json_t *j = json_object();
+      json_object_set_new(j, "type", json_string("reply"));
+      json_object_set_new(j, "command", json_string("adapter"));
+      json_object_set_new(j, "ok", json_boolean(rc == 0));
+      json_object_set_new(j, rc ? "error" : "message", json_string(msg));
+      send_json(m, j);
+      json_decref(j);
+      break;
+    }
+  free(p);
+}
+
+static void mcmd_adapter(struct ll_mconn *m, const char *cmd, const char *arg) {
+  struct ll_server *s = m->srv;
+  char verb[16] = "", name[LL_ADAPTER_NAME_MAX + 2] = "", e[512];
+  int used = 0;
+  if (sscanf(arg, "%15s %128s %n", verb, name, &used) < 2 || (strcmp(verb, "load") && strcmp(verb, "unload")))
+    return reply(m, cmd, 0, "adapter load NAME PATH, or adapter unload NAME");
+  if (!s->adapters) return reply(m, cmd, 0, "adapters cannot be loaded now (the server is starting or stopping)");
+  if (!strcmp(verb, "unload")) {
+    int rc = ll_adapters_unload(s->adapters, name, e, sizeof e);
+    return reply(m, cmd, rc == 0, rc ? e : NULL);
+  }
+  const char *path = arg + used;
+  if (!*path) return reply(m, cmd, 0, "adapter load NAME PATH: no PATH");
+  struct pending_reply *p = malloc(sizeof *p);
+  if (!p) return reply(m, cmd, 0, "out of memory");
+  p->srv = s, p->id = m->id;
+  int rc = ll_adapters_load(s->adapters, name, path, adapter_loaded, p);
+  if (rc) {
+    free(p);
+    return reply(m, cmd, 0, rc == LL_EINVAL ? "adapter load NAME PATH: NAME up to 127 bytes, PATH up to PATH_MAX" : ll_strerror(rc));
+  }
+}
+
 static const struct mcmd {
   const char *name;
   void (*fn)(struct ll_mconn *m, const char *cmd, const char *arg);
 } k_mcmds[] = {
     {"snapshot", mcmd_snapshot}, {"log_level", mcmd_log_level}, {"train", mcmd_train},
     {"save", mcmd_train},        {"pause", mcmd_train},         {"resume", mcmd_train},
-    {NULL, NULL},
+    {"adapter", mcmd_adapter},   {NULL, NULL},
 };
 
 static void handle_control(struct ll_mconn *m, char *line) {
-  char cmd[64] = "", arg[64] = "";
-  if (sscanf(line, "%63s %63s", cmd, arg) < 1) return;
+  // The command's first word, then the rest of the line as its argument (a path may be long).
+  char cmd[64] = "", arg[MON_MAX_LINE];
+  int at = 0;
+  if (sscanf(line, "%63s %n", cmd, &at) < 1) return;
+  snprintf(arg, sizeof arg, "%s", line + at);
+  for (size_t l = strlen(arg); l > 0 && (arg[l - 1] == ' ' || arg[l - 1] == '\t' || arg[l - 1] == '\r'); l--) arg[l - 1] = 0;
   for (const struct mcmd *c = k_mcmds; c->name; c++)
     if (!strcmp(c->name, cmd)) return c->fn(m, cmd, arg);
-  char e[128];
-  snprintf(e, sizeof e, "unknown command '%.40s' (snapshot, log_level LEVEL, train start|stop|pause|resume, save)", cmd);
+  char e[256];
+  snprintf(e, sizeof e, "unknown command '%.40s' (snapshot, log_level LEVEL, train start|stop|pause|resume, save, adapter load NAME PATH|unload NAME)", cmd);
   reply(m, "?", 0, e);
 }
 
@@ -349,6 +414,7 @@ static void on_mconnection(uv_stream_t *server, int status) {
   struct ll_mconn *m = calloc(1, sizeof *m);
   if (!m) return;
   m->srv = s;
+  m->id = ++s->mon_ids;
   uv_pipe_init(s->loop, &m->h, 0);
   m->h.data = m;
   m->next = s->mconns;

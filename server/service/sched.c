@@ -21,6 +21,7 @@
 #include "ll_chat.h"
 #include "ll_engine.h"
 #include "ll_error.h"
+#include "ll_log.h"
 #include "ll_tokenizer.h"
 
 #define MAX_BATCH_TOKENS 512 // the engine's batch limit (MAX_BATCH_DEFAULT in engine.c)
@@ -51,9 +52,21 @@ struct slot {
   double t_admit, t_first, t_end;
   int cancel;             // reason to end at the next step: 0 none, else an END reason
   char adapter[LL_ADAPTER_NAME_MAX + 1]; // resolved adapter name ("none" for the base model)
+  struct aver *aver;      // the published adapter version it computes with (counted in its users), or NULL
 };
 
 enum { END_NONE, END_CANCEL, END_SHUTDOWN };
+
+// A published adapter version (ll_sched_adapter_publish): owned by the scheduler, released
+// once no name maps to it and no request computes with it. users and registered under mu.
+struct aver {
+  struct aver *next;
+  struct ll_lora *a;
+  void (*release)(struct ll_lora *a);
+  char name[LL_ADAPTER_NAME_MAX + 1];
+  uint64_t version;
+  int users, registered;
+};
 
 struct cancel_req {
   struct cancel_req *next;
@@ -80,7 +93,8 @@ struct ll_sched {
   int shutdown, quit;
   struct ll_sched_ev *out_head, *out_tail;
   struct ll_sched_stats stats;
-  struct { char name[LL_ADAPTER_NAME_MAX + 1]; const struct ll_lora *a; } adapters[LL_SCHED_MAX_ADAPTERS];
+  struct { char name[LL_ADAPTER_NAME_MAX + 1]; const struct ll_lora *a; struct aver *v; } adapters[LL_SCHED_MAX_ADAPTERS];
+  struct aver *vers; // every published version not yet released
   int n_adapters;
   char default_adapter[LL_ADAPTER_NAME_MAX + 1];
   char live_why[256]; // why adapter=live names no adapter now ("": training is not running)
@@ -180,8 +194,40 @@ void ll_sched_req_free(struct ll_sched_req *r) {
   free(r);
 }
 
+// Versions no name maps to and no request uses, unlinked from s->vers (caller holds mu);
+// released by the caller after unlocking.
+static struct aver *avers_unused(struct ll_sched *s) {
+  struct aver *done = NULL;
+  for (struct aver **pp = &s->vers; *pp;) {
+    struct aver *v = *pp;
+    if (!v->registered && v->users == 0) {
+      *pp = v->next;
+      v->next = done, done = v;
+    } else {
+      pp = &v->next;
+    }
+  }
+  return done;
+}
+static void avers_release(struct aver *done) {
+  for (struct aver *n; done; done = n) {
+    n = done->next;
+    ll_log(LL_LOG_INFO, "adapter '%s' version %llu released (replaced or unloaded, and no request uses it)", done->name,
+           (unsigned long long)done->version);
+    if (done->release) done->release(done->a);
+    free(done);
+  }
+}
+
 static void slot_free(struct ll_sched *s, struct slot *sl) {
   if (!sl) return;
+  if (sl->aver) { // the request is done with its version: the last user of a replaced one frees it
+    pthread_mutex_lock(&s->mu);
+    sl->aver->users--;
+    struct aver *done = avers_unused(s);
+    pthread_mutex_unlock(&s->mu);
+    avers_release(done);
+  }
   if (sl->seq >= 0) ll_engine_seq_free(s->e, sl->seq);
   ll_sampler_free(sl->smp);
   ll_stop_free(sl->stop);
@@ -316,7 +362,12 @@ static int resolve_adapter(struct ll_sched *s, struct slot *sl, char *msg, size_
   snprintf(sl->adapter, sizeof sl->adapter, "%s", want);
   if (strcmp(want, "none") == 0) found = 1;
   for (int i = 0; !found && i < s->n_adapters; i++)
-    if (strcmp(s->adapters[i].name, want) == 0) a = s->adapters[i].a, found = 1;
+    if (strcmp(s->adapters[i].name, want) == 0) {
+      a = s->adapters[i].a, found = 1;
+      // A published version stays alive for this request until it ends, whatever is loaded
+      // under its name meanwhile.
+      if ((sl->aver = s->adapters[i].v)) sl->aver->users++;
+    }
   if (!found) {
     size_t k = strcmp(want, "live") == 0
                    ? (size_t)snprintf(msg, cap, "no live adapter: %s (adapters:", s->live_why[0] ? s->live_why : "training is not running")
@@ -336,25 +387,69 @@ static int resolve_adapter(struct ll_sched *s, struct slot *sl, char *msg, size_
 
 static int adapter_name_ok(const char *n) { return ll_adapter_name_check(n, strlen(n)) == 0; }
 
-int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct ll_lora *a) {
-  if (!name || !adapter_name_ok(name) || strcmp(name, "none") == 0) return LL_EINVAL;
+// Maps name to a (NULL: removes it), with v its published version or NULL (caller-owned).
+// The version it replaces is unregistered; versions with no user left are returned to release.
+static int adapter_set(struct ll_sched *s, const char *name, const struct ll_lora *a, struct aver *v, struct aver **done) {
+  *done = NULL;
   int rc = 0;
-  pthread_mutex_lock(&s->mu);
   int i = 0;
   while (i < s->n_adapters && strcmp(s->adapters[i].name, name) != 0) i++;
+  struct aver *old = i < s->n_adapters ? s->adapters[i].v : NULL;
   if (!a) {
     if (i < s->n_adapters) s->adapters[i] = s->adapters[--s->n_adapters];
   } else if (i < s->n_adapters) {
-    s->adapters[i].a = a;
+    s->adapters[i].a = a, s->adapters[i].v = v;
   } else if (s->n_adapters == LL_SCHED_MAX_ADAPTERS) {
     rc = LL_ELIMIT;
+    old = NULL;
   } else {
     snprintf(s->adapters[i].name, sizeof s->adapters[i].name, "%s", name);
-    s->adapters[i].a = a;
+    s->adapters[i].a = a, s->adapters[i].v = v;
     s->n_adapters++;
   }
-  pthread_mutex_unlock(&s->mu);
+  if (old) old->registered = 0;
+  if (rc == 0 && v) v->registered = 1, v->next = s->vers, s->vers = v;
+  *done = avers_unused(s);
   return rc;
+}
+
+int ll_sched_adapter_register(struct ll_sched *s, const char *name, const struct ll_lora *a) {
+  if (!name || !adapter_name_ok(name) || strcmp(name, "none") == 0) return LL_EINVAL;
+  struct aver *done;
+  pthread_mutex_lock(&s->mu);
+  int rc = adapter_set(s, name, a, NULL, &done);
+  pthread_mutex_unlock(&s->mu);
+  avers_release(done);
+  return rc;
+}
+
+int ll_sched_adapter_publish(struct ll_sched *s, const char *name, struct ll_lora *a, uint64_t version, void (*release)(struct ll_lora *a)) {
+  if (!name || !adapter_name_ok(name) || strcmp(name, "none") == 0 || strcmp(name, "live") == 0) return LL_EINVAL;
+  struct aver *v = NULL;
+  if (a) {
+    if (!(v = calloc(1, sizeof *v))) return LL_ENOMEM;
+    v->a = a, v->release = release, v->version = version;
+    snprintf(v->name, sizeof v->name, "%s", name);
+  }
+  struct aver *done;
+  pthread_mutex_lock(&s->mu);
+  int rc = adapter_set(s, name, a, v, &done);
+  pthread_mutex_unlock(&s->mu);
+  if (rc) free(v); // not taken: the caller keeps a
+  avers_release(done);
+  return rc;
+}
+
+int ll_sched_adapter_versions(struct ll_sched *s, struct ll_sched_adapter_version *out, int cap) {
+  int n = 0;
+  pthread_mutex_lock(&s->mu);
+  for (struct aver *v = s->vers; v; v = v->next, n++)
+    if (n < cap) {
+      snprintf(out[n].name, sizeof out[n].name, "%s", v->name);
+      out[n].version = v->version, out[n].users = v->users, out[n].registered = v->registered;
+    }
+  pthread_mutex_unlock(&s->mu);
+  return n;
 }
 
 void ll_sched_live_reason(struct ll_sched *s, const char *why) {
@@ -858,8 +953,6 @@ void ll_sched_destroy(struct ll_sched *s) {
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
   }
   for (int i = 0; i < s->n_in; i++) ll_sched_req_free(s->in[i]);
   free(s->in);
@@ -881,6 +974,14 @@ void ll_sched_destroy(struct ll_sched *s) {
   free(s->items);
   free(s->chat_template);
   free(s->esc);
+  for (int i = 0; i < s->n_adapters; i++)
+    if (s->adapters[i].v) s->adapters[i].v->registered = 0;
+  struct aver *done = avers_unused(s); // every version now: no name, no request
+  avers_release(done);
+  if (s->thread_started) {
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+  }
   free(s);
 }
 

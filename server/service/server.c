@@ -17,6 +17,8 @@
 #include "ll_log.h"
 #include "ll_server.h"
 
+#include "ll_adapters.h"
+
 static void on_async(uv_async_t *a) {
   struct ll_server *s = a->data;
   for (struct ll_sched_ev *o = ll_sched_take_events(s->sched), *n; o; o = n) {
@@ -36,6 +38,7 @@ static void on_async(uv_async_t *a) {
     ll_net_close_all(s);
     ll_http_close_all(s);
     ll_monitor_close(s);
+    ll_adapters_close(s->adapters); // its timer; loads in progress end unpublished
     uv_close((uv_handle_t *)&s->tick, NULL);
     // The signal handlers stay (a second signal must still exit at once while clients
     // drain) but no longer keep the loop alive.
@@ -180,6 +183,7 @@ void ll_server_close(struct ll_server *s) {
   // free their memory before the connection table goes.
   if (s->conns) ll_net_force_close_all(s);
   ll_monitor_close(s);
+  ll_adapters_close(s->adapters);
   ll_http_free(s); // closes H2O's own handles; before the walk that closes what is left
   uv_walk(s->loop, close_walk, NULL);
   uv_run(s->loop, UV_RUN_DEFAULT);
