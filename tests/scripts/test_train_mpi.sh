@@ -25,11 +25,14 @@ IDS=$LL_SOURCE_DIR/tests/ref/stories260K_greedy256.ids
 D=$(mktemp -d)
 export XDG_STATE_HOME=$D/state # the OpenCL binary cache
 MPI_PID=
-cleanup() { [ -n "$MPI_PID" ] && kill -9 "$MPI_PID" 2>/dev/null; rm -rf "$D"; }
+# A job in the background runs as setsid mpirun (its own process group, $! its pid): cleanup ends
+# the group, mpirun and its ranks together, on every exit path.
+cleanup() { [ -n "$MPI_PID" ] && kill -9 -- "-$MPI_PID" 2>/dev/null; rm -rf "$D"; }
 trap cleanup EXIT
 passed=0 failed=0
 check() { if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi; }
-mpi() { local n=$1; shift; mpirun --oversubscribe --allow-run-as-root --bind-to none -np "$n" "$@"; }
+MPIRUN=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
+mpi() { local n=$1; shift; "${MPIRUN[@]}" -np "$n" "$@"; }
 # close A B TOL: every number of two loss logs within TOL relative ("nan" equal to "nan")
 close() {
   python3 - "$1" "$2" "$3" <<'PY'
@@ -129,7 +132,7 @@ check 'close "$D/o1.loss" "$D/o2.loss" 1e-6' "PoCL: 2 ranks == 1 process with gr
 
 # ---- a rank killed mid-run: the job ends naming it; last.ckpt intact; restart with 4 ranks, then 1
 K=(--model "$D/demo.ckpt" --data "$DATA" --seq-len 32 --batch 1 --lora-rank 4 --eval-every 0 --checkpoint-every 3 -t 1 --log-every 1)
-mpi 2 "$LLSRV" train "${K[@]}" --steps 100000 -o "$D/k" >"$D/k.out" 2>"$D/k.err" &
+setsid "${MPIRUN[@]}" -np 2 "$LLSRV" train "${K[@]}" --steps 100000 -o "$D/k" >"$D/k.out" 2>"$D/k.err" &
 MPI_PID=$!
 for _ in $(seq 1 1200); do [ -f "$D/k/last.ckpt" ] && grep -q "rank 1/2\]: pid" "$D/k.err" && break; sleep 0.1; done
 sleep 0.3
@@ -150,7 +153,7 @@ check '[ $rc -eq 0 ] && grep -q "resuming .*at step $((at + 2))" "$D/k1.out"' "a
 
 # ---- SIGTERM to one rank (as a batch system signals a job's processes): the ranks agree to stop
 # after the same step, rank 0 saves, every rank exits 0 and so does mpirun
-mpi 2 "$LLSRV" train "${K[@]}" --steps 100000 --checkpoint-every 2 -o "$D/t" >"$D/t.out" 2>"$D/t.err" &
+setsid "${MPIRUN[@]}" -np 2 "$LLSRV" train "${K[@]}" --steps 100000 --checkpoint-every 2 -o "$D/t" >"$D/t.out" 2>"$D/t.err" &
 MPI_PID=$!
 for _ in $(seq 1 1200); do [ -f "$D/t/last.ckpt" ] && grep -q "rank 1/2\]: pid" "$D/t.err" && break; sleep 0.1; done
 kill -TERM "$(grep -o "rank 1/2\]: pid [0-9]*" "$D/t.err" | grep -o "[0-9]*$")"
