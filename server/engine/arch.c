@@ -13,8 +13,9 @@ static const struct ll_arch arches[] = {
     {"llama", LL_ROPE_NORMAL, LL_ACT_SILU, LL_ARCH_QKV_BIAS | LL_ARCH_SWA, 1, 0.0f, 1, LL_ARCH_QKV_BIAS},
     // Qwen2 / 2.5: biases on q, k, v; NeoX rotation.
     {"qwen2", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QKV_BIAS, 0, 0.0f, 0, LL_ARCH_QKV_BIAS},
-    // Qwen3: per-head RMSNorm of q and k, no biases; head_dim from attention.key_length.
-    {"qwen3", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QK_NORM, 0, 0.0f, 0, 0},
+    // Qwen3: per-head RMSNorm of q and k, no biases; head_dim from attention.key_length (the
+    // trainer differentiates the norms with their weights frozen: LoRA, not full training).
+    {"qwen3", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QK_NORM, 0, 0.0f, 0, LL_ARCH_QK_NORM}, // LoRA: trainer.c's per-head norm backward
     // Gemma 3: embeddings * sqrt(C), GeGLU, post-attention and post-FFN norms, q/k norms, q
     // prescaled, 5 local (sliding-window, RoPE base 10000) layers to 1 global. Its norm
     // weights are (1 + w) in the model's terms; llama.cpp's converter folds the 1 in

@@ -47,6 +47,7 @@ struct ptensor {
 // One layer's saved activations (all layers, or one with recomputation).
 struct lacts {
   float *n1, *q, *k, *v, *att, *a, *m, *n2, *g, *u, *h; // see the forward above (n1, n2, h: all tr->nh, recomputed)
+  float *qp, *kp;                                        // q, k before their norms (LL_ARCH_QK_NORM), else NULL
   float *axs[LL_LORA_N_TARGETS];                         // (T, r) scale·drop(x)·A^T
 };
 
@@ -88,7 +89,7 @@ struct ll_trainer {
   int n_acts;
   float *xf, *logits;     // (T, C), (XENT_ROWS, V): one chunk of rows of the head at a time
   double *xparts;         // (grad_accum, T / XENT_ROWS rounded up) each chunk's loss, summed after the sync
-  float *dx, *dn, *da, *dq, *dk, *dv, *dh, *dg, *du, *dax, *dxd, *xd; // backward scratch
+  float *dx, *dn, *da, *dq, *dk, *dv, *dkn, *dh, *dg, *du, *dax, *dxd, *xd; // backward scratch (da, dq: (T, qd); dkn: k before its norm)
   float *nh;              // (T, max(C, F)) every layer's n1, n2 and h, one after another (not saved)
   int train;              // 1: dropout on (training), 0: evaluation
   uint64_t seed_now;      // dropout seed base of the current micro-batch
@@ -233,20 +234,26 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   struct ll_backend *be = tr->be;
   const struct ll_model *m = tr->m;
   const struct ll_layer *y = &m->layers[l];
-  const int T = tr->T, S = tr->S, C = m->C, kvd = m->kvd;
+  const int T = tr->T, S = tr->S, C = m->C, kvd = m->kvd, qd = m->qd > 0 ? m->qd : m->C;
   const float scale = 1.0f / sqrtf((float)m->hd);
   int rc;
   BK(B->rmsnorm(be, a->n1, x, y->attn_norm, T, C, m->eps), "rmsnorm");                       // n1 (T, C)
-  if ((rc = lin_forward(tr, a->q, a->n1, &y->wq, l, LL_LORA_Q, a->axs[LL_LORA_Q], 0, err, errlen))) return rc; // (T, C)
+  if ((rc = lin_forward(tr, a->q, a->n1, &y->wq, l, LL_LORA_Q, a->axs[LL_LORA_Q], 0, err, errlen))) return rc; // (T, qd)
   if ((rc = lin_forward(tr, a->k, a->n1, &y->wk, l, LL_LORA_K, a->axs[LL_LORA_K], 0, err, errlen))) return rc; // (T, kvd)
   if ((rc = lin_forward(tr, a->v, a->n1, &y->wv, l, LL_LORA_V, a->axs[LL_LORA_V], 0, err, errlen))) return rc; // (T, kvd)
-  if ((rc = add_bias(tr, a->q, y->bq, C, err, errlen)) || (rc = add_bias(tr, a->k, y->bk, kvd, err, errlen)) ||
+  if ((rc = add_bias(tr, a->q, y->bq, qd, err, errlen)) || (rc = add_bias(tr, a->k, y->bk, kvd, err, errlen)) ||
       (rc = add_bias(tr, a->v, y->bv, kvd, err, errlen)))
     return rc;
+  if (y->q_norm) { // Qwen3: q, k = per-head rmsnorm(q, k); their inputs kept for the backward
+    BK(copy(tr, a->qp, a->q, (int64_t)T * qd), "copy");
+    BK(copy(tr, a->kp, a->k, (int64_t)T * kvd), "copy");
+    BK(B->rmsnorm(be, a->q, a->qp, y->q_norm, T * m->H, m->hd, m->eps), "rmsnorm q");
+    BK(B->rmsnorm(be, a->k, a->kp, y->k_norm, T * m->Hkv, m->hd, m->eps), "rmsnorm k");
+  }
   BK(B->rope(be, a->q, tr->pos, T, m->H, m->hd, &m->rope), "rope q");
   BK(B->rope(be, a->k, tr->pos, T, m->Hkv, m->hd, &m->rope), "rope k");
-  for (int b = 0; b < tr->B; b++) // per sequence: a (S, C), probabilities (H, S, S)
-    BK(B->attention_train(be, a->a + (size_t)b * S * C, a->att + (size_t)b * m->H * S * S, a->q + (size_t)b * S * C, a->k + (size_t)b * S * kvd,
+  for (int b = 0; b < tr->B; b++) // per sequence: a (S, qd), probabilities (H, S, S)
+    BK(B->attention_train(be, a->a + (size_t)b * S * qd, a->att + (size_t)b * m->H * S * S, a->q + (size_t)b * S * qd, a->k + (size_t)b * S * kvd,
                           a->v + (size_t)b * S * kvd, S, m->H, m->Hkv, m->hd, scale),
        "attention_train");
   BK(copy(tr, a->m, x, (int64_t)T * C), "copy");
@@ -270,7 +277,7 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   const struct ll_model *m = tr->m;
   const struct ll_layer *y = &m->layers[l];
   const struct lgrad *gw = tr->lg ? &tr->lg[l] : &(struct lgrad){0};
-  const int T = tr->T, S = tr->S, C = m->C, kvd = m->kvd, F = m->F;
+  const int T = tr->T, S = tr->S, C = m->C, kvd = m->kvd, F = m->F, qd = m->qd > 0 ? m->qd : m->C;
   const float scale = 1.0f / sqrtf((float)m->hd);
   int rc;
   // n1, n2 and h are not saved (they share one buffer, tr->nh): each is recomputed from what is
@@ -296,22 +303,30 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
 ffn_norm: // n2 = rmsnorm(m): dx becomes dm (the residual path plus the norm's)
   BK(B->rmsnorm_backward(be, dx, gw->ffn_norm, tr->dn, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm_backward");
   // m = x + o(a)
-  BK(zero(tr, tr->da, (int64_t)T * C), "zero");
+  BK(zero(tr, tr->da, (int64_t)T * qd), "zero");
   if ((rc = lin_backward(tr, tr->da, dx, a->a, &y->wo, gw->wo, l, LL_LORA_O, a->axs[LL_LORA_O], err, errlen))) return rc;
   // a = attention(q, k, v) per sequence
   for (int b = 0; b < tr->B; b++)
-    BK(B->attention_backward(be, tr->dq + (size_t)b * S * C, tr->dk + (size_t)b * S * kvd, tr->dv + (size_t)b * S * kvd, tr->da + (size_t)b * S * C,
-                             a->q + (size_t)b * S * C, a->k + (size_t)b * S * kvd, a->v + (size_t)b * S * kvd, a->att + (size_t)b * m->H * S * S, S,
+    BK(B->attention_backward(be, tr->dq + (size_t)b * S * qd, tr->dk + (size_t)b * S * kvd, tr->dv + (size_t)b * S * kvd, tr->da + (size_t)b * S * qd,
+                             a->q + (size_t)b * S * qd, a->k + (size_t)b * S * kvd, a->v + (size_t)b * S * kvd, a->att + (size_t)b * m->H * S * S, S,
                              m->H, m->Hkv, m->hd, scale),
        "attention_backward");
   // q, k = rope(q), rope(k)
   BK(B->rope_backward(be, tr->dq, tr->pos, T, m->H, m->hd, &m->rope), "rope_backward q");
   BK(B->rope_backward(be, tr->dk, tr->pos, T, m->Hkv, m->hd, &m->rope), "rope_backward k");
+  float *dq = tr->dq, *dk = tr->dk;
+  if (y->q_norm) { // through the per-head norms (frozen: no weight gradient) into da, dkn (free now)
+    BK(zero(tr, tr->da, (int64_t)T * qd), "zero");
+    BK(zero(tr, tr->dkn, (int64_t)T * kvd), "zero");
+    BK(B->rmsnorm_backward(be, tr->da, NULL, tr->dq, a->qp, y->q_norm, T * m->H, m->hd, m->eps), "rmsnorm_backward q");
+    BK(B->rmsnorm_backward(be, tr->dkn, NULL, tr->dk, a->kp, y->k_norm, T * m->Hkv, m->hd, m->eps), "rmsnorm_backward k");
+    dq = tr->da, dk = tr->dkn;
+  }
   // q, k, v = lin(n1)   (biases are frozen: no gradient)
   BK(B->rmsnorm(be, a->n1, x, y->attn_norm, T, C, m->eps), "rmsnorm");
   BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
-  if ((rc = lin_backward(tr, tr->dn, tr->dq, a->n1, &y->wq, gw->wq, l, LL_LORA_Q, a->axs[LL_LORA_Q], err, errlen)) ||
-      (rc = lin_backward(tr, tr->dn, tr->dk, a->n1, &y->wk, gw->wk, l, LL_LORA_K, a->axs[LL_LORA_K], err, errlen)) ||
+  if ((rc = lin_backward(tr, tr->dn, dq, a->n1, &y->wq, gw->wq, l, LL_LORA_Q, a->axs[LL_LORA_Q], err, errlen)) ||
+      (rc = lin_backward(tr, tr->dn, dk, a->n1, &y->wk, gw->wk, l, LL_LORA_K, a->axs[LL_LORA_K], err, errlen)) ||
       (rc = lin_backward(tr, tr->dn, tr->dv, a->n1, &y->wv, gw->wv, l, LL_LORA_V, a->axs[LL_LORA_V], err, errlen)))
     return rc;
   // n1 = rmsnorm(x): dx becomes the gradient of the layer's input
@@ -413,14 +428,17 @@ static int fb(struct ll_trainer *tr, const int32_t *ids, const int32_t *targets,
 // ---------------------------------------------------------------- creation
 
 static int64_t act_floats(const struct ll_model *m, const struct ll_trainer_params *p, int64_t *per_layer, int64_t *fixed) {
-  const int64_t T = (int64_t)p->batch * p->seq_len, C = m->C, kvd = m->kvd, F = m->F, S = p->seq_len;
+  const int64_t T = (int64_t)p->batch * p->seq_len, C = m->C, kvd = m->kvd, F = m->F, S = p->seq_len, qd = m->qd > 0 ? m->qd : m->C;
+  const int qkn = m->layers && m->L > 0 && m->layers[0].q_norm;
   int64_t r = p->mode == LL_TRAIN_LORA ? p->rank : 0, nt = 0;
   for (int t = 0; t < LL_LORA_N_TARGETS; t++) nt += p->mode == LL_TRAIN_LORA && ((p->targets >> t) & 1);
-  // saved per layer: q, a, m (T, C), k, v (T, kvd), g, u (T, F), probabilities, LoRA x·A^T
-  *per_layer = T * (3 * C + 2 * kvd + 2 * F) + (int64_t)p->batch * m->H * S * S + nt * T * r;
-  const int64_t maxin = C > F ? C : F;
+  // saved per layer: q, a (T, qd), m (T, C), k, v (T, kvd), g, u (T, F), probabilities, LoRA x·A^T;
+  // with q/k norms q and k before them too
+  *per_layer = T * (2 * qd + C + 2 * kvd + 2 * F) + (int64_t)p->batch * m->H * S * S + nt * T * r + (qkn ? T * (qd + kvd) : 0);
+  int64_t maxin = C > F ? C : F;
+  maxin = maxin > qd ? maxin : qd;
   *fixed = T * C * (int64_t)(m->L + 1) /* xs */ + T * C /* xf */ + (T < XENT_ROWS ? T : XENT_ROWS) * m->n_vocab /* logits */ +
-           T * (4 * C + 2 * kvd + 3 * F) /* dx dn da dq dk dv dh dg du */ + T * (r > 0 ? r : 1) + 3 * T * maxin /* dxd xd nh */;
+           T * (2 * C + 2 * qd + 3 * kvd + 3 * F) /* dx dn da dq dk dv dkn dh dg du */ + T * (r > 0 ? r : 1) + 3 * T * maxin /* dxd xd nh */;
   return *fixed + *per_layer * (p->recompute ? 1 : m->L);
 }
 
@@ -445,8 +463,9 @@ static int64_t model_bytes(const struct ll_model *m) {
 static int64_t n_trainable(const struct ll_model *m, const struct ll_trainer_params *p) {
   int64_t n = 0;
   if (p->mode == LL_TRAIN_LORA) {
-    const int64_t in[LL_LORA_N_TARGETS] = {m->C, m->C, m->C, m->C, m->C, m->C, m->F};
-    const int64_t out[LL_LORA_N_TARGETS] = {m->C, m->kvd, m->kvd, m->C, m->F, m->F, m->C};
+    const int64_t qd = m->qd > 0 ? m->qd : m->C;
+    const int64_t in[LL_LORA_N_TARGETS] = {m->C, m->C, m->C, qd, m->C, m->C, m->F};
+    const int64_t out[LL_LORA_N_TARGETS] = {qd, m->kvd, m->kvd, m->C, m->F, m->F, m->C};
     for (int t = 0; t < LL_LORA_N_TARGETS; t++)
       if ((p->targets >> t) & 1) n += (int64_t)p->rank * (in[t] + out[t]);
     return n * m->L;
@@ -515,7 +534,9 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
   if (m->arch && !ll_arch_trainable(m->arch, &what))
     return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: %s models cannot be trained yet (no backward for %s)", m->arch->name, what);
   if (m->window > 0) return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: sliding-window attention cannot be trained yet");
-  if (m->qd != 0 && m->qd != m->C) return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: a head width other than C / heads cannot be trained yet");
+  if (p->mode == LL_TRAIN_FULL && m->L > 0 && m->layers[0].q_norm)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: full-parameter training of a model with q/k norms (%s) is not supported yet: use train.mode lora",
+                   m->arch ? m->arch->name : "?");
   return 0;
 }
 
@@ -544,7 +565,7 @@ static int setup_lora(struct ll_trainer *tr, char *err, size_t errlen) {
   struct ll_lora_dims d;
   memset(&d, 0, sizeof d);
   snprintf(d.arch, sizeof d.arch, "%s", tr->arch);
-  d.n_layer = m->L, d.n_embd = m->C, d.n_embd_kv = m->kvd, d.n_ff = m->F, d.n_head = m->H, d.n_head_kv = m->Hkv;
+  d.n_layer = m->L, d.n_embd = m->C, d.n_embd_q = m->qd != m->C ? m->qd : 0, d.n_embd_kv = m->kvd, d.n_ff = m->F, d.n_head = m->H, d.n_head_kv = m->Hkv;
   int rc = ll_lora_create(&tr->lora, &d, tr->p.rank, tr->p.alpha, tr->p.targets, tr->p.seed, tr->be, err, errlen);
   if (rc) return rc;
   tr->Ph = tr->lora->storage; // host memory (ll_lora_alloc)
@@ -730,8 +751,10 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   if (p->mode == LL_TRAIN_FULL) full_grads(tr);
   // Activations.
   const struct ll_model *mm = tr->m;
-  const int64_t T = tr->T, C = mm->C, kvd = mm->kvd, F = mm->F, r = tr->lora ? tr->lora->rank : 1;
-  const int64_t maxin = C > F ? C : F;
+  const int64_t T = tr->T, C = mm->C, kvd = mm->kvd, F = mm->F, r = tr->lora ? tr->lora->rank : 1, qd = mm->qd > 0 ? mm->qd : mm->C;
+  const int qkn = mm->L > 0 && mm->layers[0].q_norm;
+  int64_t maxin = C > F ? C : F;
+  maxin = maxin > qd ? maxin : qd;
   tr->n_acts = p->recompute ? 1 : mm->L;
   tr->xs = calloc((size_t)mm->L + 1, sizeof *tr->xs);
   tr->acts = calloc((size_t)tr->n_acts, sizeof *tr->acts);
@@ -751,13 +774,14 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   if (!xs) goto oom;
   for (int l = 0; l <= mm->L; l++) tr->xs[l] = xs + (size_t)l * T * C;
   const int64_t TV = (T < XENT_ROWS ? T : XENT_ROWS) * (int64_t)mm->n_vocab;
-  const int64_t scr_floats = T * C + TV + T * (4 * C + 2 * kvd + 3 * F) + T * r + 3 * T * maxin; // what TAKE hands out below
+  const int64_t scr_floats = T * C + TV + T * (2 * C + 2 * qd + 3 * kvd + 3 * F) + T * r + 3 * T * maxin; // what TAKE hands out below
   float *scr = balloc(tr, scr_floats);
   if (!scr) goto oom;
   float *s = scr;
 #define TAKE(ptr, cnt) (ptr = s, s += (cnt))
   TAKE(tr->xf, T * C); TAKE(tr->logits, TV);
-  TAKE(tr->dx, T * C); TAKE(tr->dn, T * C); TAKE(tr->da, T * C); TAKE(tr->dq, T * C); TAKE(tr->dk, T * kvd); TAKE(tr->dv, T * kvd);
+  TAKE(tr->dx, T * C); TAKE(tr->dn, T * C); TAKE(tr->da, T * qd); TAKE(tr->dq, T * qd); TAKE(tr->dk, T * kvd); TAKE(tr->dv, T * kvd);
+  TAKE(tr->dkn, T * kvd);
   TAKE(tr->dh, T * F); TAKE(tr->dg, T * F); TAKE(tr->du, T * F); TAKE(tr->dax, T * r); TAKE(tr->dxd, T * maxin); TAKE(tr->xd, T * maxin);
   TAKE(tr->nh, T * maxin);
   for (int l = 0; l < tr->n_acts; l++) {
@@ -766,8 +790,10 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
     s = blk;
     struct lacts *a = &tr->acts[l];
     a->n1 = a->n2 = a->h = tr->nh;
-    TAKE(a->q, T * C); TAKE(a->k, T * kvd); TAKE(a->v, T * kvd); TAKE(a->att, (int64_t)p->batch * mm->H * tr->S * tr->S);
-    TAKE(a->a, T * C); TAKE(a->m, T * C); TAKE(a->g, T * F); TAKE(a->u, T * F);
+    TAKE(a->q, T * qd); TAKE(a->k, T * kvd); TAKE(a->v, T * kvd); TAKE(a->att, (int64_t)p->batch * mm->H * tr->S * tr->S);
+    TAKE(a->a, T * qd); TAKE(a->m, T * C); TAKE(a->g, T * F); TAKE(a->u, T * F);
+    a->qp = a->kp = NULL;
+    if (qkn) { TAKE(a->qp, T * qd); TAKE(a->kp, T * kvd); }
     for (int t = 0; t < LL_LORA_N_TARGETS; t++)
       if (tr->lora && ((p->targets >> t) & 1)) TAKE(a->axs[t], T * r);
   }

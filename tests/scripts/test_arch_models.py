@@ -73,6 +73,10 @@ with tempfile.TemporaryDirectory(prefix="llsrv-archs-") as tmp:
                             "--exact", "--min-tf", "1.0", "--adapter", ad], capture_output=True, text=True)
         print(f"== qwen3 + LoRA\n{r.stdout}{r.stderr}", end="")
         passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
+    # LoRA training on qwen3: gradient against finite differences (q/k norm backward), loss falls.
+    r = subprocess.run([os.path.join(BUILD, "tests/test_arch_train"), os.path.join(tmp, "qwen3.gguf")], capture_output=True, text=True)
+    print(f"== qwen3 LoRA training\n{r.stdout}{r.stderr}", end="")
+    passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
     # Mistral's sliding window, exercised: with a window of 8 over 45 positions the greedy ids
     # change (against the 512 window), and the CPU and the OpenCL reference tier (PoCL) agree.
     P = " ".join(str(100 + i) for i in range(21))
