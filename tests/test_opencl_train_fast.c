@@ -7,9 +7,11 @@
 // normalized MSE 1e-10 (f32 sums of <= 1100 terms land near 1e-13 .. 1e-12; a wrong tile, edge
 // or stride gives > 1e-3), for weights of every type the backend takes, shapes not multiples
 // of 16 (edge tiles), T = 1 .. 37, dx and dw together, and dx through several dequantized
-// chunks of W. Also asserted: the backend says it runs the fast tier (ll_backend_info.tier), and
+// chunks of W; the same tolerance for attention's forward (out and the kept probabilities) and
+// backward (dq, dk, dv), batched over heads with grouped kv heads. Also asserted: the backend says it runs the fast tier (ll_backend_info.tier), and
 // the results are not the reference's bits (the reference tier's products give the CPU's bits
 // on an f64 device such as PoCL: an error of exactly 0 everywhere would mean they ran).
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +126,39 @@ static void test_matmul_backward(struct ll_backend *cl) {
   printf("matmul_backward, fast tier vs the CPU's reference: worst nmse dx %.3g, dw %.3g (tolerance %.0e)\n", worst_dx, worst_dw, TOL);
 }
 
+// Causal attention forward (out, the probabilities kept) and backward (dq, dk, dv) against the
+// references: grouped kv heads, S and hd not multiples of 16, S over one 64-wide row reduction.
+static void test_attention(struct ll_backend *cl) {
+  static const struct {
+    int S, H, Hkv, hd;
+  } cases[] = {{1, 2, 1, 8}, {37, 4, 2, 20}, {70, 6, 2, 16}, {129, 3, 3, 64}};
+  double worst[5] = {0};
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int S = cases[ci].S, H = cases[ci].H, Hkv = cases[ci].Hkv, hd = cases[ci].hd;
+    const size_t nq = (size_t)S * H * hd, nk = (size_t)S * Hkv * hd, na = (size_t)H * S * S;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
+    float *o[2], *att[2], *dq[2], *dk[2], *dv[2];
+    randf(q, nq, 2.0f), randf(k, nk, 2.0f), randf(v, nk, 1.0f), randf(dout, nq, 1.0f);
+    for (int i = 0; i < 2; i++) {
+      o[i] = malloc(nq * 4), att[i] = malloc(na * 4), dq[i] = malloc(nq * 4), dk[i] = malloc(nk * 4), dv[i] = malloc(nk * 4);
+      memset(att[i], 0x7f, na * 4); // garbage the op must overwrite (right of the diagonal too)
+    }
+    CHECK(ll_train_ref_attention_train(NULL, o[0], att[0], q, k, v, S, H, Hkv, hd, scale) == 0);
+    CHECK(cl->i->attention_train(cl, o[1], att[1], q, k, v, S, H, Hkv, hd, scale) == 0);
+    CHECK(ll_train_ref_attention_backward(NULL, dq[0], dk[0], dv[0], dout, q, k, v, att[0], S, H, Hkv, hd, scale) == 0);
+    CHECK(cl->i->attention_backward(cl, dq[1], dk[1], dv[1], dout, q, k, v, att[0], S, H, Hkv, hd, scale) == 0);
+    const double e[5] = {nmse(o[1], o[0], nq), nmse(att[1], att[0], na), nmse(dq[1], dq[0], nq), nmse(dk[1], dk[0], nk), nmse(dv[1], dv[0], nk)};
+    CHECKF(e[0] < TOL && e[1] < TOL && e[2] < TOL && e[3] < TOL && e[4] < TOL,
+           "attention S=%d H=%d/%d hd=%d: nmse out %.3g att %.3g dq %.3g dk %.3g dv %.3g", S, H, Hkv, hd, e[0], e[1], e[2], e[3], e[4]);
+    for (int i = 0; i < 5; i++) worst[i] = e[i] > worst[i] ? e[i] : worst[i];
+    for (int i = 0; i < 2; i++) free(o[i]), free(att[i]), free(dq[i]), free(dk[i]), free(dv[i]);
+    free(q), free(k), free(v), free(dout);
+  }
+  printf("attention, fast tier vs the CPU's reference: worst nmse out %.3g att %.3g dq %.3g dk %.3g dv %.3g (tolerance %.0e)\n", worst[0],
+         worst[1], worst[2], worst[3], worst[4], TOL);
+}
+
 int main(void) {
   rs = ll_test_seed();
   const char *dev = getenv("LL_TEST_OPENCL_DEVICE");
@@ -143,6 +178,7 @@ int main(void) {
   printf("%s, %s tier\n", in.device, in.tier);
   CHECK(strcmp(in.tier, "fast") == 0);
   test_matmul_backward(cl);
+  test_attention(cl);
   ll_backend_free(cl);
   return ll_test_summary();
 }

@@ -128,6 +128,7 @@ struct ocl_ctx {
   int train_tiled; // fast, and the device runs train_fast.cl's 16 x 16 work-groups (ocl_make_kernels)
   // training (train.cl)
   cl_kernel k_deq, k_mm_dx, k_mm_dw, k_mm_dx_t, k_mm_dw_t, // (_t: the fast tier's tiled ones, train_fast.cl)
+      k_gemm_t, k_attn_rows_sm, k_attn_rows_ds, // (train_fast.cl: attention as batched tiled products)
        k_rms_bwd, k_rms_dg, k_rope_bwd, k_swiglu_bwd, k_attn_train, k_attn_bwd_q, k_attn_bwd_kv, k_xent,
       k_gr_bwd, k_dropout, k_sumsq, k_axpy, k_scale, k_adamw;
   struct sbuf s[S_COUNT];

@@ -153,6 +153,9 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_mm_dw, "mm_bwd_dw");
   MK(c->k_mm_dx_t, "mm_bwd_dx_tiled");
   MK(c->k_mm_dw_t, "mm_bwd_dw_tiled");
+  MK(c->k_gemm_t, "gemm_tiled");
+  MK(c->k_attn_rows_sm, "attn_rows_softmax");
+  MK(c->k_attn_rows_ds, "attn_rows_ds");
   MK(c->k_rms_bwd, "rmsnorm_bwd");
   MK(c->k_rms_dg, "rmsnorm_bwd_dg");
   MK(c->k_rope_bwd, "rope_bwd");
@@ -184,10 +187,12 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
 #undef MK
   // The tiled training products take work-groups of 16 x 16: only where both kernels allow
   // 256 work items (else the fast tier keeps the reference's products).
-  size_t kwg[2] = {0, 0};
-  c->train_tiled = c->fast && clGetKernelWorkGroupInfo(c->k_mm_dx_t, c->dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg[0], &kwg[0], NULL) == CL_SUCCESS &&
-                   clGetKernelWorkGroupInfo(c->k_mm_dw_t, c->dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg[1], &kwg[1], NULL) == CL_SUCCESS &&
-                   kwg[0] >= 256 && kwg[1] >= 256;
+  const cl_kernel tiled[] = {c->k_mm_dx_t, c->k_mm_dw_t, c->k_gemm_t};
+  c->train_tiled = c->fast;
+  for (size_t i = 0; i < sizeof tiled / sizeof tiled[0]; i++) {
+    size_t kwg = 0;
+    if (clGetKernelWorkGroupInfo(tiled[i], c->dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) != CL_SUCCESS || kwg < 256) c->train_tiled = 0;
+  }
   return 0;
 }
 

@@ -43,3 +43,86 @@ kernel void mm_bwd_dw_tiled(global float *dw, global const float *dout, global c
   }
   if (k < K && n < N) dw[(size_t)n * K + k] += acc;
 }
+
+// ---------------------------------------------------------------- attention (training)
+// Causal attention as products over whole heads instead of train.cl's work-group per query row
+// (whose softmax and sums ran on one work item each): scores, P·V, dout·Vᵀ, ds·K, Pᵀ·dout and
+// dsᵀ·q are gemm_tiled launches batched over heads, the row softmax and the row backward are
+// work-group reductions (attn_rows_*). Products also sum the masked zeros right of the diagonal
+// (not skipped yet).
+
+// C[b] (M, N) = alpha A[b] (M, K) · B[b] (K, N) + beta C[b], b = get_global_id(2). Operand X of
+// batch b starts at X + offX + (b / divX) bsX (a kv head serves divX query heads); ta: A is
+// stored (K, M) (A(m, k) = A[k lda + m]), tb: B is stored (N, K). Work-group (16, 16) over
+// (n, m); global sizes rounded up to 16.
+kernel void gemm_tiled(global float *C, global const float *A, global const float *B, int M, int N, int K, int lda, int ldb, int ldc,
+                       long offA, long offB, long offC, long bsA, long bsB, long bsC, int divA, int divB, int ta, int tb, float alpha,
+                       float beta) {
+  local float la[TT][TT + 1], lb[TT][TT + 1]; // A tile (m, k), B tile (k, n)
+  const int lx = get_local_id(0), ly = get_local_id(1), n = get_global_id(0), m = get_global_id(1), bt = get_global_id(2);
+  const int m0 = get_group_id(1) * TT, n0 = get_group_id(0) * TT;
+  A += offA + (long)(bt / divA) * bsA;
+  B += offB + (long)(bt / divB) * bsB;
+  C += offC + (long)bt * bsC;
+  float acc = 0.0f;
+  for (int kb = 0; kb < K; kb += TT) {
+    // la[ly][lx] = A(m0 + ly, kb + lx), lb[ly][lx] = B(kb + ly, n0 + lx)
+    const int am = m0 + ly, ak = kb + lx, bk = kb + ly, bn = n0 + lx;
+    la[ly][lx] = am < M && ak < K ? (ta ? A[(long)ak * lda + am] : A[(long)am * lda + ak]) : 0.0f;
+    lb[ly][lx] = bk < K && bn < N ? (tb ? B[(long)bn * ldb + bk] : B[(long)bk * ldb + bn]) : 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = 0; i < TT; i++) acc = mad(la[ly][i], lb[i][lx], acc);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (m < M && n < N) {
+    global float *o = C + (long)m * ldc + n;
+    *o = beta == 0.0f ? alpha * acc : alpha * acc + beta * *o;
+  }
+}
+
+// Row i of head h (one work-group of WG each, (H S) groups): p (S) holds the scaled scores;
+// the causal softmax over j <= i in place, 0 right of the diagonal.
+kernel void attn_rows_softmax(global float *att, int S) {
+  local float lr[WG];
+  const int row = get_group_id(0), i = row % S, lid = get_local_id(0);
+  global float *p = att + (long)row * S;
+  float m = -INFINITY;
+  for (int j = lid; j <= i; j += WG) m = fmax(m, p[j]);
+  lr[lid] = m;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int st = WG / 2; st > 0; st >>= 1) {
+    if (lid < st) lr[lid] = fmax(lr[lid], lr[lid + st]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  m = lr[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float s = 0.0f;
+  for (int j = lid; j <= i; j += WG) s += exp(p[j] - m);
+  lr[lid] = s;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int st = WG / 2; st > 0; st >>= 1) {
+    if (lid < st) lr[lid] += lr[lid + st];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float inv = 1.0f / lr[0];
+  for (int j = lid; j < S; j += WG) p[j] = j <= i ? exp(p[j] - m) * inv : 0.0f;
+}
+
+// Row i of head h: ds (S) holds dp = dout_i · v_j; with D = Σ_{j<=i} p dp,
+// ds = p (dp - D) scale for j <= i, 0 right of the diagonal.
+kernel void attn_rows_ds(global float *ds, global const float *att, int S, float scale) {
+  local float lr[WG];
+  const int row = get_group_id(0), i = row % S, lid = get_local_id(0);
+  global float *d = ds + (long)row * S;
+  global const float *p = att + (long)row * S;
+  float s = 0.0f;
+  for (int j = lid; j <= i; j += WG) s = mad(p[j], d[j], s);
+  lr[lid] = s;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int st = WG / 2; st > 0; st >>= 1) {
+    if (lid < st) lr[lid] += lr[lid + st];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float D = lr[0];
+  for (int j = lid; j < S; j += WG) d[j] = j <= i ? p[j] * (d[j] - D) * scale : 0.0f;
+}

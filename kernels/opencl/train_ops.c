@@ -171,6 +171,32 @@ int ocl_attn_bytes(const struct ocl_ctx *c, int S, int H, int Hkv, int hd, size_
   return 0;
 }
 
+// The fast tier's attention (train_fast.cl): C[b] = alpha A[b] · B[b] + beta C[b] over `batch`
+// heads (gemm_tiled's arguments: element offsets, per-batch strides, kv-head sharing, transposes).
+struct gemm_op {
+  cl_mem C, A, B;
+  int M, N, K, lda, ldb, ldc;
+  cl_long offA, offB, offC, bsA, bsB, bsC;
+  int divA, divB, ta, tb;
+  float alpha, beta;
+};
+static int gemm_tiled(struct ocl_ctx *c, const struct gemm_op *g, int batch) {
+  cl_kernel k = c->k_gemm_t;
+  cl_int e = ARG(k, 0, g->C) | ARG(k, 1, g->A) | ARG(k, 2, g->B) | ARG(k, 3, g->M) | ARG(k, 4, g->N) | ARG(k, 5, g->K) | ARG(k, 6, g->lda);
+  e |= ARG(k, 7, g->ldb) | ARG(k, 8, g->ldc) | ARG(k, 9, g->offA) | ARG(k, 10, g->offB) | ARG(k, 11, g->offC) | ARG(k, 12, g->bsA);
+  e |= ARG(k, 13, g->bsB) | ARG(k, 14, g->bsC) | ARG(k, 15, g->divA) | ARG(k, 16, g->divB) | ARG(k, 17, g->ta) | ARG(k, 18, g->tb);
+  e |= ARG(k, 19, g->alpha) | ARG(k, 20, g->beta);
+  const size_t gl[3] = {RUP16(g->N), RUP16(g->M), (size_t)batch}, lo[3] = {16, 16, 1};
+  return e ? LL_EIO : ocl_launch(c, k, 3, gl, lo);
+}
+static int attn_rows(struct ocl_ctx *c, cl_kernel k, cl_mem a, cl_mem b, int S, int H, float scale) {
+  cl_int e = ARG(k, 0, a);
+  if (b) e |= ARG(k, 1, b) | ARG(k, 2, S) | ARG(k, 3, scale);
+  else e |= ARG(k, 1, S);
+  const size_t gl = (size_t)H * S * WG, lo = WG;
+  return e ? LL_EIO : ocl_launch(c, k, 1, &gl, &lo);
+}
+
 int ocl_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S,
                                int n_head, int n_head_kv, int head_dim, float scale) {
   struct ocl_ctx *c = CTX(b);
@@ -182,6 +208,19 @@ int ocl_attention_train(struct ll_backend *b, float *out, float *att, const floa
   if ((rc = ocl_put(c, S_X, q, qb)) || (rc = ocl_put(c, S_A, k, kb)) || (rc = ocl_put(c, S_B, v, kb)) || (rc = ocl_output(c, S_OUT, out, qb)) ||
       (rc = ocl_output(c, S_SCR, att, ab)))
     return ocl_fail(c, rc);
+  if (c->train_tiled) {
+    // att[h] = scale q_h · k_khᵀ; causal softmax per row; out_h = att[h] · v_kh
+    const int H = n_head, Hkv = n_head_kv, hd = head_dim, grp = H / Hkv;
+    const cl_long SS = (cl_long)S * S;
+    const struct gemm_op sc = {c->s[S_SCR].use, c->s[S_X].use, c->s[S_A].use, S, S, hd, H * hd, Hkv * hd, S, 0, 0, 0, hd, hd, SS, 1, grp, 0, 1,
+                               scale, 0.0f};
+    const struct gemm_op pv = {c->s[S_OUT].use, c->s[S_SCR].use, c->s[S_B].use, S, hd, S, S, Hkv * hd, H * hd, 0, 0, 0, SS, hd, hd, 1, grp, 0, 0,
+                               1.0f, 0.0f};
+    if ((rc = gemm_tiled(c, &sc, H)) || (rc = attn_rows(c, c->k_attn_rows_sm, c->s[S_SCR].use, NULL, S, H, 0)) || (rc = gemm_tiled(c, &pv, H)))
+      return ocl_fail(c, rc);
+    if ((rc = ocl_get(c, S_OUT, out, qb))) return ocl_fail(c, rc);
+    return ocl_get(c, S_SCR, att, ab);
+  }
   cl_kernel kk = c->k_attn_train;
   cl_int e = ARG(kk, 0, c->s[S_OUT].use) | ARG(kk, 1, c->s[S_SCR].use) | ARG(kk, 2, c->s[S_X].use) | ARG(kk, 3, c->s[S_A].use) | ARG(kk, 4, c->s[S_B].use);
   e |= ARG(kk, 5, S) | ARG(kk, 6, n_head) | ARG(kk, 7, n_head_kv) | ARG(kk, 8, head_dim) | ARG(kk, 9, scale);
@@ -205,6 +244,28 @@ int ocl_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv
       (rc = ocl_put(c, S_SCR, att, ab)) || (rc = ocl_stage(c, S_D, ab)) || (rc = ocl_output(c, S_OUT, dq, qb)) || (rc = ocl_output(c, S_E, dk, kb)) ||
       (rc = ocl_output(c, S_F, dv, kb)))
     return ocl_fail(c, rc);
+  if (c->train_tiled) {
+    // ds[h] = dout_h · v_khᵀ, then per row p (ds - D) scale; dq_h = ds[h] · k_kh;
+    // dv_kh = Σ_g att[h]ᵀ · dout_h, dk_kh = Σ_g ds[h]ᵀ · q_h (h = kh grp + g, in head order)
+    const int H = n_head, Hkv = n_head_kv, hd = head_dim, grp = H / Hkv;
+    const cl_long SS = (cl_long)S * S;
+    const struct gemm_op dp = {c->s[S_D].use, c->s[S_C].use, c->s[S_B].use, S, S, hd, H * hd, Hkv * hd, S, 0, 0, 0, hd, hd, SS, 1, grp, 0, 1,
+                               1.0f, 0.0f};
+    const struct gemm_op gq = {c->s[S_OUT].use, c->s[S_D].use, c->s[S_A].use, S, hd, S, S, Hkv * hd, H * hd, 0, 0, 0, SS, hd, hd, 1, grp, 0, 0,
+                               1.0f, 0.0f};
+    if ((rc = gemm_tiled(c, &dp, H)) || (rc = attn_rows(c, c->k_attn_rows_ds, c->s[S_D].use, c->s[S_SCR].use, S, H, scale)) ||
+        (rc = gemm_tiled(c, &gq, H)))
+      return ocl_fail(c, rc);
+    for (int g = 0; g < grp; g++) {
+      const struct gemm_op gv = {c->s[S_F].use, c->s[S_SCR].use, c->s[S_C].use, S, hd, S, S, H * hd, Hkv * hd, g * SS, (cl_long)g * hd, 0,
+                                 grp * SS, (cl_long)grp * hd, hd, 1, 1, 1, 0, 1.0f, g ? 1.0f : 0.0f};
+      struct gemm_op gk = gv;
+      gk.C = c->s[S_E].use, gk.A = c->s[S_D].use, gk.B = c->s[S_X].use;
+      if ((rc = gemm_tiled(c, &gv, Hkv)) || (rc = gemm_tiled(c, &gk, Hkv))) return ocl_fail(c, rc);
+    }
+    if ((rc = ocl_get(c, S_OUT, dq, qb)) || (rc = ocl_get(c, S_E, dk, kb))) return ocl_fail(c, rc);
+    return ocl_get(c, S_F, dv, kb);
+  }
   cl_kernel kk = c->k_attn_bwd_q;
   cl_int e = ARG(kk, 0, c->s[S_OUT].use) | ARG(kk, 1, c->s[S_D].use) | ARG(kk, 2, c->s[S_C].use) | ARG(kk, 3, c->s[S_X].use) | ARG(kk, 4, c->s[S_A].use);
   e |= ARG(kk, 5, c->s[S_B].use) | ARG(kk, 6, c->s[S_SCR].use) | ARG(kk, 7, S) | ARG(kk, 8, n_head) | ARG(kk, 9, n_head_kv) | ARG(kk, 10, head_dim);
