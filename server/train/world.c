@@ -43,13 +43,13 @@ struct ll_train_world {
 // Floats per gathered chunk: rank 0 holds size x CHUNK of them (16 MiB at 4 ranks).
 #define CHUNK (1 << 20)
 
+#ifdef LL_HAVE_MPI
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-#ifdef LL_HAVE_MPI
 static int sum_f32(void *user, float *buf, int64_t n, char *err, size_t errlen) {
   struct ll_train_world *w = user;
   (void)err, (void)errlen; // MPI errors abort the job (MPI_ERRORS_ARE_FATAL), naming the rank

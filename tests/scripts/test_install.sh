@@ -8,7 +8,7 @@ cmake --install "$LL_BINARY_DIR" --prefix "$prefix" >/dev/null || { echo "cmake 
 # The documented pages and example configs must install; every page in man/ must land in its section.
 for f in bin/llsrv bin/lltop share/man/man1/llsrv.1 share/man/man1/lltop.1 share/man/man5/llsrv-ckpt.5 share/man/man5/llsrv.yaml.5 \
          share/man/man7/llsrv-protocol.7 share/man/man7/llsrv-http.7 share/llsrv/configs/server.yaml share/llsrv/configs/lora.yaml \
-         share/llsrv/configs/demo.yaml \
+         share/llsrv/configs/demo.yaml share/llsrv/configs/haproxy.cfg \
          $(cd "$LL_SOURCE_DIR/man" && for m in *.[157]; do echo "share/man/man${m##*.}/$m"; done); do
   if [ -e "$prefix/$f" ]; then pass=$((pass+1)); else echo "missing after install: $f"; fail=$((fail+1)); fi
 done
@@ -22,6 +22,8 @@ fi
 for y in "$prefix"/share/llsrv/configs/*.yaml; do
   "$prefix/bin/llsrv" --config "$y" --check-config >/dev/null 2>&1 && pass=$((pass+1)) || { echo "--check-config $y failed"; fail=$((fail+1)); }
 done
+# The installed HAProxy config parses (haproxy is in setup.sh's packages).
+haproxy -c -f "$prefix/share/llsrv/configs/haproxy.cfg" >/dev/null 2>&1 && pass=$((pass+1)) || { echo "haproxy -c configs/haproxy.cfg failed"; fail=$((fail+1)); }
 "$prefix/bin/llsrv" --version | grep -q '^llsrv ' && pass=$((pass+1)) || { echo "llsrv --version"; fail=$((fail+1)); }
 "$prefix/bin/lltop" --version | grep -q '^lltop ' && pass=$((pass+1)) || { echo "lltop --version"; fail=$((fail+1)); }
 # The installed lltop says plainly that no server listens (non-zero exit).
