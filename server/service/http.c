@@ -87,6 +87,8 @@ struct hreq {
   size_t text_off;      // streamed: bytes of text sent so far
   struct buf pend, out; // streamed: bytes waiting for the next proceed / bytes H2O is sending
   json_t *lp;           // logprobs entries not yet sent (chat: array; completions: legacy object)
+  char *tpl;            // streamed: a token chunk's JSON around its text (stream_text), split at tpl_at
+  size_t tpl_n, tpl_at;
   double t_start;
 };
 
@@ -259,6 +261,7 @@ static void hreq_free(struct hreq *hr) {
   free(hr->pend.p);
   free(hr->out.p);
   json_decref(hr->lp);
+  free(hr->tpl);
   free(hr);
 }
 
@@ -320,18 +323,15 @@ static void stream_start(struct hreq *hr) {
 }
 
 // One SSE event "data: JSON\n\n" (body consumed).
-static void stream_event(struct hreq *hr, json_t *body) {
-  char *s = json_dumps(body, JSON_COMPACT);
-  json_decref(body);
-  if (!hr->req || hr->overflow) {
-    free(s);
-    return;
-  }
-  int rc = s ? 0 : LL_ENOMEM;
+// One SSE event "data: a b c\n\n" from up to three pieces of JSON text (NULL: out of memory).
+static void stream_put(struct hreq *hr, const char *a, size_t an, const char *b, size_t bn, const char *c, size_t cn) {
+  if (!hr->req || hr->overflow) return;
+  int rc = a ? 0 : LL_ENOMEM;
   if (!rc) rc = buf_add(&hr->pend, "data: ", 6);
-  if (!rc) rc = buf_add(&hr->pend, s, strlen(s));
+  if (!rc) rc = buf_add(&hr->pend, a, an);
+  if (!rc && bn) rc = buf_add(&hr->pend, b, bn);
+  if (!rc && cn) rc = buf_add(&hr->pend, c, cn);
   if (!rc) rc = buf_add(&hr->pend, "\n\n", 2);
-  free(s);
   if (rc || hr->pend.n + hr->out.n > (size_t)hr->http->srv->cfg->output_buffer) {
     ll_log(LL_LOG_WARN, "http: request %s dropped, more than %lld bytes of output not read", hr->cid,
            (long long)hr->http->srv->cfg->output_buffer);
@@ -339,6 +339,13 @@ static void stream_event(struct hreq *hr, json_t *body) {
     if (!hr->finished) ll_sched_cancel(hr->http->srv->sched, hr->uid, hr->id);
   }
   stream_flush(hr);
+}
+
+static void stream_event(struct hreq *hr, json_t *body) {
+  char *s = json_dumps(body, JSON_COMPACT);
+  json_decref(body);
+  stream_put(hr, s, s ? strlen(s) : 0, NULL, 0, NULL, 0);
+  free(s);
 }
 
 static json_t *chunk_base(struct hreq *hr) {
@@ -373,7 +380,42 @@ static json_t *take_logprobs(struct hreq *hr) {
 
 // A streamed chunk with text (and the logprobs gathered since the last one), or the last one
 // with finish_reason.
+static json_t *chunk_json(struct hreq *hr, const char *text, size_t n, const char *finish, int first);
+
+// A token's chunk without logprobs (most of a stream): the chunk's JSON is the same for every
+// token but the text, so it is built once (with a marker for the text) and each token's chunk
+// is that text's JSON string between its two halves - the same bytes as chunk_json's, without
+// building and dumping an object of eleven members per token.
+static int stream_text(struct hreq *hr, const char *text, size_t n) {
+  static const char mark[] = "\x01llsrv-text\x01", mark_json[] = "\"\\u0001llsrv-text\\u0001\"";
+  if (!hr->tpl) {
+    json_t *o = chunk_json(hr, mark, sizeof mark - 1, NULL, 0);
+    char *t = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    char *at = t ? strstr(t, mark_json) : NULL;
+    if (!at) {
+      free(t);
+      return -1;
+    }
+    hr->tpl = t;
+    hr->tpl_n = strlen(t);
+    hr->tpl_at = (size_t)(at - t);
+  }
+  json_t *js = jstr(text, n);
+  char *e = json_dumps(js, JSON_COMPACT | JSON_ENCODE_ANY);
+  json_decref(js);
+  const size_t after = hr->tpl_at + sizeof mark_json - 1;
+  stream_put(hr, e ? hr->tpl : NULL, hr->tpl_at, e, e ? strlen(e) : 0, hr->tpl + after, hr->tpl_n - after);
+  free(e);
+  return 0;
+}
+
 static void stream_chunk(struct hreq *hr, const char *text, size_t n, const char *finish, int first) {
+  if (!finish && !first && !hr->logprobs && !hr->lp && n && stream_text(hr, text, n) == 0) return;
+  stream_event(hr, chunk_json(hr, text, n, finish, first));
+}
+
+static json_t *chunk_json(struct hreq *hr, const char *text, size_t n, const char *finish, int first) {
   json_t *o = chunk_base(hr);
   json_t *c = json_object();
   json_object_set_new(c, "index", json_integer(0));
@@ -391,7 +433,7 @@ static void stream_chunk(struct hreq *hr, const char *text, size_t n, const char
   json_array_append_new(ch, c);
   json_object_set_new(o, "choices", ch);
   if (hr->include_usage) json_object_set_new(o, "usage", json_null());
-  stream_event(hr, o);
+  return o;
 }
 
 static json_t *usage(int prompt, int gen) {
