@@ -3,7 +3,9 @@
 // (experts over grouped tokens) against the same tokens decoded one at a time, a prompt's
 // logits the same bits with another sequence in its step (the server's batch invariance),
 // malformed MoE files refused with the tensor or key named, and LoRA training through the
-// experts: every adapter gradient against finite differences (Mixtral's layout, qwen2moe's).
+// experts: every adapter gradient against finite differences (Mixtral's layout, qwen2moe's);
+// full-parameter training: the router's, the experts' and attention's gradients, with the
+// load-balancing loss, against finite differences.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -411,6 +413,110 @@ static void test_grads(const char *dir, int shared, uint64_t *rs) {
   unlink(path);
 }
 
+// Full-parameter training of an MoE model: the objective is the summed LM loss plus the
+// load-balancing loss (ll_trainer_aux_take); every checked gradient against central
+// differences of it. Groups: each layer's router, its three expert tensors (only the routed
+// rows of an expert get a gradient), attention's q. aux_only: no counted targets, so the
+// objective is the auxiliary loss alone (its gradient reaches the router and, through xn,
+// everything below).
+static double objective(struct ll_trainer *tr, const int32_t *ids, const int32_t *tg, int *rc, char *err, size_t errlen) {
+  double loss = 0;
+  *rc |= ll_trainer_forward_backward(tr, ids, tg, 2, 1, 1.0f, &loss, NULL, err, errlen);
+  return loss + ll_trainer_aux_take(tr);
+}
+
+static void test_full_grads(const char *dir, int aux_only, uint64_t *rs) {
+  char path[4200], err[256];
+  snprintf(path, sizeof path, "%s/full-%d.gguf", dir, aux_only);
+  if (write_model(path, E, K, 0, ll_test_rand(rs), NULL)) return;
+  struct ll_engine *e = open_model(path, err, sizeof err);
+  CHECKF(e != NULL, "open: %s", err);
+  if (!e) return;
+  struct ll_trainer_params p;
+  ll_trainer_params_init(&p);
+  p.mode = LL_TRAIN_FULL, p.batch = 2, p.seq_len = 8, p.lr = 1e-2, p.steps = 10, p.seed = 7, p.moe_aux_coef = 0.5;
+  struct ll_trainer *tr = NULL;
+  int rc = ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err);
+  CHECKF(rc == 0, "full-mode trainer on an MoE model: %s", err);
+  if (rc) {
+    ll_engine_close(e);
+    unlink(path);
+    return;
+  }
+  float *P, *G;
+  int64_t n;
+  ll_trainer_vectors(tr, &P, &G, &n);
+  const struct ll_model *m = ll_trainer_model(tr);
+  // (group, first parameter, count): per layer the router, gate, up, down experts, q
+  const char *gname[5] = {"router", "gate_exps", "up_exps", "down_exps", "attn_q"};
+  int64_t g0[L][5], gn[5] = {(int64_t)E * C, (int64_t)E * F * C, (int64_t)E * F * C, (int64_t)E * F * C, (int64_t)C * C};
+  for (int l = 0; l < L; l++) {
+    const struct ll_moe_layer *x = m->layers[l].moe;
+    CHECK(x != NULL);
+    if (!x) return;
+    const float *base[5] = {x->router.data, x->gate[0].data, x->up[0].data, x->down[0].data, m->layers[l].wq.data};
+    for (int j = 0; j < 5; j++) g0[l][j] = base[j] - P;
+    CHECK(g0[l][1] + gn[1] == (const float *)x->gate[E - 1].data - P + (int64_t)F * C); // experts one after another
+  }
+  float *g = malloc((size_t)n * sizeof *g);
+  int kinks = 0, bad = 0, checked = 0;
+  double max_g[5] = {0}, max_err = 0;
+  for (int attempt = 0; attempt < 4 && rc == 0; attempt++) {
+    int32_t ids[16], tg[16];
+    for (int i = 0; i < 16; i++) ids[i] = (int32_t)(ll_test_rand(rs) % V), tg[i] = aux_only ? -1 : (int32_t)(ll_test_rand(rs) % V);
+    ll_trainer_zero_grad(tr);
+    ll_trainer_aux_take(tr);
+    const double f0 = objective(tr, ids, tg, &rc, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    memcpy(g, G, (size_t)n * sizeof *g);
+    kinks = bad = checked = 0, max_err = 0;
+    memset(max_g, 0, sizeof max_g);
+    const double h = 1e-3;
+    for (int c = 0; c < 100 && rc == 0; c++) {
+      const int l = c % L, j = (c / L) % 5;
+      // experts: half the checks on rows with a gradient (a routed token), the others anywhere
+      int64_t i = g0[l][j] + (int64_t)(ll_test_rand(rs) % (uint64_t)gn[j]);
+      for (int tries = 0; j >= 1 && j <= 3 && c % 4 < 2 && g[i] == 0 && tries < 200; tries++) i = g0[l][j] + (int64_t)(ll_test_rand(rs) % (uint64_t)gn[j]);
+      const float keep = P[i];
+      P[i] = (float)(keep + h);
+      const double fp = objective(tr, ids, tg, &rc, err, sizeof err);
+      P[i] = (float)(keep - h);
+      const double fm = objective(tr, ids, tg, &rc, err, sizeof err);
+      P[i] = keep;
+      const double up = (fp - f0) / ((double)(float)(keep + h) - keep), dn = (f0 - fm) / (keep - (double)(float)(keep - h));
+      if (fabs(up - dn) > 0.1 * fmax(fabs(up), fabs(dn)) + 0.05 * (aux_only ? 0.01 : 1)) {
+        kinks++;
+        continue;
+      }
+      const double fd = (fp - fm) / ((double)(float)(keep + h) - (double)(float)(keep - h)), d = fabs(fd - g[i]);
+      checked++;
+      max_err = fmax(max_err, d), max_g[j] = fmax(max_g[j], fabs(fd));
+      const double tol = aux_only ? 1e-4 + 3e-2 * fabs(fd) : 2e-3 + 3e-2 * fabs(fd);
+      if (d > tol && bad++ < 5)
+        fprintf(stderr, "layer %d %s param %lld: analytic %.6g, finite differences %.6g\n", l, gname[j], (long long)(i - g0[l][j]), g[i], fd);
+    }
+    printf("full mode%s: batch %d, %d gradients checked (%d at a routing kink), max |g_fd| router %.3g gate %.3g up %.3g down %.3g q %.3g, max |error| %.3g\n",
+           aux_only ? " (aux loss only)" : "", attempt, checked, kinks, max_g[0], max_g[1], max_g[2], max_g[3], max_g[4], max_err);
+    if (kinks <= 5) break;
+  }
+  CHECKF(rc == 0, "%s", err);
+  CHECKF(kinks <= 5, "%d of 100 parameters at routing kinks", kinks);
+  CHECKF(bad == 0, "%d of %d gradients off the finite differences", bad, checked);
+  CHECKF(max_g[0] > (aux_only ? 1e-5 : 1e-3), "router gradient %g", max_g[0]); // the router learns (from the aux loss alone, too)
+  if (!aux_only) CHECK(max_g[1] > 1e-3 && max_g[2] > 1e-3 && max_g[3] > 1e-3);
+  // The aux loss itself: coef·E·Σ f_i·P_i is coef at perfect balance and at most coef·E.
+  {
+    int32_t ids[16], tg[16];
+    for (int i = 0; i < 16; i++) ids[i] = (int32_t)(i % V), tg[i] = -1;
+    const double a = objective(tr, ids, tg, &rc, err, sizeof err);
+    CHECKF(rc == 0 && a > 0 && a <= 0.5 * E * L + 1e-9, "aux loss %g (coef 0.5, %d layers)", a, L);
+  }
+  free(g);
+  ll_trainer_free(tr);
+  ll_engine_close(e);
+  unlink(path);
+}
+
 int main(void) {
   uint64_t rs = ll_test_seed();
   test_route(&rs);
@@ -419,6 +525,8 @@ int main(void) {
     test_models(dir, &rs);
     test_grads(dir, 0, &rs);
     test_grads(dir, 1, &rs);
+    test_full_grads(dir, 0, &rs);
+    test_full_grads(dir, 1, &rs);
     rmdir(dir);
   } else {
     CHECKF(0, "no temporary directory");

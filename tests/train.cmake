@@ -15,7 +15,8 @@ ll_script_test(NAME server_train_faults COMMAND python3 -u ${CMAKE_CURRENT_SOURC
 ll_script_test(NAME finetune_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_finetune_smollm2.py
   LABELS "integration;slow" TIMEOUT 1500 FIXTURES smollm2)
 # LoRA on attention through a mixture of experts (router and experts frozen): `llsrv init --arch
-# moe`, 30 steps lower the validation loss, FFN targets refused, the adapter serves (~10 s).
+# moe`, 30 steps lower the validation loss, FFN targets refused, the adapter serves; then full-
+# parameter training (experts, router, load-balancing loss) lowers it and serves (~20 s).
 ll_script_test(NAME moe_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_moe_train.sh
   LABELS integration TIMEOUT 300)
 # Data-parallel training over MPI (issue 33): 1/2/4 ranks against one process (bit for bit for

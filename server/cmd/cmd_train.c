@@ -320,9 +320,11 @@ int ll_cmd_train(int argc, char **argv) {
     if (isfinite(val)) snprintf(vs, sizeof vs, "%.4f", val);
     else snprintf(vs, sizeof vs, "-");
     const int show = tty || ev.evaluated || ev.saved || ev.info.skipped || ev.info.step % log_every == 0 || ev.finished;
+    char aux[48] = ""; // the load-balancing loss (MoE, full mode): part of the objective, not of the loss shown
+    if (ev.info.aux_loss > 0) snprintf(aux, sizeof aux, "  aux %.4f (not in loss)", ev.info.aux_loss);
     if (show)
-      printf("%sstep %lld/%lld  loss %.4f  val %s  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s%s%s%s", tty ? "\r\033[K" : "", (long long)ev.info.step,
-             (long long)tp.steps, ev.info.loss, vs, ev.info.lr, ev.info.grad_norm, tps, eta, ev.info.skipped ? "  (skipped: non-finite)" : "",
+      printf("%sstep %lld/%lld  loss %.4f%s  val %s  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s%s%s%s", tty ? "\r\033[K" : "", (long long)ev.info.step,
+             (long long)tp.steps, ev.info.loss, aux, vs, ev.info.lr, ev.info.grad_norm, tps, eta, ev.info.skipped ? "  (skipped: non-finite)" : "",
              ev.saved ? "  saved " : "", ev.saved ? ev.path : "");
     if (show && ev.saved && n_ranks > 1) printf("  hash %016llx on %d ranks", (unsigned long long)ev.param_hash, n_ranks);
     if (show && (!tty || ev.saved || ev.evaluated)) putchar('\n');

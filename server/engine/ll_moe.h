@@ -27,13 +27,32 @@ void ll_moe_ctx_free(struct ll_moe_ctx *c); // accepts NULL
 // buffers of c's backend. T <= max_batch.
 int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, float *x, const float *xn, int T, char *err, size_t errlen);
 
+// Full-parameter training's gradients of one layer (ll_moe_backward; NULL: LoRA mode, the
+// router and experts frozen). Each pointer, where not NULL, is added into:
+//   router (E, C); gate, up (E, F_exp, C); down (E, C, F_exp): expert e's block at e·F_exp·C,
+//   written only from the rows routed to e.
+// The Switch-Transformer load-balancing loss aux = coef · E · Σ_i f_i · P_i (f_i: the fraction
+// of the T·k routed (token, slot) pairs that chose expert i, no gradient; P_i: the mean router
+// probability of expert i over the T tokens) is differentiated with weight aux_w (its weight in
+// the objective: 1 / grad_accum) into the router's logits when coef > 0.
+struct ll_moe_grads {
+  float *router, *gate, *up, *down;
+  float aux_coef, aux_w;
+};
+
 // Training: dxn (T, C) += the gradient of the layer's MoE output with respect to xn, given the
-// output's gradient dy (T, C); the router and the experts frozen (no weight gradients), the
-// routing weights differentiated (softmax, renormalization) with the chosen experts held. The
-// forward is recomputed (the same routes). ops: the backend's members with the training ones
-// filled (the trainer's). Host buffers only (the CPU backend): LL_EUNSUPPORTED elsewhere.
-int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, float *dxn, const float *xn, const float *dy,
-                    int T, char *err, size_t errlen);
+// output's gradient dy (T, C); the routing weights differentiated (softmax, renormalization)
+// with the chosen experts held. g NULL: the router and the experts frozen (no weight gradients,
+// no auxiliary loss); else their gradients and the auxiliary loss's (above), whose value is
+// added to the context's sum (ll_moe_aux_take). The forward is recomputed (the same routes).
+// ops: the backend's members with the training ones filled (the trainer's). Host buffers only
+// (the CPU backend): LL_EUNSUPPORTED elsewhere. qwen2moe's shared expert: g must be NULL.
+int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, const struct ll_moe_grads *g, float *dxn,
+                    const float *xn, const float *dy, int T, char *err, size_t errlen);
+
+// The auxiliary losses (coef · E · Σ f·P, per layer) summed by ll_moe_backward since the last
+// call; resets the sum.
+double ll_moe_aux_take(struct ll_moe_ctx *c);
 
 // Routing of T tokens from their router logits (T, E) (host memory), llama.cpp's build_moe_ffn
 // with the softmax gate: p = softmax(logits) (ggml's exponentials and sums), the k largest in

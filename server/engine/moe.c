@@ -39,7 +39,14 @@ struct ll_moe_ctx {
   float *h, *dh, *d2, *dye; // (max_batch·k, F_exp) x3, (max_batch·k, C)
   float *sh, *dsh, *dsg, *dsu, *dsy, *dv; // shared expert: (max_batch, F_sh) x4, (max_batch, C), (max_batch)
   float *dlog, *dw; // (max_batch, E), (max_batch·k)
+  double aux;       // auxiliary losses summed by the backward (ll_moe_aux_take)
 };
+
+double ll_moe_aux_take(struct ll_moe_ctx *c) {
+  const double a = c->aux;
+  c->aux = 0;
+  return a;
+}
 
 void ll_moe_route(const float *logits, int T, int E, int k, int norm_w, float w_scale, int32_t *sel, float *w, float *probs) {
   for (int t = 0; t < T; t++) {
@@ -276,13 +283,16 @@ static float *grab(float **p, size_t n, int *ok) {
   return *p;
 }
 
-int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, float *dxn, const float *xn, const float *dy,
-                    int T, char *err, size_t errlen) {
+int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, const struct ll_moe_grads *gr, float *dxn,
+                    const float *xn, const float *dy, int T, char *err, size_t errlen) {
   struct ll_backend *be = c->be;
   const struct ll_model *m = c->m;
   const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp, Fs = m->F_sh;
   if (!c->host) return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: training runs on the CPU backend only");
   if (T > c->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "moe: batch of %d tokens exceeds %d", T, c->max_batch);
+  if (gr && y->sh_gate.data) return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: a shared expert's weights are not trained yet (LoRA mode only)");
+  if (E > 1024) return ll_errf(err, errlen, LL_ELIMIT, "moe: %d experts exceed the backward's 1024", E);
+  const size_t FC = (size_t)Fe * C;
   const size_t B = (size_t)c->max_batch, Bk = B * (size_t)k;
   int ok = 1;
   grab(&c->h, Bk * Fe, &ok), grab(&c->dh, Bk * Fe, &ok), grab(&c->d2, Bk * Fe, &ok), grab(&c->dye, Bk * C, &ok);
@@ -316,24 +326,30 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
   memset(c->dh, 0, (size_t)T * k * Fe * sizeof(float));
   for (int e = 0; e < E; e++)
     if (c->cnt[e])
-      BK(ops->matmul_backward(be, c->dh + (size_t)c->off[e] * Fe, NULL, c->dye + (size_t)c->off[e] * C, c->h + (size_t)c->off[e] * Fe, &y->down[e], c->cnt[e]),
+      BK(ops->matmul_backward(be, c->dh + (size_t)c->off[e] * Fe, gr && gr->down ? gr->down + e * FC : NULL, c->dye + (size_t)c->off[e] * C,
+                              c->h + (size_t)c->off[e] * Fe, &y->down[e], c->cnt[e]),
          "matmul_backward expert down");
   BK(ops->swiglu_backward(be, c->h, c->d2, c->dh, c->g, c->u, (int64_t)T * k * Fe), "swiglu_backward"); // dg in h, du in d2
   memset(c->dye, 0, (size_t)T * k * C * sizeof(float)); // now dxg
   for (int e = 0; e < E; e++) {
     if (!c->cnt[e]) continue;
     const size_t r = (size_t)c->off[e];
-    BK(ops->matmul_backward(be, c->dye + r * C, NULL, c->h + r * Fe, c->xg + r * C, &y->gate[e], c->cnt[e]), "matmul_backward expert gate");
-    BK(ops->matmul_backward(be, c->dye + r * C, NULL, c->d2 + r * Fe, c->xg + r * C, &y->up[e], c->cnt[e]), "matmul_backward expert up");
+    BK(ops->matmul_backward(be, c->dye + r * C, gr && gr->gate ? gr->gate + e * FC : NULL, c->h + r * Fe, c->xg + r * C, &y->gate[e], c->cnt[e]),
+       "matmul_backward expert gate");
+    BK(ops->matmul_backward(be, c->dye + r * C, gr && gr->up ? gr->up + e * FC : NULL, c->d2 + r * Fe, c->xg + r * C, &y->up[e], c->cnt[e]),
+       "matmul_backward expert up");
   }
   for (int r = 0; r < T * k; r++) { // scattered back to the tokens
     float *d = dxn + (size_t)c->src[r] * C;
     const float *g = c->dye + (size_t)r * C;
     for (int j = 0; j < C; j++) d[j] += g[j];
   }
-  // through the routing weights to the router's logits (the router itself is frozen):
+  // through the routing weights to the router's logits:
   // w_j = sc·p_j / S (S = Σ_chosen p, when renormalized), p = softmax(logits)
+  // and (full mode) the auxiliary loss coef·E·Σ_i f_i·P_i, P_i = Σ_t p_t,i / T: ∂/∂p_t,i = coef·E·f_i / T
   const float sc = m->moe_w_scale != 0.0f && m->moe_w_scale != 1.0f ? m->moe_w_scale : 1.0f;
+  const int aux = gr && gr->aux_coef > 0;
+  double Pm[1024] = {0};
   for (int t = 0; t < T; t++) {
     const float *x = c->hlog + (size_t)t * E;
     float mx = -INFINITY;
@@ -345,10 +361,20 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
     const int norm = m->moe_norm_w && S >= 6.103515625e-5;
     for (int j = 0; j < k; j++) dS += (double)c->dw[t * k + j] * c->probs[c->sel[t * k + j]];
     for (int j = 0; j < k; j++) dp[c->sel[t * k + j]] = sc * (norm ? c->dw[t * k + j] / S - dS / (S * S) : (m->moe_norm_w ? c->dw[t * k + j] / 6.103515625e-5 : c->dw[t * k + j]));
+    for (int i = 0; aux && i < E; i++) { // f_i = cnt_i / (T·k)
+      const double f = (double)c->cnt[i] / ((double)T * k);
+      dp[i] += (double)gr->aux_w * gr->aux_coef * E * f / T;
+      Pm[i] += c->probs[i];
+    }
     for (int i = 0; i < E; i++) pd += c->probs[i] * dp[i];
     for (int i = 0; i < E; i++) c->dlog[(size_t)t * E + i] = (float)(c->probs[i] * (dp[i] - pd));
   }
-  BK(ops->matmul_backward(be, dxn, NULL, c->dlog, xn, &y->router, T), "matmul_backward router");
+  if (aux) {
+    double a = 0;
+    for (int i = 0; i < E; i++) a += (double)c->cnt[i] / ((double)T * k) * (Pm[i] / T);
+    c->aux += gr->aux_coef * E * a;
+  }
+  BK(ops->matmul_backward(be, dxn, gr ? gr->router : NULL, c->dlog, xn, &y->router, T), "matmul_backward router");
   if (Fs <= 0 || !y->sh_gate.data) return 0;
   // qwen2moe's shared expert: out += σ(v) s, s = down(silu(g)·u), v = xn·r
   float *const o[2] = {c->sg, c->su};

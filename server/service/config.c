@@ -89,6 +89,8 @@ const struct ll_option ll_options[] = {
     {"train.min_lr_ratio", LL_OPT_FLOAT, 0, 1, "0", NULL, OFF(train_min_lr_ratio), "X", "Final learning rate as a fraction of lr."},
     {"train.grad_accum", LL_OPT_INT, 1, 65536, "1", NULL, OFF(train_grad_accum), "N", "Micro-batches of `batch` sequences per optimizer step."},
     {"train.clip", LL_OPT_FLOAT, 0, 1e6, "1", NULL, OFF(train_clip), "X", "Global gradient-norm limit (0: no clipping)."},
+    {"train.moe_aux_coef", LL_OPT_FLOAT, 0, 100, "0.01", NULL, OFF(train_moe_aux_coef), "X",
+     "Mixture-of-experts models in full mode: the coefficient of the Switch-style load-balancing loss (0: none)."},
     {"train.weight_decay", LL_OPT_FLOAT, 0, 10, "0", NULL, OFF(train_weight_decay), "X", "AdamW's decoupled weight decay."},
     {"train.seed", LL_OPT_INT, 0, 9007199254740992.0, "42", NULL, OFF(train_seed), "N",
      "Adapter init, dropout masks and data order; with the thread count it fixes the run bit for bit."},

@@ -85,6 +85,7 @@ struct ll_config {
   double train_min_lr_ratio;
   int64_t train_grad_accum;
   double train_clip;
+  double train_moe_aux_coef;
   double train_weight_decay;
   int64_t train_seed;
   int64_t train_eval_every;

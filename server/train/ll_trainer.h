@@ -57,6 +57,7 @@ struct ll_trainer_params {
   double beta1, beta2, adam_eps;
   uint64_t seed;         // adapter init and dropout masks
   int recompute;         // 1: keep only each layer's input; recompute the layer in backward
+  double moe_aux_coef;   // mixture of experts, full mode: the load-balancing loss's coefficient (ll_moe.h)
 };
 void ll_trainer_params_init(struct ll_trainer_params *p); // LoRA r=16 alpha=32, all targets, ...
 const char *ll_train_schedule_name(int s); // "cosine", "linear", "constant"
@@ -78,6 +79,7 @@ struct ll_train_source {
 struct ll_train_step_info {
   int64_t step;          // steps done after this one
   double loss;           // mean over counted tokens (NaN when skipped for non-finite values)
+  double aux_loss;       // MoE, full mode: the load-balancing loss added to loss in the objective (0: none)
   double grad_norm;      // before clipping
   double lr;             // learning rate used
   int skipped;           // 1: non-finite loss or gradient, no update
@@ -126,6 +128,10 @@ int ll_trainer_forward_backward(struct ll_trainer *tr, const int32_t *ids, const
 // The trainable parameters, their gradients and moments as one vector each (n floats), in
 // the backend's buffers (host memory on the CPU; on a device, through ll_backend_copy).
 // Tests read and perturb them; zero_grad clears the gradient.
+// A mixture-of-experts model in full mode: the load-balancing losses (ll_moe.h, summed over
+// layers) of the backward passes since the last call, which resets the sum. The objective
+// ll_trainer_forward_backward differentiates is its loss_sum · grad_scale plus this.
+double ll_trainer_aux_take(struct ll_trainer *tr);
 void ll_trainer_vectors(struct ll_trainer *tr, float **params, float **grads, int64_t *n);
 int ll_trainer_zero_grad(struct ll_trainer *tr);
 // The host copy of the parameters (what ll_trainer_lora / ll_trainer_model name) made current:

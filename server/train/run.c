@@ -75,6 +75,7 @@ int ll_train_params_from_config(const struct ll_config *c, struct ll_trainer_par
   p->min_lr_ratio = c->train_min_lr_ratio;
   p->weight_decay = c->train_weight_decay;
   p->clip = c->train_clip;
+  p->moe_aux_coef = c->train_moe_aux_coef;
   p->seed = (uint64_t)c->train_seed;
   p->recompute = c->train_recompute;
   return 0;

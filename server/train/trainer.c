@@ -41,7 +41,7 @@ struct ptensor {
   char name[96];
   int64_t off, n;
   int n_dims;
-  int64_t ne[2];
+  int64_t ne[3];
 };
 
 // One layer's saved activations (all layers, or one with recomputation).
@@ -63,6 +63,10 @@ struct ll_trainer {
   struct ll_model fm;       // full mode: weights pointing into P
   struct ll_layer *flayers;
   struct lgrad *lg;
+  struct ll_moe_layer *fmoe;  // full mode, (L): the MoE layers over P
+  struct ll_weight *fexp;     // (L, 3, E) their experts' gate, up, down
+  struct ll_moe_grads *mg;    // (L) their gradients (ll_moe.h)
+  double aux_sum;             // auxiliary losses of the step's micro-batches
   float *g_tok, *g_out, *g_onorm;
   struct ll_modelfile meta; // full mode: the model file (metadata and frozen tensors for checkpoints)
   struct ll_backend *be;
@@ -127,6 +131,7 @@ void ll_trainer_params_init(struct ll_trainer_params *p) {
   p->clip = 1.0;
   p->beta1 = 0.9, p->beta2 = 0.999, p->adam_eps = 1e-8;
   p->seed = 42;
+  p->moe_aux_coef = 0.01;
 }
 
 const char *ll_train_schedule_name(int s) {
@@ -171,7 +176,7 @@ static const struct ll_lora_pair *pair_of(const struct ll_trainer *tr, int l, in
   const struct ll_lora_pair *pr = tr->dpairs ? &tr->dpairs[l * LL_LORA_N_TARGETS + t] : ll_lora_at(tr->lora, l, t);
   return pr->a.data ? pr : NULL;
 }
-static float *grad_of(const struct ll_trainer *tr, const void *param) { return tr->G + ((const float *)param - tr->P); }
+static float *grad_of(const struct ll_trainer *tr, const void *param) { return param ? tr->G + ((const float *)param - tr->P) : NULL; }
 
 // ---------------------------------------------------------------- adapted linear layer
 
@@ -285,7 +290,7 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   if (y->moe) { // x' = m + moe(n2): dn = moe'(n2)ᵀ dx
     BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");
     BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
-    if ((rc = ll_moe_backward(tr->moe, B, y->moe, tr->dn, a->n2, dx, T, err, errlen))) return rc;
+    if ((rc = ll_moe_backward(tr->moe, B, y->moe, tr->mg ? &tr->mg[l] : NULL, tr->dn, a->n2, dx, T, err, errlen))) return rc;
     goto ffn_norm;
   }
   // x' = m + down(h)
@@ -422,6 +427,7 @@ static int fb(struct ll_trainer *tr, const int32_t *ids, const int32_t *targets,
     if ((rc = layer_backward(tr, l, tr->xs[l], a, tr->dx, err, errlen))) return rc;
   }
   if (tr->g_tok) BK(B->get_rows_backward(be, tr->g_tok, tr->dx, id, tr->T, C), "get_rows_backward"); // x0 = E[ids]
+  if (tr->moe) tr->aux_sum += ll_moe_aux_take(tr->moe);
   return 0;
 }
 
@@ -471,7 +477,8 @@ static int64_t n_trainable(const struct ll_model *m, const struct ll_trainer_par
     return n * m->L;
   }
   n = (int64_t)m->n_vocab * m->C * (m->tied ? 1 : 2) + m->C;
-  return n + (int64_t)m->L * (2 * m->C + 2 * (int64_t)m->C * m->C + 2 * (int64_t)m->kvd * m->C + 3 * (int64_t)m->F * m->C);
+  const int64_t ffn = m->n_expert > 0 ? (int64_t)m->n_expert * (m->C + 3 * (int64_t)m->F_exp * m->C) : 3 * (int64_t)m->F * m->C; // router + experts
+  return n + (int64_t)m->L * (2 * m->C + 2 * (int64_t)m->C * m->C + 2 * (int64_t)m->kvd * m->C + ffn);
 }
 
 int ll_trainer_cpu_backend(struct ll_backend **out, const struct ll_backend *like, int n_threads, char *err, size_t errlen) {
@@ -500,10 +507,13 @@ void ll_trainer_memory(const struct ll_trainer *tr, struct ll_train_memory *mem)
 
 static int check_params(const struct ll_model *m, const struct ll_trainer_params *p, char *err, size_t errlen) {
   if (p->mode != LL_TRAIN_LORA && p->mode != LL_TRAIN_FULL) return ll_errf(err, errlen, LL_EINVAL, "trainer: unknown mode %d", p->mode);
-  if (m->n_expert > 0) { // LoRA on attention through frozen experts and router (ll_moe_backward)
-    if (p->mode != LL_TRAIN_LORA)
-      return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: a mixture-of-experts model (%d experts) trains LoRA adapters only (train.mode lora)", m->n_expert);
-    if (p->targets & ((1u << LL_LORA_GATE) | (1u << LL_LORA_UP) | (1u << LL_LORA_DOWN)))
+  if (m->n_expert > 0) { // LoRA on attention through frozen experts and router, or every weight (ll_moe_backward)
+    if (p->mode == LL_TRAIN_FULL && !(p->moe_aux_coef >= 0 && p->moe_aux_coef <= 100))
+      return ll_errf(err, errlen, LL_EINVAL, "trainer: moe_aux_coef %g must be in [0, 100]", p->moe_aux_coef);
+    for (int l = 0; p->mode == LL_TRAIN_FULL && l < m->L; l++)
+      if (m->layers[l].moe && m->layers[l].moe->sh_gate.data)
+        return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: a shared expert (qwen2moe) is not trained in full mode yet (train.mode lora)");
+    if (p->mode == LL_TRAIN_LORA && p->targets & ((1u << LL_LORA_GATE) | (1u << LL_LORA_UP) | (1u << LL_LORA_DOWN)))
       return ll_errf(err, errlen, LL_EUNSUPPORTED,
                      "trainer: lora_targets names gate/up/down, but the model's FFN is a mixture of %d experts, which adapters do not reach yet: use q,k,v,o",
                      m->n_expert);
@@ -550,14 +560,17 @@ static void fill_ops(struct ll_trainer *tr) {
 #undef FILL
 }
 
-static int add_pt(struct ll_trainer *tr, const char *name, int64_t off, int n_dims, int64_t ne0, int64_t ne1) {
+static int add_pt3(struct ll_trainer *tr, const char *name, int64_t off, int n_dims, int64_t ne0, int64_t ne1, int64_t ne2) {
   struct ptensor *np = realloc(tr->pt, (size_t)(tr->n_pt + 1) * sizeof *np);
   if (!np) return LL_ENOMEM;
   tr->pt = np;
   struct ptensor *t = &tr->pt[tr->n_pt++];
   snprintf(t->name, sizeof t->name, "%s", name);
-  t->off = off, t->n = ne0 * ne1, t->n_dims = n_dims, t->ne[0] = ne0, t->ne[1] = ne1;
+  t->off = off, t->n = ne0 * ne1 * ne2, t->n_dims = n_dims, t->ne[0] = ne0, t->ne[1] = ne1, t->ne[2] = ne2;
   return 0;
+}
+static int add_pt(struct ll_trainer *tr, const char *name, int64_t off, int n_dims, int64_t ne0, int64_t ne1) {
+  return add_pt3(tr, name, off, n_dims, ne0, ne1, 1);
 }
 
 static int setup_lora(struct ll_trainer *tr, char *err, size_t errlen) {
@@ -619,6 +632,13 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
   if (!tr->Ph) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory for the host copy of %lld parameters", (long long)tr->n_par);
   tr->flayers = calloc((size_t)L, sizeof *tr->flayers);
   tr->lg = calloc((size_t)L, sizeof *tr->lg);
+  const size_t E = (size_t)base->n_expert;
+  if (E > 0) {
+    tr->fmoe = calloc((size_t)L, sizeof *tr->fmoe);
+    tr->fexp = calloc((size_t)L * 3 * E, sizeof *tr->fexp);
+    tr->mg = calloc((size_t)L, sizeof *tr->mg);
+    if (!tr->fmoe || !tr->fexp || !tr->mg) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+  }
   if (!tr->flayers || !tr->lg) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
   tr->fm = *base;
   tr->fm.layers = tr->flayers;
@@ -628,10 +648,12 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
     const struct ll_weight *src;
     struct ll_weight *dst;
     char name[64];
-  } *mats = calloc(2 + 7 * (size_t)L, sizeof *mats);
+    int pt;        // 0: no tensor of its own (an expert after the first of a 3-D tensor)
+    int64_t ne[3]; // the checkpoint tensor's shape where 3-D (experts: ne[2] = E)
+  } *mats = calloc(2 + 7 * (size_t)L + (size_t)L * (1 + 3 * E), sizeof *mats);
   int nm = 0, rc = 0;
   if (!mats) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
-#define MAT(s, d, ...) (mats[nm].src = (s), mats[nm].dst = (d), snprintf(mats[nm].name, sizeof mats[nm].name, __VA_ARGS__), nm++)
+#define MAT(s, d, ...) (mats[nm].src = (s), mats[nm].dst = (d), mats[nm].pt = 1, snprintf(mats[nm].name, sizeof mats[nm].name, __VA_ARGS__), nm++)
   MAT(&base->tok_embd, &tr->fm.tok_embd, "token_embd.weight");
   if (!base->tied) MAT(&base->output, &tr->fm.output, "output.weight");
   for (int l = 0; l < L; l++) {
@@ -642,6 +664,21 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
     MAT(&y->wk, &z->wk, "blk.%d.attn_k.weight", l);
     MAT(&y->wv, &z->wv, "blk.%d.attn_v.weight", l);
     MAT(&y->wo, &z->wo, "blk.%d.attn_output.weight", l);
+    if (y->moe) { // the router, then each 3-D expert tensor as the file holds it: expert e's matrix at e·F_exp·C
+      struct ll_moe_layer *x = &tr->fmoe[l];
+      *x = *y->moe, z->moe = x;
+      x->gate = tr->fexp + (size_t)l * 3 * E, x->up = x->gate + E, x->down = x->up + E;
+      MAT(&y->moe->router, &x->router, "blk.%d.ffn_gate_inp.weight", l);
+      static const char *const xn[3] = {"gate", "up", "down"};
+      for (int j = 0; j < 3; j++)
+        for (size_t e = 0; e < E; e++) {
+          const struct ll_weight *s = j == 0 ? &y->moe->gate[e] : j == 1 ? &y->moe->up[e] : &y->moe->down[e];
+          MAT(s, (j == 0 ? x->gate : j == 1 ? x->up : x->down) + e, "blk.%d.ffn_%s_exps.weight", l, xn[j]);
+          mats[nm - 1].pt = e == 0 ? 3 : 0;
+          mats[nm - 1].ne[0] = s->k, mats[nm - 1].ne[1] = s->n, mats[nm - 1].ne[2] = (int64_t)E;
+        }
+      continue;
+    }
     MAT(&y->gate, &z->gate, "blk.%d.ffn_gate.weight", l);
     MAT(&y->up, &z->up, "blk.%d.ffn_up.weight", l);
     MAT(&y->down, &z->down, "blk.%d.ffn_down.weight", l);
@@ -660,7 +697,9 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
       if (ll_dequantize_row(s->type, (const char *)s->data + (size_t)r * rs, dst + r * s->k, s->k) != 0)
         rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: cannot convert '%s'", mats[i].name);
     *mats[i].dst = (struct ll_weight){LL_TYPE_F32, s->k, s->n, tr->P + off, NULL, NULL};
-    if (rc == 0 && add_pt(tr, mats[i].name, off, 2, s->k, s->n)) rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+    if (rc == 0 && mats[i].pt &&
+        (mats[i].pt == 3 ? add_pt3(tr, mats[i].name, off, 3, mats[i].ne[0], mats[i].ne[1], mats[i].ne[2]) : add_pt(tr, mats[i].name, off, 2, s->k, s->n)))
+      rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
     off += s->k * s->n;
   }
   free(mats);
@@ -710,6 +749,9 @@ static void full_grads(struct ll_trainer *tr) {
     tr->lg[l] = (struct lgrad){grad_of(tr, y->attn_norm), grad_of(tr, y->ffn_norm), grad_of(tr, y->wq.data), grad_of(tr, y->wk.data),
                                grad_of(tr, y->wv.data), grad_of(tr, y->wo.data), grad_of(tr, y->gate.data), grad_of(tr, y->up.data),
                                grad_of(tr, y->down.data)};
+    if (tr->mg && y->moe)
+      tr->mg[l] = (struct ll_moe_grads){grad_of(tr, y->moe->router.data), grad_of(tr, y->moe->gate[0].data), grad_of(tr, y->moe->up[0].data),
+                                        grad_of(tr, y->moe->down[0].data), (float)tr->p.moe_aux_coef, 1.0f / (float)tr->p.grad_accum};
   }
 }
 
@@ -818,6 +860,7 @@ void ll_trainer_free(struct ll_trainer *tr) {
   if (tr->dev && tr->p.mode == LL_TRAIN_FULL) free(tr->Ph);
   free(tr->dpairs), free(tr->fhlayers);
   ll_modelfile_free(&tr->meta);
+  free(tr->fmoe), free(tr->fexp), free(tr->mg);
   free(tr->pt), free(tr->flayers), free(tr->lg), free(tr->xs), free(tr->acts), free(tr->pos), free(tr->ids), free(tr->tg), free(tr->xparts);
   free(tr->gh);
   free(tr);
@@ -835,6 +878,12 @@ int ll_trainer_sync(struct ll_trainer *tr, char *err, size_t errlen) {
   tr->host_stale = 0;
   return 0;
 }
+double ll_trainer_aux_take(struct ll_trainer *tr) {
+  const double a = tr->aux_sum;
+  tr->aux_sum = 0;
+  return a;
+}
+
 void ll_trainer_vectors(struct ll_trainer *tr, float **params, float **grads, int64_t *n) {
   if (params) *params = tr->P;
   if (grads) *grads = tr->G;
@@ -940,6 +989,7 @@ int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct l
   const int A = tr->p.grad_accum, T = tr->T, S = tr->S;
   const int N = tr->comm.size, R = tr->comm.rank; // data parallel: N ranks, this one R (1, 0 alone)
   memset(info, 0, sizeof *info);
+  tr->aux_sum = 0; // this step's micro-batches only
   // Read the whole step's data first: the loss is a mean over every counted token of the step,
   // so each micro-batch's gradient is scaled by 1 / (the step's count) before it is summed.
   // With N ranks the step is N x A micro-batches read from the one cursor; this rank keeps
@@ -1014,6 +1064,8 @@ int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct l
   info->epoch = epoch;
   info->lr = lr_at(&tr->p, tr->step);
   info->loss = loss;
+  info->aux_loss = tr->aux_sum / A; // the auxiliary loss's part of the objective (MoE, full mode)
+  tr->aux_sum = 0;
   if (!isfinite(loss) || !isfinite(ss)) {
     // Skip: the weights and the moments stay exactly as they were.
     tr->skipped++;

@@ -2,7 +2,8 @@
 # LoRA training through a mixture of experts, end to end: `llsrv init --arch moe` (8 experts,
 # 2 per token), `llsrv train` with adapters on q, k, v, o (router and experts frozen) for 30
 # steps on docs/ARCHITECTURE.md: the validation loss falls; the default targets (gate/up/down
-# too) are refused naming the experts; the trained adapter serves (`generate --adapter`).
+# too) are refused naming the experts; the trained adapter serves (`generate --adapter`). Then
+# full-parameter training of the same model (below).
 set -u
 LLSRV=$LL_BINARY_DIR/server/llsrv
 D=$(mktemp -d)
@@ -25,5 +26,24 @@ check $? "default targets on an MoE model: $(tail -1 "$D/out2")"
 "$LLSRV" generate --model "$D/moe.ckpt" --adapter "$D/run/last.ckpt" -p "The engine" -n 8 --temp 0 > /dev/null 2> "$D/out3"
 [ $? -eq 0 ] && grep -q "adapter 'last'" "$D/out3"
 check $? "generate --adapter: $(tail -2 "$D/out3")"
+# Full-parameter training (every expert, the router, the load-balancing loss): the validation
+# loss falls, the progress lines report the aux loss apart, the trained model serves, and a
+# 0 coefficient drops the aux term.
+"$LLSRV" train --model "$D/moe.ckpt" --mode full --data "$LL_SOURCE_DIR/docs/ARCHITECTURE.md" --steps 20 --seq-len 64 --batch 2 \
+  --lr 1e-3 --log-every 10 -t 2 --device cpu -o "$D/full" > "$D/out4" 2>&1
+check $? "train --mode full: $(tail -3 "$D/out4")"
+first=$(grep -m1 '^step 0/20' "$D/out4" | sed 's/.*val \([0-9.]*\).*/\1/')
+last=$(grep '^done:' "$D/out4" | sed 's/.*, val \([0-9.]*\),.*/\1/')
+echo "full mode, validation loss: $first -> $last"
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(a > 0 && b > 0 && b < a - 0.3) }'
+check $? "full mode: the validation loss did not fall ($first -> $last)"
+grep -q '^step 20/20  loss [0-9.]*  aux 0\.0[0-9]* (not in loss)' "$D/out4" # 4 layers x 0.01 at balance: about 0.04
+check $? "full mode: no aux loss on the progress line: $(grep '^step 20' "$D/out4")"
+"$LLSRV" generate --model "$D/full/last.ckpt" -p "The engine" -n 8 --temp 0 > /dev/null 2> "$D/out5"
+check $? "generate with the fully trained MoE model: $(tail -2 "$D/out5")"
+"$LLSRV" train --model "$D/moe.ckpt" --mode full --moe-aux-coef 0 --data "$LL_SOURCE_DIR/docs/ARCHITECTURE.md" --steps 2 --seq-len 32 \
+  --log-every 1 -t 2 --device cpu -o "$D/full0" > "$D/out6" 2>&1
+[ $? -eq 0 ] && ! grep -q ' aux ' "$D/out6"
+check $? "--moe-aux-coef 0: $(tail -2 "$D/out6")"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
