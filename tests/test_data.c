@@ -712,7 +712,7 @@ static void test_shuffle_pieces(const struct ll_tokenizer *t) {
   mkdirs(dir);
   enum { FILES = 4, PIECES = 24, S = 16 };
   for (int f = 0; f < FILES; f++) { // file f: PIECES pieces of 'a' + f, blank-line separated
-    char name[16], text[PIECES * 80];
+    char name[32], text[PIECES * 80];
     size_t n = 0;
     for (int p = 0; p < PIECES; p++) {
       for (int i = 0; i < 70; i++) text[n++] = (char)('a' + f);
