@@ -602,8 +602,8 @@ static void test_fast_matmul(void) {
       free(wq), free(x), free(dout), free(dx0), free(dw0), free(rdx), free(rdw);
     }
   }
-  // A tall weight (the vocabulary's shape, scaled down): over 2^21 floats, so dx goes through
-  // several dequantized panels of rows, added in row order - the same bits for 1, 2, 3 threads.
+  // A tall weight (the vocabulary's shape, scaled down): dx goes through many dequantized
+  // panels of rows, added in row order - the same bits for 1, 2, 3 threads.
   {
     const int K = 2048, N = (1 << 21) / K * 2 + 77, T = 9;
     void *wq = malloc(ll_row_size(LL_TYPE_Q4_0, K) * N);

@@ -23,11 +23,8 @@
 
 // Work split (shapes only; see the file comment).
 #define MM_TB 32       // dx of float weights with K <= MM_KX / 2: tokens per task
-#define MM_KX 512      // (the limit of that case)
-#define MM_PF (1 << 17) // dx of other weights: most floats of W dequantized at a time (512 KiB, shared)
-#define MM_DR 16       // ... rows of W dequantized per task
-#define MM_TT 128      // ... then tokens per product task
-#define MM_KC 64       // ... and columns of dx per product task
+#define MM_KX 512      // dx of other weights: most columns of W per task (rounded to its blocks)
+#define MM_NR 256      // ... rows of W dequantized per panel (MM_NR x MM_KX floats: 512 KiB)
 #define MM_NB 64       // dw: rows of W per task
 #define MM_KS 128      // dw: columns per task when W has few rows
 #define ATT_B 64       // attention: query rows (and key rows) per block
@@ -36,7 +33,7 @@
 #define GR_CB 64       // get_rows_backward: columns per task
 
 struct ll_cpu_train {
-  float *panel; // matmul_backward: the shared dequantized panel of W; per-thread rows (xent, rope)
+  float *panel; // per-thread dequantized W panels (MM_NR x ks), then per-thread rows (xent, rope)
   size_t panel_cap;
   float *ds; // attention_backward: (H, S, S) softmax gradients, scaled
   size_t ds_cap;
@@ -104,26 +101,23 @@ int64_t ll_cpu_train_mem_used(struct ll_cpu_train *t) { return t ? (int64_t)atom
 // ---------------------------------------------------------------- matmul_backward
 // dx (T, K) += dout (T, N) · W (N, K)
 //   F32 W of few columns (LoRA B: out x r): each task a block of MM_TB tokens, one sgemm.
-//   others: W in panels of whole rows (at most MM_PF floats; F32 W: all of it, in place), each
-//   panel dequantized once into a buffer the tasks share (MM_DR rows per task), then
-//   dx[t-block, k-slice] += dout[t-block, panel rows] · panel[:, k-slice] over tasks of MM_TT
-//   tokens x MM_KC columns, panels in row order. Issue 30: the split was columns only (2 slices
-//   of 288 at K = 576, each dequantizing its own half of W): a 16-thread pool ran every dx
-//   product - the vocabulary's included - on 2 of its threads. At T = 256 it is now 2 x 9 = 18
-//   tasks at K = 576 and 2 x 24 at 1536. Smaller tiles cost sgemm more packing per FLOP and a
-//   larger panel falls out of cache: one thread's CPU time over SmolLM2's five dx shapes
-//   (dequantized Q4_1, vocabulary included) was +30% with 64 x 96 tiles from 8 MiB panels,
-//   +5% with these (tests/bench/train_kernels_bench.c's shapes, 2026-11-27, EPYC Zen 4).
+//   others: each task a slice of up to MM_KX columns of W (whole blocks), for all tokens: W's
+//   rows dequantized MM_NR at a time into the thread's panel (F32: used in place), then
+//   dx[:, slice] += dout[:, rows] · panel. Every weight is dequantized once per call, and tasks
+//   write disjoint columns of dx. Wide slices amortise sgemm's packing of dout's panel (at
+//   SmolLM2's K = 576, 2 slices of 288 ran 5-10% faster than 6 of 96).
 // dw (N, K) += dout (T, N)ᵀ · x (T, K): each task MM_NB rows of dw (and MM_KS columns when N is
 //   small), one sgemm.
 struct mmb_job {
   float *dx, *dw;
   const float *dout, *x;
   const struct ll_weight *w;
-  float *panel;      // (np, K) rows n0.. of W as floats
+  struct ll_cpu_train *st;
   size_t rs;         // bytes per row of W
-  int T, N, K, ks;   // ks: dw's columns per task
-  int n0, np;        // dx: the panel's first row and row count
+  int T, N, K, ks;   // ks: columns per task (dx of quantized W)
+  int bs;            // W's block size (elements)
+  size_t bsz;        // bytes per block
+  int panel_floats;  // per thread
   atomic_int rc;
 };
 
@@ -135,24 +129,29 @@ static void mmb_dx_f32_task(void *vctx, int task, int thread) {
               j->K, 1.0f, j->dx + (size_t)t0 * j->K, j->K);
 }
 
-static void mmb_dq_task(void *vctx, int task, int thread) {
-  (void)thread;
+static void mmb_dx_q_task(void *vctx, int task, int thread) {
   struct mmb_job *j = vctx;
-  const int r0 = task * MM_DR, r1 = r0 + MM_DR < j->np ? r0 + MM_DR : j->np;
+  const int k0 = task * j->ks, nk = j->K - k0 < j->ks ? j->K - k0 : j->ks;
+  float *panel = j->st->panel + (size_t)thread * j->panel_floats; // (MM_NR, nk)
+  const size_t off = (size_t)(k0 / j->bs) * j->bsz;
+  const int f32 = j->w->type == LL_TYPE_F32;
   int (*const dq)(int, const void *, float *, int64_t) = ll_cpu_vec_ops()->dequant_row;
-  for (int r = r0; r < r1; r++) {
-    const int rc = dq(j->w->type, (const char *)j->w->data + (size_t)(j->n0 + r) * j->rs, j->panel + (size_t)r * j->K, j->K);
-    if (rc) atomic_store(&j->rc, rc);
+  for (int n0 = 0; n0 < j->N; n0 += MM_NR) {
+    const int nr = j->N - n0 < MM_NR ? j->N - n0 : MM_NR;
+    const float *wb = (const float *)j->w->data + (size_t)n0 * j->K + k0; // F32: in place
+    int ldw = j->K;
+    if (!f32) {
+      for (int r = 0; r < nr; r++) {
+        const int rc = dq(j->w->type, (const char *)j->w->data + (size_t)(n0 + r) * j->rs + off, panel + (size_t)r * nk, nk);
+        if (rc) {
+          atomic_store(&j->rc, rc);
+          return;
+        }
+      }
+      wb = panel, ldw = nk;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->T, nk, nr, 1.0f, j->dout + n0, j->N, wb, ldw, 1.0f, j->dx + k0, j->K);
   }
-}
-
-static void mmb_dx_task(void *vctx, int task, int thread) {
-  (void)thread;
-  struct mmb_job *j = vctx;
-  const int nkc = (j->K + MM_KC - 1) / MM_KC, t0 = task / nkc * MM_TT, k0 = task % nkc * MM_KC;
-  const int nt = j->T - t0 < MM_TT ? j->T - t0 : MM_TT, nk = j->K - k0 < MM_KC ? j->K - k0 : MM_KC;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, nk, j->np, 1.0f, j->dout + (size_t)t0 * j->N + j->n0, j->N, j->panel + k0, j->K,
-              1.0f, j->dx + (size_t)t0 * j->K + k0, j->K);
 }
 
 static void mmb_dw_task(void *vctx, int task, int thread) {
@@ -175,29 +174,23 @@ int ll_train_cpu_matmul_backward(struct ll_backend *b, float *dx, float *dw, con
   struct ll_cpu_train *st = state(b);
   if (!st) return LL_ENOMEM;
   if (T == 0) return 0;
-  struct mmb_job j = {.dx = dx, .dw = dw, .dout = dout, .x = x, .w = w, .rs = rs, .T = T, .N = (int)w->n, .K = (int)w->k};
+  struct mmb_job j = {.dx = dx, .dw = dw, .dout = dout, .x = x, .w = w, .st = st, .rs = rs, .T = T, .N = (int)w->n, .K = (int)w->k,
+                      .bs = tr->blck_size, .bsz = tr->type_size};
   atomic_init(&j.rc, 0);
   if (dx && w->type == LL_TYPE_F32 && j.K <= MM_KX / 2) {
     run(b, mmb_dx_f32_task, &j, (T + MM_TB - 1) / MM_TB);
   } else if (dx) {
-    const int f32 = w->type == LL_TYPE_F32;
-    int np = f32 ? j.N : MM_PF / j.K;
-    if (np < MM_DR) np = MM_DR;
-    if (np > j.N) np = j.N;
-    if (!f32 && grow(&st->panel, &st->panel_cap, (size_t)np * j.K * sizeof(float))) return LL_ENOMEM;
-    const int ntasks = (T + MM_TT - 1) / MM_TT * ((j.K + MM_KC - 1) / MM_KC);
-    for (j.n0 = 0; j.n0 < j.N; j.n0 += np) {
-      j.np = j.N - j.n0 < np ? j.N - j.n0 : np;
-      if (f32) {
-        j.panel = (float *)w->data + (size_t)j.n0 * j.K;
-      } else {
-        j.panel = st->panel;
-        run(b, mmb_dq_task, &j, (j.np + MM_DR - 1) / MM_DR);
-        const int rc = atomic_load(&j.rc);
-        if (rc) return rc;
-      }
-      run(b, mmb_dx_task, &j, ntasks);
-    }
+    // Slices of at most MM_KX columns in whole blocks, an even number of them (two threads
+    // finish together): K = 576 gives 2 x 288, 1536 gives 4 x 384.
+    int ns = (j.K + MM_KX - 1) / MM_KX;
+    ns += ns & 1;
+    j.ks = ((j.K + ns - 1) / ns + j.bs - 1) / j.bs * j.bs;
+    if (j.ks < j.bs) j.ks = j.bs;
+    j.panel_floats = MM_NR * j.ks;
+    if (grow(&st->panel, &st->panel_cap, (size_t)nthreads(b) * j.panel_floats * sizeof(float))) return LL_ENOMEM;
+    run(b, mmb_dx_q_task, &j, (j.K + j.ks - 1) / j.ks);
+    const int rc = atomic_load(&j.rc);
+    if (rc) return rc;
   }
   if (dw) {
     // MM_NB rows of dw per task; a matrix of few rows (LoRA A: r x in) also split in columns of
