@@ -21,6 +21,14 @@ def machine():
     return cpu, flags
 
 
+def lltop_training_state(binary_dir, sock):
+    """training.state as `lltop --json` reads it from the server's monitor socket."""
+    import json
+    out = subprocess.run([os.path.join(binary_dir, "tui", "lltop"), "--json", "--socket", sock], capture_output=True, text=True,
+                         timeout=60).stdout
+    return json.loads(out)["training"]["state"]
+
+
 def load():
     return " ".join(open("/proc/loadavg").read().split()[:3])
 

@@ -12,7 +12,6 @@
 # Prints a report; exits 1 when the run is not `running` at the end or the last sample's known-word
 # share is under --min-known (default 0.6). A benchmark, not a suite test: it needs quiet minutes.
 import argparse
-import json
 import math
 import os
 import re
@@ -26,6 +25,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "scripts"))
 os.environ.setdefault("LL_BINARY_DIR", os.path.join(ROOT, "build"))
 from llsrv_client import Monitor, Server  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import lltop_training_state, machine  # noqa: E402
 
 PROMPT = "static int "
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
@@ -80,7 +81,7 @@ def main():
     try:
         t0 = time.time()
         srv = Server(tmp, ["--config", a.config])
-        print("machine: %s, %d cores; load at start %s" % (platform_cpu(), os.cpu_count(), open("/proc/loadavg").read().split()[:3]))
+        print("machine: %s, %d cores; load at start %s" % (machine()[0], os.cpu_count(), open("/proc/loadavg").read().split()[:3]))
         print("server up in %.1f s; corpus: %d distinct words" % (time.time() - t0, len(words)))
         next_min = 1
         while True:
@@ -112,8 +113,7 @@ def main():
                     print("%2d min: step %s, val %.3f bits/byte" % (next_min, tr["step"], vals[-1] / math.log(2)), flush=True)
                 next_min += 1
             time.sleep(1)
-        st = json.loads(subprocess.run([os.path.join(os.environ["LL_BINARY_DIR"], "tui", "lltop"), "--json", "--socket", srv.sock],
-                                       capture_output=True, text=True, timeout=60).stdout)["training"]["state"]
+        st = lltop_training_state(os.environ["LL_BINARY_DIR"], srv.sock)
         print("lltop --json after %g min: training.state %s" % (a.minutes, st))
         ok &= st == "running"
         ok &= last_known >= a.min_known
@@ -122,13 +122,6 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     print("targets %s" % ("met" if ok else "MISSED"))
     return 0 if ok else 1
-
-
-def platform_cpu():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "?"
 
 
 if __name__ == "__main__":

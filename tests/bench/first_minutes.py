@@ -12,7 +12,6 @@
 # it runs llsrv in the repository root, as setup.sh does). Prints a report and exits 1 when a
 # target is missed. A benchmark, not a suite test: it needs 10 quiet minutes of the machine.
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -24,6 +23,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "scripts"))
 os.environ.setdefault("LL_BINARY_DIR", os.path.join(ROOT, "build"))
 from llsrv_client import Monitor, Server  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import lltop_training_state, machine  # noqa: E402
 
 QUESTIONS = ["What is llsrv?", "How do I watch training?", "What does lltop show?"]
 # Terms of the docs (README, man pages, ARCHITECTURE.md) that name llsrv's own things.
@@ -55,7 +56,7 @@ def main():
         t0 = time.time()
         srv = Server(tmp, ["--config", os.path.join(ROOT, "configs", "smollm2-docs.yaml"), "--model", model])
         t_start = time.time() - t0
-        print("machine: %s, %d cores; load %s" % (platform_cpu(), os.cpu_count(), open("/proc/loadavg").read().split()[:3]))
+        print("machine: %s, %d cores; load %s" % (machine()[0], os.cpu_count(), open("/proc/loadavg").read().split()[:3]))
         print("server up in %.1f s" % t_start)
         base = {q: ask(srv, "none", q)[0] for q in QUESTIONS}
         marks = {}
@@ -89,8 +90,7 @@ def main():
                     ok &= any(q in differs and gained[q] for q in QUESTIONS)
                 next_min += 1
             time.sleep(2)
-        st = json.loads(subprocess.run([os.path.join(os.environ["LL_BINARY_DIR"], "tui", "lltop"), "--json", "--socket", srv.sock],
-                                       capture_output=True, text=True, timeout=60).stdout)["training"]["state"]
+        st = lltop_training_state(os.environ["LL_BINARY_DIR"], srv.sock)
         print("lltop --json after %.0f min: training.state %s" % (a.minutes, st))
         ok &= st == "running"
         srv.stop()
@@ -98,13 +98,6 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     print("targets %s" % ("met" if ok else "MISSED"))
     return 0 if ok else 1
-
-
-def platform_cpu():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "?"
 
 
 if __name__ == "__main__":
