@@ -56,7 +56,7 @@ struct ll_server {
   uv_signal_t sig_int, sig_term;
   uv_timer_t stop_timer;
   int shutting_down;
-  int loading; // the model is being loaded (ll_server_load): HTTP answers 503
+  int loading; // from ll_server_load until ll_server_listen is done: HTTP answers 503
 };
 
 // server.c: the loop's life. init (before the scheduler: its notify is ll_server_notify),

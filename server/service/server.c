@@ -110,6 +110,7 @@ struct load_work {
   int (*fn)(void *arg);
   void *arg;
   int rc;
+  int finished; // fn has returned (the loop's flag: set by load_done)
 };
 
 static void *load_run(void *arg) {
@@ -129,9 +130,13 @@ static void *load_run(void *arg) {
   return NULL;
 }
 
+// The server stays `loading` (HTTP 503) until ll_server_listen: between the two the scheduler,
+// the monitor and the signal handlers are made, and a request the loop took in that gap (it
+// still runs the iteration that saw this) must not find them missing - nor a client, told 200,
+// send a SIGTERM that nothing catches yet.
 static void load_done(uv_async_t *a) {
   struct load_work *lw = a->data;
-  lw->s->loading = 0;
+  lw->finished = 1;
   uv_stop(lw->s->loop);
 }
 
@@ -146,10 +151,9 @@ int ll_server_load(struct ll_server *s, int (*fn)(void *arg), void *arg, char *e
   pthread_t th;
   s->loading = 1;
   if (pthread_create(&th, NULL, load_run, &lw) != 0) {
-    s->loading = 0;
     lw.rc = fn(arg);
   } else {
-    while (s->loading) uv_run(s->loop, UV_RUN_DEFAULT); // load_done stops it
+    while (!lw.finished) uv_run(s->loop, UV_RUN_DEFAULT); // load_done stops it
     pthread_join(th, NULL);
   }
   uv_close((uv_handle_t *)&lw.done, NULL);
@@ -172,6 +176,7 @@ int ll_server_listen(struct ll_server *s, const char *sock_path, char *err, size
   uv_signal_start(&s->sig_term, on_signal, SIGTERM);
   signal(SIGPIPE, SIG_IGN);
   signal(SIGXFSZ, SIG_IGN); // a file-size limit (ulimit -f) fails a checkpoint's write with EFBIG, as a full disk does, not the server
+  s->loading = 0; // served from here: /health 200 (see load_done)
   return 0;
 }
 
