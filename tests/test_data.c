@@ -346,19 +346,19 @@ static void test_git(const struct ll_tokenizer *t) {
 static void test_records(void) {
   struct ll_data_record r;
   char err[256];
-  CHECK(ll_data_record_parse("  \r", 3, NULL, &r, err, sizeof err) == 1);
+  CHECK(ll_data_record_parse("  \r", 3, NULL, 0, &r, err, sizeof err) == 1);
   const char *l1 = "{\"text\":\"ab\"}";
-  CHECK(ll_data_record_parse(l1, strlen(l1), NULL, &r, err, sizeof err) == 0);
+  CHECK(ll_data_record_parse(l1, strlen(l1), NULL, 0, &r, err, sizeof err) == 0);
   CHECK(r.len == 2 && !memcmp(r.text, "ab", 2) && r.n_spans == 1 && r.spans[0].start == 0 && r.spans[0].end == 2 && r.eos);
   ll_data_record_free(&r);
   const char *l2 = "{\"prompt\":\"Q: 1+1\\n\",\"completion\":\"2\"}";
-  CHECK(ll_data_record_parse(l2, strlen(l2), NULL, &r, err, sizeof err) == 0);
+  CHECK(ll_data_record_parse(l2, strlen(l2), NULL, 0, &r, err, sizeof err) == 0);
   CHECK(r.len == 8 && r.n_spans == 1 && r.spans[0].start == 7 && r.spans[0].end == 8 && r.eos && r.n_marks == 0);
   ll_data_record_free(&r);
   const char *l3 = "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"hi\"},"
                    "{\"role\":\"assistant\",\"content\":\"yo\"},{\"role\":\"user\",\"content\":\"more\"},"
                    "{\"role\":\"assistant\",\"content\":\"ok\"}]}";
-  int rc = ll_data_record_parse(l3, strlen(l3), "chatml", &r, err, sizeof err);
+  int rc = ll_data_record_parse(l3, strlen(l3), "chatml", 0, &r, err, sizeof err);
   CHECKF(rc == 0, "%s", err);
   const char *want = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
                      "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\nok<|im_end|>\n";
@@ -381,7 +381,7 @@ static void test_records(void) {
   }
   ll_data_record_free(&r);
   // llama2: the assistant turn is " yo</s>"
-  rc = ll_data_record_parse(l3, strlen(l3), "llama2", &r, err, sizeof err);
+  rc = ll_data_record_parse(l3, strlen(l3), "llama2", 0, &r, err, sizeof err);
   CHECKF(rc == 0 && r.n_spans == 2 && !memcmp(r.text + r.spans[0].start, "yo</s>", 6) &&
              r.spans[0].end - r.spans[0].start == 6,
          "%s", rc ? err : r.text);
@@ -403,8 +403,79 @@ static void test_records(void) {
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     err[0] = 0;
-    rc = ll_data_record_parse(bad[i].line, strlen(bad[i].line), bad[i].tmpl, &r, err, sizeof err);
+    rc = ll_data_record_parse(bad[i].line, strlen(bad[i].line), bad[i].tmpl, 0, &r, err, sizeof err);
     CHECKF(rc < 0 && strstr(err, bad[i].msg), "%s -> %d '%s'", bad[i].line, rc, err);
+  }
+}
+
+// Qwen3's thinking (issue 32): an assistant turn's "<think>...</think>" block and the whitespace
+// after it are out of the loss by default, in it with LL_DATA_TRAIN_ON_THINKING / train_on_thinking;
+// asserted on the record's spans and, through ll_data_open, token by token (the demo tokenizer is
+// one token per byte, so a token's loss is its byte's).
+static void test_thinking(const struct ll_tokenizer *t) {
+  const char *line = "{\"messages\":[{\"role\":\"user\",\"content\":\"2+2?\"},"
+                     "{\"role\":\"assistant\",\"content\":\"<think>\\nadd them\\n</think>\\n\\nIt is 4.\"},"
+                     "{\"role\":\"user\",\"content\":\"and?\"},"
+                     "{\"role\":\"assistant\",\"content\":\"A<think>x</think> B<think>unclosed\"}]}";
+  const char *chat = "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\nadd them\n</think>\n\nIt is 4.<|im_end|>\n"
+                     "<|im_start|>user\nand?<|im_end|>\n<|im_start|>assistant\nA<think>x</think> B<think>unclosed<|im_end|>\n";
+  // the bytes that carry loss in each mode: thinking out, and in
+  const char *a1 = strstr(chat, "<think>\nadd"), *k1 = strstr(chat, "It is 4."), *a2 = strstr(chat, "A<think>x");
+  struct ll_data_span out_sp[] = {{(size_t)(k1 - chat), (size_t)(k1 - chat) + 18},          // "It is 4.<|im_end|>"
+                                  {(size_t)(a2 - chat), (size_t)(a2 - chat) + 1},           // "A"
+                                  {(size_t)(a2 - chat) + 18, (size_t)(a2 - chat) + 19},     // "B"
+                                  {(size_t)(strlen(chat) - 11), (size_t)(strlen(chat) - 1)}}; // "<|im_end|>"
+  struct ll_data_span in_sp[] = {{(size_t)(a1 - chat), (size_t)(k1 - chat) + 18}, {(size_t)(a2 - chat), strlen(chat) - 1}};
+  struct ll_data_record r;
+  char err[512];
+  for (int mode = 0; mode < 2; mode++) {
+    int rc = ll_data_record_parse(line, strlen(line), "chatml", mode ? LL_DATA_TRAIN_ON_THINKING : 0, &r, err, sizeof err);
+    CHECKF(rc == 0 && r.len == strlen(chat) && !memcmp(r.text, chat, r.len), "%s", rc ? err : r.text);
+    const struct ll_data_span *w = mode ? in_sp : out_sp;
+    const int nw = mode ? 2 : 4;
+    int same = rc == 0 && r.n_spans == nw;
+    for (int i = 0; same && i < nw; i++) same &= r.spans[i].start == w[i].start && r.spans[i].end == w[i].end;
+    CHECKF(same, "mode %d: %d spans", mode, rc == 0 ? r.n_spans : -1);
+    for (int i = 0; rc == 0 && i < r.n_spans; i++) printf("  mode %d span '%.*s'\n", mode, (int)(r.spans[i].end - r.spans[i].start), r.text + r.spans[i].start);
+    if (rc == 0) ll_data_record_free(&r);
+  }
+  // the same through the data reader: BOS then the bytes; targets[i] is token i + 1 or -1
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/think", g_tmp);
+  char body[1024];
+  snprintf(body, sizeof body, "%s\n", line);
+  puts_(dir, "t.jsonl", body);
+  const int n = (int)strlen(chat) + 1;
+  for (int mode = 0; mode < 2; mode++) {
+    struct ll_data_params p;
+    ll_data_params_init(&p);
+    p.path = sub(dir, "t.jsonl");
+    p.seq_len = n - 1;
+    p.val_fraction = 0;
+    p.chat_template = "chatml";
+    p.train_on_thinking = mode;
+    struct ll_data *d = NULL;
+    int rc = ll_data_open(&d, &p, t, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    if (!d) return;
+    struct ll_data_stats st;
+    ll_data_stats(d, &st);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n), *tg = malloc(sizeof(int32_t) * (size_t)n);
+    CHECK(ll_data_next(d, ids, tg, err, sizeof err) == 0);
+    const struct ll_data_span *w = mode ? in_sp : out_sp;
+    const int nw = mode ? 2 : 4;
+    int ok = 1, counted = 0;
+    for (int i = 0; i + 1 < n; i++) { // target i is byte i of chat (after BOS)
+      int want = 0;
+      for (int j = 0; j < nw; j++) want |= (size_t)i >= w[j].start && (size_t)i < w[j].end;
+      ok &= tg[i] == (want ? B((unsigned char)chat[i]) : -1);
+      counted += want;
+    }
+    CHECKF(ok, "mode %d: the targets are not the expected bytes' tokens", mode);
+    CHECKF(st.loss_tokens_train == counted, "mode %d: %lld loss tokens, expected %d", mode, (long long)st.loss_tokens_train, counted);
+    printf("thinking %s: %d of %d tokens carry loss\n", mode ? "in the loss" : "left out", counted, n);
+    free(ids), free(tg);
+    ll_data_close(d);
   }
 }
 
@@ -1018,6 +1089,7 @@ int main(int argc, char **argv) {
       test_git(t);
       test_records();
       test_jsonl(t);
+      test_thinking(t);
       test_chat_contents(t);
       test_split(t);
       test_cursor(t);

@@ -124,6 +124,20 @@ int main(void) {
   CHECK(ll_chat_render("<|im_start|>", msgs, n, &r, err, sizeof err) == 0);
   CHECKF(r && strcmp(r, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n") == 0, "%s", r);
   free(r);
+  // The families of issue 32, as llama.cpp's llm_chat_apply_template renders them: Gemma's turns
+  // (the system text merged into the first user turn, the assistant's role "model"), Phi-3's, and
+  // Qwen3's template (chatml; its <think> handling is the training data's, ll_data.h).
+  CHECK(!strcmp(ll_chat_detect("{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + role + '\n' }}"), "gemma"));
+  CHECK(!strcmp(ll_chat_detect("{% for message in messages %}{{'<|' + message['role'] + '|>' + '\n' + message['content'] + '<|end|>\n'}}"
+                               "{% endfor %}{{ '<|assistant|>\n' }}"),
+                "phi3"));
+  CHECK(!strcmp(ll_chat_detect("{%- if enable_thinking is defined %}<|im_start|>assistant\n<think>\n\n</think>\n\n{%- endif %}"), "chatml"));
+  CHECK(ll_chat_render("gemma", msgs, n, &r, err, sizeof err) == 0);
+  CHECKF(r && !strcmp(r, "<start_of_turn>user\nBe brief.\n\nHi\nthere<end_of_turn>\n<start_of_turn>model\n"), "%s", r);
+  free(r);
+  CHECK(ll_chat_render("phi3", msgs, n, &r, err, sizeof err) == 0);
+  CHECKF(r && !strcmp(r, "<|system|>\nBe brief.<|end|>\n<|user|>\nHi\nthere<|end|>\n<|assistant|>\n"), "%s", r);
+  free(r);
   CHECK(ll_chat_render(NULL, msgs, n, &r, err, sizeof err) != 0 && strstr(err, "no chat template"));
   ll_chat_free_store(store, msgs);
   n = ll_chat_parse("plain words", 11, &msgs, &store, err, sizeof err);

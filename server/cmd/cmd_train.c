@@ -195,7 +195,7 @@ int ll_cmd_train(int argc, char **argv) {
           info.backend, info.device_name, info.n_threads);
   struct ll_train_run_opts ro = {run_dir ? run_dir : "(dry run)", c.train_data, c.model, info.arch, c.train_checkpoint_every, c.train_eval_every,
                                  c.train_eval_seqs, c.train_keep, c.train_val_fraction, restart || dry, c.chat_template,
-                                 c.train_max_skipped_steps, c.train_shuffle && !strcmp(c.train_shuffle, "pieces"), &comm};
+                                 c.train_max_skipped_steps, c.train_shuffle && !strcmp(c.train_shuffle, "pieces"), &comm, c.train_on_thinking};
   // This backend serves nothing else: quantized products of training batches may take
   // dequantize + sgemm where that beats the integer tiles (ll_backend.train_sgemm; CPUs without
   // AVX-512 VNNI). The server's training thread sets it on its own backend too (trainjob.c); the

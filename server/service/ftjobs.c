@@ -499,7 +499,7 @@ static int validate_jsonl(struct ll_ftjobs *f, const char *d, size_t n, int64_t 
     size_t ln = nl ? (size_t)(nl - (d + i)) : n - i;
     struct ll_data_record rec;
     char e2[400];
-    int rc = ll_data_record_parse(d + i, ln, f->tmpl_text, &rec, e2, sizeof e2);
+    int rc = ll_data_record_parse(d + i, ln, f->tmpl_text, 0, &rec, e2, sizeof e2);
     if (rc < 0) return ll_errf(msg, cap, rc, "Invalid file format: line %zu: %s", line, e2);
     if (rc == 0) {
       (*examples)++;
@@ -605,6 +605,7 @@ static void validate_job(struct ll_ftjobs *f, struct ft_job *j) {
   dp.val_fraction = cfg->train_val_fraction;
   dp.seed = (uint64_t)seed;
   dp.chat_template = f->tmpl_text;
+  dp.train_on_thinking = cfg->train_on_thinking;
   struct ll_data *d = NULL;
   int rc = ll_data_open(&d, &dp, f->tok, err, sizeof err);
   struct ll_data_stats st;
@@ -785,7 +786,8 @@ static void run_job(struct ll_ftjobs *f, struct ll_trainjob *tj, struct ft_job *
   struct ll_engine_info info;
   ll_engine_get_info(f->env.e, &info);
   struct ll_train_run_opts ro = {run_dir, data, f->env.model_path, info.arch, spe, spe, cfg->train_eval_seqs, epochs, cfg->train_val_fraction, 0,
-                                 f->tmpl_setting, cfg->train_max_skipped_steps, 0 /* JSONL records: shuffled in runs of 8 */, NULL};
+                                 f->tmpl_setting, cfg->train_max_skipped_steps, 0 /* JSONL records: shuffled in runs of 8 */, NULL,
+                                 cfg->train_on_thinking};
   struct ll_train_run *run = NULL;
   if (rc == 0) rc = ll_train_run_open(&run, ll_trainjob_model(tj), ll_trainjob_backend(tj), f->tok, &tp, &ro, err, sizeof err);
   if (rc) {

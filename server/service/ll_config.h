@@ -94,6 +94,7 @@ struct ll_config {
   int64_t train_keep;
   int64_t train_max_skipped_steps;
   int train_recompute;
+  int train_on_thinking;     // chat records: <think> blocks in the loss (ll_data_params.train_on_thinking)
   double train_share;        // server: largest share of compute time training may take
 };
 

@@ -578,7 +578,8 @@ int ll_trainjob_create(struct ll_trainjob **out, struct ll_engine *e, struct ll_
   snprintf(j->arch, sizeof j->arch, "%s", info.arch);
   j->ro = (struct ll_train_run_opts){j->run_dir, j->data, j->model_path, j->arch, cfg->train_checkpoint_every, cfg->train_eval_every,
                                      cfg->train_eval_seqs, cfg->train_keep, cfg->train_val_fraction, 0, cfg->chat_template,
-                                     cfg->train_max_skipped_steps, cfg->train_shuffle && !strcmp(cfg->train_shuffle, "pieces"), NULL};
+                                     cfg->train_max_skipped_steps, cfg->train_shuffle && !strcmp(cfg->train_shuffle, "pieces"), NULL,
+                                     cfg->train_on_thinking};
   pthread_mutex_init(&j->mu, NULL);
   j->state = ST_OFF;
   j->total = j->tp.steps;

@@ -127,10 +127,34 @@ static int put_markup(struct ll_data_record *rec, struct sbuf *b, const char *s,
   return 0;
 }
 
+// The loss spans of one assistant turn, text[start, end) its content and [end, stop) its
+// end-of-turn marker, with its reasoning left out: each "<think>" ... "</think>" block (Qwen3's
+// thinking; one left open runs to the content's end) and the whitespace after it. What the turn
+// says after its thinking is learned; how it thought is not (train.train_on_thinking: it is).
+static int think_spans(struct ll_data_record *rec, const char *text, size_t start, size_t end, size_t stop) {
+  static const char open[] = "<think>", close[] = "</think>";
+  size_t at = start;
+  for (;;) {
+    const char *o = memmem(text + at, end - at, open, sizeof open - 1);
+    if (!o) break;
+    const size_t os = (size_t)(o - text);
+    const char *c = memmem(text + os, end - os, close, sizeof close - 1);
+    size_t ce = c ? (size_t)(c - text) + sizeof close - 1 : end;
+    while (ce < end && (text[ce] == ' ' || text[ce] == '\n' || text[ce] == '\r' || text[ce] == '\t')) ce++;
+    if (os > at) {
+      int rc = add_span(rec, at, os);
+      if (rc) return rc;
+    }
+    at = ce;
+  }
+  return add_span(rec, at, stop); // what follows, with the end-of-turn marker (maybe only that)
+}
+
 // Renders a conversation: each content is first a placeholder, so the template's markup and
 // the contents' places in the text are known exactly; the loss spans are the assistant contents
-// with the end-of-turn marker that follows them.
-static int chat_record(json_t *arr, const char *tmpl, struct ll_data_record *rec, char *err, size_t errlen) {
+// with the end-of-turn marker that follows them (their thinking blocks left out unless flags
+// has LL_DATA_TRAIN_ON_THINKING).
+static int chat_record(json_t *arr, const char *tmpl, unsigned flags, struct ll_data_record *rec, char *err, size_t errlen) {
   if (!json_is_array(arr) || json_array_size(arr) == 0)
     return ll_errf(err, errlen, LL_EFORMAT, "\"messages\" must be a non-empty array");
   size_t n = json_array_size(arr);
@@ -206,7 +230,10 @@ static int chat_record(json_t *arr, const char *tmpl, struct ll_data_record *rec
     i = (size_t)(stop + 1 - r);
     if (!strcmp(m[k].role, "assistant")) {
       size_t tail = i + el <= rl && memcmp(r + i, end, el) == 0 ? el : 0;
-      if ((rc = put_markup(rec, &b, r + i, tail)) || (rc = add_span(rec, start, b.n))) break;
+      if ((rc = put_markup(rec, &b, r + i, tail))) break;
+      if (!(flags & LL_DATA_TRAIN_ON_THINKING)) rc = think_spans(rec, b.p, start, start + clen[k], b.n);
+      else rc = add_span(rec, start, b.n);
+      if (rc) break;
       i += tail;
     }
   }
@@ -230,7 +257,7 @@ out:
   return rc;
 }
 
-int ll_data_record_parse(const char *line, size_t len, const char *tmpl, struct ll_data_record *rec, char *err,
+int ll_data_record_parse(const char *line, size_t len, const char *tmpl, unsigned flags, struct ll_data_record *rec, char *err,
                          size_t errlen) {
   memset(rec, 0, sizeof *rec);
   size_t i = 0;
@@ -246,7 +273,7 @@ int ll_data_record_parse(const char *line, size_t len, const char *tmpl, struct 
   if (!json_is_object(root)) {
     rc = ll_errf(err, errlen, LL_EFORMAT, "expected a JSON object");
   } else if (msgs) {
-    rc = chat_record(msgs, tmpl, rec, err, errlen);
+    rc = chat_record(msgs, tmpl, flags, rec, err, errlen);
   } else if (pr || co) {
     if (!json_is_string(pr) || !json_is_string(co)) {
       rc = ll_errf(err, errlen, LL_EFORMAT, "\"prompt\" and \"completion\" must both be strings");
@@ -351,6 +378,7 @@ struct ll_data {
   uint64_t seed, thr;
   int64_t doc_bytes;
   int pieces; // shuffle_pieces
+  unsigned rflags; // ll_data_record_parse's flags (LL_DATA_TRAIN_ON_THINKING)
   int32_t bos, eos, pad;
   int add_bos;
   struct ll_data_filelist fl;
@@ -590,7 +618,7 @@ static int doc_tokenize(struct ll_data *d, struct tokbuf *tb, size_t fi, uint64_
     return 0;
   }
   struct ll_data_record rec;
-  rc = ll_data_record_parse(dc->text, dc->len, d->tmpl, &rec, e2, sizeof e2);
+  rc = ll_data_record_parse(dc->text, dc->len, d->tmpl, d->rflags, &rec, e2, sizeof e2);
   if (rc == 1) {
     tb->n = 0;
     return 0;
@@ -1057,6 +1085,7 @@ int ll_data_open(struct ll_data **out, const struct ll_data_params *p, const str
   d->seed = p->seed;
   d->doc_bytes = doc_bytes;
   d->pieces = p->shuffle_pieces != 0;
+  d->rflags = p->train_on_thinking ? LL_DATA_TRAIN_ON_THINKING : 0;
   d->thr = p->val_fraction > 0 ? (uint64_t)(p->val_fraction * 18446744073709551616.0) : 0;
   d->bos = ll_tokenizer_bos(tok);
   d->eos = ll_tokenizer_eos(tok);

@@ -4,7 +4,8 @@
 //   - a text file (any name but *.jsonl): cut into documents of about doc_bytes at blank lines;
 //   - a JSONL file (*.jsonl): one record per line, {"text": ...}, {"prompt": ..., "completion": ...}
 //     (loss on the completion only) or {"messages": [{"role", "content"}, ...]} rendered with the
-//     model's chat template (loss on the assistant turns only, their end-of-turn marker included);
+//     model's chat template (loss on the assistant turns only, their end-of-turn marker included,
+//     their <think> blocks left out unless train_on_thinking);
 //   - a directory: in a git work tree its tracked files (`git ls-files`), elsewhere every file
 //     not excluded by the .gitignore files met on the way down; binary, generated, empty and
 //     huge (> max_file_bytes) files are skipped and counted per reason. *.jsonl members are
@@ -66,6 +67,8 @@ struct ll_data_params {
                               // fine enough that a few files still give a validation split)
   const char *chat_template;  // chat records: a format name (chatml, llama2, llama3, zephyr, gemma,
                               // phi3) or Jinja text; NULL: the tokenizer's own template
+  int train_on_thinking;      // chat records: 1 the assistants' <think>...</think> blocks count in the
+                              // loss; 0 (default) they are left out (ll_data_record_parse)
   int shuffle_pieces;         // text files: 0 (default) a file is one unit of the epoch's shuffle, read
                               // in order; 1 each document (piece of ~doc_bytes) is a unit, so that
                               // consecutive sequences come from different files (pre-training from
@@ -151,8 +154,12 @@ struct ll_data_record {
                      // template's end-of-turn marker ends the record)
 };
 // Parses one line (without its '\n'); chat_template as in ll_data_params (NULL: chat records are
-// refused). Returns 0, 1 for a blank line (no record), or LL_EFORMAT / LL_EUNSUPPORTED / LL_ENOMEM.
-int ll_data_record_parse(const char *line, size_t len, const char *chat_template, struct ll_data_record *rec,
+// refused). A chat record's assistant turns count in the loss without their thinking: each
+// "<think>" ... "</think>" block (Qwen3's reasoning; an unclosed one to the content's end) and the
+// whitespace after it are left out of the spans, unless flags has LL_DATA_TRAIN_ON_THINKING.
+// Returns 0, 1 for a blank line (no record), or LL_EFORMAT / LL_EUNSUPPORTED / LL_ENOMEM.
+#define LL_DATA_TRAIN_ON_THINKING 1u
+int ll_data_record_parse(const char *line, size_t len, const char *chat_template, unsigned flags, struct ll_data_record *rec,
                          char *err, size_t errlen);
 void ll_data_record_free(struct ll_data_record *rec);
 

@@ -341,6 +341,7 @@ int ll_train_run_open(struct ll_train_run **out, const struct ll_model *m, struc
   dp.val_fraction = o->val_fraction;
   dp.seed = p->seed;
   dp.shuffle_pieces = o->shuffle_pieces;
+  dp.train_on_thinking = o->train_on_thinking;
   char *tmpl = NULL;
   int rc = o->chat_template ? ll_chat_template_load(o->chat_template, &tmpl, err, errlen) : 0;
   dp.chat_template = tmpl;

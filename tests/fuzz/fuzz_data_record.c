@@ -2,18 +2,18 @@
 // never crashes or reads outside the line; a parsed record's text is NUL-terminated and its
 // loss spans are sorted, disjoint and inside the text; a refusal always says why. Every chat
 // format is tried (chat records render through ll_chat_render with placeholders); the markup
-// spans are sorted, disjoint and inside the text too.
+// spans are sorted, disjoint and inside the text too; with thinking blocks in the loss and out.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ll_data.h"
 
-static void check(const char *line, size_t n, const char *tmpl) {
+static void check(const char *line, size_t n, const char *tmpl, unsigned flags) {
   struct ll_data_record r;
   char err[256];
   err[0] = 0;
-  int rc = ll_data_record_parse(line, n, tmpl, &r, err, sizeof err);
+  int rc = ll_data_record_parse(line, n, tmpl, flags, &r, err, sizeof err);
   if (rc == 1) { // blank: whitespace only
     for (size_t i = 0; i < n; i++)
       if (line[i] != ' ' && line[i] != '\t' && line[i] != '\r' && line[i] != '\n') __builtin_trap();
@@ -43,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(line, data, size);
   static const char *const tmpls[] = {NULL, "chatml", "llama2", "llama3", "zephyr", "gemma", "phi3",
                                       "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}", "unknown"};
-  for (size_t i = 0; i < sizeof tmpls / sizeof tmpls[0]; i++) check(line, size, tmpls[i]);
+  for (size_t i = 0; i < sizeof tmpls / sizeof tmpls[0]; i++) check(line, size, tmpls[i], 0), check(line, size, tmpls[i], LL_DATA_TRAIN_ON_THINKING);
   free(line);
   return 0;
 }
