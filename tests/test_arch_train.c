@@ -1,23 +1,227 @@
 // test_arch_train.c - LoRA training of a family beyond llama/qwen2 (Qwen3: per-head q/k norms,
-// q width 128 != C = 64) on a small random F32 model (tests/scripts/make_arch_models.py):
+// q width 128 != C = 64; Phi-3: fused qkv and gate/up) on a small random F32 model
+// (tests/scripts/make_arch_models.py):
 //  - the adapters' gradient against central finite differences of the loss, along the gradient
 //    and along a random direction (F32 weights: the loss is smooth in the adapter; agreement
 //    within 2% at the best step size);
-//  - 40 steps on one fixed batch lower its loss by more than half.
+//  - 40 steps on one fixed batch lower its loss by more than half;
+//  - a family with fused modules (phi3, ll_lora.h): a step's gradient of a module's one A is the
+//    sum of its members' and every copy gets it (and central differences along that A agree);
+//    training on a token pattern lowers the validation loss, the copies of A stay equal, and the
+//    adapter exported as GGUF holds attn_qkv / ffn_up (llama.cpp's names) and reads back the same.
 // usage: test_arch_train MODEL
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ll_engine.h"
 #include "ll_error.h"
+#include "ll_gguf.h"
+#include "ll_modelfile.h"
 #include "ll_lora.h"
 #include "ll_model.h"
 #include "ll_trainer.h"
 #include "testutil.h"
 
 enum { S = 24 };
+
+// A token pattern: next = (5 * t + 3) mod 251 with a position-dependent twist, from a start
+// that is the sequence's own; training and validation sequences start in disjoint ranges.
+struct pat {
+  int64_t n, v;
+};
+static void pat_seq(int64_t k, int32_t *ids, int32_t *tg) {
+  int32_t t = (int32_t)((k * 97 + 13) % 251);
+  for (int i = 0; i <= S; i++) {
+    if (i < S) ids[i] = t;
+    if (i > 0) tg[i - 1] = t;
+    t = (5 * t + 3 + (i % 3 == 2 ? 7 : 0)) % 251;
+  }
+}
+static int pat_next(void *u, int32_t *ids, int32_t *tg, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  pat_seq(((struct pat *)u)->n++ % 64, ids, tg);
+  return 0;
+}
+static int pat_val_next(void *u, int32_t *ids, int32_t *tg, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  struct pat *p = u;
+  if (p->v >= 8) return 0;
+  pat_seq(1000 + p->v++, ids, tg);
+  return 1;
+}
+static void pat_val_reset(void *u) { ((struct pat *)u)->v = 0; }
+// One fixed sequence, for the step whose gradient is inspected.
+static int fixed_next(void *u, int32_t *ids, int32_t *tg, char *err, size_t errlen) {
+  (void)u, (void)err, (void)errlen;
+  pat_seq(5, ids, tg);
+  return 0;
+}
+static float *g_tied; // the gradient the update hook saw (tied, unclipped)
+static int64_t g_n;
+static struct ll_trainer *g_tr;
+static int grab(void *user, int (*update)(void *arg), void *arg) {
+  (void)user;
+  float *P, *G;
+  ll_trainer_vectors(g_tr, &P, &G, &g_n);
+  g_tied = malloc(sizeof(float) * (size_t)g_n);
+  if (g_tied) memcpy(g_tied, G, sizeof(float) * (size_t)g_n);
+  return update(arg);
+}
+
+static void fused_checks(struct ll_engine *e, const char *model) {
+  char err[512];
+  struct ll_lora_dims d;
+  ll_engine_lora_dims(e, &d);
+  const unsigned fused = ll_lora_fused(d.arch);
+  struct ll_trainer_params p;
+  ll_trainer_params_init(&p);
+  p.batch = 1, p.seq_len = S, p.rank = 4, p.alpha = 8, p.lr = 1e-2, p.warmup = 0, p.steps = 60, p.dropout = 0, p.clip = 0;
+  struct ll_trainer *tr = NULL;
+  CHECKF(ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err) == 0, "%s", err);
+  if (!tr) return;
+  const struct ll_lora *lo = ll_trainer_lora(tr);
+  float *P, *G;
+  int64_t n;
+  ll_trainer_vectors(tr, &P, &G, &n);
+  uint64_t rs = 7;
+  for (int l = 0; l < lo->n_layer; l++)
+    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+      struct ll_lora_pair *pr = ll_lora_at(lo, l, t);
+      for (int64_t i = 0; i < pr->b.k * pr->b.n; i++) ((float *)pr->b.data)[i] = 0.05f * (ll_test_randf(&rs) - 0.5f);
+    }
+  // the fresh adapter: one A per module (q, k, v share q's; gate, up share gate's)
+  CHECKF(ll_lora_check(lo, &d, err, sizeof err) == 0, "%s", err);
+  const struct ll_lora_pair *q0 = ll_lora_at(lo, 0, LL_LORA_Q), *k0 = ll_lora_at(lo, 0, LL_LORA_K), *v0 = ll_lora_at(lo, 0, LL_LORA_V);
+  const struct ll_lora_pair *g0 = ll_lora_at(lo, 0, LL_LORA_GATE), *u0 = ll_lora_at(lo, 0, LL_LORA_UP);
+  const int64_t na = q0->a.k * q0->a.n, nga = g0->a.k * g0->a.n;
+  CHECK(fused == (LL_LORA_GROUP_QKV | LL_LORA_GROUP_GU));
+  CHECK(!memcmp(q0->a.data, k0->a.data, sizeof(float) * (size_t)na) && !memcmp(q0->a.data, v0->a.data, sizeof(float) * (size_t)na));
+  CHECK(!memcmp(g0->a.data, u0->a.data, sizeof(float) * (size_t)nga));
+  const int64_t oq = (const float *)q0->a.data - P, ok_ = (const float *)k0->a.data - P, ov = (const float *)v0->a.data - P;
+  const int64_t og = (const float *)g0->a.data - P, ou = (const float *)u0->a.data - P;
+  // the members' own gradients (untied), as the step computes them: the sum over counted tokens / count
+  int32_t ids[S], tg[S];
+  pat_seq(5, ids, tg);
+  double loss, lp, lm;
+  int64_t cnt = 0;
+  CHECK(ll_trainer_zero_grad(tr) == 0);
+  CHECK(ll_trainer_forward_backward(tr, ids, tg, 1, 1, 1.0f / S, &loss, &cnt, err, sizeof err) == 0 && cnt == S);
+  float *gu = malloc(sizeof(float) * (size_t)n), *keep = malloc(sizeof(float) * (size_t)n);
+  memcpy(gu, G, sizeof(float) * (size_t)n);
+  memcpy(keep, P, sizeof(float) * (size_t)n);
+  CHECK(ll_trainer_zero_grad(tr) == 0);
+  // one step on that sequence; the update hook sees the gradient the optimizer gets
+  struct ll_train_source fx = {NULL, fixed_next, NULL, NULL, NULL, NULL};
+  struct ll_train_step_info info;
+  g_tr = tr;
+  ll_trainer_set_update_hook(tr, grab, NULL);
+  CHECKF(ll_trainer_step(tr, &fx, &info, err, sizeof err) == 0, "%s", err);
+  ll_trainer_set_update_hook(tr, NULL, NULL);
+  CHECK(g_tied && g_n == n);
+  if (g_tied) {
+    double worst = 0, scale = 0;
+    int same = 1;
+    for (int64_t i = 0; i < na; i++) {
+      const double want = (double)gu[oq + i] + gu[ok_ + i] + gu[ov + i];
+      worst = fmax(worst, fabs(g_tied[oq + i] - want)), scale = fmax(scale, fabs(want));
+      same &= g_tied[oq + i] == g_tied[ok_ + i] && g_tied[oq + i] == g_tied[ov + i];
+    }
+    for (int64_t i = 0; i < nga; i++) {
+      const double want = (double)gu[og + i] + gu[ou + i];
+      worst = fmax(worst, fabs(g_tied[og + i] - want)), scale = fmax(scale, fabs(want));
+      same &= g_tied[og + i] == g_tied[ou + i];
+    }
+    printf("tied A gradients: every copy the same %d, against the members' sum %.2e (largest %.2e)\n", same, worst, scale);
+    CHECK(same);
+    CHECK(worst <= 1e-6 * scale);
+    // central differences along layer 0's qkv A moved as one (its three copies together)
+    memcpy(P, keep, sizeof(float) * (size_t)n);
+    float *dir = malloc(sizeof(float) * (size_t)na);
+    double dd = 0, gd = 0, best = 1e9;
+    for (int64_t i = 0; i < na; i++) dir[i] = ll_test_randf(&rs) - 0.5f, dd += (double)dir[i] * dir[i];
+    for (int64_t i = 0; i < na; i++) dir[i] = (float)(dir[i] / sqrt(dd)), gd += (double)g_tied[oq + i] * dir[i];
+    for (int k = 0; k < 3; k++) {
+      const double eps = k == 0 ? 1e-2 : k == 1 ? 3e-3 : 1e-3;
+      for (int sg = -1; sg <= 1; sg += 2) {
+        for (int64_t i = 0; i < na; i++) P[oq + i] = P[ok_ + i] = P[ov + i] = keep[oq + i] + (float)(sg * eps) * dir[i];
+        CHECK(ll_trainer_forward_backward(tr, ids, tg, 1, 0, 1.0f, sg < 0 ? &lm : &lp, NULL, err, sizeof err) == 0);
+      }
+      const double fd = (lp - lm) / (2 * eps) / S, rel = fabs(fd - gd) / (fabs(gd) + 1e-9);
+      printf("shared A eps %.0e: g.d %+.6f finite differences %+.6f (relative %.2e)\n", eps, gd, fd, rel);
+      best = fmin(best, rel);
+    }
+    CHECKF(best < 2e-2, "the shared A's gradient and finite differences differ by %.3g", best);
+    free(dir);
+  }
+  memcpy(P, keep, sizeof(float) * (size_t)n);
+  free(g_tied), g_tied = NULL;
+  free(gu), free(keep);
+  ll_trainer_free(tr);
+
+  // training on the pattern: the validation loss falls; every module's A copies stay equal
+  p.batch = 4, p.lr = 2e-2, p.steps = 40, p.clip = 1;
+  tr = NULL;
+  CHECKF(ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err) == 0, "%s", err);
+  if (!tr) return;
+  struct pat ps = {0, 0};
+  struct ll_train_source src = {&ps, pat_next, pat_val_next, pat_val_reset, NULL, NULL};
+  double v0l = 0, v1l = 0;
+  CHECKF(ll_trainer_eval(tr, &src, 0, &v0l, err, sizeof err) == 0, "%s", err);
+  for (int s = 0; s < p.steps; s++) CHECKF(ll_trainer_step(tr, &src, &info, err, sizeof err) == 0, "%s", err);
+  CHECKF(ll_trainer_eval(tr, &src, 0, &v1l, err, sizeof err) == 0, "%s", err);
+  printf("validation loss %.4f -> %.4f after %lld steps (last training loss %.4f)\n", v0l, v1l, (long long)p.steps, info.loss);
+  CHECK(v1l < 0.5 * v0l);
+  lo = ll_trainer_lora(tr);
+  CHECKF(ll_lora_check(lo, &d, err, sizeof err) == 0, "after training: %s", err);
+  // exported: llama.cpp's tensor names and shapes, and the same adapter read back
+  char dir[512], path[600];
+  if (ll_test_tmpdir(dir, sizeof dir)) {
+    snprintf(path, sizeof path, "%s/phi3-lora.gguf", dir);
+    CHECKF(ll_lora_save_gguf(lo, path, err, sizeof err) == 0, "%s", err);
+    struct ll_modelfile mf;
+    ll_modelfile_init(&mf);
+    CHECKF(ll_gguf_open(path, &mf, err, sizeof err) == 0, "%s", err);
+    const struct ll_tensor_info *qa = ll_mf_find_tensor(&mf, "blk.0.attn_qkv.weight.lora_a"), *qb = ll_mf_find_tensor(&mf, "blk.0.attn_qkv.weight.lora_b");
+    const struct ll_tensor_info *ua = ll_mf_find_tensor(&mf, "blk.0.ffn_up.weight.lora_a"), *ub = ll_mf_find_tensor(&mf, "blk.0.ffn_up.weight.lora_b");
+    const int qd = d.n_embd_q > 0 ? d.n_embd_q : d.n_embd;
+    CHECK(qa && qa->ne[0] == d.n_embd && qa->ne[1] == 4 && qb && qb->ne[0] == 4 && qb->ne[1] == qd + 2 * d.n_embd_kv);
+    CHECK(ua && ua->ne[0] == d.n_embd && ub && ub->ne[1] == 2 * d.n_ff);
+    CHECK(!ll_mf_find_tensor(&mf, "blk.0.attn_q.weight.lora_a") && !ll_mf_find_tensor(&mf, "blk.0.ffn_gate.weight.lora_a"));
+    CHECK(mf.n_tensors == (uint64_t)d.n_layer * 4 * 2); // attn_qkv, attn_output, ffn_up, ffn_down: a and b
+    ll_modelfile_free(&mf);
+    struct ll_lora *back = NULL;
+    CHECKF(ll_lora_load(&back, path, &d, NULL, err, sizeof err) == 0, "%s", err);
+    int same = back && back->rank == lo->rank && back->alpha == lo->alpha && back->targets == lo->targets;
+    for (int l = 0; same && l < lo->n_layer; l++)
+      for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+        const struct ll_lora_pair *a = ll_lora_at(lo, l, t), *b = ll_lora_at(back, l, t);
+        same &= !memcmp(a->a.data, b->a.data, sizeof(float) * (size_t)(a->a.k * a->a.n)) &&
+                !memcmp(a->b.data, b->b.data, sizeof(float) * (size_t)(a->b.k * a->b.n));
+      }
+    CHECKF(same, "the adapter read back from %s differs", path);
+    // without the model: the dims the fused file implies, and the same bytes written again
+    struct ll_lora *bare = NULL;
+    CHECKF(ll_lora_load(&bare, path, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    char path2[640];
+    snprintf(path2, sizeof path2, "%s/again.gguf", dir);
+    if (bare) snprintf(bare->name, sizeof bare->name, "%s", lo->name); // the file stem otherwise
+    CHECKF(bare && ll_lora_save_gguf(bare, path2, err, sizeof err) == 0, "%s", err);
+    FILE *f1 = fopen(path, "rb"), *f2 = fopen(path2, "rb");
+    int eq = f1 && f2;
+    for (int c1 = 0, c2 = 0; eq && c1 != EOF;) c1 = fgetc(f1), c2 = fgetc(f2), eq = c1 == c2;
+    if (f1) fclose(f1);
+    if (f2) fclose(f2);
+    CHECKF(eq, "%s written again without the model differs", path);
+    ll_lora_free(bare);
+    ll_lora_free(back);
+    remove(path), remove(path2), rmdir(dir);
+  }
+  (void)model;
+  ll_trainer_free(tr);
+}
 
 int main(int argc, char **argv) {
   if (argc < 2) return 2;
@@ -94,6 +298,9 @@ int main(int argc, char **argv) {
   printf("loss over one batch: %.4f -> %.4f after 40 steps\n", first, last);
   CHECK(last < 0.5 * first);
   ll_trainer_free(tr);
+  struct ll_lora_dims dm;
+  ll_engine_lora_dims(e, &dm);
+  if (ll_lora_fused(dm.arch)) fused_checks(e, argv[1]);
   ll_engine_close(e);
   return ll_test_summary();
 }

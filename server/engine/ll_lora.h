@@ -50,6 +50,23 @@ struct ll_lora_dims {
   int n_embd_q;           // q's output and o's input width (head_dim * n_head); 0: n_embd
 };
 
+// Fused modules. Phi-3 keeps q, k, v in one matrix (attn_qkv) and gate, up in one (ffn_up,
+// gate rows then up rows), and its adapters adapt each as one module - PEFT's qkv_proj and
+// gate_up_proj, llama.cpp's blk.N.attn_qkv.weight.lora_a/b: one A (r, C) for the group, B the
+// members' rows stacked (q, k, v; gate, up). In memory the members stay pairs of their own (the
+// engine and the trainer apply them one by one, on row slices of the fused matrix) holding equal
+// A's; the trainer sums the members' A gradients (ll_lora_group_*) so that they stay equal.
+// GGUF files (ll_lora_save_gguf) hold the fused tensors; .ckpt the members' (ll_lora_to_mf).
+#define LL_LORA_GROUP_QKV ((1u << LL_LORA_Q) | (1u << LL_LORA_K) | (1u << LL_LORA_V))
+#define LL_LORA_GROUP_GU ((1u << LL_LORA_GATE) | (1u << LL_LORA_UP))
+// A group's members not adapted are zero rows of the fused B (q and v alone on phi3: attn_qkv
+// with k's rows zero).
+// The groups adapted as one for this architecture (general.architecture; 0: none, NULL: none).
+unsigned ll_lora_fused(const char *arch);
+// The target whose A target t shares in layer l of a (the first adapted member of t's fused
+// group; t itself when it is in none).
+int ll_lora_group_lead(const struct ll_lora *a, unsigned fused, int layer, int t);
+
 // Target names: "q".."down" (configs, protocol), GGUF tensor stems "attn_q".., PEFT modules "q_proj"..
 const char *ll_lora_target_name(int t);
 const char *ll_lora_target_tensor(int t);
@@ -89,10 +106,12 @@ int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const s
 // The dims an adapter file implies (architecture, layers, the widths its matrices show; the
 // others 0), for tools that read an adapter without its base model (llsrv export).
 int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, char *err, size_t errlen);
-// Writes a GGUF LoRA adapter that llama.cpp loads with --lora (atomic).
+// Writes a GGUF LoRA adapter that llama.cpp loads with --lora (atomic); a fused architecture's
+// groups as one tensor pair each (attn_qkv, ffn_up: see above). ll_lora_from_mf reads both forms.
 int ll_lora_save_gguf(const struct ll_lora *a, const char *path, char *err, size_t errlen);
 // PEFT directory (adapter_config.json + adapter_model.safetensors): HF module names mapped to
-// GGUF, lora_B rows of q_proj/k_proj permuted as llama.cpp's converter does for llama.
+// GGUF, lora_B rows of q_proj/k_proj permuted as llama.cpp's converter does for llama; Phi-3's
+// qkv_proj and gate_up_proj read as attn_qkv and ffn_up (no permutation, as its converter).
 int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lora_dims *d, struct ll_backend *be,
                       char *err, size_t errlen);
 // Any of: a GGUF LoRA file, a .ckpt holding adapter tensors, a PEFT directory. The adapter's

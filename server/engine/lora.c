@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ll_arch.h"
 #include "ll_error.h"
 #include "ll_quant.h"
 
@@ -22,6 +23,19 @@ int ll_lora_target_from_name(const char *s) {
   for (int t = 0; t < LL_LORA_N_TARGETS; t++)
     if (strcmp(s, target_names[t]) == 0 || strcmp(s, target_tensors[t]) == 0 || strcmp(s, target_peft[t]) == 0) return t;
   return -1;
+}
+
+unsigned ll_lora_fused(const char *arch) {
+  const struct ll_arch *a = ll_arch_find(arch);
+  if (!a) return 0;
+  return ((a->flags & LL_ARCH_FUSED_QKV) ? LL_LORA_GROUP_QKV : 0) | ((a->flags & LL_ARCH_FUSED_UP) ? LL_LORA_GROUP_GU : 0);
+}
+
+int ll_lora_group_lead(const struct ll_lora *a, unsigned fused, int layer, int t) {
+  const unsigned g = (fused & LL_LORA_GROUP_QKV & (1u << t)) ? LL_LORA_GROUP_QKV : (fused & LL_LORA_GROUP_GU & (1u << t)) ? LL_LORA_GROUP_GU : 0;
+  for (int u = 0; u < t; u++)
+    if (((g >> u) & 1) && ll_lora_at(a, layer, u)->a.data) return u;
+  return t;
 }
 
 void ll_lora_target_dims(const struct ll_lora_dims *d, int t, int64_t *in, int64_t *out) {
@@ -109,6 +123,7 @@ int ll_lora_create(struct ll_lora **out, const struct ll_lora_dims *d, int rank,
   *out = NULL;
   if (!targets || (targets & ~LL_LORA_ALL_TARGETS)) return ll_errf(err, errlen, LL_EINVAL, "lora: no or unknown targets (mask 0x%x)", targets);
   if (d->n_layer <= 0 || d->n_embd <= 0 || d->n_embd_kv <= 0 || d->n_ff <= 0) return ll_errf(err, errlen, LL_EINVAL, "lora: bad model dimensions");
+  const unsigned fused = ll_lora_fused(d->arch);
   unsigned char *present = calloc((size_t)d->n_layer * LL_LORA_N_TARGETS, 1);
   if (!present) return ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
   for (int l = 0; l < d->n_layer; l++)
@@ -118,7 +133,7 @@ int ll_lora_create(struct ll_lora **out, const struct ll_lora_dims *d, int rank,
   if (rc) return rc;
   struct ll_lora *a = *out;
   // PEFT: nn.init.kaiming_uniform_(A, a=sqrt(5)) -> U(-1/sqrt(in), 1/sqrt(in)); B = 0 (the
-  // backend allocation is zeroed).
+  // backend allocation is zeroed). A fused group's members get its first member's A (one module).
   for (int l = 0; l < a->n_layer; l++)
     for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
       struct ll_lora_pair *pr = ll_lora_at(a, l, t);
@@ -126,7 +141,8 @@ int ll_lora_create(struct ll_lora **out, const struct ll_lora_dims *d, int rank,
       const float bound = 1.0f / sqrtf((float)pr->a.k);
       float *A = (float *)pr->a.data;
       const int64_t n = pr->a.k * pr->a.n;
-      for (int64_t i = 0; i < n; i++) A[i] = bound * ll_lora_uniform(seed, (uint64_t)(l * LL_LORA_N_TARGETS + t) * 2, (uint64_t)i);
+      const int lead = ll_lora_group_lead(a, fused, l, t);
+      for (int64_t i = 0; i < n; i++) A[i] = bound * ll_lora_uniform(seed, (uint64_t)(l * LL_LORA_N_TARGETS + lead) * 2, (uint64_t)i);
     }
   return 0;
 }
@@ -140,6 +156,7 @@ void ll_lora_free(struct ll_lora *a) {
 
 static int check(const struct ll_lora *a, const struct ll_lora_dims *d, int values, char *err, size_t errlen) {
   const char *nm = a->name[0] ? a->name : "adapter";
+  const unsigned fused = ll_lora_fused(d->arch[0] ? d->arch : a->arch);
   if (a->arch[0] && d->arch[0] && strcmp(a->arch, d->arch) != 0)
     return ll_errf(err, errlen, LL_EINVAL, "%s: made for architecture '%s', the model is '%s' (wrong base model?)", nm, a->arch, d->arch);
   if (a->n_layer != d->n_layer)
@@ -162,6 +179,13 @@ static int check(const struct ll_lora *a, const struct ll_lora_dims *d, int valu
                        "%s: blk.%d.%s: A is (%lld x %lld) and B (%lld x %lld), the model needs A (%d x %lld) and B (%lld x %d) (wrong base model?)",
                        nm, l, target_tensors[t], (long long)pr->a.n, (long long)pr->a.k, (long long)pr->b.n, (long long)pr->b.k, a->rank,
                        (long long)in, (long long)o, a->rank);
+      const int lead = ll_lora_group_lead(a, fused, l, t);
+      if (lead != t) { // a fused module: one A
+        const struct ll_lora_pair *lp = ll_lora_at(a, l, lead);
+        if (values && lp->a.k == pr->a.k && lp->a.n == pr->a.n && memcmp(lp->a.data, pr->a.data, sizeof(float) * (size_t)(pr->a.k * pr->a.n)) != 0)
+          return ll_errf(err, errlen, LL_EINVAL, "%s: blk.%d: %s and %s have different A matrices, but %s adapts them as one module (%s)", nm, l,
+                         target_names[lead], target_names[t], d->arch, t <= LL_LORA_V ? "attn_qkv" : "ffn_up");
+      }
       for (int w = 0; values && w < 2; w++) {
         const struct ll_weight *m = w ? &pr->b : &pr->a;
         const float *x = m->data;

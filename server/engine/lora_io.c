@@ -21,7 +21,8 @@
 #include "ll_quant.h"
 #include "ll_readers.h"
 
-int ll_lora_to_mf(const struct ll_lora *a, struct ll_modelfile *mf, char *err, size_t errlen) {
+// ll_lora_to_mf without the targets in skip (written by fused_to_mf instead).
+static int to_mf_except(const struct ll_lora *a, struct ll_modelfile *mf, unsigned skip, char *err, size_t errlen) {
   if (!a->arch[0]) return ll_errf(err, errlen, LL_EINVAL, "lora: the adapter does not say its base architecture");
   int rc = 0;
   if (!ll_mf_find_kv(mf, "general.architecture")) rc |= ll_mf_set_str(mf, "general.architecture", a->arch);
@@ -33,7 +34,7 @@ int ll_lora_to_mf(const struct ll_lora *a, struct ll_modelfile *mf, char *err, s
   for (int l = 0; l < a->n_layer; l++)
     for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
       const struct ll_lora_pair *p = ll_lora_at(a, l, t);
-      if (!p->a.data) continue;
+      if (!p->a.data || ((skip >> t) & 1)) continue;
       const int64_t nea[2] = {p->a.k, p->a.n}, neb[2] = {p->b.k, p->b.n}; // {in, r}, {r, out}
       snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", l, ll_lora_target_tensor(t));
       if ((rc = ll_mf_add_tensor(mf, name, LL_TYPE_F32, 2, nea, p->a.data))) return ll_errf(err, errlen, rc, "lora: %s: %s", name, ll_strerror(rc));
@@ -42,6 +43,12 @@ int ll_lora_to_mf(const struct ll_lora *a, struct ll_modelfile *mf, char *err, s
     }
   return 0;
 }
+
+// A fused group's tensors (ll_lora.h: attn_qkv; ffn_up with 2 n_ff rows) stand in the table of
+// one layer's pairs after its LL_LORA_N_TARGETS members.
+enum { FUSED_QKV = LL_LORA_N_TARGETS, FUSED_GU, SLOTS };
+
+int ll_lora_to_mf(const struct ll_lora *a, struct ll_modelfile *mf, char *err, size_t errlen) { return to_mf_except(a, mf, 0, err, errlen); }
 
 // "blk.N.<stem>.weight.lora_a" -> layer, target, which (0 a, 1 b). 0 ok; 1 not an adapter
 // tensor; negative: an adapter tensor we cannot use (message in err).
@@ -53,8 +60,9 @@ static int parse_name(const char *name, const struct ll_lora_dims *d, int *layer
   int l, used = 0;
   if (n - 7 >= 96 || sscanf(name, "blk.%d.%63[a-z_].%15[a-z_]%n", &l, stem, rest, &used) != 3 || (size_t)used != n - 7 || strcmp(rest, "weight") != 0)
     return ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: tensor '%s': only the layers' attention and feed-forward matrices can be adapted", name);
-  const int t = ll_lora_target_from_name(stem);
-  if (t < 0 || strcmp(stem, ll_lora_target_tensor(t)) != 0)
+  int t = ll_lora_target_from_name(stem);
+  if (t < 0 && !strcmp(stem, "attn_qkv") && (ll_lora_fused(d->arch) & LL_LORA_GROUP_QKV)) t = FUSED_QKV; // phi3's q, k, v as one
+  else if (t < 0 || strcmp(stem, ll_lora_target_tensor(t)) != 0)
     return ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: tensor '%s': '%s' is not an adaptable matrix (attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down)", name, stem);
   if (l < 0 || l >= d->n_layer)
     return ll_errf(err, errlen, LL_EINVAL, "lora: tensor '%s': layer %d, the model has %d (wrong base model?)", name, l, d->n_layer);
@@ -80,11 +88,13 @@ int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const s
   const struct ll_kv *akv = ll_mf_find_kv(mf, "adapter.lora.alpha");
   if (akv && ll_mf_get_float(mf, "adapter.lora.alpha", &alpha) != 0) return ll_errf(err, errlen, LL_EFORMAT, "lora: adapter.lora.alpha is not a number");
   if (!isfinite(alpha) || fabs(alpha) > 1e6) return ll_errf(err, errlen, LL_EFORMAT, "lora: adapter.lora.alpha %g is out of range", alpha);
-  const size_t npairs = (size_t)d->n_layer * LL_LORA_N_TARGETS;
-  const struct ll_tensor_info **ta = calloc(npairs * 2, sizeof *ta); // [pair*2 + which]
+  const size_t npairs = (size_t)d->n_layer * LL_LORA_N_TARGETS, nslots = (size_t)d->n_layer * SLOTS;
+  const unsigned fused = ll_lora_fused(d->arch);
+  const struct ll_tensor_info **ta = calloc(nslots * 2, sizeof *ta); // [(layer * SLOTS + slot) * 2 + which]
   unsigned char *present = calloc(npairs, 1);
+  int64_t *row0 = calloc(npairs, sizeof *row0); // a member of a fused group: its first row in the group's B
   int rc = 0, rank = 0;
-  if (!ta || !present) {
+  if (!ta || !present || !row0) {
     rc = ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
     goto out;
   }
@@ -108,44 +118,70 @@ int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const s
       rc = ll_errf(err, errlen, LL_EFORMAT, "lora: tensor '%s' must be a 2-D matrix with data", t->name.ptr);
       goto out;
     }
-    const size_t k = ((size_t)l * LL_LORA_N_TARGETS + (size_t)tg) * 2 + (size_t)w;
+    // phi3's ffn_up holds gate and up: an adapter of 2 n_ff output rows is the fused module's
+    // (GGUF), one of n_ff the up member's own (.ckpt)
+    if (tg == LL_LORA_UP && (fused & LL_LORA_GROUP_GU) && w == 1 && t->ne[1] == 2 * (int64_t)d->n_ff) tg = FUSED_GU;
+    if (tg == LL_LORA_UP && (fused & LL_LORA_GROUP_GU) && w == 0) { // A alone does not tell: where its B went
+      char bn[96];
+      snprintf(bn, sizeof bn, "%.*sb", (int)strlen(t->name.ptr) - 1, t->name.ptr);
+      const struct ll_tensor_info *tb = ll_mf_find_tensor(mf, bn);
+      if (tb && tb->n_dims == 2 && tb->ne[1] == 2 * (int64_t)d->n_ff) tg = FUSED_GU;
+    }
+    const size_t k = ((size_t)l * SLOTS + (size_t)tg) * 2 + (size_t)w;
     if (ta[k]) {
       rc = ll_errf(err, errlen, LL_EEXIST, "lora: tensor '%s' appears twice", t->name.ptr);
       goto out;
     }
     ta[k] = t;
   }
-  for (size_t pi = 0; pi < npairs; pi++) {
-    const struct ll_tensor_info *A = ta[pi * 2], *B = ta[pi * 2 + 1];
+  for (size_t si = 0; si < nslots; si++) {
+    const struct ll_tensor_info *A = ta[si * 2], *B = ta[si * 2 + 1];
     if (!A && !B) continue;
-    const int l = (int)(pi / LL_LORA_N_TARGETS), tg = (int)(pi % LL_LORA_N_TARGETS);
+    const int l = (int)(si / SLOTS), tg = (int)(si % SLOTS);
+    const char *stem = tg == FUSED_QKV ? "attn_qkv" : tg == FUSED_GU ? "ffn_up" : ll_lora_target_tensor(tg);
     if (!A || !B) {
-      rc = ll_errf(err, errlen, LL_EFORMAT, "lora: blk.%d.%s.weight has lora_%c but not lora_%c", l, ll_lora_target_tensor(tg), A ? 'a' : 'b', A ? 'b' : 'a');
+      rc = ll_errf(err, errlen, LL_EFORMAT, "lora: blk.%d.%s.weight has lora_%c but not lora_%c", l, stem, A ? 'a' : 'b', A ? 'b' : 'a');
       goto out;
     }
-    int64_t in, o;
-    ll_lora_target_dims(d, tg, &in, &o);
+    // a fused group's members and their rows in its B (q, k, v; gate, up)
+    int mem[3] = {tg, -1, -1}, nm = 1;
+    if (tg == FUSED_QKV) mem[0] = LL_LORA_Q, mem[1] = LL_LORA_K, mem[2] = LL_LORA_V, nm = 3;
+    if (tg == FUSED_GU) mem[0] = LL_LORA_GATE, mem[1] = LL_LORA_UP, nm = 2;
+    int64_t in = 0, o = 0;
+    for (int j = 0; j < nm; j++) {
+      int64_t mi, mo;
+      ll_lora_target_dims(d, mem[j], &mi, &mo);
+      row0[(size_t)l * LL_LORA_N_TARGETS + (size_t)mem[j]] = o;
+      in = mi, o += mo;
+    }
     if (A->ne[0] != in || B->ne[1] != o) {
       rc = ll_errf(err, errlen, LL_EINVAL, "lora: blk.%d.%s.weight: lora_a ne {%lld, %lld} and lora_b ne {%lld, %lld} do not fit the model's (%lld in, %lld out) (wrong base model?)",
-                   l, ll_lora_target_tensor(tg), (long long)A->ne[0], (long long)A->ne[1], (long long)B->ne[0], (long long)B->ne[1], (long long)in, (long long)o);
+                   l, stem, (long long)A->ne[0], (long long)A->ne[1], (long long)B->ne[0], (long long)B->ne[1], (long long)in, (long long)o);
       goto out;
     }
     if (A->ne[1] != B->ne[0]) {
       rc = ll_errf(err, errlen, LL_EINVAL, "lora: blk.%d.%s.weight: lora_a has rank %lld, lora_b %lld (lora_a must be ne {in, r}, lora_b ne {r, out})", l,
-                   ll_lora_target_tensor(tg), (long long)A->ne[1], (long long)B->ne[0]);
+                   stem, (long long)A->ne[1], (long long)B->ne[0]);
       goto out;
     }
     if (rank && A->ne[1] != rank) {
       rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: blk.%d.%s.weight has rank %lld, other matrices %d (one rank per adapter is supported)", l,
-                   ll_lora_target_tensor(tg), (long long)A->ne[1], rank);
+                   stem, (long long)A->ne[1], rank);
       goto out;
     }
     if (A->ne[1] <= 0 || A->ne[1] > 4096) {
-      rc = ll_errf(err, errlen, LL_EINVAL, "lora: blk.%d.%s.weight: rank %lld is out of range", l, ll_lora_target_tensor(tg), (long long)A->ne[1]);
+      rc = ll_errf(err, errlen, LL_EINVAL, "lora: blk.%d.%s.weight: rank %lld is out of range", l, stem, (long long)A->ne[1]);
       goto out;
     }
     rank = (int)A->ne[1];
-    present[pi] = 1;
+    for (int j = 0; j < nm; j++) {
+      unsigned char *pp = &present[(size_t)l * LL_LORA_N_TARGETS + (size_t)mem[j]];
+      if (*pp) {
+        rc = ll_errf(err, errlen, LL_EEXIST, "lora: blk.%d.%s.weight adapts %s, which another tensor adapts too", l, stem, ll_lora_target_name(mem[j]));
+        goto out;
+      }
+      *pp = nm > 1 ? (unsigned char)(1 + tg) : 1; // 1: its own tensors; 1 + slot: the fused group's
+    }
   }
   if (!rank) {
     rc = ll_errf(err, errlen, LL_EFORMAT, "lora: no adapter tensors (blk.N.<matrix>.weight.lora_a / .lora_b)");
@@ -155,11 +191,14 @@ int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const s
   if ((rc = ll_lora_alloc(out, d->n_layer, rank, alpha != 0 ? (float)alpha : (float)rank, present, d, be, err, errlen))) goto out;
   for (size_t pi = 0; pi < npairs; pi++) {
     if (!present[pi]) continue;
-    struct ll_lora_pair *p = ll_lora_at(*out, (int)(pi / LL_LORA_N_TARGETS), (int)(pi % LL_LORA_N_TARGETS));
+    const int l = (int)(pi / LL_LORA_N_TARGETS), tg = (int)(pi % LL_LORA_N_TARGETS), slot = present[pi] > 1 ? present[pi] - 1 : tg;
+    struct ll_lora_pair *p = ll_lora_at(*out, l, tg);
     for (int w = 0; w < 2; w++) {
-      const struct ll_tensor_info *t = ta[pi * 2 + (size_t)w];
+      const struct ll_tensor_info *t = ta[((size_t)l * SLOTS + (size_t)slot) * 2 + (size_t)w];
       struct ll_weight *m = w ? &p->b : &p->a;
-      if (ll_dequantize_row(t->type, t->data, (float *)m->data, m->k * m->n) != 0) {
+      // B of a fused group: this member's rows; A: the group's whole
+      const char *src = (const char *)t->data + (w ? (size_t)row0[pi] * ll_row_size(t->type, t->ne[0]) : 0);
+      if (ll_dequantize_row(t->type, src, (float *)m->data, m->k * m->n) != 0) {
         rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: tensor '%s': cannot convert %s", t->name.ptr, ll_type_name(t->type));
         goto out;
       }
@@ -170,18 +209,78 @@ out:
   if (rc && *out) ll_lora_free(*out), *out = NULL;
   free(ta);
   free(present);
+  free(row0);
   return rc;
+}
+
+// The fused groups of a's architecture as llama.cpp names them (ll_lora.h): per layer, attn_qkv's
+// lora_a is the group's A (its first adapted member's: the members' are equal, ll_lora_check) and
+// lora_b the members' B rows stacked, zeros for a member not adapted. *bufs (malloc'ed, *n_bufs
+// of them) hold the stacked B's the modelfile borrows.
+static int fused_to_mf(const struct ll_lora *a, unsigned fused, struct ll_modelfile *mf, float **bufs, int *n_bufs, char *err, size_t errlen) {
+  const unsigned groups[2] = {LL_LORA_GROUP_QKV, LL_LORA_GROUP_GU};
+  const char *stems[2] = {"attn_qkv", "ffn_up"};
+  char name[96];
+  for (int l = 0; l < a->n_layer; l++)
+    for (int g = 0; g < 2; g++) {
+      if (!(fused & groups[g])) continue;
+      const struct ll_lora_pair *lead = NULL;
+      int64_t rows = 0, nr[3] = {0, 0, 0};
+      int nm = 0, mem[3];
+      for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+        if (!((groups[g] >> t) & 1)) continue;
+        mem[nm] = t;
+        const struct ll_lora_pair *p = ll_lora_at(a, l, t);
+        if (p->a.data && !lead) lead = p;
+        nm++;
+      }
+      if (!lead) continue;
+      // every member's width: from its own pair, or (not adapted) from a member of the same shape
+      for (int j = 0; j < nm; j++) {
+        const struct ll_lora_pair *p = ll_lora_at(a, l, mem[j]);
+        const struct ll_lora_pair *same = mem[j] == LL_LORA_V ? ll_lora_at(a, l, LL_LORA_K) : mem[j] == LL_LORA_K ? ll_lora_at(a, l, LL_LORA_V)
+                                          : mem[j] == LL_LORA_GATE ? ll_lora_at(a, l, LL_LORA_UP) : mem[j] == LL_LORA_UP ? ll_lora_at(a, l, LL_LORA_GATE) : NULL;
+        nr[j] = p->b.data ? p->b.n : same && same->b.data ? same->b.n : -1;
+        if (nr[j] < 0) // q alone (or k, v alone) on phi3: q's width and k's are not known without the model
+          return ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: blk.%d.%s: %s is not adapted and its width is unknown here (adapt q with k or v)", l, stems[g],
+                         ll_lora_target_name(mem[j]));
+        rows += nr[j];
+      }
+      float *bb = calloc((size_t)(rows * a->rank), sizeof *bb); // (rows, r): the members' B rows, in order
+      if (!bb) return ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+      bufs[(*n_bufs)++] = bb;
+      int64_t at = 0;
+      for (int j = 0; j < nm; j++) {
+        const struct ll_lora_pair *p = ll_lora_at(a, l, mem[j]);
+        if (p->b.data) memcpy(bb + at * a->rank, p->b.data, sizeof(float) * (size_t)(nr[j] * a->rank));
+        at += nr[j];
+      }
+      const int64_t nea[2] = {lead->a.k, lead->a.n}, neb[2] = {a->rank, rows};
+      int rc;
+      snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", l, stems[g]);
+      if ((rc = ll_mf_add_tensor(mf, name, LL_TYPE_F32, 2, nea, lead->a.data))) return ll_errf(err, errlen, rc, "lora: %s: %s", name, ll_strerror(rc));
+      snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", l, stems[g]);
+      if ((rc = ll_mf_add_tensor(mf, name, LL_TYPE_F32, 2, neb, bb))) return ll_errf(err, errlen, rc, "lora: %s: %s", name, ll_strerror(rc));
+    }
+  return 0;
 }
 
 int ll_lora_save_gguf(const struct ll_lora *a, const char *path, char *err, size_t errlen) {
   struct ll_modelfile mf;
   ll_modelfile_init(&mf);
+  const unsigned fused = ll_lora_fused(a->arch);
+  float **bufs = NULL;
+  int n_bufs = 0;
   int rc = ll_mf_set_str(&mf, "general.architecture", a->arch[0] ? a->arch : "llama");
   if (rc == 0 && a->name[0]) rc = ll_mf_set_str(&mf, "general.name", a->name);
+  if (rc == 0 && fused && !(bufs = calloc((size_t)a->n_layer * 2, sizeof *bufs))) rc = LL_ENOMEM;
   if (rc) rc = ll_errf(err, errlen, rc, "lora: out of memory");
-  if (rc == 0) rc = ll_lora_to_mf(a, &mf, err, errlen);
+  if (rc == 0) rc = to_mf_except(a, &mf, fused, err, errlen);
+  if (rc == 0 && fused) rc = fused_to_mf(a, fused, &mf, bufs, &n_bufs, err, errlen);
   if (rc == 0) rc = ll_gguf_write(path, &mf, err, errlen);
   ll_modelfile_free(&mf);
+  for (int i = 0; i < n_bufs; i++) free(bufs[i]);
+  free(bufs);
   return rc;
 }
 
@@ -190,6 +289,9 @@ int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, 
   const char *arch;
   if (ll_mf_get_str(mf, "general.architecture", &arch) != 0) return ll_errf(err, errlen, LL_EFORMAT, "lora: general.architecture is missing");
   snprintf(d->arch, sizeof d->arch, "%s", arch);
+  // a .ckpt names the members (ll_lora_to_mf); a GGUF the fused groups (ll_lora_save_gguf)
+  const unsigned fused = strcmp(mf->source_format, "ckpt") ? ll_lora_fused(arch) : 0;
+  int64_t qkv_out = 0, up_out = 0; // fused groups' B widths (attn_qkv; ffn_up, gate's width unseen)
   for (uint64_t i = 0; i < mf->n_tensors; i++) {
     const struct ll_tensor_info *t = &mf->tensors[i];
     const char *name = t->name.ptr;
@@ -199,6 +301,18 @@ int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, 
     int l;
     if (sscanf(name, "blk.%d.%63[a-z_]", &l, stem) != 2 || l < 0 || l >= 4096) continue;
     const int tg = ll_lora_target_from_name(stem), b = name[n - 1] == 'b';
+    if (!strcmp(stem, "attn_qkv") && (fused & LL_LORA_GROUP_QKV) && t->ne[0] > 0 && t->ne[1] > 0 && t->ne[0] <= (1 << 20) && t->ne[1] <= (3 << 20)) {
+      if (l + 1 > d->n_layer) d->n_layer = l + 1;
+      if (b) qkv_out = t->ne[1];
+      else if (!d->n_embd) d->n_embd = (int)t->ne[0];
+      continue;
+    }
+    if (tg == LL_LORA_UP && (fused & LL_LORA_GROUP_GU)) { // gate | up: n_ff is half its B's rows
+      if (l + 1 > d->n_layer) d->n_layer = l + 1;
+      if (b && t->ne[1] > 0 && t->ne[1] <= (2 << 20)) up_out = t->ne[1];
+      else if (!b && !d->n_embd && t->ne[0] > 0 && t->ne[0] <= (1 << 20)) d->n_embd = (int)t->ne[0];
+      continue;
+    }
     if (tg < 0 || t->ne[0] <= 0 || t->ne[1] <= 0 || t->ne[0] > (1 << 20) || t->ne[1] > (1 << 20)) continue;
     if (l + 1 > d->n_layer) d->n_layer = l + 1;
     const int v = (int)(b ? t->ne[1] : t->ne[0]); // B: out features; A: in features
@@ -208,6 +322,14 @@ int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, 
     if (!*dst) *dst = v;
   }
   if (!d->n_layer) return ll_errf(err, errlen, LL_EFORMAT, "lora: no adapter tensors (blk.N.<matrix>.weight.lora_a / .lora_b)");
+  // A fused file (phi3) does not say where q's rows end: q is taken C wide (Phi-3's), k and v
+  // halves of the rest. Only the sum matters to what is read and written back (the rows stay in
+  // order), so a model of another split still round-trips.
+  if (qkv_out && !d->n_embd_kv && d->n_embd > 0 && qkv_out > d->n_embd && (qkv_out - d->n_embd) % 2 == 0) {
+    if (!d->n_embd_q) d->n_embd_q = d->n_embd;
+    d->n_embd_kv = (int)((qkv_out - d->n_embd_q) / 2);
+  }
+  if (up_out && !d->n_ff && up_out % 2 == 0) d->n_ff = (int)(up_out / 2); // ffn_down did not say n_ff
   if (d->n_embd_q == d->n_embd) d->n_embd_q = 0; // the usual case: says "as n_embd"
   return 0;
 }
@@ -216,7 +338,8 @@ int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, 
 
 #define PEFT_MAX_CONFIG (1u << 20)
 
-// "base_model.model.model.layers.N.self_attn.q_proj.lora_A[.default].weight" -> layer, target, which.
+// "base_model.model.model.layers.N.self_attn.q_proj.lora_A[.default].weight" -> layer, target, which
+// (target -2: Phi-3's qkv_proj, -3: its gate_up_proj).
 static int peft_name(const char *name, int *layer, int *target, int *which) {
   const char *p = name;
   if (strncmp(p, "base_model.model.", 17) == 0) p += 17;
@@ -225,6 +348,12 @@ static int peft_name(const char *name, int *layer, int *target, int *which) {
   if (sscanf(p, "model.layers.%d.%15[a-z_].%15[a-z_].lora_%7[AB].%23[a-z.]%n", &l, grp, mod, ab, tail, &used) != 5 || (size_t)used != strlen(p))
     return -1;
   if (strcmp(tail, "weight") != 0 && strcmp(tail, "default.weight") != 0) return -1;
+  // Phi-3's fused modules, as its GGUF names them (no row permutation: NeoX rotation)
+  if (!strcmp(mod, "qkv_proj") || !strcmp(mod, "gate_up_proj")) {
+    if (strcmp(grp, mod[0] == 'q' ? "self_attn" : "mlp") != 0) return -1;
+    *layer = l, *target = mod[0] == 'q' ? -2 : -3, *which = ab[0] == 'B';
+    return 0;
+  }
   const int t = ll_lora_target_from_name(mod);
   if (t < 0 || strcmp(mod, ll_lora_target_peft(t)) != 0) return -1;
   if (strcmp(grp, t <= LL_LORA_O ? "self_attn" : "mlp") != 0) return -1;
@@ -328,6 +457,10 @@ int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lor
     }
     const unsigned char *src = (const unsigned char *)map + t->offset;
     const void *data = src;
+    if (tg < 0 && !(ll_lora_fused(d->arch) & (tg == -2 ? LL_LORA_GROUP_QKV : LL_LORA_GROUP_GU))) {
+      rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: tensor '%s': %s models have no fused %s", path, t->name.ptr, d->arch, tg == -2 ? "qkv_proj" : "gate_up_proj");
+      goto out;
+    }
     if (w && permute && (tg == LL_LORA_Q || tg == LL_LORA_K)) {
       // llama.cpp's converter permutes q/k rows of the base (HF rotate-half -> interleaved
       // pairs); the adapter's output rows (lora_B) must follow: HF row h*hd + i*hd/2 + j ->
@@ -353,7 +486,7 @@ int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lor
       data = dst;
     }
     char gname[96];
-    snprintf(gname, sizeof gname, "blk.%d.%s.weight.lora_%c", l, ll_lora_target_tensor(tg), w ? 'b' : 'a');
+    snprintf(gname, sizeof gname, "blk.%d.%s.weight.lora_%c", l, tg == -2 ? "attn_qkv" : tg == -3 ? "ffn_up" : ll_lora_target_tensor(tg), w ? 'b' : 'a');
     if (ll_mf_find_tensor(&gm, gname)) {
       rc = ll_errf(err, errlen, LL_EEXIST, "%s: tensor '%s' appears twice", path, t->name.ptr);
       goto out;

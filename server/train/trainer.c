@@ -80,6 +80,7 @@ struct ll_trainer {
   float *Ph;
   int dev, host_stale;
   struct ll_lora_pair *dpairs; // dev, LoRA: the adapter's pairs over P (the host's are over Ph)
+  unsigned fused;              // LoRA: the target groups adapted as one module (phi3: ll_lora_fused)
   struct ll_model fmh;         // dev, full mode: the trained model over Ph (fm is over P)
   struct ll_layer *fhlayers;
   int64_t n_par, n_decay; // [0, n_decay) gets weight decay
@@ -544,6 +545,9 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
   if (m->arch && !ll_arch_trainable(m->arch, &what))
     return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: %s models cannot be trained yet (no backward for %s)", m->arch->name, what);
   if (m->window > 0) return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: sliding-window attention cannot be trained yet");
+  if (p->mode == LL_TRAIN_FULL && m->arch && (m->arch->flags & (LL_ARCH_FUSED_QKV | LL_ARCH_FUSED_UP)))
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: full-parameter training of fused qkv / gate-up matrices (%s) is not supported yet: use train.mode lora",
+                   m->arch->name);
   if (p->mode == LL_TRAIN_FULL && m->L > 0 && m->layers[0].q_norm)
     return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: full-parameter training of a model with q/k norms (%s) is not supported yet: use train.mode lora",
                    m->arch ? m->arch->name : "?");
@@ -581,6 +585,7 @@ static int setup_lora(struct ll_trainer *tr, char *err, size_t errlen) {
   d.n_layer = m->L, d.n_embd = m->C, d.n_embd_q = m->qd != m->C ? m->qd : 0, d.n_embd_kv = m->kvd, d.n_ff = m->F, d.n_head = m->H, d.n_head_kv = m->Hkv;
   int rc = ll_lora_create(&tr->lora, &d, tr->p.rank, tr->p.alpha, tr->p.targets, tr->p.seed, tr->be, err, errlen);
   if (rc) return rc;
+  tr->fused = ll_lora_fused(d.arch);
   tr->Ph = tr->lora->storage; // host memory (ll_lora_alloc)
   tr->n_par = tr->n_decay = tr->lora->n_params;
   if (!tr->dev) {
@@ -764,7 +769,7 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   if (!tr) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
   tr->p = *p;
   tr->p.arch = NULL, tr->p.model_path = NULL; // not kept (the caller's strings)
-  snprintf(tr->arch, sizeof tr->arch, "%s", p->arch ? p->arch : "llama");
+  snprintf(tr->arch, sizeof tr->arch, "%s", m->arch ? m->arch->name : p->arch ? p->arch : "llama"); // the model says best
   tr->be = be;
   tr->dev = !ll_backend_host_buffers(be);
   tr->m = m;
@@ -983,6 +988,25 @@ static double lr_at(const struct ll_trainer_params *p, int64_t step) {
   return p->lr;
 }
 
+// A fused module (phi3's attn_qkv, ffn_up: ll_lora.h) has one A, which its members' pairs hold
+// equal copies of; its gradient is the sum of theirs (each member's product reads A), given to
+// every copy, so that the optimizer (elementwise, the same inputs) keeps them equal. The
+// gradient norm counts the shared A once per member.
+static int tie_grads(struct ll_trainer *tr, char *err, size_t errlen) {
+  for (int l = 0; tr->fused && l < tr->m->L; l++)
+    for (int pass = 0; pass < 2; pass++) // sums into the lead's, then copies back
+      for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+        const int lead = ll_lora_group_lead(tr->lora, tr->fused, l, t);
+        const struct ll_lora_pair *p = pair_of(tr, l, t), *lp = pair_of(tr, l, lead);
+        if (lead == t || !p || !lp) continue;
+        float *g = grad_of(tr, p->a.data), *lg = grad_of(tr, lp->a.data);
+        const int64_t n = p->a.k * p->a.n;
+        if (pass == 0) BK(tr->ops.axpy(tr->be, lg, g, 1.0f, n), "axpy");
+        else BK(copy(tr, g, lg, n), "copy");
+      }
+  return 0;
+}
+
 int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct ll_train_step_info *info, char *err, size_t errlen) {
   const struct ll_backend_i *B = &tr->ops;
   struct ll_backend *be = tr->be;
@@ -1053,6 +1077,7 @@ int ll_trainer_step(struct ll_trainer *tr, struct ll_train_source *src, struct l
     if (rc == 0) rc = grad_allsum(tr, err, errlen);
     if (rc) return rc;
   }
+  if ((rc = tie_grads(tr, err, errlen))) return rc;
   double ss = 0;
   BK(B->sumsq(be, &ss, tr->G, tr->n_par), "sumsq");
   BK(ll_backend_sync(be), "sync"); // the losses (sumsq's read has drained the queue already)

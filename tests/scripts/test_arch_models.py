@@ -60,23 +60,31 @@ with tempfile.TemporaryDirectory(prefix="llsrv-archs-") as tmp:
         else:
             failed += 1
             print(f"FAIL: {name}")
-    # A LoRA adapter on qwen3 (q's B is (128, r): the q width, not C): llama.cpp --lora's ids, every one.
-    ad = os.path.join(tmp, "qwen3-lora.gguf")
-    r = subprocess.run([os.path.join(BUILD, "tests/test_lora"), "--make-adapter", os.path.join(tmp, "qwen3.gguf"), ad, "4", "8", "7", "0.05"],
-                       capture_output=True, text=True)
-    got = hashlib.sha256(open(ad, "rb").read()).hexdigest() if r.returncode == 0 else r.stderr
-    if got != "d14dbd29dd0e14180b3be59546c7a05cc3edb83920bbcb49231cd5697435c19e":
-        print(f"FAIL: the qwen3 adapter is not the reference's bytes: {got}")
-        failed += 1
-    else:
-        r = subprocess.run([os.path.join(BUILD, "tests/test_arch_ref"), os.path.join(tmp, "qwen3.gguf"), os.path.join(SRC, "tests/ref/archs_qwen3_lora_greedy64.tsv"),
-                            "--exact", "--min-tf", "1.0", "--adapter", ad], capture_output=True, text=True)
-        print(f"== qwen3 + LoRA\n{r.stdout}{r.stderr}", end="")
+    # LoRA adapters: on qwen3 (q's B is (128, r): the q width, not C) and on phi3 (written as
+    # llama.cpp names them: attn_qkv with q, k, v's B rows stacked under one A, ffn_up with gate's
+    # and up's): llama.cpp --lora's ids, every one.
+    for arch, sha in (("qwen3", "d14dbd29dd0e14180b3be59546c7a05cc3edb83920bbcb49231cd5697435c19e"),
+                      ("phi3", "100567fc6f1fdfaf3e4ba9fa4e3e2e1d41812e7eff00fb62b0a3ba4777d6b1c2")):
+        ad = os.path.join(tmp, f"{arch}-lora.gguf")
+        r = subprocess.run([os.path.join(BUILD, "tests/test_lora"), "--make-adapter", os.path.join(tmp, f"{arch}.gguf"), ad, "4", "8", "7", "0.05"],
+                           capture_output=True, text=True)
+        got = hashlib.sha256(open(ad, "rb").read()).hexdigest() if r.returncode == 0 else r.stderr
+        if got != sha:
+            print(f"FAIL: the {arch} adapter is not the reference's bytes: {got}")
+            failed += 1
+        else:
+            r = subprocess.run([os.path.join(BUILD, "tests/test_arch_ref"), os.path.join(tmp, f"{arch}.gguf"),
+                                os.path.join(SRC, f"tests/ref/archs_{arch}_lora_greedy64.tsv"), "--exact", "--min-tf", "1.0", "--adapter", ad],
+                               capture_output=True, text=True)
+            print(f"== {arch} + LoRA\n{r.stdout}{r.stderr}", end="")
+            passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
+    # LoRA training: gradient against finite differences (qwen3: the q/k norms' backward; phi3:
+    # through the fused matrices' row slices, and the shared A of a fused module), loss falls;
+    # phi3's validation loss falls and its exported adapter has llama.cpp's fused names.
+    for arch in ("qwen3", "phi3"):
+        r = subprocess.run([os.path.join(BUILD, "tests/test_arch_train"), os.path.join(tmp, f"{arch}.gguf")], capture_output=True, text=True)
+        print(f"== {arch} LoRA training\n{r.stdout}{r.stderr}", end="")
         passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
-    # LoRA training on qwen3: gradient against finite differences (q/k norm backward), loss falls.
-    r = subprocess.run([os.path.join(BUILD, "tests/test_arch_train"), os.path.join(tmp, "qwen3.gguf")], capture_output=True, text=True)
-    print(f"== qwen3 LoRA training\n{r.stdout}{r.stderr}", end="")
-    passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
     # Mistral's sliding window, exercised: with a window of 8 over 45 positions the greedy ids
     # change (against the 512 window), and the CPU and the OpenCL reference tier (PoCL) agree.
     P = " ".join(str(100 + i) for i in range(21))
