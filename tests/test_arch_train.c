@@ -9,11 +9,13 @@
 //    sum of its members' and every copy gets it (and central differences along that A agree);
 //    training on a token pattern lowers the validation loss, the copies of A stay equal, and the
 //    adapter exported as GGUF holds attn_qkv / ffn_up (llama.cpp's names) and reads back the same.
-// usage: test_arch_train MODEL
+// With DEVICE (opencl:0:0): the training on the pattern on that device against the CPU's.
+// usage: test_arch_train MODEL [DEVICE]
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ll_engine.h"
@@ -53,6 +55,57 @@ static int pat_val_next(void *u, int32_t *ids, int32_t *tg, char *err, size_t er
   return 1;
 }
 static void pat_val_reset(void *u) { ((struct pat *)u)->v = 0; }
+// A PEFT directory (adapter_config.json, adapter_model.safetensors, F32) holding the adapter
+// tensors of a GGUF LoRA file mf under Hugging Face's names: attn_qkv -> self_attn.qkv_proj,
+// ffn_up -> mlp.gate_up_proj (Phi-3's fused modules), attn_output -> o_proj, ffn_down -> down_proj.
+static int write_peft(const char *dir, const struct ll_modelfile *mf, int r, float alpha) {
+  char p[700];
+  mkdir(dir, 0755);
+  snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+  FILE *f = fopen(p, "w");
+  if (!f) return -1;
+  fprintf(f, "{\"peft_type\": \"LORA\", \"r\": %d, \"lora_alpha\": %g, \"target_modules\": [\"qkv_proj\", \"o_proj\", \"gate_up_proj\", "
+             "\"down_proj\"], \"bias\": \"none\"}\n", r, (double)alpha);
+  fclose(f);
+  static const char *const map[][3] = {{"attn_qkv", "self_attn", "qkv_proj"}, {"attn_output", "self_attn", "o_proj"}, {"ffn_up", "mlp", "gate_up_proj"},
+                                       {"ffn_down", "mlp", "down_proj"}};
+  size_t cap = 1 << 16, hl = 0;
+  char *h = malloc(cap);
+  if (!h) return -1;
+  hl += (size_t)snprintf(h + hl, cap - hl, "{");
+  uint64_t off = 0;
+  for (uint64_t i = 0; i < mf->n_tensors; i++) {
+    const struct ll_tensor_info *t = &mf->tensors[i];
+    int l;
+    char stem[32], ab;
+    if (sscanf(t->name.ptr, "blk.%d.%31[a-z_].weight.lora_%c", &l, stem, &ab) != 3) continue;
+    for (int k = 0; k < 4; k++)
+      if (!strcmp(stem, map[k][0])) {
+        hl += (size_t)snprintf(h + hl, cap - hl, "%s\"base_model.model.model.layers.%d.%s.%s.lora_%c.weight\": {\"dtype\": \"F32\", \"shape\": [%lld, %lld], "
+                               "\"data_offsets\": [%llu, %llu]}", off ? ", " : "", l, map[k][1], map[k][2], ab == 'a' ? 'A' : 'B', (long long)t->ne[1],
+                               (long long)t->ne[0], (unsigned long long)off, (unsigned long long)(off + t->nbytes));
+        off += t->nbytes;
+      }
+  }
+  hl += (size_t)snprintf(h + hl, cap - hl, "}");
+  snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
+  f = fopen(p, "wb");
+  if (!f) return free(h), -1;
+  const uint64_t n = hl;
+  fwrite(&n, 8, 1, f);
+  fwrite(h, 1, hl, f);
+  free(h);
+  for (uint64_t i = 0; i < mf->n_tensors; i++) { // the same order as the header
+    const struct ll_tensor_info *t = &mf->tensors[i];
+    int l;
+    char stem[32], ab;
+    if (sscanf(t->name.ptr, "blk.%d.%31[a-z_].weight.lora_%c", &l, stem, &ab) != 3) continue;
+    for (int k = 0; k < 4; k++)
+      if (!strcmp(stem, map[k][0])) fwrite(t->data, 1, t->nbytes, f);
+  }
+  return fclose(f) == 0 ? 0 : -1;
+}
+
 // One fixed sequence, for the step whose gradient is inspected.
 static int fixed_next(void *u, int32_t *ids, int32_t *tg, char *err, size_t errlen) {
   (void)u, (void)err, (void)errlen;
@@ -69,6 +122,33 @@ static int grab(void *user, int (*update)(void *arg), void *arg) {
   g_tied = malloc(sizeof(float) * (size_t)g_n);
   if (g_tied) memcpy(g_tied, G, sizeof(float) * (size_t)g_n);
   return update(arg);
+}
+
+// 40 steps of 4 sequences on the pattern from a fresh adapter: the validation loss before (*v0)
+// and after (*v1) falls by more than half, and every fused module's copies of A are still equal
+// (ll_lora_check). Returns the trainer (its host copy current), or NULL.
+static struct ll_trainer *train_pattern(struct ll_engine *e, double *v0, double *v1) {
+  char err[512];
+  struct ll_lora_dims d;
+  ll_engine_lora_dims(e, &d);
+  struct ll_trainer_params p;
+  ll_trainer_params_init(&p);
+  p.batch = 4, p.seq_len = S, p.rank = 4, p.alpha = 8, p.lr = 2e-2, p.warmup = 0, p.steps = 40, p.dropout = 0, p.clip = 1;
+  struct ll_trainer *tr = NULL;
+  CHECKF(ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err) == 0, "%s", err);
+  if (!tr) return NULL;
+  struct pat ps = {0, 0};
+  struct ll_train_source src = {&ps, pat_next, pat_val_next, pat_val_reset, NULL, NULL};
+  struct ll_train_step_info info = {0};
+  *v0 = *v1 = NAN;
+  CHECKF(ll_trainer_eval(tr, &src, 0, v0, err, sizeof err) == 0, "%s", err);
+  for (int s = 0; s < p.steps; s++) CHECKF(ll_trainer_step(tr, &src, &info, err, sizeof err) == 0, "%s", err);
+  CHECKF(ll_trainer_eval(tr, &src, 0, v1, err, sizeof err) == 0, "%s", err);
+  printf("validation loss %.4f -> %.4f after %lld steps (last training loss %.4f)\n", *v0, *v1, (long long)p.steps, info.loss);
+  CHECK(*v1 < 0.5 * *v0);
+  CHECKF(ll_trainer_sync(tr, err, sizeof err) == 0, "%s", err);
+  CHECKF(ll_lora_check(ll_trainer_lora(tr), &d, err, sizeof err) == 0, "after training: %s", err);
+  return tr;
 }
 
 static void fused_checks(struct ll_engine *e, const char *model) {
@@ -162,20 +242,9 @@ static void fused_checks(struct ll_engine *e, const char *model) {
   ll_trainer_free(tr);
 
   // training on the pattern: the validation loss falls; every module's A copies stay equal
-  p.batch = 4, p.lr = 2e-2, p.steps = 40, p.clip = 1;
-  tr = NULL;
-  CHECKF(ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err) == 0, "%s", err);
-  if (!tr) return;
-  struct pat ps = {0, 0};
-  struct ll_train_source src = {&ps, pat_next, pat_val_next, pat_val_reset, NULL, NULL};
-  double v0l = 0, v1l = 0;
-  CHECKF(ll_trainer_eval(tr, &src, 0, &v0l, err, sizeof err) == 0, "%s", err);
-  for (int s = 0; s < p.steps; s++) CHECKF(ll_trainer_step(tr, &src, &info, err, sizeof err) == 0, "%s", err);
-  CHECKF(ll_trainer_eval(tr, &src, 0, &v1l, err, sizeof err) == 0, "%s", err);
-  printf("validation loss %.4f -> %.4f after %lld steps (last training loss %.4f)\n", v0l, v1l, (long long)p.steps, info.loss);
-  CHECK(v1l < 0.5 * v0l);
+  double v0l, v1l;
+  if (!(tr = train_pattern(e, &v0l, &v1l))) return;
   lo = ll_trainer_lora(tr);
-  CHECKF(ll_lora_check(lo, &d, err, sizeof err) == 0, "after training: %s", err);
   // exported: llama.cpp's tensor names and shapes, and the same adapter read back
   char dir[512], path[600];
   if (ll_test_tmpdir(dir, sizeof dir)) {
@@ -191,6 +260,11 @@ static void fused_checks(struct ll_engine *e, const char *model) {
     CHECK(ua && ua->ne[0] == d.n_embd && ub && ub->ne[1] == 2 * d.n_ff);
     CHECK(!ll_mf_find_tensor(&mf, "blk.0.attn_q.weight.lora_a") && !ll_mf_find_tensor(&mf, "blk.0.ffn_gate.weight.lora_a"));
     CHECK(mf.n_tensors == (uint64_t)d.n_layer * 4 * 2); // attn_qkv, attn_output, ffn_up, ffn_down: a and b
+    // the same as a PEFT directory, as PEFT saves Phi-3's: qkv_proj and gate_up_proj fused (HF's
+    // rows are the GGUF's: Phi-3's converter permutes nothing)
+    char peft[600];
+    snprintf(peft, sizeof peft, "%s/peft", dir);
+    CHECK(write_peft(peft, &mf, 4, 8.0f) == 0);
     ll_modelfile_free(&mf);
     struct ll_lora *back = NULL;
     CHECKF(ll_lora_load(&back, path, &d, NULL, err, sizeof err) == 0, "%s", err);
@@ -202,6 +276,17 @@ static void fused_checks(struct ll_engine *e, const char *model) {
                 !memcmp(a->b.data, b->b.data, sizeof(float) * (size_t)(a->b.k * a->b.n));
       }
     CHECKF(same, "the adapter read back from %s differs", path);
+    struct ll_lora *pa = NULL;
+    CHECKF(ll_lora_load(&pa, peft, &d, NULL, err, sizeof err) == 0, "%s", err);
+    same = pa && pa->targets == lo->targets;
+    for (int l = 0; same && l < lo->n_layer; l++)
+      for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+        const struct ll_lora_pair *a = ll_lora_at(lo, l, t), *b = ll_lora_at(pa, l, t);
+        same &= !memcmp(a->a.data, b->a.data, sizeof(float) * (size_t)(a->a.k * a->a.n)) &&
+                !memcmp(a->b.data, b->b.data, sizeof(float) * (size_t)(a->b.k * a->b.n));
+      }
+    CHECKF(same, "the PEFT directory %s read back differs", peft);
+    ll_lora_free(pa);
     // without the model: the dims the fused file implies, and the same bytes written again
     struct ll_lora *bare = NULL;
     CHECKF(ll_lora_load(&bare, path, NULL, NULL, err, sizeof err) == 0, "%s", err);
@@ -217,7 +302,10 @@ static void fused_checks(struct ll_engine *e, const char *model) {
     CHECKF(eq, "%s written again without the model differs", path);
     ll_lora_free(bare);
     ll_lora_free(back);
-    remove(path), remove(path2), rmdir(dir);
+    char pf[700];
+    snprintf(pf, sizeof pf, "%s/adapter_config.json", peft), remove(pf);
+    snprintf(pf, sizeof pf, "%s/adapter_model.safetensors", peft), remove(pf);
+    rmdir(peft), remove(path), remove(path2), rmdir(dir);
   }
   (void)model;
   ll_trainer_free(tr);
@@ -236,6 +324,25 @@ int main(int argc, char **argv) {
   if (ll_engine_open(&e, &ep, err, sizeof err)) {
     fprintf(stderr, "%s\n", err);
     CHECK(!"engine opens");
+    return ll_test_summary();
+  }
+  if (argc > 2) { // on a device: the pattern's training there against the CPU's (same steps, same data)
+    struct ll_engine_params dp = ep;
+    dp.device = argv[2];
+    struct ll_engine *de = NULL;
+    CHECKF(ll_engine_open(&de, &dp, err, sizeof err) == 0, "%s", err);
+    double c0 = 0, c1 = 0, d0 = 0, d1 = 0;
+    struct ll_trainer *tc = de ? train_pattern(e, &c0, &c1) : NULL, *td = de ? train_pattern(de, &d0, &d1) : NULL;
+    if (tc && td) {
+      struct ll_engine_info info;
+      ll_engine_get_info(de, &info);
+      printf("validation loss before and after training: %s (%s, %s) %.6f %.6f, cpu %.6f %.6f\n", argv[2], info.backend, info.device_name, d0, d1, c0, c1);
+      CHECK(!ll_backend_host_buffers(ll_engine_backend(de))); // the device's own memory
+      CHECK(fabs(d0 - c0) <= 1e-4 * c0 && fabs(d1 - c1) <= 2e-2 * c1);
+    }
+    ll_trainer_free(tc), ll_trainer_free(td);
+    ll_engine_close(de);
+    ll_engine_close(e);
     return ll_test_summary();
   }
   struct ll_trainer_params p;

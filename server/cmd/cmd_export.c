@@ -39,7 +39,9 @@ static double now_s(void) {
 }
 
 // W (out rows of in) += scale * B (out, r) · A (r, in), row by row in f32, then back to W's type.
-static int merge_weight(struct ll_tensor_info *t, const struct ll_lora_pair *p, float scale, void **owned, char *err, size_t errlen) {
+// Rows [row0, row0 + B's rows) of t (all of it, or a fused member's slice: phi3's attn_qkv,
+// ffn_up) become W + scale·B·A, re-quantized to t's type; the other rows keep their bytes.
+static int merge_weight(struct ll_tensor_info *t, int64_t row0, const struct ll_lora_pair *p, float scale, void **owned, char *err, size_t errlen) {
   const int64_t K = t->ne[0], N = t->ne[1], r = p->a.n;
   const size_t rs = ll_row_size(t->type, K);
   unsigned char *dst = malloc((size_t)N * rs);
@@ -50,12 +52,16 @@ static int merge_weight(struct ll_tensor_info *t, const struct ll_lora_pair *p, 
   }
   const float *A = p->a.data, *B = p->b.data;
   for (int64_t n = 0; n < N; n++) {
+    if (n < row0 || n >= row0 + p->b.n) {
+      memcpy(dst + (size_t)n * rs, (const unsigned char *)t->data + (size_t)n * rs, rs);
+      continue;
+    }
     if (ll_dequantize_row(t->type, (const unsigned char *)t->data + (size_t)n * rs, row, K) != 0) {
       free(dst), free(row);
       return ll_errf(err, errlen, LL_EUNSUPPORTED, "merge: %s: type %s cannot be dequantized", t->name.ptr, ll_type_name(t->type));
     }
     for (int64_t j = 0; j < r; j++) {
-      const float b = scale * B[n * r + j];
+      const float b = scale * B[(n - row0) * r + j];
       const float *a = A + j * K;
       for (int64_t k = 0; k < K; k++) row[k] += b * a[k];
     }
@@ -153,12 +159,20 @@ int ll_cmd_export(int argc, char **argv) {
       if (!p->a.data) continue;
       char tn[96];
       snprintf(tn, sizeof tn, "blk.%d.%s.weight", l, ll_lora_target_tensor(t));
+      // phi3: q, k, v are row slices of attn_qkv, gate and up of ffn_up (ll_lora.h)
+      int64_t row0 = 0, rows = p->b.n;
+      if ((ll_lora_fused(a->arch) >> t) & 1) {
+        const int64_t qd = d.n_embd_q > 0 ? d.n_embd_q : d.n_embd, kvd = d.n_embd_kv, F = d.n_ff;
+        snprintf(tn, sizeof tn, "blk.%d.%s.weight", l, t <= LL_LORA_V ? "attn_qkv" : "ffn_up");
+        row0 = t == LL_LORA_K ? qd : t == LL_LORA_V ? qd + kvd : t == LL_LORA_UP ? F : 0;
+        rows = t <= LL_LORA_V ? qd + 2 * kvd : 2 * F;
+      }
       struct ll_tensor_info *ti = (struct ll_tensor_info *)ll_mf_find_tensor(&mf, tn);
-      if (!ti || ti->ne[0] != p->a.k || ti->ne[1] != p->b.n) {
+      if (!ti || ti->ne[0] != p->a.k || ti->ne[1] != rows) {
         fprintf(stderr, "llsrv export: %s: the base has no tensor %s of the adapter's shape\n", model, tn);
         goto out;
       }
-      if (merge_weight(ti, p, scale, &owned[n_owned], err, sizeof err) != 0) {
+      if (merge_weight(ti, row0, p, scale, &owned[n_owned], err, sizeof err) != 0) {
         fprintf(stderr, "llsrv export: %s\n", err);
         goto out;
       }

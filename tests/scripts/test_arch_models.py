@@ -78,12 +78,23 @@ with tempfile.TemporaryDirectory(prefix="llsrv-archs-") as tmp:
                                capture_output=True, text=True)
             print(f"== {arch} + LoRA\n{r.stdout}{r.stderr}", end="")
             passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
+            # merged into the base (phi3: into row slices of attn_qkv and ffn_up): llama.cpp's
+            # argmaxes with the adapter (W + s·B·A rounds otherwise than W·x + s·B(A·x): >= 99%)
+            merged = os.path.join(tmp, f"{arch}-merged.gguf")
+            r = subprocess.run([os.path.join(BUILD, "server/llsrv"), "export", "--model", os.path.join(tmp, f"{arch}.gguf"), "--merge", ad, merged],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                r = subprocess.run([os.path.join(BUILD, "tests/test_arch_ref"), merged, os.path.join(SRC, f"tests/ref/archs_{arch}_lora_greedy64.tsv"),
+                                    "--min-tf", "0.99"], capture_output=True, text=True)
+            print(f"== {arch} + LoRA merged\n{r.stdout}{r.stderr}", end="")
+            passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
     # LoRA training: gradient against finite differences (qwen3: the q/k norms' backward; phi3:
     # through the fused matrices' row slices, and the shared A of a fused module), loss falls;
     # phi3's validation loss falls and its exported adapter has llama.cpp's fused names.
-    for arch in ("qwen3", "phi3"):
-        r = subprocess.run([os.path.join(BUILD, "tests/test_arch_train"), os.path.join(tmp, f"{arch}.gguf")], capture_output=True, text=True)
-        print(f"== {arch} LoRA training\n{r.stdout}{r.stderr}", end="")
+    # phi3 on OpenCL (PoCL here): the same training there, its validation losses the CPU's.
+    for arch, dev in (("qwen3", []), ("phi3", []), ("phi3", ["opencl:0:0"])):
+        r = subprocess.run([os.path.join(BUILD, "tests/test_arch_train"), os.path.join(tmp, f"{arch}.gguf")] + dev, capture_output=True, text=True)
+        print(f"== {arch} LoRA training {' '.join(dev)}\n{r.stdout}{r.stderr}", end="")
         passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
     # Mistral's sliding window, exercised: with a window of 8 over 45 positions the greedy ids
     # change (against the 512 window), and the CPU and the OpenCL reference tier (PoCL) agree.
