@@ -99,7 +99,7 @@ const struct ll_option ll_options[] = {
     {"train.val_fraction", LL_OPT_FLOAT, 0, 0.5, "0.05", NULL, OFF(train_val_fraction), "X", "Share of documents held out for validation."},
     {"train.shuffle", LL_OPT_ENUM, 0, 0, "files", "files|pieces", OFF(train_shuffle), "HOW",
      "What each epoch shuffles in text files: files (each read in order, for fine-tuning on documents) or pieces (of about 4 KiB, so consecutive sequences come from different files: pre-training from scratch)."},
-    {"train.train_on_thinking", LL_OPT_BOOL, 0, 1, "false", NULL, OFF(train_on_thinking), NULL,
+    {"train.on_thinking", LL_OPT_BOOL, 0, 1, "false", NULL, OFF(train_on_thinking), NULL,
      "Chat records: the assistant turns' <think>...</think> blocks (Qwen3's reasoning) count in the loss; by default they and the whitespace after them are left out, and the turn is learned from what follows them."},
     {"train.keep", LL_OPT_INT, 0, 1e6, "3", NULL, OFF(train_keep), "N", "Step checkpoints kept besides last.ckpt and best.ckpt (the newest on disk, earlier processes' too)."},
     {"train.max_skipped_steps", LL_OPT_INT, 0, 1e9, "50", NULL, OFF(train_max_skipped_steps), "N",

@@ -130,7 +130,7 @@ static int put_markup(struct ll_data_record *rec, struct sbuf *b, const char *s,
 // The loss spans of one assistant turn, text[start, end) its content and [end, stop) its
 // end-of-turn marker, with its reasoning left out: each "<think>" ... "</think>" block (Qwen3's
 // thinking; one left open runs to the content's end) and the whitespace after it. What the turn
-// says after its thinking is learned; how it thought is not (train.train_on_thinking: it is).
+// says after its thinking is learned; how it thought is not (train.on_thinking: it is).
 static int think_spans(struct ll_data_record *rec, const char *text, size_t start, size_t end, size_t stop) {
   static const char open[] = "<think>", close[] = "</think>";
   size_t at = start;

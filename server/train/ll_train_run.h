@@ -55,7 +55,7 @@ struct ll_train_run_opts {
   // directory (checkpoints, best.ckpt, the sweep of stale files), and at each checkpoint every
   // rank checks that its parameters hash as rank 0's (LL_ESTATE naming the rank if not).
   const struct ll_train_comm *comm;
-  int train_on_thinking;        // ll_data_params.train_on_thinking (train.train_on_thinking)
+  int train_on_thinking;        // ll_data_params.train_on_thinking (train.on_thinking)
 };
 
 // What one ll_train_run_step did (for progress lines, monitor fields and events).

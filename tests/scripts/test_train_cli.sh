@@ -55,6 +55,20 @@ check '[ $? -eq 0 ] && [ -f "$D/lora/last.ckpt" ]' "LoRA run: $(tail -2 "$D/t4.e
 "$LLSRV" train "${COMMON[@]}" --steps 10 --dry-run >"$D/dry.out" 2>&1
 check '[ $? -eq 0 ] && grep -q "^data: " "$D/dry.out" && grep -q "^memory: weights" "$D/dry.out" && grep -q "s per step" "$D/dry.out"' "dry run: $(cat "$D/dry.out")"
 
+# Chat records with Qwen3's thinking: the pre-flight's count of tokens in the loss grows by the
+# think blocks with --train-on-thinking (train.on_thinking), and not otherwise.
+for i in $(seq 1 40); do
+  echo '{"messages":[{"role":"user","content":"q'"$i"'"},{"role":"assistant","content":"<think>\nlet me see\n</think>\n\nyes '"$i"'"}]}'
+done >"$D/think.jsonl"
+counted() { grep -o "([0-9]* counted in the loss)" "$1" | grep -o "[0-9]*"; }
+"$LLSRV" train --model "$D/tiny.ckpt" --data "$D/think.jsonl" --chat-template chatml --seq-len 32 --val-fraction 0 --dry-run >"$D/th0.out" 2>&1
+r0=$?
+"$LLSRV" train --model "$D/tiny.ckpt" --data "$D/think.jsonl" --chat-template chatml --seq-len 32 --val-fraction 0 --train-on-thinking --dry-run >"$D/th1.out" 2>&1
+r1=$?
+n0=$(counted "$D/th0.out") n1=$(counted "$D/th1.out")
+check '[ $r0 -eq 0 ] && [ $r1 -eq 0 ] && [ -n "$n0" ] && [ -n "$n1" ] && [ "$n1" -gt "$n0" ]' \
+  "thinking out of the loss by default ($n0 tokens), in with --train-on-thinking ($n1): $(grep '^data' "$D/th0.out" "$D/th1.out")"
+
 # Bad options: named, exit 2; empty data refused naming the path.
 bad() {
   local want=$1
