@@ -8,7 +8,9 @@
 //  - a family with fused modules (phi3, ll_lora.h): a step's gradient of a module's one A is the
 //    sum of its members' and every copy gets it (and central differences along that A agree);
 //    training on a token pattern lowers the validation loss, the copies of A stay equal, and the
-//    adapter exported as GGUF holds attn_qkv / ffn_up (llama.cpp's names) and reads back the same.
+//    adapter exported as GGUF holds attn_qkv / ffn_up (llama.cpp's names) and reads back the same
+//    (also as a PEFT directory); full-parameter training: gradient against central differences,
+//    validation loss falls, the checkpoint holds attn_qkv / ffn_up and opens as a phi3 model.
 // With DEVICE (opencl:0:0): the training on the pattern on that device against the CPU's.
 // usage: test_arch_train MODEL [DEVICE]
 #include <math.h>
@@ -20,8 +22,10 @@
 
 #include "ll_engine.h"
 #include "ll_error.h"
+#include "ll_ckpt.h"
 #include "ll_gguf.h"
 #include "ll_modelfile.h"
+#include "ll_quant.h"
 #include "ll_lora.h"
 #include "ll_model.h"
 #include "ll_trainer.h"
@@ -307,7 +311,73 @@ static void fused_checks(struct ll_engine *e, const char *model) {
     snprintf(pf, sizeof pf, "%s/adapter_model.safetensors", peft), remove(pf);
     rmdir(peft), remove(path), remove(path2), rmdir(dir);
   }
-  (void)model;
+  ll_trainer_free(tr);
+
+  // Full-parameter training (F32 weights): q, k, v are views into one attn_qkv of P, gate and up
+  // into one ffn_up. The gradient against central differences along a random direction of every
+  // weight; the validation loss falls; the checkpoint holds the file's own tensors (attn_qkv,
+  // ffn_up, no attn_q / ffn_gate), equal to the trained weights, and opens as a phi3 model.
+  ll_trainer_params_init(&p);
+  p.mode = LL_TRAIN_FULL, p.model_path = model, p.batch = 4, p.seq_len = S, p.lr = 5e-3, p.warmup = 0, p.steps = 30, p.dropout = 0, p.clip = 1;
+  tr = NULL;
+  CHECKF(ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err) == 0, "%s", err);
+  if (!tr) return;
+  ll_trainer_vectors(tr, &P, &G, &n);
+  gu = malloc(sizeof(float) * (size_t)n), keep = malloc(sizeof(float) * (size_t)n);
+  memcpy(keep, P, sizeof(float) * (size_t)n);
+  CHECK(ll_trainer_zero_grad(tr) == 0);
+  CHECK(ll_trainer_forward_backward(tr, ids, tg, 1, 1, 1.0f, &loss, NULL, err, sizeof err) == 0);
+  double dd = 0, gd = 0, best = 1e9;
+  for (int64_t i = 0; i < n; i++) gu[i] = ll_test_randf(&rs) - 0.5f, dd += (double)gu[i] * gu[i];
+  for (int64_t i = 0; i < n; i++) gu[i] = (float)(gu[i] / sqrt(dd)), gd += (double)G[i] * gu[i];
+  for (int k = 0; k < 3; k++) {
+    const double eps = k == 0 ? 1e-2 : k == 1 ? 3e-3 : 1e-3;
+    for (int sg = -1; sg <= 1; sg += 2) {
+      for (int64_t i = 0; i < n; i++) P[i] = keep[i] + (float)(sg * eps) * gu[i];
+      CHECK(ll_trainer_forward_backward(tr, ids, tg, 1, 0, 1.0f, sg < 0 ? &lm : &lp, NULL, err, sizeof err) == 0);
+    }
+    const double fd = (lp - lm) / (2 * eps), rel = fabs(fd - gd) / (fabs(gd) + 1e-9);
+    printf("full: direction random eps %.0e: g.d %+.6f finite differences %+.6f (relative %.2e)\n", eps, gd, fd, rel);
+    best = fmin(best, rel);
+  }
+  CHECKF(best < 2e-2, "full: gradient and finite differences differ by %.3g", best);
+  memcpy(P, keep, sizeof(float) * (size_t)n);
+  free(gu), free(keep);
+  CHECK(ll_trainer_zero_grad(tr) == 0);
+  struct pat ps = {0, 0};
+  struct ll_train_source src = {&ps, pat_next, pat_val_next, pat_val_reset, NULL, NULL};
+  double f0 = NAN, f1 = NAN;
+  CHECKF(ll_trainer_eval(tr, &src, 0, &f0, err, sizeof err) == 0, "%s", err);
+  for (int s = 0; s < p.steps; s++) CHECKF(ll_trainer_step(tr, &src, &info, err, sizeof err) == 0, "%s", err);
+  CHECKF(ll_trainer_eval(tr, &src, 0, &f1, err, sizeof err) == 0, "%s", err);
+  printf("full: validation loss %.4f -> %.4f after %lld steps\n", f0, f1, (long long)p.steps);
+  CHECK(f1 < 0.5 * f0);
+  char fdir[512], fpath[600];
+  if (ll_test_tmpdir(fdir, sizeof fdir)) {
+    snprintf(fpath, sizeof fpath, "%s/full.ckpt", fdir);
+    CHECKF(ll_trainer_save(tr, fpath, NULL, err, sizeof err) == 0, "%s", err);
+    struct ll_modelfile mf;
+    ll_modelfile_init(&mf);
+    CHECKF(ll_ckpt_open(fpath, &mf, 1, err, sizeof err) == 0, "%s", err);
+    const struct ll_tensor_info *qkv = ll_mf_find_tensor(&mf, "blk.1.attn_qkv.weight"), *up = ll_mf_find_tensor(&mf, "blk.1.ffn_up.weight");
+    const struct ll_layer *y = &ll_trainer_model(tr)->layers[1];
+    const int64_t nq = y->wq.k * (y->wq.n + y->wk.n + y->wv.n), nu = y->gate.k * (y->gate.n + y->up.n);
+    CHECK(qkv && qkv->type == LL_TYPE_F32 && qkv->ne[0] == y->wq.k && qkv->ne[1] == y->wq.n + y->wk.n + y->wv.n &&
+          !memcmp(qkv->data, y->wq.data, sizeof(float) * (size_t)nq));
+    CHECK(up && up->type == LL_TYPE_F32 && up->ne[1] == y->gate.n + y->up.n && !memcmp(up->data, y->gate.data, sizeof(float) * (size_t)nu));
+    CHECK(!ll_mf_find_tensor(&mf, "blk.1.attn_q.weight") && !ll_mf_find_tensor(&mf, "blk.1.attn_k.weight") && !ll_mf_find_tensor(&mf, "blk.1.ffn_gate.weight"));
+    ll_modelfile_free(&mf);
+    struct ll_engine_params ep;
+    ll_engine_params_default(&ep);
+    ep.model_path = fpath, ep.n_threads = 1, ep.n_ctx = 64, ep.device = "cpu";
+    struct ll_engine *fe = NULL;
+    CHECKF(ll_engine_open(&fe, &ep, err, sizeof err) == 0, "the trained checkpoint as a model: %s", err);
+    struct ll_engine_info fi;
+    if (fe) ll_engine_get_info(fe, &fi);
+    CHECK(fe && !strcmp(fi.arch, "phi3"));
+    ll_engine_close(fe);
+    remove(fpath), rmdir(fdir);
+  }
   ll_trainer_free(tr);
 }
 

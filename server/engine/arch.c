@@ -26,8 +26,9 @@ static const struct ll_arch arches[] = {
     // Phi-3 / 3.5: fused qkv and gate|up, NeoX rotation, q prescaled. (llama.cpp ignores its
     // sliding_window - "Phi SWA is currently disabled" - and so do we, to give its results.)
     // LoRA: the fused matrices are row slices (engine.c), so their backward is the members'
-    // (dx summed); q, k, v and gate, up adapt as one module each (ll_lora.h); the prescale by
-    // 1/sqrt(hd) is the trainer's attention scale.
+    // (dx summed); q, k, v and gate, up adapt as one module each (ll_lora.h); full training
+    // keeps attn_qkv and ffn_up whole in P; the prescale by 1/sqrt(hd) is the trainer's
+    // attention scale.
     {"phi3", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_FUSED_QKV | LL_ARCH_FUSED_UP | LL_ARCH_Q_PRESCALE, 0, 0.0f, 0,
      LL_ARCH_FUSED_QKV | LL_ARCH_FUSED_UP | LL_ARCH_Q_PRESCALE},
     // Mixtures of experts (moe.c): qwen2moe (biases, a shared expert), qwen3moe (per-head q/k

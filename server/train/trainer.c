@@ -545,9 +545,6 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
   if (m->arch && !ll_arch_trainable(m->arch, &what))
     return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: %s models cannot be trained yet (no backward for %s)", m->arch->name, what);
   if (m->window > 0) return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: sliding-window attention cannot be trained yet");
-  if (p->mode == LL_TRAIN_FULL && m->arch && (m->arch->flags & (LL_ARCH_FUSED_QKV | LL_ARCH_FUSED_UP)))
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: full-parameter training of fused qkv / gate-up matrices (%s) is not supported yet: use train.mode lora",
-                   m->arch->name);
   if (p->mode == LL_TRAIN_FULL && m->L > 0 && m->layers[0].q_norm)
     return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: full-parameter training of a model with q/k norms (%s) is not supported yet: use train.mode lora",
                    m->arch ? m->arch->name : "?");
@@ -653,8 +650,9 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
     const struct ll_weight *src;
     struct ll_weight *dst;
     char name[64];
-    int pt;        // 0: no tensor of its own (an expert after the first of a 3-D tensor)
-    int64_t ne[3]; // the checkpoint tensor's shape where 3-D (experts: ne[2] = E)
+    int pt;        // 0: no tensor of its own (an expert after the first of a 3-D tensor, a fused
+                   // matrix's slice after the first); 2, 3: the tensor's shape is ne (2-D, 3-D)
+    int64_t ne[3]; // the checkpoint tensor's shape where 3-D (experts: ne[2] = E) or fused
   } *mats = calloc(2 + 7 * (size_t)L + (size_t)L * (1 + 3 * E), sizeof *mats);
   int nm = 0, rc = 0;
   if (!mats) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
@@ -665,9 +663,15 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
     const struct ll_layer *y = &base->layers[l];
     struct ll_layer *z = &tr->flayers[l];
     *z = *y;
-    MAT(&y->wq, &z->wq, "blk.%d.attn_q.weight", l);
+    // phi3: q, k, v are consecutive row slices of attn_qkv (engine.c) and so are their copies
+    // here, in that order: one tensor of the file's name and shape, the slices views into it
+    const int fqkv = base->arch && (base->arch->flags & LL_ARCH_FUSED_QKV), fgu = base->arch && (base->arch->flags & LL_ARCH_FUSED_UP);
+    MAT(&y->wq, &z->wq, fqkv ? "blk.%d.attn_qkv.weight" : "blk.%d.attn_q.weight", l);
+    if (fqkv) mats[nm - 1].pt = 2, mats[nm - 1].ne[0] = y->wq.k, mats[nm - 1].ne[1] = y->wq.n + y->wk.n + y->wv.n;
     MAT(&y->wk, &z->wk, "blk.%d.attn_k.weight", l);
+    mats[nm - 1].pt = !fqkv;
     MAT(&y->wv, &z->wv, "blk.%d.attn_v.weight", l);
+    mats[nm - 1].pt = !fqkv;
     MAT(&y->wo, &z->wo, "blk.%d.attn_output.weight", l);
     if (y->moe) { // the router, then each 3-D expert tensor as the file holds it: expert e's matrix at e·F_exp·C
       struct ll_moe_layer *x = &tr->fmoe[l];
@@ -684,8 +688,10 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
         }
       continue;
     }
-    MAT(&y->gate, &z->gate, "blk.%d.ffn_gate.weight", l);
+    MAT(&y->gate, &z->gate, fgu ? "blk.%d.ffn_up.weight" : "blk.%d.ffn_gate.weight", l); // phi3: gate, then up, in ffn_up
+    if (fgu) mats[nm - 1].pt = 2, mats[nm - 1].ne[0] = y->gate.k, mats[nm - 1].ne[1] = y->gate.n + y->up.n;
     MAT(&y->up, &z->up, "blk.%d.ffn_up.weight", l);
+    mats[nm - 1].pt = !fgu;
     MAT(&y->down, &z->down, "blk.%d.ffn_down.weight", l);
   }
 #undef MAT
@@ -703,7 +709,9 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
         rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: cannot convert '%s'", mats[i].name);
     *mats[i].dst = (struct ll_weight){LL_TYPE_F32, s->k, s->n, tr->P + off, NULL, NULL};
     if (rc == 0 && mats[i].pt &&
-        (mats[i].pt == 3 ? add_pt3(tr, mats[i].name, off, 3, mats[i].ne[0], mats[i].ne[1], mats[i].ne[2]) : add_pt(tr, mats[i].name, off, 2, s->k, s->n)))
+        (mats[i].pt == 3   ? add_pt3(tr, mats[i].name, off, 3, mats[i].ne[0], mats[i].ne[1], mats[i].ne[2])
+         : mats[i].pt == 2 ? add_pt(tr, mats[i].name, off, 2, mats[i].ne[0], mats[i].ne[1])
+                           : add_pt(tr, mats[i].name, off, 2, s->k, s->n)))
       rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
     off += s->k * s->n;
   }
