@@ -240,10 +240,11 @@ static int fused_to_mf(const struct ll_lora *a, unsigned fused, struct ll_modelf
         const struct ll_lora_pair *p = ll_lora_at(a, l, mem[j]);
         const struct ll_lora_pair *same = mem[j] == LL_LORA_V ? ll_lora_at(a, l, LL_LORA_K) : mem[j] == LL_LORA_K ? ll_lora_at(a, l, LL_LORA_V)
                                           : mem[j] == LL_LORA_GATE ? ll_lora_at(a, l, LL_LORA_UP) : mem[j] == LL_LORA_UP ? ll_lora_at(a, l, LL_LORA_GATE) : NULL;
-        nr[j] = p->b.data ? p->b.n : same && same->b.data ? same->b.n : -1;
-        if (nr[j] < 0) // q alone (or k, v alone) on phi3: q's width and k's are not known without the model
-          return ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: blk.%d.%s: %s is not adapted and its width is unknown here (adapt q with k or v)", l, stems[g],
-                         ll_lora_target_name(mem[j]));
+        const struct ll_lora_pair *o = ll_lora_at(a, l, LL_LORA_O); // o's input is q's width
+        nr[j] = p->b.data ? p->b.n : same && same->b.data ? same->b.n : mem[j] == LL_LORA_Q && o->a.data ? o->a.k : -1;
+        if (nr[j] < 0) // without the model, q's width shows in q's or o's adapter, k's in k's or v's
+          return ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: blk.%d.%s: %s is not adapted and its width is unknown here (adapt it, or %s)", l, stems[g],
+                         ll_lora_target_name(mem[j]), mem[j] == LL_LORA_Q ? "o" : "the other of k, v");
         rows += nr[j];
       }
       float *bb = calloc((size_t)(rows * a->rank), sizeof *bb); // (rows, r): the members' B rows, in order
