@@ -158,6 +158,11 @@ struct ll_backend_i {
   // dgate, dup (n) = gradients of out = silu(gate) * up given dout (n)   (overwritten)
   int (*swiglu_backward)(struct ll_backend *b, float *dgate, float *dup, const float *dout,
                          const float *gate, const float *up, int64_t n);                   // (optional)
+  // dgate, dup (n) = gradients of out = gelu_tanh(gate) * up given dout (n)   (overwritten):
+  // the analytic derivative of the tanh form (the f16 table of geglu's ggml_math forward is
+  // that function within f16 rounding: a backward of the table itself would be 0 almost everywhere)
+  int (*geglu_backward)(struct ll_backend *b, float *dgate, float *dup, const float *dout,
+                        const float *gate, const float *up, int64_t n);                    // (optional)
   // Causal self-attention of one sequence of S tokens, no cache (training):
   //   q (S, n_head, hd), k, v (S, n_head_kv, hd) -> out (S, n_head, hd);
   //   att (n_head, S, S) receives the softmax probabilities (row i covers 0..i, the rest 0),

@@ -280,6 +280,37 @@ static void test_fd_swiglu(const struct impl *im) {
   free(c.g), free(c.u), free(c.r), free(fd), free(g), free(u), free(r), free(dg), free(du);
 }
 
+// ---------------------------------------------------------------- geglu
+// The double forward here is the tanh form (what the backward differentiates; the engine's
+// ggml_math forward reads it from an f16 table, within f16 rounding of it). Gates over [-5, 5]
+// cover the curve's bend and both tails.
+// Mutations tried: gelu' without its tanh' term (dgate = dout up ½ (1 + tanh u)) ->
+// "fd geglu dgate ref normalized error 1.85e-01"; the 3 a gate² term dropped ->
+// "fd geglu dgate ref normalized error 4.21e-02".
+static double ge_loss(void *vc) {
+  const struct sw_ctx *c = vc;
+  double L = 0;
+  for (size_t i = 0; i < c->n; i++) {
+    const double x = c->g[i];
+    L += c->r[i] * 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))) * c->u[i];
+  }
+  return L;
+}
+static void test_fd_geglu(const struct impl *im) {
+  const size_t n = 37;
+  float *g = malloc(sizeof(float) * n), *u = malloc(sizeof(float) * n), *r = malloc(sizeof(float) * n);
+  float *dg = malloc(sizeof(float) * n), *du = malloc(sizeof(float) * n);
+  fill(g, n, 5), fill(u, n, 1), fill(r, n, 1);
+  CHECK(im->i->geglu_backward(im->b, dg, du, r, g, u, (int64_t)n) == 0);
+  struct sw_ctx c = {n, to_d(g, n), to_d(u, n), to_d(r, n)};
+  double *fd = malloc(sizeof(double) * n);
+  fd_grad(c.g, n, ge_loss, &c, fd);
+  check_fd("geglu dgate", im->name, dg, fd, n);
+  fd_grad(c.u, n, ge_loss, &c, fd);
+  check_fd("geglu dup", im->name, du, fd, n);
+  free(c.g), free(c.u), free(c.r), free(fd), free(g), free(u), free(r), free(dg), free(du);
+}
+
 // ---------------------------------------------------------------- attention
 // Mutations tried: ds without the softmax Jacobian's row term (ds = p dp scale, "- D" dropped) ->
 // "fd attention dq S7 H6/2 ref normalized error 8.76e-01", dk 1.02e+00 (dv unaffected, passing);
@@ -706,6 +737,13 @@ static void test_fast_elementwise(void) {
   same3("swiglu_backward dup", f2, (size_t)n);
   close_ref("swiglu_backward dgate", f1[1], r1, (size_t)n); // ggml's exp vs libm's: an ulp or two
   close_ref("swiglu_backward dup", f2[1], r2, (size_t)n);
+  // geglu_backward: the reference's expressions in chunks (the same bits)
+  CHECK(ll_train_ref_geglu_backward(NULL, r1, r2, d, a, c, n) == 0);
+  for (int b = 0; b < 3; b++) CHECK(bk[b]->i->geglu_backward(bk[b], f1[b], f2[b], d, a, c, n) == 0);
+  same3("geglu_backward dgate", f1, (size_t)n);
+  same3("geglu_backward dup", f2, (size_t)n);
+  bits_ref("geglu_backward dgate", f1[1], r1, (size_t)n);
+  bits_ref("geglu_backward dup", f2[1], r2, (size_t)n);
   // dropout: the mask is the seed's, whatever the threads; another seed, another mask
   CHECK(ll_train_ref_dropout(NULL, r1, a, 0.1f, 7, n) == 0);
   for (int b = 0; b < 3; b++) CHECK(bk[b]->i->dropout(bk[b], f1[b], a, 0.1f, 7, n) == 0);
@@ -878,6 +916,7 @@ int main(void) {
     test_fd_rmsnorm(im);
     test_fd_rope(im);
     test_fd_swiglu(im);
+    test_fd_geglu(im);
     test_fd_attention(im);
     test_fd_xent(im);
     test_fd_get_rows(im);

@@ -811,6 +811,7 @@ static const struct ll_backend_i cpu_iface = {
     .rmsnorm_backward = ll_train_cpu_rmsnorm_backward,
     .rope_backward = ll_train_cpu_rope_backward,
     .swiglu_backward = ll_train_cpu_swiglu_backward,
+    .geglu_backward = ll_train_cpu_geglu_backward,
     .attention_train = ll_train_cpu_attention_train,
     .attention_backward = ll_train_cpu_attention_backward,
     .softmax_xent = ll_train_cpu_softmax_xent,

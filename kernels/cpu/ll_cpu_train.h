@@ -15,7 +15,7 @@
 
 #include "ll_backend.h"
 
-// A table holding only the training members (references); the others are NULL.
+// A table holding only the training members (references) and geglu (the trainer's fallback); the others are NULL.
 const struct ll_backend_i *ll_cpu_train_ref(void);
 
 // ---- scalar references (train_ref.c) ----
@@ -27,6 +27,10 @@ int ll_train_ref_rope_backward(struct ll_backend *b, float *dx, const int32_t *p
                                const struct ll_rope_params *p);
 int ll_train_ref_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate,
                                  const float *up, int64_t n);
+int ll_train_ref_geglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate,
+                                const float *up, int64_t n);
+// out = gelu_tanh(gate) * up with libm's tanhf (the trainer's geglu where a backend has none)
+int ll_train_ref_geglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n);
 int ll_train_ref_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v,
                                  int S, int n_head, int n_head_kv, int head_dim, float scale);
 int ll_train_ref_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv, const float *dout, const float *q,
@@ -51,6 +55,8 @@ int ll_train_cpu_rope_backward(struct ll_backend *b, float *dx, const int32_t *p
                                const struct ll_rope_params *p);
 int ll_train_cpu_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate,
                                  const float *up, int64_t n);
+int ll_train_cpu_geglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate,
+                                const float *up, int64_t n);
 int ll_train_cpu_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v,
                                  int S, int n_head, int n_head_kv, int head_dim, float scale);
 int ll_train_cpu_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv, const float *dout, const float *q,

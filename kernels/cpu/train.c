@@ -327,6 +327,21 @@ int ll_train_cpu_swiglu_backward(struct ll_backend *b, float *dgate, float *dup,
   return 0;
 }
 
+// GeGLU's backward: the reference's expressions, element by element (the same bits).
+static void gb_task(void *vctx, int task, int thread) { // out = dgate, y = dup, x = dout, g = gate, u = up
+  (void)thread;
+  const struct ew_job *j = vctx;
+  EW_RANGE(j, task);
+  ll_train_ref_geglu_backward(NULL, j->out + i0, j->y + i0, j->x + i0, j->g + i0, j->u + i0, i1 - i0);
+}
+int ll_train_cpu_geglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                int64_t n) {
+  if (!dgate || !dup || !dout || !gate || !up || n < 0 || n / EW_CHUNK >= INT32_MAX) return LL_EINVAL;
+  struct ew_job j = {.out = dgate, .y = dup, .x = dout, .g = gate, .u = up, .n = n};
+  run(b, gb_task, &j, ew_tasks(n));
+  return 0;
+}
+
 static void drop_task(void *vctx, int task, int thread) {
   (void)thread;
   const struct ew_job *j = vctx;

@@ -128,6 +128,38 @@ int ll_train_ref_swiglu_backward(struct ll_backend *b, float *dgate, float *dup,
   return 0;
 }
 
+// ---------------------------------------------------------------- geglu
+// forward:  u = c (gate + a gate³), c = sqrt(2/π), a = 0.044715 (ggml's constants);
+//           gelu = ½ gate (1 + tanh u);  out = gelu up
+// backward: dup = dout gelu;  dgate = dout up gelu',
+//           gelu' = ½ (1 + tanh u) + ½ gate (1 - tanh² u) c (1 + 3 a gate²)
+// Element by element, so dgate/dup may alias gate/up/dout.
+#define GELU_C 0.79788456080286535587989211986876f
+#define GELU_A 0.044715f
+int ll_train_ref_geglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) {
+  (void)b;
+  if (!out || !gate || !up || n < 0) return LL_EINVAL;
+  for (int64_t i = 0; i < n; i++) {
+    const float x = gate[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(GELU_C * x * (1.0f + GELU_A * x * x))) * up[i];
+  }
+  return 0;
+}
+int ll_train_ref_geglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate,
+                                const float *up, int64_t n) {
+  (void)b;
+  if (!dgate || !dup || !dout || !gate || !up || n < 0) return LL_EINVAL;
+  for (int64_t i = 0; i < n; i++) {
+    const float x = gate[i], u = up[i], d = dout[i];
+    const float th = tanhf(GELU_C * x * (1.0f + GELU_A * x * x));
+    const float gl = 0.5f * x * (1.0f + th);
+    const float dgl = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * GELU_C * (1.0f + 3.0f * GELU_A * x * x);
+    dup[i] = d * gl;
+    dgate[i] = d * u * dgl;
+  }
+  return 0;
+}
+
 // ---------------------------------------------------------------- attention (training)
 // q (S, H, hd), k, v (S, Hkv, hd); head h reads kv head h / (H / Hkv).
 // forward, per head h and query i (keys j <= i):
@@ -333,6 +365,8 @@ static const struct ll_backend_i train_ref_iface = {
     .rmsnorm_backward = ll_train_ref_rmsnorm_backward,
     .rope_backward = ll_train_ref_rope_backward,
     .swiglu_backward = ll_train_ref_swiglu_backward,
+    .geglu = ll_train_ref_geglu,
+    .geglu_backward = ll_train_ref_geglu_backward,
     .attention_train = ll_train_ref_attention_train,
     .attention_backward = ll_train_ref_attention_backward,
     .softmax_xent = ll_train_ref_softmax_xent,
