@@ -15,8 +15,9 @@ set_tests_properties(fetch_gemma3 PROPERTIES FIXTURES_SETUP gemma3 TIMEOUT 900
   LABELS "integration;slow" ENVIRONMENT "${LL_TEST_ENV}")
 ll_script_test(NAME engine_gemma3 COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_engine_gemma3.sh
   LABELS "integration;slow" TIMEOUT 900 FIXTURES gemma3)
-# LoRA training on Qwen3 (q/k norms, q width != C) and Phi-3 (fused qkv, gate/up; one A per fused
-# module): gradient against finite differences, loss falls (phi3: validation loss, export; and on
-# OpenCL, validation losses as the CPU's).
+# LoRA training on Qwen3 (q/k norms, q width != C), Phi-3 (fused qkv, gate/up; one A per fused
+# module) and Gemma 3 (GeGLU, post-norms, embedding scale, local layers): gradient against finite
+# differences, loss falls (phi3: validation loss, export; and on OpenCL, validation losses as the
+# CPU's; gemma3: held-out loss, seq_len past the window refused).
 add_executable(test_arch_train test_arch_train.c)
 target_link_libraries(test_arch_train PRIVATE ll_testutil ll_server)

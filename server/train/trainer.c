@@ -1,12 +1,15 @@
 // trainer.c - training forward/backward of the Llama model, AdamW, run checkpoints (ll_trainer.h).
 //
 // Forward (per micro-batch of B sequences of S tokens, T = B·S rows; shapes as (rows, cols)):
-//   x0 = E[ids]                                                     // (T, C)
+//   x0 = E[ids] [· sqrt(C): Gemma]                                  // (T, C)
 //   per layer l (x = x_l):
-//     n1 = rmsnorm(x)·g1;  q = lin_q(n1) (T, C), k = lin_k(n1), v = lin_v(n1) (T, kvd) [+ biases]
-//     q, k = rope(q), rope(k);  a = attention(q, k, v) per sequence (saves probabilities)
-//     m = x + lin_o(a);  n2 = rmsnorm(m)·g2;  g = lin_gate(n2), u = lin_up(n2) (T, F)
-//     h = silu(g)·u;  x_{l+1} = m + lin_down(h)
+//     n1 = rmsnorm(x)·g1;  q = lin_q(n1) (T, qd), k = lin_k(n1), v = lin_v(n1) (T, kvd) [+ biases]
+//     [q, k = per-head rmsnorm(q, k): Qwen3, Gemma 3]
+//     q, k = rope(q), rope(k) (a local layer's RoPE base where it has one);
+//     a = attention(q, k, v) per sequence (saves probabilities)
+//     m = x + lin_o(a) [Gemma 3: m = x + rmsnorm(po)·gpa, po = lin_o(a) kept]
+//     n2 = rmsnorm(m)·g2;  g = lin_gate(n2), u = lin_up(n2) (T, F)
+//     h = silu(g)·u [gelu_tanh(g)·u: GeGLU];  x_{l+1} = m + lin_down(h) [m + rmsnorm(pf)·gpf, pf = lin_down(h) kept]
 //   logits = rmsnorm(x_L)·g_out · Wout^T (T, V);  loss = Σ_counted xent(logits, targets)
 // where lin(x) = x·W^T + scale · (drop(x)·A^T)·B^T for an adapted target (PEFT: dropout on the
 // adapter's input only; scale = alpha/r). We save axs = scale·drop(x)·A^T (T, r): then
@@ -48,6 +51,7 @@ struct ptensor {
 struct lacts {
   float *n1, *q, *k, *v, *att, *a, *m, *n2, *g, *u, *h; // see the forward above (n1, n2, h: all tr->nh, recomputed)
   float *qp, *kp;                                        // q, k before their norms (LL_ARCH_QK_NORM), else NULL
+  float *po, *pf;                                        // (T, C) attention and FFN outputs before their post-norms (LL_ARCH_POST_NORMS), else NULL
   float *axs[LL_LORA_N_TARGETS];                         // (T, r) scale·drop(x)·A^T
 };
 
@@ -97,6 +101,8 @@ struct ll_trainer {
   float *dx, *dn, *da, *dq, *dk, *dv, *dkn, *dh, *dg, *du, *dax, *dxd, *xd; // backward scratch (da, dq: (T, qd); dkn: k before its norm)
   float *nh;              // (T, max(C, F)) every layer's n1, n2 and h, one after another (not saved)
   int train;              // 1: dropout on (training), 0: evaluation
+  int geglu;              // the FFN's activation is GeGLU (gelu_tanh), else SwiGLU
+  float embd_scale;       // x0 = E[ids] times this (sqrt(C): Gemma; else 1)
   uint64_t seed_now;      // dropout seed base of the current micro-batch
   int64_t step, opt_step, skipped, micro;
   double best_val, last_loss, last_val;
@@ -235,13 +241,22 @@ static int add_bias(struct ll_trainer *tr, float *y, const float *bias, int n, c
   return 0;
 }
 
+// h (n) = act(g)·u: SwiGLU, or GeGLU (gelu_tanh; the backend's, with ggml_math llama.cpp's f16 table)
+static int act_forward(struct ll_trainer *tr, float *h, const float *g, const float *u, int64_t n) {
+  return tr->geglu ? tr->ops.geglu(tr->be, h, g, u, n) : tr->ops.swiglu(tr->be, h, g, u, n);
+}
+
+// Attention's score scale: the model's (Gemma's q prescale folded in: (s·q)·k = s·(q·k)).
+static float attn_scale_of(const struct ll_model *m) { return m->attn_scale > 0 ? m->attn_scale : 1.0f / sqrtf((float)m->hd); }
+
 static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xout, struct lacts *a, char *err, size_t errlen) {
   const struct ll_backend_i *B = &tr->ops;
   struct ll_backend *be = tr->be;
   const struct ll_model *m = tr->m;
   const struct ll_layer *y = &m->layers[l];
   const int T = tr->T, S = tr->S, C = m->C, kvd = m->kvd, qd = m->qd > 0 ? m->qd : m->C;
-  const float scale = 1.0f / sqrtf((float)m->hd);
+  const float scale = attn_scale_of(m);
+  const struct ll_rope_params *rope = y->swa ? &m->rope_swa : &m->rope; // local layers: their own base (S <= window: check_params)
   int rc;
   BK(B->rmsnorm(be, a->n1, x, y->attn_norm, T, C, m->eps), "rmsnorm");                       // n1 (T, C)
   if ((rc = lin_forward(tr, a->q, a->n1, &y->wq, l, LL_LORA_Q, a->axs[LL_LORA_Q], 0, err, errlen))) return rc; // (T, qd)
@@ -250,20 +265,26 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   if ((rc = add_bias(tr, a->q, y->bq, qd, err, errlen)) || (rc = add_bias(tr, a->k, y->bk, kvd, err, errlen)) ||
       (rc = add_bias(tr, a->v, y->bv, kvd, err, errlen)))
     return rc;
-  if (y->q_norm) { // Qwen3: q, k = per-head rmsnorm(q, k); their inputs kept for the backward
+  if (y->q_norm) { // Qwen3, Gemma 3: q, k = per-head rmsnorm(q, k); their inputs kept for the backward
     BK(copy(tr, a->qp, a->q, (int64_t)T * qd), "copy");
     BK(copy(tr, a->kp, a->k, (int64_t)T * kvd), "copy");
     BK(B->rmsnorm(be, a->q, a->qp, y->q_norm, T * m->H, m->hd, m->eps), "rmsnorm q");
     BK(B->rmsnorm(be, a->k, a->kp, y->k_norm, T * m->Hkv, m->hd, m->eps), "rmsnorm k");
   }
-  BK(B->rope(be, a->q, tr->pos, T, m->H, m->hd, &m->rope), "rope q");
-  BK(B->rope(be, a->k, tr->pos, T, m->Hkv, m->hd, &m->rope), "rope k");
+  BK(B->rope(be, a->q, tr->pos, T, m->H, m->hd, rope), "rope q");
+  BK(B->rope(be, a->k, tr->pos, T, m->Hkv, m->hd, rope), "rope k");
   for (int b = 0; b < tr->B; b++) // per sequence: a (S, qd), probabilities (H, S, S)
     BK(B->attention_train(be, a->a + (size_t)b * S * qd, a->att + (size_t)b * m->H * S * S, a->q + (size_t)b * S * qd, a->k + (size_t)b * S * kvd,
                           a->v + (size_t)b * S * kvd, S, m->H, m->Hkv, m->hd, scale),
        "attention_train");
-  BK(copy(tr, a->m, x, (int64_t)T * C), "copy");
-  if ((rc = lin_forward(tr, a->m, a->a, &y->wo, l, LL_LORA_O, a->axs[LL_LORA_O], 1, err, errlen))) return rc; // m = x + o(a)
+  if (y->post_attn_norm) { // m = x + rmsnorm(po), po = o(a); the norm's output in n2 (free until n2 below)
+    if ((rc = lin_forward(tr, a->po, a->a, &y->wo, l, LL_LORA_O, a->axs[LL_LORA_O], 0, err, errlen))) return rc; // po (T, C)
+    BK(B->rmsnorm(be, a->n2, a->po, y->post_attn_norm, T, C, m->eps), "rmsnorm post-attention");
+    BK(B->add(be, a->m, x, a->n2, (int64_t)T * C), "add");
+  } else {
+    BK(copy(tr, a->m, x, (int64_t)T * C), "copy");
+    if ((rc = lin_forward(tr, a->m, a->a, &y->wo, l, LL_LORA_O, a->axs[LL_LORA_O], 1, err, errlen))) return rc; // m = x + o(a)
+  }
   BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");                     // n2 (T, C)
   if (y->moe) { // x' = m + moe(n2)
     BK(copy(tr, xout, a->m, (int64_t)T * C), "copy");
@@ -271,7 +292,13 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   }
   if ((rc = lin_forward(tr, a->g, a->n2, &y->gate, l, LL_LORA_GATE, a->axs[LL_LORA_GATE], 0, err, errlen))) return rc; // (T, F)
   if ((rc = lin_forward(tr, a->u, a->n2, &y->up, l, LL_LORA_UP, a->axs[LL_LORA_UP], 0, err, errlen))) return rc;       // (T, F)
-  BK(B->swiglu(be, a->h, a->g, a->u, (int64_t)T * m->F), "swiglu");                            // h (T, F)
+  BK(act_forward(tr, a->h, a->g, a->u, (int64_t)T * m->F), tr->geglu ? "geglu" : "swiglu");  // h (T, F)
+  if (y->post_ffn_norm) { // x' = m + rmsnorm(pf), pf = down(h); the norm's output in h's buffer (h is used up)
+    if ((rc = lin_forward(tr, a->pf, a->h, &y->down, l, LL_LORA_DOWN, a->axs[LL_LORA_DOWN], 0, err, errlen))) return rc; // pf (T, C)
+    BK(B->rmsnorm(be, a->h, a->pf, y->post_ffn_norm, T, C, m->eps), "rmsnorm post-ffn");
+    BK(B->add(be, xout, a->m, a->h, (int64_t)T * C), "add");
+    return 0;
+  }
   BK(copy(tr, xout, a->m, (int64_t)T * C), "copy");
   return lin_forward(tr, xout, a->h, &y->down, l, LL_LORA_DOWN, a->axs[LL_LORA_DOWN], 1, err, errlen); // x' = m + down(h)
 }
@@ -284,7 +311,8 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   const struct ll_layer *y = &m->layers[l];
   const struct lgrad *gw = tr->lg ? &tr->lg[l] : &(struct lgrad){0};
   const int T = tr->T, S = tr->S, C = m->C, kvd = m->kvd, F = m->F, qd = m->qd > 0 ? m->qd : m->C;
-  const float scale = 1.0f / sqrtf((float)m->hd);
+  const float scale = attn_scale_of(m);
+  const struct ll_rope_params *rope = y->swa ? &m->rope_swa : &m->rope;
   int rc;
   // n1, n2 and h are not saved (they share one buffer, tr->nh): each is recomputed from what is
   // saved (x, m, g and u) with the forward's kernel, so it has the same bits, just before its use.
@@ -294,12 +322,19 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
     if ((rc = ll_moe_backward(tr->moe, B, y->moe, tr->mg ? &tr->mg[l] : NULL, tr->dn, a->n2, dx, T, err, errlen))) return rc;
     goto ffn_norm;
   }
-  // x' = m + down(h)
-  BK(B->swiglu(be, a->h, a->g, a->u, (int64_t)T * F), "swiglu");
+  // x' = m + down(h)   [Gemma 3: x' = m + rmsnorm(pf), pf = down(h): dpf in dn (free until the gate/up below)]
+  const float *dd = dx;
+  if (y->post_ffn_norm) {
+    BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
+    BK(B->rmsnorm_backward(be, tr->dn, NULL, dx, a->pf, y->post_ffn_norm, T, C, m->eps), "rmsnorm_backward post-ffn");
+    dd = tr->dn;
+  }
+  BK(act_forward(tr, a->h, a->g, a->u, (int64_t)T * F), tr->geglu ? "geglu" : "swiglu");
   BK(zero(tr, tr->dh, (int64_t)T * F), "zero");
-  if ((rc = lin_backward(tr, tr->dh, dx, a->h, &y->down, gw->down, l, LL_LORA_DOWN, a->axs[LL_LORA_DOWN], err, errlen))) return rc;
-  // h = silu(g)·u
-  BK(B->swiglu_backward(be, tr->dg, tr->du, tr->dh, a->g, a->u, (int64_t)T * F), "swiglu_backward");
+  if ((rc = lin_backward(tr, tr->dh, dd, a->h, &y->down, gw->down, l, LL_LORA_DOWN, a->axs[LL_LORA_DOWN], err, errlen))) return rc;
+  // h = silu(g)·u   [gelu_tanh(g)·u]
+  if (tr->geglu) BK(B->geglu_backward(be, tr->dg, tr->du, tr->dh, a->g, a->u, (int64_t)T * F), "geglu_backward");
+  else BK(B->swiglu_backward(be, tr->dg, tr->du, tr->dh, a->g, a->u, (int64_t)T * F), "swiglu_backward");
   // g, u = gate(n2), up(n2)
   BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");
   BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
@@ -308,9 +343,15 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
     return rc;
 ffn_norm: // n2 = rmsnorm(m): dx becomes dm (the residual path plus the norm's)
   BK(B->rmsnorm_backward(be, dx, gw->ffn_norm, tr->dn, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm_backward");
-  // m = x + o(a)
+  // m = x + o(a)   [Gemma 3: m = x + rmsnorm(po), po = o(a): dpo in dn (free until q, k, v below)]
+  const float *dpo = dx;
+  if (y->post_attn_norm) {
+    BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
+    BK(B->rmsnorm_backward(be, tr->dn, NULL, dx, a->po, y->post_attn_norm, T, C, m->eps), "rmsnorm_backward post-attention");
+    dpo = tr->dn;
+  }
   BK(zero(tr, tr->da, (int64_t)T * qd), "zero");
-  if ((rc = lin_backward(tr, tr->da, dx, a->a, &y->wo, gw->wo, l, LL_LORA_O, a->axs[LL_LORA_O], err, errlen))) return rc;
+  if ((rc = lin_backward(tr, tr->da, dpo, a->a, &y->wo, gw->wo, l, LL_LORA_O, a->axs[LL_LORA_O], err, errlen))) return rc;
   // a = attention(q, k, v) per sequence
   for (int b = 0; b < tr->B; b++)
     BK(B->attention_backward(be, tr->dq + (size_t)b * S * qd, tr->dk + (size_t)b * S * kvd, tr->dv + (size_t)b * S * kvd, tr->da + (size_t)b * S * qd,
@@ -318,8 +359,8 @@ ffn_norm: // n2 = rmsnorm(m): dx becomes dm (the residual path plus the norm's)
                              m->H, m->Hkv, m->hd, scale),
        "attention_backward");
   // q, k = rope(q), rope(k)
-  BK(B->rope_backward(be, tr->dq, tr->pos, T, m->H, m->hd, &m->rope), "rope_backward q");
-  BK(B->rope_backward(be, tr->dk, tr->pos, T, m->Hkv, m->hd, &m->rope), "rope_backward k");
+  BK(B->rope_backward(be, tr->dq, tr->pos, T, m->H, m->hd, rope), "rope_backward q");
+  BK(B->rope_backward(be, tr->dk, tr->pos, T, m->Hkv, m->hd, rope), "rope_backward k");
   float *dq = tr->dq, *dk = tr->dk;
   if (y->q_norm) { // through the per-head norms (frozen: no weight gradient) into da, dkn (free now)
     BK(zero(tr, tr->da, (int64_t)T * qd), "zero");
@@ -391,6 +432,7 @@ static int fb(struct ll_trainer *tr, const int32_t *ids, const int32_t *targets,
   int rc = 0;
   // forward
   BK(B->get_rows(be, tr->xs[0], &m->tok_embd, id, tr->T), "get_rows"); // x0 (T, C)
+  if (tr->embd_scale != 1.0f) BK(B->scale(be, tr->xs[0], tr->embd_scale, (int64_t)tr->T * C), "scale"); // Gemma: x0 *= sqrt(C)
   for (int l = 0; l < L && !rc; l++) {
     if (tr->yield_fn) tr->yield_fn(tr->yield_user);
     rc = layer_forward(tr, l, tr->xs[l], tr->xs[l + 1], &tr->acts[tr->n_acts > 1 ? l : 0], err, errlen);
@@ -427,7 +469,10 @@ static int fb(struct ll_trainer *tr, const int32_t *ids, const int32_t *targets,
     if (tr->n_acts == 1 && (rc = layer_forward(tr, l, tr->xs[l], tr->xf, a, err, errlen))) return rc;
     if ((rc = layer_backward(tr, l, tr->xs[l], a, tr->dx, err, errlen))) return rc;
   }
-  if (tr->g_tok) BK(B->get_rows_backward(be, tr->g_tok, tr->dx, id, tr->T, C), "get_rows_backward"); // x0 = E[ids]
+  if (tr->g_tok) { // x0 = E[ids] (· embd_scale)
+    if (tr->embd_scale != 1.0f) BK(B->scale(be, tr->dx, tr->embd_scale, (int64_t)tr->T * C), "scale");
+    BK(B->get_rows_backward(be, tr->g_tok, tr->dx, id, tr->T, C), "get_rows_backward");
+  }
   if (tr->moe) tr->aux_sum += ll_moe_aux_take(tr->moe);
   return 0;
 }
@@ -436,12 +481,12 @@ static int fb(struct ll_trainer *tr, const int32_t *ids, const int32_t *targets,
 
 static int64_t act_floats(const struct ll_model *m, const struct ll_trainer_params *p, int64_t *per_layer, int64_t *fixed) {
   const int64_t T = (int64_t)p->batch * p->seq_len, C = m->C, kvd = m->kvd, F = m->F, S = p->seq_len, qd = m->qd > 0 ? m->qd : m->C;
-  const int qkn = m->layers && m->L > 0 && m->layers[0].q_norm;
+  const int qkn = m->layers && m->L > 0 && m->layers[0].q_norm, pn = m->layers && m->L > 0 && m->layers[0].post_attn_norm;
   int64_t r = p->mode == LL_TRAIN_LORA ? p->rank : 0, nt = 0;
   for (int t = 0; t < LL_LORA_N_TARGETS; t++) nt += p->mode == LL_TRAIN_LORA && ((p->targets >> t) & 1);
   // saved per layer: q, a (T, qd), m (T, C), k, v (T, kvd), g, u (T, F), probabilities, LoRA x·A^T;
   // with q/k norms q and k before them too
-  *per_layer = T * (2 * qd + C + 2 * kvd + 2 * F) + (int64_t)p->batch * m->H * S * S + nt * T * r + (qkn ? T * (qd + kvd) : 0);
+  *per_layer = T * (2 * qd + C + 2 * kvd + 2 * F) + (int64_t)p->batch * m->H * S * S + nt * T * r + (qkn ? T * (qd + kvd) : 0) + (pn ? 2 * T * C : 0); // + po, pf
   int64_t maxin = C > F ? C : F;
   maxin = maxin > qd ? maxin : qd;
   *fixed = T * C * (int64_t)(m->L + 1) /* xs */ + T * C /* xf */ + (T < XENT_ROWS ? T : XENT_ROWS) * m->n_vocab /* logits */ +
@@ -544,9 +589,18 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
   const char *what;
   if (m->arch && !ll_arch_trainable(m->arch, &what))
     return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: %s models cannot be trained yet (no backward for %s)", m->arch->name, what);
-  if (m->window > 0) return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: sliding-window attention cannot be trained yet");
-  if (p->mode == LL_TRAIN_FULL && m->L > 0 && m->layers[0].q_norm)
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: full-parameter training of a model with q/k norms (%s) is not supported yet: use train.mode lora",
+  // Local (sliding-window) layers: the training attention has no window, so it trains them only
+  // where the window masks nothing - sequences no longer than it (positions (p - window, p]).
+  int any_swa = 0;
+  for (int l = 0; l < m->L && m->layers; l++) any_swa |= m->layers[l].swa;
+  if (any_swa && m->window > 0 && p->seq_len > m->window)
+    return ll_errf(err, errlen, LL_EUNSUPPORTED,
+                   "trainer: seq_len %d is longer than the model's sliding window (%d), which the training attention does not apply yet: use "
+                   "train.seq_len <= %d",
+                   p->seq_len, m->window, m->window);
+  if (p->mode == LL_TRAIN_FULL && m->L > 0 && (m->layers[0].q_norm || m->layers[0].post_attn_norm))
+    return ll_errf(err, errlen, LL_EUNSUPPORTED,
+                   "trainer: full-parameter training of a model with q/k norms or post-norms (%s) is not supported yet: use train.mode lora",
                    m->arch ? m->arch->name : "?");
   return 0;
 }
@@ -557,7 +611,7 @@ static void fill_ops(struct ll_trainer *tr) {
 #define FILL(x) if (!tr->ops.x) tr->ops.x = r->x
   FILL(matmul_backward); FILL(rmsnorm_backward); FILL(rope_backward); FILL(swiglu_backward); FILL(attention_train);
   FILL(attention_backward); FILL(softmax_xent); FILL(get_rows_backward); FILL(dropout); FILL(sumsq); FILL(axpy); FILL(scale);
-  FILL(adamw);
+  FILL(adamw); FILL(geglu); FILL(geglu_backward);
 #undef FILL
 }
 
@@ -784,6 +838,13 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   tr->best_val = INFINITY, tr->last_loss = NAN, tr->last_val = NAN;
   ll_modelfile_init(&tr->meta);
   fill_ops(tr);
+  tr->geglu = m->arch && m->arch->act == LL_ACT_GELU_TANH;
+  tr->embd_scale = m->embd_scale > 0 ? m->embd_scale : 1.0f;
+  if (tr->dev && tr->geglu && (!be->i->geglu || !be->i->geglu_backward)) { // the references read host memory
+    rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: this device's backend has no GeGLU forward/backward (%s): train on the CPU (train.device cpu)",
+                 m->arch->name);
+    goto fail;
+  }
   tr->B = p->batch, tr->S = p->seq_len, tr->T = p->batch * p->seq_len;
   tr->comm.size = 1;
   if (m->n_expert > 0 && (rc = ll_moe_ctx_new(&tr->moe, be, m, tr->T, err, errlen))) goto fail;
@@ -807,7 +868,7 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   // Activations.
   const struct ll_model *mm = tr->m;
   const int64_t T = tr->T, C = mm->C, kvd = mm->kvd, F = mm->F, r = tr->lora ? tr->lora->rank : 1, qd = mm->qd > 0 ? mm->qd : mm->C;
-  const int qkn = mm->L > 0 && mm->layers[0].q_norm;
+  const int qkn = mm->L > 0 && mm->layers[0].q_norm, pn = mm->L > 0 && mm->layers[0].post_attn_norm;
   int64_t maxin = C > F ? C : F;
   maxin = maxin > qd ? maxin : qd;
   tr->n_acts = p->recompute ? 1 : mm->L;
@@ -849,6 +910,8 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
     TAKE(a->a, T * qd); TAKE(a->m, T * C); TAKE(a->g, T * F); TAKE(a->u, T * F);
     a->qp = a->kp = NULL;
     if (qkn) { TAKE(a->qp, T * qd); TAKE(a->kp, T * kvd); }
+    a->po = a->pf = NULL;
+    if (pn) { TAKE(a->po, T * C); TAKE(a->pf, T * C); }
     for (int t = 0; t < LL_LORA_N_TARGETS; t++)
       if (tr->lora && ((p->targets >> t) & 1)) TAKE(a->axs[t], T * r);
   }

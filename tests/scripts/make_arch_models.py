@@ -5,6 +5,9 @@ keys llama.cpp's converter (convert_hf_to_gguf.py / conversion/*.py at 0c1e5709)
 
   qwen3   - per-head q/k RMSNorm, head_dim 32 with C = 64 and 4 heads (q width 128 != C)
   phi3    - fused attn_qkv and ffn_up (gate | up rows), NeoX rope over 16 of 16 head dims
+  gemma3  - GeGLU, post-attention/post-FFN norms, per-head q/k norms, head_dim 32 (q width 128),
+            tied output, 6 layers (5 local with window 64 and RoPE base 10000, 1 global at 1e6);
+            for LoRA training (test_arch_train; no llama.cpp reference ids)
   mistral - llama with llama.attention.sliding_window (llama.cpp 0c1e5709 ignores the key; llsrv
             honours it, so the references use a window longer than any sequence of the test)
 
@@ -125,7 +128,45 @@ def mistral(path, window=CTX):
     finish(w)
 
 
-MODELS = {"qwen3": qwen3, "phi3": phi3, "mistral": mistral,
+def gemma3(path):
+    rng = np.random.Generator(np.random.PCG64(11))
+    hd, layers = 32, 6
+    w = gguf.GGUFWriter(path, "gemma3")
+    w.add_name("llsrv-test-gemma3")
+    w.add_type("model")
+    w.add_tokenizer_model("no_vocab")
+    w.add_vocab_size(V)
+    w.add_context_length(CTX)
+    w.add_embedding_length(C)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(HKV)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(1000000.0)
+    w.add_sliding_window(64)
+    common_head(w, rng, tied=True)
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", norm(rng, C))
+        w.add_tensor(f"blk.{i}.attn_q.weight", mat(rng, H * hd, C, 0.15))
+        w.add_tensor(f"blk.{i}.attn_k.weight", mat(rng, HKV * hd, C, 0.15))
+        w.add_tensor(f"blk.{i}.attn_v.weight", mat(rng, HKV * hd, C, 0.15))
+        w.add_tensor(f"blk.{i}.attn_output.weight", mat(rng, C, H * hd, 0.1))
+        w.add_tensor(f"blk.{i}.attn_q_norm.weight", norm(rng, hd))
+        w.add_tensor(f"blk.{i}.attn_k_norm.weight", norm(rng, hd))
+        w.add_tensor(f"blk.{i}.post_attention_norm.weight", norm(rng, C))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", norm(rng, C))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(rng, F, C, 0.15))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(rng, F, C, 0.15))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(rng, C, F, 0.1))
+        w.add_tensor(f"blk.{i}.post_ffw_norm.weight", norm(rng, C))
+    finish(w)
+
+
+MODELS = {"qwen3": qwen3, "phi3": phi3, "mistral": mistral, "gemma3": gemma3,
           # the same weights with an 8-position window (no llama.cpp reference: it ignores the key)
           "mistral_w8": lambda path: mistral(path, 8)}
 
