@@ -21,3 +21,7 @@ ll_script_test(NAME engine_gemma3 COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scrip
 # CPU's; gemma3: held-out loss, seq_len past the window refused).
 add_executable(test_arch_train test_arch_train.c)
 target_link_libraries(test_arch_train PRIVATE ll_testutil ll_server)
+# LoRA training of Gemma 3 270M with `llsrv train` (30 steps, validation loss falls), the exported
+# adapter against llama.cpp --lora's greedy ids (teacher-forced >= 99%; ~10 min at load 10).
+ll_script_test(NAME train_gemma3 COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_train_gemma3.sh
+  LABELS "integration;slow" TIMEOUT 1800 FIXTURES gemma3)
