@@ -362,20 +362,27 @@ static void fused_checks(struct ll_engine *e, const char *model) {
   memcpy(keep, P, sizeof(float) * (size_t)n);
   CHECK(ll_trainer_zero_grad(tr) == 0);
   CHECK(ll_trainer_forward_backward(tr, ids, tg, 1, 1, 1.0f, &loss, NULL, err, sizeof err) == 0);
-  double dd = 0, gd = 0, best = 1e9;
-  for (int64_t i = 0; i < n; i++) gu[i] = ll_test_randf(&rs) - 0.5f, dd += (double)gu[i] * gu[i];
-  for (int64_t i = 0; i < n; i++) gu[i] = (float)(gu[i] / sqrt(dd)), gd += (double)G[i] * gu[i];
-  for (int k = 0; k < 3; k++) {
-    const double eps = k == 0 ? 1e-2 : k == 1 ? 3e-3 : 1e-3;
-    for (int sg = -1; sg <= 1; sg += 2) {
-      for (int64_t i = 0; i < n; i++) P[i] = keep[i] + (float)(sg * eps) * gu[i];
-      CHECK(ll_trainer_forward_backward(tr, ids, tg, 1, 0, 1.0f, sg < 0 ? &lm : &lp, NULL, err, sizeof err) == 0);
+  // along the gradient, and along a random direction (its error against the gradient's norm:
+  // g.d is small there, and the loss's float rounding is not)
+  double gg = 0;
+  for (int64_t i = 0; i < n; i++) gg += (double)G[i] * G[i];
+  for (int dn = 0; dn < 2; dn++) {
+    double dd = 0, gd = 0, best = 1e9;
+    for (int64_t i = 0; i < n; i++) gu[i] = dn == 0 ? G[i] : ll_test_randf(&rs) - 0.5f, dd += (double)gu[i] * gu[i];
+    for (int64_t i = 0; i < n; i++) gu[i] = (float)(gu[i] / sqrt(dd)), gd += (double)G[i] * gu[i];
+    for (int k = 0; k < 3; k++) {
+      const double eps = k == 0 ? 1e-2 : k == 1 ? 3e-3 : 1e-3;
+      for (int sg = -1; sg <= 1; sg += 2) {
+        for (int64_t i = 0; i < n; i++) P[i] = keep[i] + (float)(sg * eps) * gu[i];
+        CHECK(ll_trainer_forward_backward(tr, ids, tg, 1, 0, 1.0f, sg < 0 ? &lm : &lp, NULL, err, sizeof err) == 0);
+      }
+      const double fd = (lp - lm) / (2 * eps), rel = fabs(fd - gd) / sqrt(gg);
+      printf("full: direction %s eps %.0e: g.d %+.6f finite differences %+.6f (error / |g| %.2e)\n", dn ? "random" : "grad", eps, gd, fd, rel);
+      best = fmin(best, rel);
     }
-    const double fd = (lp - lm) / (2 * eps), rel = fabs(fd - gd) / (fabs(gd) + 1e-9);
-    printf("full: direction random eps %.0e: g.d %+.6f finite differences %+.6f (relative %.2e)\n", eps, gd, fd, rel);
-    best = fmin(best, rel);
+    CHECKF(best < 2e-3, "full: gradient and finite differences differ by %.3g of |g| (direction %d)", best, dn);
+    memcpy(P, keep, sizeof(float) * (size_t)n);
   }
-  CHECKF(best < 2e-2, "full: gradient and finite differences differ by %.3g", best);
   memcpy(P, keep, sizeof(float) * (size_t)n);
   free(gu), free(keep);
   CHECK(ll_trainer_zero_grad(tr) == 0);
