@@ -270,8 +270,8 @@ static void req_gone(void *p) {
   struct hreq *hr = *(struct hreq **)p;
   hr->req = NULL;
   if (!hr->finished) {
-    ll_sched_cancel(hr->http->srv->sched, hr->uid, hr->id); // frees its KV before the next step
-    return;                                                  // freed when its final event comes
+    ll_net_cancel(hr->http->srv, hr->uid, hr->id); // frees its KV before the next step
+    return;                                        // freed when its final event comes
   }
   hreq_free(hr);
 }
@@ -336,7 +336,7 @@ static void stream_put(struct hreq *hr, const char *a, size_t an, const char *b,
     ll_log(LL_LOG_WARN, "http: request %s dropped, more than %lld bytes of output not read", hr->cid,
            (long long)hr->http->srv->cfg->output_buffer);
     hr->overflow = 1;
-    if (!hr->finished) ll_sched_cancel(hr->http->srv->sched, hr->uid, hr->id);
+    if (!hr->finished) ll_net_cancel(hr->http->srv, hr->uid, hr->id);
   }
   stream_flush(hr);
 }
@@ -584,7 +584,7 @@ static void on_event(struct hreq *hr, const struct ll_sched_ev *ev) {
     return;
   case LL_EV_TOKEN:
     if (!hr->stream) {
-      if (buf_add(&hr->text, ev->data, ev->len) != 0) ll_sched_cancel(hr->http->srv->sched, hr->uid, hr->id);
+      if (buf_add(&hr->text, ev->data, ev->len) != 0) ll_net_cancel(hr->http->srv, hr->uid, hr->id);
       return;
     }
     {
@@ -1019,7 +1019,8 @@ static void handle_metrics(struct ll_http *h, h2o_req_t *req) {
   free(b.p);
 }
 
-// Hands a request to the scheduler with a table slot for its events; sends the error itself.
+// Hands a request to the scheduler (ll_net_submit) with a table slot for its events; sends a
+// 429 itself when the queue is full.
 static void submit(struct ll_http *h, h2o_req_t *req, struct ll_sched_req *r, struct hreq *hr) {
   struct ll_server *s = h->srv;
   int slot = -1;
@@ -1046,16 +1047,7 @@ static void submit(struct ll_http *h, h2o_req_t *req, struct ll_sched_req *r, st
   snprintf(r->id, sizeof r->id, "%s", hr->id);
   r->conn = hr->uid;
   h->reqs[slot] = hr;
-  int rc = ll_sched_submit(s->sched, r);
-  if (rc != 0) {
-    h->reqs[slot] = NULL;
-    hr->slot = -1;
-    hr->finished = 1; // req_gone frees it
-    send_error(h, req, rc == LL_ESTATE ? 503 : 500, rc == LL_ESTATE ? "shutdown" : "internal", NULL, "%s",
-               rc == LL_ESTATE ? "the server is shutting down" : "cannot queue the request");
-    return;
-  }
-  s->outstanding++;
+  ll_net_submit(s, r); // a refusal comes back as its final event (503 shutdown / 500)
 }
 
 // A request and its table entry, zeroed (slot -1: none yet); 0, or -1 with the 500 sent.

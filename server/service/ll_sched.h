@@ -113,6 +113,10 @@ void ll_sched_destroy(struct ll_sched *s);
 void ll_sched_req_free(struct ll_sched_req *r);
 // Takes ownership of r (also on error). LL_ESTATE after shutdown.
 int ll_sched_submit(struct ll_sched *s, struct ll_sched_req *r);
+// n requests under one lock and one wake-up, so that the compute thread's next step sees all
+// of them (submitted one by one, the first wakes it, and it may start a step before the rest
+// are in). Takes ownership of each; rc[i] is r[i]'s result as ll_sched_submit's.
+void ll_sched_submit_many(struct ll_sched *s, struct ll_sched_req **r, int n, int *rc);
 // Cancel request `id` of conn, or all of conn's requests when id is NULL. Each one still ends
 // with a final event (reason=cancel), which the loop drops if the connection is gone.
 void ll_sched_cancel(struct ll_sched *s, uint64_t conn, const char *id);

@@ -15,6 +15,12 @@
 struct ll_conn;
 struct ll_mconn;
 
+struct ll_sub { // a request waiting for the end of the loop iteration (net.c ll_net_submit)
+  struct ll_sched_req *r;
+  uint64_t conn;                 // r's, kept for the answer if the scheduler refuses r (and frees it)
+  char id[LL_PROTO_MAX_ID + 1];
+};
+
 struct ll_server {
   uv_loop_t *loop;
   const struct ll_config *cfg;
@@ -34,6 +40,13 @@ struct ll_server {
   int n_conns;
   uint32_t conn_gen;
   int outstanding; // requests handed to the scheduler whose final line has not come back
+  // Requests of this loop iteration, handed to the scheduler together at its end (net.c
+  // ll_net_submit), and the final events of those it refused, delivered there too.
+  uv_check_t submit_check;
+  int submit_ready;
+  struct ll_sub *sub;
+  int n_sub, cap_sub;
+  struct ll_sched_ev *sub_failed;
   uint64_t conns_total, conns_dropped, lines_total, errors_total;
 
   // HTTP (http.c), NULL when off
@@ -83,6 +96,16 @@ void ll_net_force_close_all(struct ll_server *s);                   // error/exi
 int ll_net_parse_listen(const char *spec, char *host, size_t hostcap, int *port, char *err, size_t errlen);
 int ll_net_host_is_loopback(const char *host);
 const char *ll_net_peer(struct ll_server *s, uint64_t uid); // "ip:port" of a live connection, else NULL
+// Both protocols' way to the scheduler. ll_net_submit takes r (conn and id set) and counts it
+// in `outstanding`; it reaches the scheduler at the end of this loop iteration, with every
+// other request read in it, so that requests arriving together start in the same batch step
+// (were each handed over at once, the compute thread would wake at the first and start its
+// step before the loop has read the others, which then wait a whole step). A request the
+// scheduler refuses (shutting down) ends with a final ERROR event like any other.
+// ll_net_cancel is ll_sched_cancel after handing over what is waiting (so a cancel never
+// overtakes its request).
+void ll_net_submit(struct ll_server *s, struct ll_sched_req *r);
+void ll_net_cancel(struct ll_server *s, uint64_t uid, const char *id);
 
 // http.c: the OpenAI-compatible HTTP API on the same loop (man/llsrv-http.7)
 int ll_http_start(struct ll_server *s, char *err, size_t errlen);

@@ -80,7 +80,7 @@ static void conn_close(struct ll_conn *c, const char *why) {
   if (c->closing) return;
   c->closing = 1;
   if (why) ll_log(LL_LOG_DEBUG, "client %s: closed (%s)", c->peer, why);
-  if (c->n_inflight > 0) ll_sched_cancel(c->srv->sched, c->uid, NULL); // frees their KV before the next step
+  if (c->n_inflight > 0) ll_net_cancel(c->srv, c->uid, NULL); // frees their KV before the next step
   uv_read_stop((uv_stream_t *)&c->h);
   uv_close((uv_handle_t *)&c->h, on_conn_closed);
 }
@@ -97,7 +97,7 @@ static void conn_drain_close(struct ll_conn *c) {
   c->draining = 1;
   c->drain_started = now_ms(c->srv);
   uv_read_stop((uv_stream_t *)&c->h);
-  if (c->n_inflight > 0) ll_sched_cancel(c->srv->sched, c->uid, NULL);
+  if (c->n_inflight > 0) ll_net_cancel(c->srv, c->uid, NULL);
   c->shut.data = c;
   if (uv_shutdown(&c->shut, (uv_stream_t *)&c->h, on_shutdown_done) != 0) conn_close(c, "shutdown failed");
 }
@@ -199,15 +199,16 @@ static void inflight_remove(struct ll_conn *c, const char *id) {
 // ---- commands ----
 
 
-// Testing aid: LL_NET_FAULT=oom makes the in-flight record's allocation fail, to exercise the
-// out-of-memory answer (the request is freed; its id must have been used before).
-static int net_fault_oom(void) {
+// Testing aids: LL_NET_FAULT=oom makes the in-flight record's allocation fail, to exercise the
+// out-of-memory answer (the request is freed; its id must have been used before);
+// LL_NET_FAULT=refuse has every request refused as the scheduler does once shutting down.
+static int net_fault(const char *what) {
   const char *f = getenv("LL_NET_FAULT");
-  return f && strcmp(f, "oom") == 0;
+  return f && strcmp(f, what) == 0;
 }
+static int net_fault_oom(void) { return net_fault("oom"); }
 
 static int hand_off(struct ll_conn *c, struct ll_sched_req *r) {
-  struct ll_server *s = c->srv;
   struct inflight *f = net_fault_oom() ? NULL : malloc(sizeof *f);
   if (!f) {
     send_err(c, r->id, "internal", "out of memory");
@@ -215,18 +216,10 @@ static int hand_off(struct ll_conn *c, struct ll_sched_req *r) {
     return LL_ENOMEM;
   }
   snprintf(f->id, sizeof f->id, "%s", r->id);
-  char id[LL_PROTO_MAX_ID + 1];
-  snprintf(id, sizeof id, "%s", r->id);
-  int rc = ll_sched_submit(s->sched, r);
-  if (rc != 0) {
-    free(f);
-    send_err(c, id, rc == LL_ESTATE ? "shutdown" : "internal", rc == LL_ESTATE ? "the server is shutting down" : "cannot queue the request");
-    return rc;
-  }
   f->next = c->inflight;
   c->inflight = f;
   c->n_inflight++;
-  s->outstanding++;
+  ll_net_submit(c->srv, r);
   return 0;
 }
 
@@ -377,7 +370,7 @@ static void cmd_cancel(struct ll_conn *c, const struct ll_proto_req *q, const ch
   }
   if (!t && q->text_len == 3 && !memcmp(q->text, "all", 3)) {
     int n = c->n_inflight;
-    if (n) ll_sched_cancel(s->sched, c->uid, NULL);
+    if (n) ll_net_cancel(s, c->uid, NULL);
     conn_printf(c, "OK %s cancelled=%d\n", id, n);
     return;
   }
@@ -387,7 +380,7 @@ static void cmd_cancel(struct ll_conn *c, const struct ll_proto_req *q, const ch
     send_err(c, q->id, "not_found", msg);
     return;
   }
-  ll_sched_cancel(s->sched, c->uid, target);
+  ll_net_cancel(s, c->uid, target);
   conn_printf(c, "OK %s cancelled=1\n", id);
 }
 
@@ -579,6 +572,101 @@ too_long: {
 }
 }
 
+// ---- handing requests to the scheduler (ll_net_submit) ----
+
+// A refused request's final ERROR event, queued in sub_failed for the check (never delivered
+// from here: a cancel that flushes may run inside a protocol's callback).
+static void submit_refused(struct ll_server *s, const struct ll_sub *p, int rc) {
+  const char *msg = rc == LL_ESTATE ? "the server is shutting down" : "cannot queue the request";
+  size_t n = strlen(msg);
+  struct ll_sched_ev *ev = calloc(1, sizeof *ev + n + 1);
+  if (!ev) { // no memory even for the answer: at least the count stays right
+    ll_log(LL_LOG_ERROR, "request %s: refused by the scheduler (%s) and not answered: out of memory", p->id, ll_strerror(rc));
+    s->outstanding--;
+    return;
+  }
+  ev->type = LL_EV_ERROR;
+  ev->final = 1;
+  ev->conn = p->conn;
+  memcpy(ev->id, p->id, sizeof ev->id);
+  ev->code = rc == LL_ESTATE ? "shutdown" : "internal";
+  memcpy(ev->data, msg, n + 1);
+  ev->len = n;
+  struct ll_sched_ev **tail = &s->sub_failed; // in order: a connection's answers keep their order
+  while (*tail) tail = &(*tail)->next;
+  *tail = ev;
+}
+
+// Requests to the scheduler under one lock and one wake-up (64 at a time).
+static void submit_batch(struct ll_server *s, const struct ll_sub *subs, int n_subs) {
+  struct ll_sched_req *rs[64];
+  int rc[64];
+  for (int i0 = 0; i0 < n_subs; i0 += 64) {
+    int n = n_subs - i0 < 64 ? n_subs - i0 : 64;
+    for (int i = 0; i < n; i++) rs[i] = subs[i0 + i].r;
+    if (net_fault("refuse")) {
+      for (int i = 0; i < n; i++) ll_sched_req_free(rs[i]), rc[i] = LL_ESTATE;
+    } else {
+      ll_sched_submit_many(s->sched, rs, n, rc); // owns them from here, also on error
+    }
+    for (int i = 0; i < n; i++)
+      if (rc[i]) submit_refused(s, &subs[i0 + i], rc[i]);
+  }
+}
+
+static void submit_flush(struct ll_server *s) {
+  int n = s->n_sub;
+  s->n_sub = 0;
+  submit_batch(s, s->sub, n);
+}
+
+// The end of a loop iteration (libuv runs check handles right after polling for I/O): the
+// iteration's requests go to the scheduler together, then the refusals' answers go out.
+static void on_submit_check(uv_check_t *h) {
+  struct ll_server *s = h->data;
+  submit_flush(s);
+  uv_check_stop(h);
+  if (!s->sub_failed) return;
+  while (s->sub_failed) {
+    struct ll_sched_ev *ev = s->sub_failed;
+    s->sub_failed = ev->next;
+    ev->next = NULL;
+    if (ll_http_is_uid(ev->conn)) {
+      ll_http_on_event(s, ev);
+    } else {
+      s->errors_total++;
+      ll_net_on_event(s, ev);
+    }
+  }
+  // Refusals come while shutting down: the loop's async callback is where the shutdown goes on
+  // once nothing is outstanding (server.c); its wake-up may have come before these answers.
+  if (s->shutting_down == 1) uv_async_send(&s->async);
+}
+
+void ll_net_submit(struct ll_server *s, struct ll_sched_req *r) {
+  s->outstanding++;
+  struct ll_sub one = {.r = r, .conn = r->conn};
+  snprintf(one.id, sizeof one.id, "%s", r->id);
+  if (s->n_sub == s->cap_sub) {
+    int nc = s->cap_sub ? s->cap_sub * 2 : 64;
+    struct ll_sub *q = s->submit_ready ? realloc(s->sub, (size_t)nc * sizeof *q) : NULL;
+    if (q) s->sub = q, s->cap_sub = nc;
+  }
+  if (s->n_sub == s->cap_sub) { // no check handle yet, or no memory to wait in: now, in order
+    submit_flush(s);
+    submit_batch(s, &one, 1);
+  } else {
+    s->sub[s->n_sub++] = one;
+  }
+  // Also for a refusal of the line above: its answer goes out from the check.
+  if (s->submit_ready && (s->n_sub || s->sub_failed)) uv_check_start(&s->submit_check, on_submit_check);
+}
+
+void ll_net_cancel(struct ll_server *s, uint64_t uid, const char *id) {
+  submit_flush(s);
+  ll_sched_cancel(s->sched, uid, id);
+}
+
 // ---- accepting ----
 
 static void on_connection(uv_stream_t *server, int status) {
@@ -663,6 +751,9 @@ int ll_net_start(struct ll_server *s, char *err, size_t errlen) {
   const char *spec = s->cfg->listen;
   s->conns = calloc((size_t)s->cfg->max_clients, sizeof *s->conns);
   if (!s->conns) return ll_errf(err, errlen, LL_ENOMEM, "out of memory");
+  uv_check_init(s->loop, &s->submit_check); // closed by ll_server_close's walk
+  s->submit_check.data = s;
+  s->submit_ready = 1;
   if (!spec || !*spec || !strcmp(spec, "off")) return 0;
   char host[100];
   int port;
@@ -757,4 +848,15 @@ void ll_net_force_close_all(struct ll_server *s) {
   ll_net_shutdown(s);
   for (int i = 0; i < s->cfg->max_clients; i++)
     if (s->conns[i]) conn_close(s->conns[i], "server stopping");
+  // What never reached the scheduler (the loop stopped in between): nobody waits for it now.
+  for (int i = 0; i < s->n_sub; i++) ll_sched_req_free(s->sub[i].r);
+  s->n_sub = 0;
+  free(s->sub);
+  s->sub = NULL;
+  s->cap_sub = 0;
+  while (s->sub_failed) {
+    struct ll_sched_ev *ev = s->sub_failed;
+    s->sub_failed = ev->next;
+    free(ev);
+  }
 }

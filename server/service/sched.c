@@ -986,28 +986,33 @@ void ll_sched_destroy(struct ll_sched *s) {
 }
 
 int ll_sched_submit(struct ll_sched *s, struct ll_sched_req *r) {
+  int rc;
+  ll_sched_submit_many(s, &r, 1, &rc);
+  return rc;
+}
+
+void ll_sched_submit_many(struct ll_sched *s, struct ll_sched_req **r, int n, int *rc) {
+  int added = 0;
   pthread_mutex_lock(&s->mu);
-  if (s->shutdown) {
-    pthread_mutex_unlock(&s->mu);
-    ll_sched_req_free(r);
-    return LL_ESTATE;
-  }
-  if (s->n_in == s->cap_in) {
-    int nc = s->cap_in ? s->cap_in * 2 : 16;
-    struct ll_sched_req **q = realloc(s->in, (size_t)nc * sizeof *q);
-    if (!q) {
-      pthread_mutex_unlock(&s->mu);
-      ll_sched_req_free(r);
-      return LL_ENOMEM;
+  for (int i = 0; i < n; i++) {
+    rc[i] = s->shutdown ? LL_ESTATE : 0;
+    if (!rc[i] && s->n_in == s->cap_in) {
+      int nc = s->cap_in ? s->cap_in * 2 : 16;
+      struct ll_sched_req **q = realloc(s->in, (size_t)nc * sizeof *q);
+      if (q) s->in = q, s->cap_in = nc;
+      else rc[i] = LL_ENOMEM;
     }
-    s->in = q, s->cap_in = nc;
+    if (rc[i]) {
+      ll_sched_req_free(r[i]);
+      continue;
+    }
+    r[i]->t_submit = now_ms();
+    s->in[s->n_in++] = r[i];
+    s->stats.queued++;
+    added++;
   }
-  r->t_submit = now_ms();
-  s->in[s->n_in++] = r;
-  s->stats.queued++;
-  pthread_cond_signal(&s->cv);
+  if (added) pthread_cond_signal(&s->cv); // one wake-up: the next step sees them all
   pthread_mutex_unlock(&s->mu);
-  return 0;
 }
 
 void ll_sched_cancel(struct ll_sched *s, uint64_t conn, const char *id) {

@@ -508,6 +508,33 @@ check(c5.request("PING") == "PONG", "PING after the out-of-memory answer")
 c5.close()
 check(srv5.stop() == 0, "the oom server exits 0")
 
+# Requests the scheduler refuses (LL_NET_FAULT=refuse: as once it shuts down) are handed over at
+# the end of the loop iteration that read them (net.c ll_net_submit) and answered from there:
+# each with its own final error, in order, over both protocols; the server serves on and still
+# counts nothing in flight (it stops at once).
+srv6 = Server(tmp, ["--parallel", "1", "--ctx", "128"], env={"LL_NET_FAULT": "refuse"}, name="refuse")
+c6 = srv6.conn()
+c6.send("GEN id=r1 max_tokens=2 :x\nGEN id=r2 max_tokens=2 :y\nPING\n")
+got = [c6.line() for _ in range(3)]
+check([g for g in got if g != "PONG"] == ["ERR r1 shutdown :the server is shutting down", "ERR r2 shutdown :the server is shutting down"]
+      and "PONG" in got, "refused requests: ERR each, in order (and the PING answered): %r" % got)
+check("inflight=0" in c6.request("STATS"), "nothing counted in flight after the refusals")
+h6 = socket.create_connection(("127.0.0.1", srv6.http_port), timeout=30)
+body = b'{"prompt":"x","max_tokens":2}'
+h6.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+resp = b""
+while b'"code":"shutdown"}}' not in resp:
+    d = h6.recv(65536)
+    if not d:
+        break
+    resp += d
+check(resp.startswith(b"HTTP/1.1 503") and b'"code":"shutdown"' in resp, "HTTP: a refused request answers 503 shutdown: %r" % resp[:300])
+h6.close()
+check(c6.request("PING") == "PONG", "PING after the refusals")
+c6.close()
+t6 = time.time()
+check(srv6.stop() == 0 and time.time() - t6 < 4, "the refusing server exits 0 at once (%.1f s)" % (time.time() - t6))
+
 # A directory that exists is never chmod'ed: one writable by others (here 1777, like /tmp) is
 # refused and left as it was; one of ours at 0755 is used as it is.
 shared = os.path.join(tmp, "ww")
