@@ -17,6 +17,7 @@
 // (then the request is cancelled and the connection closed), parallel + max_queued requests in
 // flight (429).
 #include <arpa/inet.h>
+#include <assert.h>
 #include <ctype.h>
 #include <h2o.h>
 #include <jansson.h>
@@ -87,8 +88,9 @@ struct hreq {
   size_t text_off;      // streamed: bytes of text sent so far
   struct buf pend, out; // streamed: bytes waiting for the next proceed / bytes H2O is sending
   json_t *lp;           // logprobs entries not yet sent (chat: array; completions: legacy object)
-  char *tpl;            // streamed: a token chunk's JSON around its text (stream_text), split at tpl_at
+  char *tpl;            // streamed: a token chunk's JSON but its text (stream_text), the text goes at tpl_at
   size_t tpl_n, tpl_at;
+  struct buf esc;       // streamed: a token's text as a JSON string
   double t_start;
 };
 
@@ -262,6 +264,7 @@ static void hreq_free(struct hreq *hr) {
   free(hr->out.p);
   json_decref(hr->lp);
   free(hr->tpl);
+  free(hr->esc.p);
   free(hr);
 }
 
@@ -382,31 +385,118 @@ static json_t *take_logprobs(struct hreq *hr) {
 // with finish_reason.
 static json_t *chunk_json(struct hreq *hr, const char *text, size_t n, const char *finish, int first);
 
-// A token's chunk without logprobs (most of a stream): the chunk's JSON is the same for every
-// token but the text, so it is built once (with a marker for the text) and each token's chunk
-// is that text's JSON string between its two halves - the same bytes as chunk_json's, without
-// building and dumping an object of eleven members per token.
-static int stream_text(struct hreq *hr, const char *text, size_t n) {
-  static const char mark[] = "\x01llsrv-text\x01", mark_json[] = "\"\\u0001llsrv-text\\u0001\"";
-  if (!hr->tpl) {
-    json_t *o = chunk_json(hr, mark, sizeof mark - 1, NULL, 0);
-    char *t = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
-    char *at = t ? strstr(t, mark_json) : NULL;
-    if (!at) {
-      free(t);
-      return -1;
+// The JSON string (quotes included) of n bytes of ASCII text, appended to b without building
+// a jansson value: the same bytes as json_dumps of json_stringn's (\" \\ \b \f \n \r \t,
+// other control bytes as \u00XX). -1 with b as it was when a byte is not ASCII: jansson then
+// checks the UTF-8 (jstr), or out of memory.
+static int json_ascii(struct buf *b, const char *p, size_t n) {
+  const size_t n0 = b->n;
+  int rc = buf_add(b, "\"", 1);
+  for (size_t i = 0, run = 0; !rc && i <= n; i++) {
+    unsigned char c = i < n ? (unsigned char)p[i] : 0;
+    if (i < n && c >= 0x20 && c < 0x80 && c != '"' && c != '\\') continue;
+    if (i > run) rc = buf_add(b, p + run, i - run);
+    run = i + 1;
+    if (rc || i == n) break;
+    if (c >= 0x80) rc = -1;
+    else if (c == '"' || c == '\\') rc = buf_add(b, c == '"' ? "\\\"" : "\\\\", 2);
+    else if (c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t')
+      rc = buf_add(b, c == '\b' ? "\\b" : c == '\f' ? "\\f" : c == '\n' ? "\\n" : c == '\r' ? "\\r" : "\\t", 2);
+    else {
+      char u[8];
+      snprintf(u, sizeof u, "\\u%04X", c);
+      rc = buf_add(b, u, 6);
     }
-    hr->tpl = t;
-    hr->tpl_n = strlen(t);
-    hr->tpl_at = (size_t)(at - t);
   }
-  json_t *js = jstr(text, n);
-  char *e = json_dumps(js, JSON_COMPACT | JSON_ENCODE_ANY);
-  json_decref(js);
-  const size_t after = hr->tpl_at + sizeof mark_json - 1;
-  stream_put(hr, e ? hr->tpl : NULL, hr->tpl_at, e, e ? strlen(e) : 0, hr->tpl + after, hr->tpl_n - after);
-  free(e);
+  if (!rc) rc = buf_add(b, "\"", 1);
+  if (rc) b->n = n0;
+  if (b->p) b->p[b->n] = 0;
+  return rc;
+}
+
+// A token's chunk without logprobs (most of a stream) is the same JSON for every token but
+// the text: built once per request as the two halves around the text (tpl, split at tpl_at),
+// each token's chunk is the text's JSON string between them - the same bytes as chunk_json's,
+// without building and dumping an object of eleven members per token. The halves are written
+// directly (the first token's latency), or where a name is not ASCII, cut out of chunk_json's
+// dump around a marker text.
+static int chunk_template_json(struct hreq *hr) {
+  static const char mark[] = "\x01llsrv-text\x01", mark_json[] = "\"\\u0001llsrv-text\\u0001\"";
+  json_t *o = chunk_json(hr, mark, sizeof mark - 1, NULL, 0);
+  char *t = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  char *at = t ? strstr(t, mark_json) : NULL;
+  if (!at) {
+    free(t);
+    return -1;
+  }
+  size_t n = strlen(t), k = sizeof mark_json - 1;
+  memmove(at, at + k, n - (size_t)(at - t) - k + 1);
+  hr->tpl = t;
+  hr->tpl_n = n - k;
+  hr->tpl_at = (size_t)(at - t);
+  return 0;
+}
+
+static int chunk_template(struct hreq *hr) {
+  struct buf t = {0};
+  char num[32];
+  snprintf(num, sizeof num, "%lld", hr->created);
+  const int chat = hr->kind == HK_CHAT;
+  int rc = buf_str(&t, "{\"id\":");
+  if (!rc) rc = json_ascii(&t, hr->cid, strlen(hr->cid));
+  if (!rc) rc = buf_str(&t, chat ? ",\"object\":\"chat.completion.chunk\",\"created\":" : ",\"object\":\"text_completion\",\"created\":");
+  if (!rc) rc = buf_str(&t, num);
+  if (!rc) rc = buf_str(&t, ",\"model\":");
+  if (!rc) rc = json_ascii(&t, hr->model, strlen(hr->model));
+  if (!rc) rc = buf_str(&t, ",\"system_fingerprint\":\"llsrv-" LL_VERSION "\",\"choices\":[{\"index\":0,");
+  if (!rc) rc = buf_str(&t, chat ? "\"delta\":{\"content\":" : "\"text\":");
+  const size_t at = t.n;
+  if (!rc) rc = buf_str(&t, chat ? "},\"logprobs\":null,\"finish_reason\":null}]" : ",\"logprobs\":null,\"finish_reason\":null}]");
+  if (!rc) rc = buf_str(&t, hr->include_usage ? ",\"usage\":null}" : "}");
+  if (rc) {
+    free(t.p);
+    return chunk_template_json(hr);
+  }
+  hr->tpl = t.p;
+  hr->tpl_n = t.n;
+  hr->tpl_at = at;
+#ifndef NDEBUG
+  { // our invariant: the same bytes as chunk_json's (checked in debug builds, as the suite's sanitizer pass runs)
+    char *fast = hr->tpl;
+    size_t fn = hr->tpl_n, fat = hr->tpl_at;
+    if (chunk_template_json(hr) == 0) {
+      assert(fn == hr->tpl_n && fat == hr->tpl_at && memcmp(fast, hr->tpl, fn) == 0);
+      free(hr->tpl);
+    }
+    hr->tpl = fast, hr->tpl_n = fn, hr->tpl_at = fat;
+  }
+#endif
+  return 0;
+}
+
+static int stream_text(struct hreq *hr, const char *text, size_t n) {
+  if (!hr->tpl && chunk_template(hr) != 0) return -1;
+  hr->esc.n = 0;
+  int rc = json_ascii(&hr->esc, text, n);
+#ifndef NDEBUG
+  if (rc == 0) { // our invariant: the same bytes as jansson's
+    json_t *js = json_stringn(text, n);
+    char *e = json_dumps(js, JSON_COMPACT | JSON_ENCODE_ANY);
+    json_decref(js);
+    assert(e && strlen(e) == hr->esc.n && memcmp(e, hr->esc.p, hr->esc.n) == 0);
+    free(e);
+  }
+#endif
+  if (rc != 0) {
+    json_t *js = jstr(text, n);
+    char *e = json_dumps(js, JSON_COMPACT | JSON_ENCODE_ANY);
+    json_decref(js);
+    hr->esc.n = 0;
+    rc = e ? buf_str(&hr->esc, e) : LL_ENOMEM;
+    free(e);
+  }
+  stream_put(hr, rc ? NULL : hr->tpl, hr->tpl_at, hr->esc.p, hr->esc.n, hr->tpl + hr->tpl_at, hr->tpl_n - hr->tpl_at);
   return 0;
 }
 
