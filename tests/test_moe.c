@@ -186,11 +186,15 @@ static struct ll_engine *open_model(const char *path, char *err, size_t errlen) 
   return e;
 }
 
-// Logits (n, V) of tokens[0..n) on a fresh sequence: as one prompt (all rows), or decoded one
-// token at a time.
-static int run(struct ll_engine *e, const int32_t *tokens, int n, int one_by_one, float *logits) {
+// Logits (n, V) of tokens[0..n) on a fresh sequence with adapter a (or none): as one prompt
+// (all rows), or decoded one token at a time.
+static int run_a(struct ll_engine *e, const struct ll_lora *a, const int32_t *tokens, int n, int one_by_one, float *logits) {
   char err[256];
   int s = ll_engine_seq_new(e), rc = 0;
+  if (a) {
+    rc = ll_engine_seq_set_adapter(e, s, a, err, sizeof err);
+    CHECKF(rc == 0, "adapter: %s", err);
+  }
   if (one_by_one) {
     for (int t = 0; t < n && rc == 0; t++) {
       struct ll_batch_item it = {s, 1, tokens + t, 1, logits + (size_t)t * V, NULL};
@@ -203,6 +207,20 @@ static int run(struct ll_engine *e, const int32_t *tokens, int n, int one_by_one
   CHECKF(rc == 0, "decode: %s", err);
   ll_engine_seq_free(e, s);
   return rc;
+}
+static int run(struct ll_engine *e, const int32_t *tokens, int n, int one_by_one, float *logits) { return run_a(e, NULL, tokens, n, one_by_one, logits); }
+
+// Σ cross-entropy of logits (n, V) against targets.
+static double xent_sum(const float *logits, const int32_t *tg, int n) {
+  double s = 0;
+  for (int t = 0; t < n; t++) {
+    const float *x = logits + (size_t)t * V;
+    double mx = x[0], z = 0;
+    for (int i = 1; i < V; i++) mx = fmax(mx, x[i]);
+    for (int i = 0; i < V; i++) z += exp(x[i] - mx);
+    s += mx + log(z) - x[tg[t]];
+  }
+  return s;
 }
 
 static double max_diff(const float *a, const float *b, size_t n) {
@@ -331,10 +349,15 @@ static void test_models(const char *dir, uint64_t *rs) {
 // LoRA on q, k, v, o of an MoE model: every adapter gradient against central differences of
 // the summed loss. The gradient reaches the lower layer's adapters through the upper layer's
 // experts, their routing weights (softmax, renormalization) and, with `shared`, qwen2moe's
-// sigmoid-gated shared expert: ll_moe_backward.
-static void test_grads(const char *dir, int shared, uint64_t *rs) {
+// sigmoid-gated shared expert: ll_moe_backward. With `experts`, adapters on every expert's
+// gate, up and down too (one pair per expert, most of the parameters): their gradients through
+// the routed products, then the adapter served (ll_engine with it on a sequence: the loss of
+// its logits equals the trainer's, a prompt equals its tokens decoded one at a time), written
+// as a GGUF LoRA (3-D ffn_*_exps tensors) and read back to the same logits' bits.
+static void serve_expert_adapter(struct ll_engine *e, struct ll_trainer *tr, const char *dir, uint64_t *rs);
+static void test_grads(const char *dir, int shared, int experts, uint64_t *rs) {
   char path[4200], err[256];
-  snprintf(path, sizeof path, "%s/train-%d.gguf", dir, shared);
+  snprintf(path, sizeof path, "%s/train-%d-%d.gguf", dir, shared, experts);
   if (write_model(path, E, K, 0, ll_test_rand(rs), shared ? "shared" : NULL)) return;
   struct ll_engine *e = open_model(path, err, sizeof err);
   CHECKF(e != NULL, "open: %s", err);
@@ -342,15 +365,17 @@ static void test_grads(const char *dir, int shared, uint64_t *rs) {
   struct ll_trainer_params p;
   ll_trainer_params_init(&p);
   p.rank = 4, p.alpha = 8, p.batch = 2, p.seq_len = 8, p.lr = 1e-2, p.steps = 10, p.seed = 7;
-  p.targets = (1u << LL_LORA_Q) | (1u << LL_LORA_K) | (1u << LL_LORA_V) | (1u << LL_LORA_O);
+  p.targets = (1u << LL_LORA_Q) | (1u << LL_LORA_K) | (1u << LL_LORA_V) | (1u << LL_LORA_O) | (experts ? LL_LORA_EXPERT_TARGETS : 0);
+  p.arch = shared ? "qwen2moe" : "llama";
   struct ll_trainer *tr = NULL;
   int rc = ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err);
   CHECKF(rc == 0, "trainer: %s", err);
   if (rc == 0) {
     const struct ll_lora *lo = ll_trainer_lora(tr);
     uint64_t bs = 99;
+    CHECK(!experts || (lo->targets & LL_LORA_EXPERT_TARGETS) == LL_LORA_EXPERT_TARGETS);
     for (int l = 0; l < lo->n_layer; l++) // B starts at zero (every A gradient zero): values first
-      for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+      for (int t = 0; t < LL_LORA_N_SLOTS; t++) {
         struct ll_lora_pair *pr = ll_lora_at(lo, l, t);
         for (int64_t i = 0; pr->b.data && i < pr->b.k * pr->b.n; i++) ((float *)pr->b.data)[i] = 0.3f * ll_test_randf(&bs);
       }
@@ -393,8 +418,8 @@ static void test_grads(const char *dir, int shared, uint64_t *rs) {
         max_err = fmax(max_err, d), max_g = fmax(max_g, fabs(fd));
         if (d > 2e-3 + 3e-2 * fabs(fd) && bad++ < 5) fprintf(stderr, "param %lld: analytic %.6g, finite differences %.6g\n", (long long)i, g[i], fd);
       }
-      printf("%s: batch %d, 80 adapter gradients (%d in layer 0; %d at a routing kink, not checked), max |g_fd| %.4g, max |error| %.3g\n",
-             shared ? "qwen2moe" : "mixtral", attempt, lower, kinks, max_g, max_err);
+      printf("%s%s: batch %d, 80 adapter gradients (%d in layer 0; %d at a routing kink, not checked), max |g_fd| %.4g, max |error| %.3g\n",
+             shared ? "qwen2moe" : "mixtral", experts ? " (adapters on attention and experts)" : "", attempt, lower, kinks, max_g, max_err);
       if (kinks <= 4) break;
     }
     CHECKF(kinks <= 4, "%d of 80 parameters at routing kinks", kinks);
@@ -402,7 +427,15 @@ static void test_grads(const char *dir, int shared, uint64_t *rs) {
     CHECKF(bad == 0, "%d of 80 gradients off the finite differences", bad);
     CHECK(max_g > 1e-3);
     free(g);
+    if (experts) serve_expert_adapter(e, tr, dir, rs);
     ll_trainer_free(tr);
+  }
+  if (experts) { // what is refused: dropout with expert adapters
+    p.dropout = 0.1f;
+    rc = ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err);
+    CHECKF(rc == LL_EUNSUPPORTED && strstr(err, "dropout"), "dropout with expert adapters: %s", rc ? err : "accepted");
+    if (rc == 0) ll_trainer_free(tr);
+    p.dropout = 0;
   }
   // what is refused: FFN targets, full-parameter training
   p.targets = LL_LORA_ALL_TARGETS;
@@ -411,6 +444,68 @@ static void test_grads(const char *dir, int shared, uint64_t *rs) {
   if (rc == 0) ll_trainer_free(tr);
   ll_engine_close(e);
   unlink(path);
+}
+
+static void serve_expert_adapter(struct ll_engine *e, struct ll_trainer *tr, const char *dir, uint64_t *rs) {
+  char err[256], f[4200];
+  const struct ll_lora *lo = ll_trainer_lora(tr);
+  int32_t ids[16], tg[16];
+  for (int i = 0; i < 16; i++) ids[i] = (int32_t)(ll_test_rand(rs) % V), tg[i] = (int32_t)(ll_test_rand(rs) % V);
+  double ltr = 0, lsv = 0, lbase = 0;
+  int64_t nc = 0;
+  int rc = ll_trainer_forward_backward(tr, ids, tg, 2, 0, 1.0f, &ltr, &nc, err, sizeof err);
+  CHECKF(rc == 0 && nc == 16, "trainer forward: %s", err);
+  float *lg = malloc(sizeof(float) * 8 * V * 4), *lg1 = lg + 8 * V, *lg2 = lg1 + 8 * V, *lg3 = lg2 + 8 * V;
+  double dmax = 0, amax = 0;
+  for (int b = 0; b < 2; b++) {
+    run_a(e, lo, ids + 8 * b, 8, 0, lg);  // a prompt: the experts' adapters over grouped rows
+    run_a(e, lo, ids + 8 * b, 8, 1, lg1); // decoded one token at a time (k routed experts per token)
+    run_a(e, NULL, ids + 8 * b, 8, 0, lg2);
+    lsv += xent_sum(lg, tg + 8 * b, 8), lbase += xent_sum(lg2, tg + 8 * b, 8);
+    dmax = fmax(dmax, max_diff(lg, lg1, 8 * V)), amax = fmax(amax, max_abs(lg, 8 * V));
+  }
+  printf("expert adapter served: loss %.6f (trainer %.6f, without the adapter %.6f); prompt vs decode max |diff| %.3g of max |logit| %.3g\n", lsv, ltr,
+         lbase, dmax, amax);
+  CHECKF(fabs(lsv - ltr) < 1e-4 * fabs(ltr), "served loss %.7g, trainer's %.7g", lsv, ltr);
+  CHECKF(fabs(lbase - ltr) > 1e-2, "the adapter changes nothing (%.7g vs %.7g)", lbase, ltr);
+  CHECKF(dmax <= 1e-5 * amax, "prompt vs one-by-one: %.3g", dmax);
+  // export / import: 3-D ffn_*_exps tensors, read back to the same bits
+  snprintf(f, sizeof f, "%s/experts.gguf", dir);
+  CHECKF(ll_lora_save_gguf(lo, f, err, sizeof err) == 0, "%s", err);
+  struct ll_modelfile mf;
+  ll_modelfile_init(&mf);
+  rc = ll_gguf_open(f, &mf, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  if (rc == 0) {
+    const struct ll_tensor_info *ta = ll_mf_find_tensor(&mf, "blk.1.ffn_down_exps.weight.lora_a"), *tb = ll_mf_find_tensor(&mf, "blk.0.ffn_gate_exps.weight.lora_b");
+    CHECK(ta && ta->n_dims == 3 && ta->ne[0] == F && ta->ne[1] == lo->rank && ta->ne[2] == E); // {in, r, E}
+    CHECK(tb && tb->n_dims == 3 && tb->ne[0] == lo->rank && tb->ne[1] == F && tb->ne[2] == E); // {r, out, E}
+    ll_modelfile_free(&mf);
+  }
+  struct ll_lora_dims d;
+  ll_engine_lora_dims(e, &d);
+  struct ll_lora *back = NULL;
+  CHECKF(ll_lora_load(&back, f, &d, NULL, err, sizeof err) == 0, "%s", err);
+  struct ll_lora *inferred = NULL; // without the base model: the experts' count and width from the tensors
+  CHECKF(ll_lora_load(&inferred, f, NULL, NULL, err, sizeof err) == 0, "%s", err);
+  if (inferred) {
+    CHECK(inferred->n_expert == E && inferred->n_params == lo->n_params);
+    ll_lora_free(inferred);
+  }
+  if (back) {
+    CHECK(back->targets == lo->targets && back->n_expert == E && back->n_params == lo->n_params);
+    run_a(e, lo, ids, 8, 0, lg);
+    run_a(e, back, ids, 8, 0, lg3);
+    CHECK(memcmp(lg, lg3, sizeof(float) * 8 * V) == 0);
+    ll_lora_free(back);
+  }
+  // a base model with other experts refuses it
+  d.n_expert = E + 1;
+  CHECKF(ll_lora_load(&back, f, &d, NULL, err, sizeof err) != 0 && strstr(err, "expert"), "an adapter for %d experts on %d: %s", E, E + 1,
+         back ? "accepted" : err);
+  if (back) ll_lora_free(back);
+  unlink(f);
+  free(lg);
 }
 
 // Full-parameter training of an MoE model: the objective is the summed LM loss plus the
@@ -523,8 +618,10 @@ int main(void) {
   char dir[4096];
   if (ll_test_tmpdir(dir, sizeof dir)) {
     test_models(dir, &rs);
-    test_grads(dir, 0, &rs);
-    test_grads(dir, 1, &rs);
+    test_grads(dir, 0, 0, &rs);
+    test_grads(dir, 1, 0, &rs);
+    test_grads(dir, 0, 1, &rs);
+    test_grads(dir, 1, 1, &rs);
     test_full_grads(dir, 0, &rs);
     test_full_grads(dir, 1, &rs);
     rmdir(dir);

@@ -63,6 +63,7 @@ struct ll_engine {
   struct ll_moe_layer *moe_layers; // (L)
   struct ll_weight *experts;       // (L, 3, E): each layer's gate, up, down slices
   struct ll_moe_ctx *moe;
+  const struct ll_lora **tok_lora; // (max_batch) each row's adapter, for adapters on experts
 };
 
 void ll_engine_params_default(struct ll_engine_params *p) {
@@ -410,7 +411,8 @@ static int alloc_index(struct ll_engine *e, char *err, size_t errlen) {
   e->kvv = malloc((size_t)e->n_seqs * sizeof *e->kvv); // a batch has each sequence at most once
   e->it0 = malloc((size_t)e->n_seqs * sizeof *e->it0);
   e->itn = malloc((size_t)e->n_seqs * sizeof *e->itn);
-  if (!e->pos || !e->ids || !e->amax || !e->kvv || !e->it0 || !e->itn) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  e->tok_lora = malloc(B * sizeof *e->tok_lora);
+  if (!e->pos || !e->ids || !e->amax || !e->kvv || !e->it0 || !e->itn || !e->tok_lora) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
   return 0;
 }
 
@@ -433,7 +435,7 @@ void ll_engine_close(struct ll_engine *e) {
   free(e->m.layers);
   free(e->owned_f32);
   ll_cpu_stream_free(e->packed);
-  free(e->pos), free(e->ids), free(e->amax);
+  free(e->pos), free(e->ids), free(e->amax), free(e->tok_lora);
   free(e->kvv), free(e->it0), free(e->itn);
   ll_modelfile_free(&e->mf);
   free(e);
@@ -634,7 +636,7 @@ void ll_engine_lora_dims(const struct ll_engine *e, struct ll_lora_dims *d) {
   memset(d, 0, sizeof *d);
   snprintf(d->arch, sizeof d->arch, "%s", e->info.arch);
   d->n_layer = e->m.L, d->n_embd = e->m.C, d->n_embd_q = e->m.qd, d->n_embd_kv = e->m.kvd, d->n_ff = e->m.F, d->n_head = e->m.H, d->n_head_kv = e->m.Hkv;
-  d->n_expert = e->m.n_expert;
+  d->n_expert = e->m.n_expert, d->n_ff_exp = e->m.F_exp;
 }
 
 int ll_engine_seq_set_adapter(struct ll_engine *e, int s, const struct ll_lora *a, char *err, size_t errlen) {
@@ -740,7 +742,10 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
   const int prescale = (m->arch->flags & LL_ARCH_Q_PRESCALE) != 0, silu = m->arch->act == LL_ACT_SILU;
   const float scale = prescale ? 1.0f : m->attn_scale; // attention's own scale (1 where q was scaled first)
   int any_lora = 0;
-  for (int i = 0; i < n_items; i++) any_lora |= e->seqs[items[i].seq].lora != NULL;
+  for (int i = 0, t = 0; i < n_items; i++) {
+    any_lora |= e->seqs[items[i].seq].lora != NULL;
+    for (int j = 0; j < items[i].n_tokens; j++) e->tok_lora[t++] = e->seqs[items[i].seq].lora; // the experts' adapters, per row
+  }
   // A device's fast tier fuses the step's ops (ll_backend.h, fused decode ops): each fused call
   // answers LL_EUNSUPPORTED for what it does not cover, and the ops below do it instead.
   // Adapters read the normed input and add to the products: with one, nothing is fused.
@@ -812,7 +817,8 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     }
     if (y->moe) { // x += the routed experts' outputs (moe.c)
       BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, m->eps), "rmsnorm");
-      int rc = ll_moe_forward(e->moe, y->moe, e->x, e->xn, T, err, errlen);
+      const struct ll_moe_lora lo = {e->tok_lora, NULL, l, NULL, NULL};
+      int rc = ll_moe_forward(e->moe, y->moe, any_lora ? &lo : NULL, e->x, e->xn, T, err, errlen);
       if (rc) return rc;
       continue;
     }

@@ -7,6 +7,11 @@
 //     y = W·x + scale · B·(A·x),   scale = alpha / r          // x (T, in), y (T, out)
 // B starts at zero (a fresh adapter changes nothing); A from a seeded Kaiming-uniform init as
 // PEFT does. Shapes follow GGUF: A has ne = {in, r} (r rows of `in` floats), B ne = {r, out}.
+//
+// A mixture-of-experts model's experts take adapters of their own (the expert slots below):
+// one pair per expert, stacked as llama.cpp's GGUF LoRA stores them for ffn_*_exps (lora_a
+// ne {in, r, E}, lora_b ne {r, out, E}): expert e's A is rows [e·r, (e+1)·r) of the pair's a,
+// its B rows [e·out, (e+1)·out) of b. The router is never adapted.
 #ifndef LL_LORA_H
 #define LL_LORA_H
 
@@ -16,9 +21,13 @@
 
 enum ll_lora_target {
   LL_LORA_Q, LL_LORA_K, LL_LORA_V, LL_LORA_O, LL_LORA_GATE, LL_LORA_UP, LL_LORA_DOWN,
-  LL_LORA_N_TARGETS
+  LL_LORA_N_TARGETS, // the dense targets end here; the experts' slots follow
+  LL_LORA_GATE_EXPS = LL_LORA_N_TARGETS, LL_LORA_UP_EXPS, LL_LORA_DOWN_EXPS,
+  LL_LORA_N_SLOTS
 };
-#define LL_LORA_ALL_TARGETS ((1u << LL_LORA_N_TARGETS) - 1)
+#define LL_LORA_ALL_TARGETS ((1u << LL_LORA_N_TARGETS) - 1)                             // the dense ones
+#define LL_LORA_EXPERT_TARGETS (((1u << LL_LORA_N_SLOTS) - 1) & ~LL_LORA_ALL_TARGETS) // gate_exps, up_exps, down_exps
+static inline int ll_lora_is_expert(int t) { return t >= LL_LORA_N_TARGETS && t < LL_LORA_N_SLOTS; }
 
 struct ll_lora_pair {
   struct ll_weight a; // F32 (r rows of in): data NULL when this target is not adapted
@@ -31,7 +40,8 @@ struct ll_lora {
   int n_layer, rank;
   float alpha;              // scale = alpha / rank
   unsigned targets;         // bitmask of 1u << enum ll_lora_target
-  struct ll_lora_pair *pairs; // (n_layer * LL_LORA_N_TARGETS), pairs[l * LL_LORA_N_TARGETS + t]
+  int n_expert;             // experts of the expert slots' pairs (0: none adapted)
+  struct ll_lora_pair *pairs; // (n_layer * LL_LORA_N_SLOTS), pairs[l * LL_LORA_N_SLOTS + t]
   float *storage;           // every A and B in one allocation (host memory)
   int64_t n_params;         // floats in storage
   struct ll_backend *be;    // owner of storage (a host-buffer backend, or NULL)
@@ -39,14 +49,17 @@ struct ll_lora {
 
 static inline float ll_lora_scale(const struct ll_lora *a) { return a->alpha / (float)a->rank; }
 static inline struct ll_lora_pair *ll_lora_at(const struct ll_lora *a, int layer, int target) {
-  return &a->pairs[layer * LL_LORA_N_TARGETS + target];
+  return &a->pairs[layer * LL_LORA_N_SLOTS + target];
 }
+// Expert e's matrices of an expert slot's pair: A_e (r, in), B_e (out, r) as views.
+void ll_lora_expert(const struct ll_lora *a, const struct ll_lora_pair *p, int e, struct ll_weight *A, struct ll_weight *B);
 
 // The base model's shapes an adapter must fit (ll_engine_lora_dims() fills it from an engine).
 struct ll_lora_dims {
   char arch[32];          // general.architecture
   int n_layer, n_embd, n_embd_kv, n_ff, n_head, n_head_kv;
   int n_expert;           // > 0: a mixture-of-experts model, whose FFN has no dense gate/up/down
+  int n_ff_exp;           // one expert's feed-forward width (the expert slots' widths)
   int n_embd_q;           // q's output and o's input width (head_dim * n_head); 0: n_embd
 };
 
@@ -67,12 +80,13 @@ unsigned ll_lora_fused(const char *arch);
 // group; t itself when it is in none).
 int ll_lora_group_lead(const struct ll_lora *a, unsigned fused, int layer, int t);
 
-// Target names: "q".."down" (configs, protocol), GGUF tensor stems "attn_q".., PEFT modules "q_proj"..
+// Target names: "q".."down" (configs, protocol), GGUF tensor stems "attn_q".., PEFT modules "q_proj"..;
+// the expert slots: "gate_exps".., "ffn_gate_exps".. (no PEFT name: "?").
 const char *ll_lora_target_name(int t);
 const char *ll_lora_target_tensor(int t);
 const char *ll_lora_target_peft(int t);
 int ll_lora_target_from_name(const char *s); // any of the three spellings; -1 if unknown
-// in/out features of target t for a model of these dims.
+// in/out features of target t for a model of these dims (an expert slot: of one expert).
 void ll_lora_target_dims(const struct ll_lora_dims *d, int t, int64_t *in, int64_t *out);
 // Deterministic uniform value in [-1, 1) for (seed, stream, index) (adapter init, tests).
 float ll_lora_uniform(uint64_t seed, uint64_t stream, uint64_t i);
@@ -81,7 +95,8 @@ float ll_lora_uniform(uint64_t seed, uint64_t stream, uint64_t i);
 // (U(-1/sqrt(in), 1/sqrt(in)), seeded, counter-based), B zero. Storage from ll_backend_alloc(be).
 int ll_lora_create(struct ll_lora **out, const struct ll_lora_dims *d, int rank, float alpha, unsigned targets,
                    uint64_t seed, struct ll_backend *be, char *err, size_t errlen);
-// Zeroed adapter with the pairs marked in present[l * LL_LORA_N_TARGETS + t] (importers).
+// Zeroed adapter with the pairs marked in present[l * LL_LORA_N_SLOTS + t] (importers); expert
+// slots get d->n_expert experts each.
 int ll_lora_alloc(struct ll_lora **out, int n_layer, int rank, float alpha, const unsigned char *present,
                   const struct ll_lora_dims *d, struct ll_backend *be, char *err, size_t errlen);
 void ll_lora_free(struct ll_lora *a); // accepts NULL
@@ -94,7 +109,7 @@ int ll_lora_check_shapes(const struct ll_lora *a, const struct ll_lora_dims *d, 
 // ---- files (lora_io.c) ----
 struct ll_modelfile;
 // Adds the adapter's tensors `blk.N.<attn_q|...>.weight.lora_a` (ne {in, r}) and `.lora_b`
-// (ne {r, out}), F32, data borrowed from a, plus general.type=adapter, general.architecture,
+// (ne {r, out}; the expert slots' ffn_*_exps: {in, r, E} and {r, out, E}), F32, data borrowed from a, plus general.type=adapter, general.architecture,
 // adapter.type=lora, adapter.lora.alpha (f32): the llama.cpp GGUF LoRA layout. The trainer's
 // .ckpt uses the same names (roles lora_a / lora_b follow from the suffix).
 int ll_lora_to_mf(const struct ll_lora *a, struct ll_modelfile *mf, char *err, size_t errlen);

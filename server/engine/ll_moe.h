@@ -23,9 +23,23 @@ struct ll_moe_ctx;
 int ll_moe_ctx_new(struct ll_moe_ctx **out, struct ll_backend *be, const struct ll_model *m, int max_batch, char *err, size_t errlen);
 void ll_moe_ctx_free(struct ll_moe_ctx *c); // accepts NULL
 
+// Adapters on the experts (ll_lora.h's expert slots: gate_exps, up_exps, down_exps) for one
+// layer: expert e's product W_e·x becomes W_e·x + scale · B_e·(A_e·x) for a token whose adapter
+// has the slot, as llama.cpp's build_lora_mm_id. The router is never adapted.
+struct ll_lora;
+struct ll_moe_lora {
+  const struct ll_lora *const *tok; // forward: (T) each token's adapter or NULL (a batch of sequences); NULL: `one` for all
+  const struct ll_lora *one;        // the adapter of every token (training), when tok is NULL
+  int layer;
+  // backward: the gradient of an adapter value at p (in one's storage) is added at G + (p - P); G NULL: none
+  const float *P;
+  float *G;
+};
+
 // x (T, C) += the layer's mixture-of-experts FFN of xn (T, C), the normed x. Both backend
-// buffers of c's backend. T <= max_batch.
-int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, float *x, const float *xn, int T, char *err, size_t errlen);
+// buffers of c's backend. T <= max_batch. lo: adapters on the experts, or NULL.
+int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const struct ll_moe_lora *lo, float *x, const float *xn, int T, char *err,
+                   size_t errlen);
 
 // Full-parameter training's gradients of one layer (ll_moe_backward; NULL: LoRA mode, the
 // router and experts frozen). Each pointer, where not NULL, is added into:
@@ -47,8 +61,12 @@ struct ll_moe_grads {
 // added to the context's sum (ll_moe_aux_take). The forward is recomputed (the same routes).
 // ops: the backend's members with the training ones filled (the trainer's). Host buffers only
 // (the CPU backend): LL_EUNSUPPORTED elsewhere. qwen2moe's shared expert: g must be NULL.
-int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, const struct ll_moe_grads *g, float *dxn,
-                    const float *xn, const float *dy, int T, char *err, size_t errlen);
+// lo (NULL: none): adapters on the experts, one for the whole batch (lo->one), differentiated
+// into lo->G (dA_e += daxᵀ·x, dB_e += dyᵀ·axs per expert over its rows, axs = scale·x·A_eᵀ, as
+// the trainer's adapted products); the forward recomputed with them (the training order of the
+// adapter's product: (scale·x·Aᵀ)·Bᵀ, not the serving one).
+int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, const struct ll_moe_grads *g,
+                    const struct ll_moe_lora *lo, float *dxn, const float *xn, const float *dy, int T, char *err, size_t errlen);
 
 // The auxiliary losses (coef · E · Σ f·P, per layer) summed by ll_moe_backward since the last
 // call; resets the sum.

@@ -11,17 +11,18 @@
 #include "ll_error.h"
 #include "ll_quant.h"
 
-static const char *const target_names[LL_LORA_N_TARGETS] = {"q", "k", "v", "o", "gate", "up", "down"};
-static const char *const target_tensors[LL_LORA_N_TARGETS] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+static const char *const target_names[LL_LORA_N_SLOTS] = {"q", "k", "v", "o", "gate", "up", "down", "gate_exps", "up_exps", "down_exps"};
+static const char *const target_tensors[LL_LORA_N_SLOTS] = {"attn_q",   "attn_k", "attn_v",        "attn_output",   "ffn_gate",
+                                                            "ffn_up",   "ffn_down", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
 static const char *const target_peft[LL_LORA_N_TARGETS] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
-const char *ll_lora_target_name(int t) { return t >= 0 && t < LL_LORA_N_TARGETS ? target_names[t] : "?"; }
-const char *ll_lora_target_tensor(int t) { return t >= 0 && t < LL_LORA_N_TARGETS ? target_tensors[t] : "?"; }
+const char *ll_lora_target_name(int t) { return t >= 0 && t < LL_LORA_N_SLOTS ? target_names[t] : "?"; }
+const char *ll_lora_target_tensor(int t) { return t >= 0 && t < LL_LORA_N_SLOTS ? target_tensors[t] : "?"; }
 const char *ll_lora_target_peft(int t) { return t >= 0 && t < LL_LORA_N_TARGETS ? target_peft[t] : "?"; }
 
 int ll_lora_target_from_name(const char *s) {
-  for (int t = 0; t < LL_LORA_N_TARGETS; t++)
-    if (strcmp(s, target_names[t]) == 0 || strcmp(s, target_tensors[t]) == 0 || strcmp(s, target_peft[t]) == 0) return t;
+  for (int t = 0; t < LL_LORA_N_SLOTS; t++)
+    if (strcmp(s, target_names[t]) == 0 || strcmp(s, target_tensors[t]) == 0 || (t < LL_LORA_N_TARGETS && strcmp(s, target_peft[t]) == 0)) return t;
   return -1;
 }
 
@@ -47,8 +48,17 @@ void ll_lora_target_dims(const struct ll_lora_dims *d, int t, int64_t *in, int64
   case LL_LORA_O: *in = qd, *out = d->n_embd; break;
   case LL_LORA_GATE:
   case LL_LORA_UP: *in = d->n_embd, *out = d->n_ff; break;
+  case LL_LORA_GATE_EXPS:
+  case LL_LORA_UP_EXPS: *in = d->n_embd, *out = d->n_ff_exp; break;
+  case LL_LORA_DOWN_EXPS: *in = d->n_ff_exp, *out = d->n_embd; break;
   default: *in = d->n_ff, *out = d->n_embd; break; // down
   }
+}
+
+void ll_lora_expert(const struct ll_lora *a, const struct ll_lora_pair *p, int e, struct ll_weight *A, struct ll_weight *B) {
+  const int64_t r = a->rank, out = p->b.n / (a->n_expert > 0 ? a->n_expert : 1);
+  *A = (struct ll_weight){LL_TYPE_F32, p->a.k, r, (const float *)p->a.data + (size_t)e * r * p->a.k, NULL, NULL};
+  *B = (struct ll_weight){LL_TYPE_F32, r, out, (const float *)p->b.data + (size_t)e * out * r, NULL, NULL};
 }
 
 // Counter-based generator (splitmix64 of seed and index): value i of a (layer, target) matrix
@@ -78,20 +88,25 @@ int ll_lora_alloc(struct ll_lora **out, int n_layer, int rank, float alpha, cons
   if (!ll_backend_host_buffers(be)) be = NULL;
   a->n_layer = n_layer, a->rank = rank, a->alpha = alpha, a->be = be;
   snprintf(a->arch, sizeof a->arch, "%s", d->arch);
-  a->pairs = calloc((size_t)n_layer * LL_LORA_N_TARGETS, sizeof *a->pairs);
+  a->pairs = calloc((size_t)n_layer * LL_LORA_N_SLOTS, sizeof *a->pairs);
   if (!a->pairs) {
     free(a);
     return ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
   }
   int64_t total = 0;
   for (int l = 0; l < n_layer; l++)
-    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
-      if (!present[l * LL_LORA_N_TARGETS + t]) continue;
+    for (int t = 0; t < LL_LORA_N_SLOTS; t++) {
+      if (!present[l * LL_LORA_N_SLOTS + t]) continue;
       int64_t in, o;
       ll_lora_target_dims(d, t, &in, &o);
-      total += (int64_t)rank * (in + o);
+      if (ll_lora_is_expert(t) && (d->n_expert <= 0 || d->n_expert > 4096 || d->n_ff_exp <= 0)) {
+        ll_lora_free(a);
+        return ll_errf(err, errlen, LL_EINVAL, "lora: blk.%d.%s: the model has no experts to adapt", l, target_tensors[t]);
+      }
+      total += (int64_t)rank * (in + o) * (ll_lora_is_expert(t) ? d->n_expert : 1);
       a->targets |= 1u << t;
     }
+  if (a->targets & LL_LORA_EXPERT_TARGETS) a->n_expert = d->n_expert;
   if (total <= 0 || total > (INT64_C(1) << 34)) {
     ll_lora_free(a);
     return ll_errf(err, errlen, LL_EINVAL, "lora: %lld parameters (no target adapted, or too many)", (long long)total);
@@ -104,15 +119,16 @@ int ll_lora_alloc(struct ll_lora **out, int n_layer, int rank, float alpha, cons
   a->n_params = total;
   float *p = a->storage;
   for (int l = 0; l < n_layer; l++)
-    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
-      if (!present[l * LL_LORA_N_TARGETS + t]) continue;
+    for (int t = 0; t < LL_LORA_N_SLOTS; t++) {
+      if (!present[l * LL_LORA_N_SLOTS + t]) continue;
       int64_t in, o;
       ll_lora_target_dims(d, t, &in, &o);
+      const int64_t ne = ll_lora_is_expert(t) ? d->n_expert : 1; // experts stacked (ll_lora_expert)
       struct ll_lora_pair *pr = ll_lora_at(a, l, t);
-      pr->a = (struct ll_weight){LL_TYPE_F32, in, rank, p, NULL, NULL}; // A (r, in)
-      p += (int64_t)rank * in;
-      pr->b = (struct ll_weight){LL_TYPE_F32, rank, o, p, NULL, NULL}; // B (out, r)
-      p += (int64_t)rank * o;
+      pr->a = (struct ll_weight){LL_TYPE_F32, in, rank * ne, p, NULL, NULL}; // A (E·r, in)
+      p += (int64_t)rank * in * ne;
+      pr->b = (struct ll_weight){LL_TYPE_F32, rank, o * ne, p, NULL, NULL}; // B (E·out, r)
+      p += (int64_t)rank * o * ne;
     }
   *out = a;
   return 0;
@@ -121,28 +137,33 @@ int ll_lora_alloc(struct ll_lora **out, int n_layer, int rank, float alpha, cons
 int ll_lora_create(struct ll_lora **out, const struct ll_lora_dims *d, int rank, float alpha, unsigned targets, uint64_t seed,
                    struct ll_backend *be, char *err, size_t errlen) {
   *out = NULL;
-  if (!targets || (targets & ~LL_LORA_ALL_TARGETS)) return ll_errf(err, errlen, LL_EINVAL, "lora: no or unknown targets (mask 0x%x)", targets);
+  if (!targets || (targets & ~(LL_LORA_ALL_TARGETS | LL_LORA_EXPERT_TARGETS)))
+    return ll_errf(err, errlen, LL_EINVAL, "lora: no or unknown targets (mask 0x%x)", targets);
   if (d->n_layer <= 0 || d->n_embd <= 0 || d->n_embd_kv <= 0 || d->n_ff <= 0) return ll_errf(err, errlen, LL_EINVAL, "lora: bad model dimensions");
   const unsigned fused = ll_lora_fused(d->arch);
-  unsigned char *present = calloc((size_t)d->n_layer * LL_LORA_N_TARGETS, 1);
+  unsigned char *present = calloc((size_t)d->n_layer * LL_LORA_N_SLOTS, 1);
   if (!present) return ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
   for (int l = 0; l < d->n_layer; l++)
-    for (int t = 0; t < LL_LORA_N_TARGETS; t++) present[l * LL_LORA_N_TARGETS + t] = (targets >> t) & 1;
+    for (int t = 0; t < LL_LORA_N_SLOTS; t++) present[l * LL_LORA_N_SLOTS + t] = (targets >> t) & 1;
   int rc = ll_lora_alloc(out, d->n_layer, rank, alpha, present, d, be, err, errlen);
   free(present);
   if (rc) return rc;
   struct ll_lora *a = *out;
   // PEFT: nn.init.kaiming_uniform_(A, a=sqrt(5)) -> U(-1/sqrt(in), 1/sqrt(in)); B = 0 (the
-  // backend allocation is zeroed). A fused group's members get its first member's A (one module).
+  // backend allocation is zeroed). A fused group's members get its first member's A (one module);
+  // an expert slot's E matrices are one stream.
   for (int l = 0; l < a->n_layer; l++)
-    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+    for (int t = 0; t < LL_LORA_N_SLOTS; t++) {
       struct ll_lora_pair *pr = ll_lora_at(a, l, t);
       if (!pr->a.data) continue;
       const float bound = 1.0f / sqrtf((float)pr->a.k);
       float *A = (float *)pr->a.data;
       const int64_t n = pr->a.k * pr->a.n;
       const int lead = ll_lora_group_lead(a, fused, l, t);
-      for (int64_t i = 0; i < n; i++) A[i] = bound * ll_lora_uniform(seed, (uint64_t)(l * LL_LORA_N_TARGETS + lead) * 2, (uint64_t)i);
+      // the dense targets' streams as before the expert slots existed; those past them their own
+      const uint64_t stream =
+          ll_lora_is_expert(t) ? (UINT64_C(1) << 40) + (uint64_t)(l * LL_LORA_N_SLOTS + t) * 2 : (uint64_t)(l * LL_LORA_N_TARGETS + lead) * 2;
+      for (int64_t i = 0; i < n; i++) A[i] = bound * ll_lora_uniform(seed, stream, (uint64_t)i);
     }
   return 0;
 }
@@ -164,21 +185,27 @@ static int check(const struct ll_lora *a, const struct ll_lora_dims *d, int valu
   if (a->rank <= 0) return ll_errf(err, errlen, LL_EINVAL, "%s: rank %d", nm, a->rank);
   if (!isfinite(a->alpha)) return ll_errf(err, errlen, LL_EINVAL, "%s: alpha is not finite", nm);
   for (int l = 0; l < a->n_layer; l++)
-    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+    for (int t = 0; t < LL_LORA_N_SLOTS; t++) {
       const struct ll_lora_pair *pr = ll_lora_at(a, l, t);
       if (!pr->a.data && !pr->b.data) continue;
       if (d->n_expert > 0 && (t == LL_LORA_GATE || t == LL_LORA_UP || t == LL_LORA_DOWN))
-        return ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: blk.%d.%s: the model's FFN is a mixture of %d experts, which adapters do not reach yet", nm, l,
+        return ll_errf(err, errlen, LL_EINVAL, "%s: blk.%d.%s: the model's FFN is a mixture of %d experts (their adapters are the ffn_*_exps ones)", nm, l,
                        target_tensors[t], d->n_expert);
+      const int xe = ll_lora_is_expert(t);
+      if (xe && d->n_expert <= 0) return ll_errf(err, errlen, LL_EINVAL, "%s: blk.%d.%s: the model has no experts (wrong base model?)", nm, l, target_tensors[t]);
+      if (xe && a->n_expert != d->n_expert)
+        return ll_errf(err, errlen, LL_EINVAL, "%s: blk.%d.%s: adapts %d experts, the model has %d (wrong base model?)", nm, l, target_tensors[t], a->n_expert,
+                       d->n_expert);
       int64_t in, o;
       ll_lora_target_dims(d, t, &in, &o);
+      const int64_t ne = xe ? d->n_expert : 1;
       if (!pr->a.data || !pr->b.data || pr->a.type != LL_TYPE_F32 || pr->b.type != LL_TYPE_F32)
         return ll_errf(err, errlen, LL_EINVAL, "%s: blk.%d.%s: A and B must both be present and F32", nm, l, target_tensors[t]);
-      if (pr->a.k != in || pr->a.n != a->rank || pr->b.k != a->rank || pr->b.n != o)
+      if (pr->a.k != in || pr->a.n != a->rank * ne || pr->b.k != a->rank || pr->b.n != o * ne)
         return ll_errf(err, errlen, LL_EINVAL,
-                       "%s: blk.%d.%s: A is (%lld x %lld) and B (%lld x %lld), the model needs A (%d x %lld) and B (%lld x %d) (wrong base model?)",
-                       nm, l, target_tensors[t], (long long)pr->a.n, (long long)pr->a.k, (long long)pr->b.n, (long long)pr->b.k, a->rank,
-                       (long long)in, (long long)o, a->rank);
+                       "%s: blk.%d.%s: A is (%lld x %lld) and B (%lld x %lld), the model needs A (%lld x %lld) and B (%lld x %d) (wrong base model?)",
+                       nm, l, target_tensors[t], (long long)pr->a.n, (long long)pr->a.k, (long long)pr->b.n, (long long)pr->b.k,
+                       (long long)(a->rank * ne), (long long)in, (long long)(o * ne), a->rank);
       const int lead = ll_lora_group_lead(a, fused, l, t);
       if (lead != t) { // a fused module: one A
         const struct ll_lora_pair *lp = ll_lora_at(a, l, lead);

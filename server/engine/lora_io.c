@@ -32,21 +32,23 @@ static int to_mf_except(const struct ll_lora *a, struct ll_modelfile *mf, unsign
   if (rc) return ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
   char name[96];
   for (int l = 0; l < a->n_layer; l++)
-    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+    for (int t = 0; t < LL_LORA_N_SLOTS; t++) {
       const struct ll_lora_pair *p = ll_lora_at(a, l, t);
       if (!p->a.data || ((skip >> t) & 1)) continue;
-      const int64_t nea[2] = {p->a.k, p->a.n}, neb[2] = {p->b.k, p->b.n}; // {in, r}, {r, out}
+      // {in, r}, {r, out}; an expert slot's pair as llama.cpp's ffn_*_exps adapters: {in, r, E}, {r, out, E}
+      const int ne = ll_lora_is_expert(t) ? a->n_expert : 1, nd = ll_lora_is_expert(t) ? 3 : 2;
+      const int64_t nea[3] = {p->a.k, p->a.n / ne, ne}, neb[3] = {p->b.k, p->b.n / ne, ne};
       snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", l, ll_lora_target_tensor(t));
-      if ((rc = ll_mf_add_tensor(mf, name, LL_TYPE_F32, 2, nea, p->a.data))) return ll_errf(err, errlen, rc, "lora: %s: %s", name, ll_strerror(rc));
+      if ((rc = ll_mf_add_tensor(mf, name, LL_TYPE_F32, nd, nea, p->a.data))) return ll_errf(err, errlen, rc, "lora: %s: %s", name, ll_strerror(rc));
       snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", l, ll_lora_target_tensor(t));
-      if ((rc = ll_mf_add_tensor(mf, name, LL_TYPE_F32, 2, neb, p->b.data))) return ll_errf(err, errlen, rc, "lora: %s: %s", name, ll_strerror(rc));
+      if ((rc = ll_mf_add_tensor(mf, name, LL_TYPE_F32, nd, neb, p->b.data))) return ll_errf(err, errlen, rc, "lora: %s: %s", name, ll_strerror(rc));
     }
   return 0;
 }
 
 // A fused group's tensors (ll_lora.h: attn_qkv; ffn_up with 2 n_ff rows) stand in the table of
-// one layer's pairs after its LL_LORA_N_TARGETS members.
-enum { FUSED_QKV = LL_LORA_N_TARGETS, FUSED_GU, SLOTS };
+// one layer's pairs after its LL_LORA_N_SLOTS members.
+enum { FUSED_QKV = LL_LORA_N_SLOTS, FUSED_GU, SLOTS };
 
 int ll_lora_to_mf(const struct ll_lora *a, struct ll_modelfile *mf, char *err, size_t errlen) { return to_mf_except(a, mf, 0, err, errlen); }
 
@@ -63,7 +65,10 @@ static int parse_name(const char *name, const struct ll_lora_dims *d, int *layer
   int t = ll_lora_target_from_name(stem);
   if (t < 0 && !strcmp(stem, "attn_qkv") && (ll_lora_fused(d->arch) & LL_LORA_GROUP_QKV)) t = FUSED_QKV; // phi3's q, k, v as one
   else if (t < 0 || strcmp(stem, ll_lora_target_tensor(t)) != 0)
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: tensor '%s': '%s' is not an adaptable matrix (attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down)", name, stem);
+    return ll_errf(err, errlen, LL_EUNSUPPORTED,
+                   "lora: tensor '%s': '%s' is not an adaptable matrix (attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down, ffn_gate_exps, "
+                   "ffn_up_exps, ffn_down_exps)",
+                   name, stem);
   if (l < 0 || l >= d->n_layer)
     return ll_errf(err, errlen, LL_EINVAL, "lora: tensor '%s': layer %d, the model has %d (wrong base model?)", name, l, d->n_layer);
   *layer = l, *target = t;
@@ -88,7 +93,7 @@ int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const s
   const struct ll_kv *akv = ll_mf_find_kv(mf, "adapter.lora.alpha");
   if (akv && ll_mf_get_float(mf, "adapter.lora.alpha", &alpha) != 0) return ll_errf(err, errlen, LL_EFORMAT, "lora: adapter.lora.alpha is not a number");
   if (!isfinite(alpha) || fabs(alpha) > 1e6) return ll_errf(err, errlen, LL_EFORMAT, "lora: adapter.lora.alpha %g is out of range", alpha);
-  const size_t npairs = (size_t)d->n_layer * LL_LORA_N_TARGETS, nslots = (size_t)d->n_layer * SLOTS;
+  const size_t npairs = (size_t)d->n_layer * LL_LORA_N_SLOTS, nslots = (size_t)d->n_layer * SLOTS;
   const unsigned fused = ll_lora_fused(d->arch);
   const struct ll_tensor_info **ta = calloc(nslots * 2, sizeof *ta); // [(layer * SLOTS + slot) * 2 + which]
   unsigned char *present = calloc(npairs, 1);
@@ -114,8 +119,14 @@ int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const s
       rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "lora: tensor '%s' has type %s (F32, F16, BF16 supported)", t->name.ptr, ll_type_name(t->type));
       goto out;
     }
-    if (t->n_dims != 2 || !t->data) {
-      rc = ll_errf(err, errlen, LL_EFORMAT, "lora: tensor '%s' must be a 2-D matrix with data", t->name.ptr);
+    if (ll_lora_is_expert(tg) ? t->n_dims != 3 || t->ne[2] != d->n_expert : t->n_dims != 2) {
+      rc = ll_lora_is_expert(tg) ? ll_errf(err, errlen, LL_EFORMAT, "lora: tensor '%s' must be 3-D, one matrix per expert (%d: the model's experts)",
+                                           t->name.ptr, d->n_expert)
+                                 : ll_errf(err, errlen, LL_EFORMAT, "lora: tensor '%s' must be a 2-D matrix", t->name.ptr);
+      goto out;
+    }
+    if (!t->data) {
+      rc = ll_errf(err, errlen, LL_EFORMAT, "lora: tensor '%s' has no data", t->name.ptr);
       goto out;
     }
     // phi3's ffn_up holds gate and up: an adapter of 2 n_ff output rows is the fused module's
@@ -151,7 +162,7 @@ int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const s
     for (int j = 0; j < nm; j++) {
       int64_t mi, mo;
       ll_lora_target_dims(d, mem[j], &mi, &mo);
-      row0[(size_t)l * LL_LORA_N_TARGETS + (size_t)mem[j]] = o;
+      row0[(size_t)l * LL_LORA_N_SLOTS + (size_t)mem[j]] = o;
       in = mi, o += mo;
     }
     if (A->ne[0] != in || B->ne[1] != o) {
@@ -175,7 +186,7 @@ int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const s
     }
     rank = (int)A->ne[1];
     for (int j = 0; j < nm; j++) {
-      unsigned char *pp = &present[(size_t)l * LL_LORA_N_TARGETS + (size_t)mem[j]];
+      unsigned char *pp = &present[(size_t)l * LL_LORA_N_SLOTS + (size_t)mem[j]];
       if (*pp) {
         rc = ll_errf(err, errlen, LL_EEXIST, "lora: blk.%d.%s.weight adapts %s, which another tensor adapts too", l, stem, ll_lora_target_name(mem[j]));
         goto out;
@@ -191,7 +202,7 @@ int ll_lora_from_mf(struct ll_lora **out, const struct ll_modelfile *mf, const s
   if ((rc = ll_lora_alloc(out, d->n_layer, rank, alpha != 0 ? (float)alpha : (float)rank, present, d, be, err, errlen))) goto out;
   for (size_t pi = 0; pi < npairs; pi++) {
     if (!present[pi]) continue;
-    const int l = (int)(pi / LL_LORA_N_TARGETS), tg = (int)(pi % LL_LORA_N_TARGETS), slot = present[pi] > 1 ? present[pi] - 1 : tg;
+    const int l = (int)(pi / LL_LORA_N_SLOTS), tg = (int)(pi % LL_LORA_N_SLOTS), slot = present[pi] > 1 ? present[pi] - 1 : tg;
     struct ll_lora_pair *p = ll_lora_at(*out, l, tg);
     for (int w = 0; w < 2; w++) {
       const struct ll_tensor_info *t = ta[((size_t)l * SLOTS + (size_t)slot) * 2 + (size_t)w];
@@ -317,8 +328,16 @@ int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, 
     if (tg < 0 || t->ne[0] <= 0 || t->ne[1] <= 0 || t->ne[0] > (1 << 20) || t->ne[1] > (1 << 20)) continue;
     if (l + 1 > d->n_layer) d->n_layer = l + 1;
     const int v = (int)(b ? t->ne[1] : t->ne[0]); // B: out features; A: in features
-    int *in_dim = tg == LL_LORA_DOWN ? &d->n_ff : tg == LL_LORA_O ? &d->n_embd_q : &d->n_embd;
-    int *out_dim = tg == LL_LORA_K || tg == LL_LORA_V ? &d->n_embd_kv : tg == LL_LORA_GATE || tg == LL_LORA_UP ? &d->n_ff : tg == LL_LORA_Q ? &d->n_embd_q : &d->n_embd;
+    if (ll_lora_is_expert(tg)) {
+      if (t->n_dims != 3 || t->ne[2] <= 0 || t->ne[2] > 4096) continue;
+      if (!d->n_expert) d->n_expert = (int)t->ne[2];
+    }
+    int *in_dim = tg == LL_LORA_DOWN ? &d->n_ff : tg == LL_LORA_DOWN_EXPS ? &d->n_ff_exp : tg == LL_LORA_O ? &d->n_embd_q : &d->n_embd;
+    int *out_dim = tg == LL_LORA_K || tg == LL_LORA_V               ? &d->n_embd_kv
+                   : tg == LL_LORA_GATE || tg == LL_LORA_UP         ? &d->n_ff
+                   : tg == LL_LORA_GATE_EXPS || tg == LL_LORA_UP_EXPS ? &d->n_ff_exp
+                   : tg == LL_LORA_Q                                ? &d->n_embd_q
+                                                                    : &d->n_embd;
     int *dst = b ? out_dim : in_dim;
     if (!*dst) *dst = v;
   }

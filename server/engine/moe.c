@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "ll_error.h"
+#include "ll_lora.h"
 #include "ll_modelfile.h"
 
 struct ll_moe_ctx {
@@ -40,6 +41,11 @@ struct ll_moe_ctx {
   float *sh, *dsh, *dsg, *dsu, *dsy, *dv; // shared expert: (max_batch, F_sh) x4, (max_batch, C), (max_batch)
   float *dlog, *dw; // (max_batch, E), (max_batch·k)
   double aux;       // auxiliary losses summed by the backward (ll_moe_aux_take)
+  // adapters on the experts (made on first use, grown to the largest rank seen)
+  int lrank;
+  float *lr, *lo;             // backend buffers: (max_batch·k, lrank) A·x, (max_batch·k, max(F_exp, C)) B·(A·x)
+  int trank;                  // backward (host): rank of
+  float *axs[3], *dax;        // (max_batch·k, trank) scale·x·A_eᵀ of each expert slot's rows, its gradient
 };
 
 double ll_moe_aux_take(struct ll_moe_ctx *c) {
@@ -88,7 +94,8 @@ void ll_moe_ctx_free(struct ll_moe_ctx *c) {
   float *bufs[] = {c->logits, c->xg, c->g, c->u, c->ye, c->sg, c->su, c->sy, c->sgate};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ll_backend_free_buf(o, bufs[i]);
   free(c->hlog), free(c->hsg), free(c->probs), free(c->w), free(c->sel), free(c->rowof), free(c->src), free(c->cnt), free(c->off);
-  float *tb[] = {c->h, c->dh, c->d2, c->dye, c->sh, c->dsh, c->dsg, c->dsu, c->dsy, c->dv, c->dlog, c->dw};
+  ll_backend_free_buf(o, c->lr), ll_backend_free_buf(o, c->lo);
+  float *tb[] = {c->h, c->dh, c->d2, c->dye, c->sh, c->dsh, c->dsg, c->dsu, c->dsy, c->dv, c->dlog, c->dw, c->axs[0], c->axs[1], c->axs[2], c->dax};
   for (size_t i = 0; i < sizeof tb / sizeof tb[0]; i++) free(tb[i]);
   free(c);
 }
@@ -152,8 +159,85 @@ static int row_scale(struct ll_moe_ctx *c, float *x, float s, int n) {
 
 static int route_group(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const float *xn, int T, char *err, size_t errlen);
 
+// The adapter of the token of grouped row r and its pair for (layer, slot), or NULL.
+static const struct ll_lora_pair *row_pair(const struct ll_moe_ctx *c, const struct ll_moe_lora *lo, int r, int slot, const struct ll_lora **a) {
+  *a = lo->tok ? lo->tok[c->src[r]] : lo->one;
+  if (!*a || !((*a)->targets >> slot & 1)) return NULL;
+  const struct ll_lora_pair *p = ll_lora_at(*a, lo->layer, slot);
+  return p->a.data ? p : NULL;
+}
+
+// Does any of the T tokens' adapters reach the experts?
+static int any_expert_lora(const struct ll_moe_lora *lo, int T) {
+  if (!lo) return 0;
+  for (int t = 0; t < (lo->tok ? T : 1); t++) {
+    const struct ll_lora *a = lo->tok ? lo->tok[t] : lo->one;
+    if (a && (a->targets & LL_LORA_EXPERT_TARGETS)) return 1;
+  }
+  return 0;
+}
+
+// Serving: dst's grouped rows [r0, r0 + n) (of out floats) += scale · B_e·(A_e·x) for the rows
+// whose token's adapter has the slot; x the same rows (of in floats). Runs of rows with the same
+// adapter (a sequence's tokens are consecutive within an expert's block) are one pair of
+// products each, in ggml's order (B·(A·x), scaled, added) with the batch-invariant kernels.
+static int expert_lora(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, int slot, int e, const float *x, int64_t in, float *dst, int64_t out, int r0,
+                       int n, char *err, size_t errlen) {
+  struct ll_backend *be = c->be;
+  for (int r = r0; r < r0 + n;) {
+    const struct ll_lora *a;
+    const struct ll_lora_pair *p = row_pair(c, lo, r, slot, &a);
+    int len = 1;
+    if (!p) {
+      r++;
+      continue;
+    }
+    for (const struct ll_lora *b; r + len < r0 + n && row_pair(c, lo, r + len, slot, &b) == p; len++) {}
+    struct ll_weight A, B;
+    ll_lora_expert(a, p, e, &A, &B);
+    const int bi = be->batch_invariant;
+    be->batch_invariant = 1;
+    int rc = be->i->matmul(be, c->lr, x + (size_t)r * in, &A, len, 0); // (len, r)
+    if (rc == 0) rc = be->i->matmul(be, c->lo, c->lr, &B, len, 0);    // (len, out)
+    be->batch_invariant = bi;
+    if (rc) return fail(rc, err, errlen, "matmul expert lora");
+    float *d = dst + (size_t)r * out;
+    const float sc = ll_lora_scale(a);
+    if (c->host) {
+      for (int64_t j = 0; j < (int64_t)len * out; j++) d[j] += sc * c->lo[j];
+    } else if (be->i->axpy) {
+      BK(be->i->axpy(be, d, c->lo, sc, (int64_t)len * out), "axpy");
+    } else {
+      return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: the backend has no axpy for adapters on experts");
+    }
+    r += len;
+  }
+  return 0;
+}
+
+// The serving scratch for adapters of rank up to the tokens' largest.
+static int lora_scratch(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, int T, char *err, size_t errlen) {
+  int rank = 0;
+  for (int t = 0; t < (lo->tok ? T : 1); t++) {
+    const struct ll_lora *a = lo->tok ? lo->tok[t] : lo->one;
+    if (a && (a->targets & LL_LORA_EXPERT_TARGETS) && a->rank > rank) rank = a->rank;
+  }
+  if (rank <= c->lrank) return 0;
+  struct ll_backend *o = c->host ? NULL : c->be;
+  const size_t Bk = (size_t)c->max_batch * (size_t)c->m->n_expert_used, w = (size_t)(c->m->F_exp > c->m->C ? c->m->F_exp : c->m->C);
+  float *lr = ll_backend_alloc(o, Bk * (size_t)rank * sizeof(float)), *lb = c->lo ? c->lo : ll_backend_alloc(o, Bk * w * sizeof(float));
+  if (!lr || !lb) {
+    ll_backend_free_buf(o, lr);
+    if (lb != c->lo) ll_backend_free_buf(o, lb);
+    return ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for the experts' adapter scratch (rank %d)", rank);
+  }
+  ll_backend_free_buf(o, c->lr);
+  c->lr = lr, c->lo = lb, c->lrank = rank;
+  return 0;
+}
+
 // The experts' products over the grouped rows: g, u (rows, F_exp) then SwiGLU, ye (rows, C).
-static int experts(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const float *xn, int T, char *err, size_t errlen) {
+static int experts(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const struct ll_moe_lora *lo, const float *xn, int T, char *err, size_t errlen) {
   struct ll_backend *be = c->be;
   const struct ll_model *m = c->m;
   const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp;
@@ -178,6 +262,15 @@ static int experts(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const flo
       BK(ll_backend_matmul_n(be, 2, o, c->xg + r * C, w, c->cnt[e]), "matmul expert gate, up");
     }
   }
+  if (lo) { // adapters on gate and up: their input rows gathered (decode's experts read xn's one row)
+    for (int r = 0; T == 1 && r < k; r++) BK(ll_backend_copy(be, c->xg + (size_t)r * C, xn, (size_t)C * sizeof(float)), "copy");
+    for (int e = 0; e < E; e++) {
+      if (!c->cnt[e]) continue;
+      int rc = expert_lora(c, lo, LL_LORA_GATE_EXPS, e, c->xg, C, c->g, Fe, c->off[e], c->cnt[e], err, errlen);
+      if (rc == 0) rc = expert_lora(c, lo, LL_LORA_UP_EXPS, e, c->xg, C, c->u, Fe, c->off[e], c->cnt[e], err, errlen);
+      if (rc) return rc;
+    }
+  }
   const int rows = T * k;
   if (Fe % 8 == 0) { // row by row otherwise: ggml's SwiGLU runs lanes of 8 from each row's start
     BK(be->i->swiglu(be, c->g, c->g, c->u, (int64_t)rows * Fe), "swiglu");
@@ -188,6 +281,10 @@ static int experts(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const flo
     if (!c->cnt[e]) continue;
     const size_t r = (size_t)c->off[e];
     BK(be->i->matmul(be, c->ye + r * C, c->g + r * Fe, &y->down[e], c->cnt[e], 0), "matmul expert down");
+    if (lo) {
+      const int rc = expert_lora(c, lo, LL_LORA_DOWN_EXPS, e, c->g, Fe, c->ye, C, c->off[e], c->cnt[e], err, errlen);
+      if (rc) return rc;
+    }
   }
   return 0;
 }
@@ -212,16 +309,19 @@ static int shared_expert(struct ll_moe_ctx *c, const struct ll_moe_layer *y, con
   return 0;
 }
 
-int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, float *x, const float *xn, int T, char *err, size_t errlen) {
+int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const struct ll_moe_lora *lo, float *x, const float *xn, int T, char *err,
+                   size_t errlen) {
   struct ll_backend *be = c->be;
   const struct ll_model *m = c->m;
   const int k = m->n_expert_used, C = m->C;
   if (T > c->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "moe: batch of %d tokens exceeds %d", T, c->max_batch);
-  int rc = route_group(c, y, xn, T, err, errlen);
+  if (!any_expert_lora(lo, T)) lo = NULL;
+  int rc = lo ? lora_scratch(c, lo, T, err, errlen) : 0;
+  if (rc == 0) rc = route_group(c, y, xn, T, err, errlen);
   if (rc) return rc;
   const int ro = be->row_order;
   be->row_order = 1;
-  rc = experts(c, y, xn, T, err, errlen);
+  rc = experts(c, y, lo, xn, T, err, errlen);
   be->row_order = ro;
   if (rc) return rc;
   if (y->sh_gate.data && (rc = shared_expert(c, y, xn, T, err, errlen))) return rc;
@@ -283,8 +383,43 @@ static float *grab(float **p, size_t n, int *ok) {
   return *p;
 }
 
-int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, const struct ll_moe_grads *gr, float *dxn,
-                    const float *xn, const float *dy, int T, char *err, size_t errlen) {
+// Training: the adapter's product on expert e's rows [r0, r0 + n): axs (rows, r) = scale·x·A_eᵀ,
+// dst += axs·B_eᵀ (the trainer's order).
+static int xlora_fwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_lora *lo, int slot, int e, const float *x, int64_t in,
+                     float *dst, int64_t out, int r0, int n, char *err, size_t errlen) {
+  const struct ll_lora *a = lo->one;
+  const struct ll_lora_pair *p = ll_lora_at(a, lo->layer, slot);
+  if (!p->a.data) return 0;
+  struct ll_weight A, B;
+  ll_lora_expert(a, p, e, &A, &B);
+  float *axs = c->axs[slot - LL_LORA_GATE_EXPS] + (size_t)r0 * a->rank;
+  BK(ops->matmul(c->be, axs, x + (size_t)r0 * in, &A, n, 0), "matmul expert lora_a");
+  BK(ops->scale(c->be, axs, ll_lora_scale(a), (int64_t)n * a->rank), "scale");
+  BK(ops->matmul(c->be, dst + (size_t)r0 * out, axs, &B, n, 1), "matmul expert lora_b");
+  return 0;
+}
+
+// Its backward given dy (rows of out): dx (rows of in) += scale·(dy·B_e)·A_e; dB_e += dyᵀ·axs,
+// dA_e += daxᵀ·x into lo->G.
+static int xlora_bwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_lora *lo, int slot, int e, float *dx, const float *dy,
+                     const float *x, int64_t in, int64_t out, int r0, int n, char *err, size_t errlen) {
+  const struct ll_lora *a = lo->one;
+  const struct ll_lora_pair *p = ll_lora_at(a, lo->layer, slot);
+  if (!p->a.data) return 0;
+  struct ll_weight A, B;
+  ll_lora_expert(a, p, e, &A, &B);
+  const int r = a->rank;
+  float *dA = lo->G ? lo->G + ((const float *)A.data - lo->P) : NULL, *dB = lo->G ? lo->G + ((const float *)B.data - lo->P) : NULL;
+  float *dax = c->dax + (size_t)r0 * r;
+  memset(dax, 0, (size_t)n * r * sizeof(float));
+  BK(ops->matmul_backward(c->be, dax, dB, dy + (size_t)r0 * out, c->axs[slot - LL_LORA_GATE_EXPS] + (size_t)r0 * r, &B, n), "matmul_backward expert lora_b");
+  BK(ops->scale(c->be, dax, ll_lora_scale(a), (int64_t)n * r), "scale");
+  BK(ops->matmul_backward(c->be, dx + (size_t)r0 * in, dA, dax, x + (size_t)r0 * in, &A, n), "matmul_backward expert lora_a");
+  return 0;
+}
+
+int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, const struct ll_moe_grads *gr,
+                    const struct ll_moe_lora *lo, float *dxn, const float *xn, const float *dy, int T, char *err, size_t errlen) {
   struct ll_backend *be = c->be;
   const struct ll_model *m = c->m;
   const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp, Fs = m->F_sh;
@@ -298,6 +433,14 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
   grab(&c->h, Bk * Fe, &ok), grab(&c->dh, Bk * Fe, &ok), grab(&c->d2, Bk * Fe, &ok), grab(&c->dye, Bk * C, &ok);
   grab(&c->dlog, B * E, &ok), grab(&c->dw, Bk, &ok);
   if (Fs > 0) grab(&c->sh, B * Fs, &ok), grab(&c->dsh, B * Fs, &ok), grab(&c->dsg, B * Fs, &ok), grab(&c->dsu, B * Fs, &ok), grab(&c->dsy, B * C, &ok), grab(&c->dv, B, &ok);
+  if (lo && lo->tok) return ll_errf(err, errlen, LL_EINVAL, "moe: the backward takes one adapter for the batch (lo->one)");
+  if (lo && (!lo->one || !(lo->one->targets & LL_LORA_EXPERT_TARGETS))) lo = NULL;
+  if (lo && lo->one->rank != c->trank) { // the adapter's saved products, per expert slot
+    for (int i = 0; i < 3; i++) free(c->axs[i]), c->axs[i] = NULL;
+    free(c->dax), c->dax = NULL;
+    c->trank = lo->one->rank;
+  }
+  if (lo) grab(&c->axs[0], Bk * c->trank, &ok), grab(&c->axs[1], Bk * c->trank, &ok), grab(&c->axs[2], Bk * c->trank, &ok), grab(&c->dax, Bk * c->trank, &ok);
   if (!ok) return ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for the backward pass");
   // The forward again (deterministic: the same routes): g, u, h and ye of every (token, slot).
   int rc = route_group(c, y, xn, T, err, errlen);
@@ -310,10 +453,16 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
     float *const o[2] = {c->g + r * Fe, c->u + r * Fe};
     const struct ll_weight *const w[2] = {&y->gate[e], &y->up[e]};
     BK(ll_backend_matmul_n(be, 2, o, c->xg + r * C, w, c->cnt[e]), "matmul expert gate, up");
+    if (lo && ((rc = xlora_fwd(c, ops, lo, LL_LORA_GATE_EXPS, e, c->xg, C, c->g, Fe, c->off[e], c->cnt[e], err, errlen)) ||
+               (rc = xlora_fwd(c, ops, lo, LL_LORA_UP_EXPS, e, c->xg, C, c->u, Fe, c->off[e], c->cnt[e], err, errlen))))
+      return rc;
   }
   BK(ops->swiglu(be, c->h, c->g, c->u, (int64_t)T * k * Fe), "swiglu");
-  for (int e = 0; e < E; e++)
-    if (c->cnt[e]) BK(ops->matmul(be, c->ye + (size_t)c->off[e] * C, c->h + (size_t)c->off[e] * Fe, &y->down[e], c->cnt[e], 0), "matmul expert down");
+  for (int e = 0; e < E; e++) {
+    if (!c->cnt[e]) continue;
+    BK(ops->matmul(be, c->ye + (size_t)c->off[e] * C, c->h + (size_t)c->off[e] * Fe, &y->down[e], c->cnt[e], 0), "matmul expert down");
+    if (lo && (rc = xlora_fwd(c, ops, lo, LL_LORA_DOWN_EXPS, e, c->h, Fe, c->ye, C, c->off[e], c->cnt[e], err, errlen))) return rc;
+  }
   // out[t] = Σ_j w_j ye_j: dw_j = dy[t]·ye_j, dye_j = w_j dy[t]
   for (int i = 0; i < T * k; i++) {
     const float *d = dy + (size_t)(i / k) * C, *ye = c->ye + (size_t)c->rowof[i] * C;
@@ -324,11 +473,13 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
   }
   // through the experts: dh = dye·down, (dg, du) = swiglu', dxg = dg·gate + du·up
   memset(c->dh, 0, (size_t)T * k * Fe * sizeof(float));
-  for (int e = 0; e < E; e++)
-    if (c->cnt[e])
-      BK(ops->matmul_backward(be, c->dh + (size_t)c->off[e] * Fe, gr && gr->down ? gr->down + e * FC : NULL, c->dye + (size_t)c->off[e] * C,
-                              c->h + (size_t)c->off[e] * Fe, &y->down[e], c->cnt[e]),
-         "matmul_backward expert down");
+  for (int e = 0; e < E; e++) {
+    if (!c->cnt[e]) continue;
+    BK(ops->matmul_backward(be, c->dh + (size_t)c->off[e] * Fe, gr && gr->down ? gr->down + e * FC : NULL, c->dye + (size_t)c->off[e] * C,
+                            c->h + (size_t)c->off[e] * Fe, &y->down[e], c->cnt[e]),
+       "matmul_backward expert down");
+    if (lo && (rc = xlora_bwd(c, ops, lo, LL_LORA_DOWN_EXPS, e, c->dh, c->dye, c->h, Fe, C, c->off[e], c->cnt[e], err, errlen))) return rc;
+  }
   BK(ops->swiglu_backward(be, c->h, c->d2, c->dh, c->g, c->u, (int64_t)T * k * Fe), "swiglu_backward"); // dg in h, du in d2
   memset(c->dye, 0, (size_t)T * k * C * sizeof(float)); // now dxg
   for (int e = 0; e < E; e++) {
@@ -338,6 +489,9 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
        "matmul_backward expert gate");
     BK(ops->matmul_backward(be, c->dye + r * C, gr && gr->up ? gr->up + e * FC : NULL, c->d2 + r * Fe, c->xg + r * C, &y->up[e], c->cnt[e]),
        "matmul_backward expert up");
+    if (lo && ((rc = xlora_bwd(c, ops, lo, LL_LORA_GATE_EXPS, e, c->dye, c->h, c->xg, C, Fe, c->off[e], c->cnt[e], err, errlen)) ||
+               (rc = xlora_bwd(c, ops, lo, LL_LORA_UP_EXPS, e, c->dye, c->d2, c->xg, C, Fe, c->off[e], c->cnt[e], err, errlen))))
+      return rc;
   }
   for (int r = 0; r < T * k; r++) { // scattered back to the tokens
     float *d = dxn + (size_t)c->src[r] * C;

@@ -74,6 +74,9 @@ const struct ll_option ll_options[] = {
     {"train.lora_alpha", LL_OPT_FLOAT, 0.01, 1e4, "32", NULL, OFF(train_lora_alpha), "X", "LoRA alpha (scale alpha/rank)."},
     {"train.lora_targets", LL_OPT_LIST, 0, 0, "q,k,v,o,gate,up,down", "q|k|v|o|gate|up|down", OFF(train_lora_targets), "LIST",
      "Matrices that get adapters: a list of q, k, v, o, gate, up, down."},
+    {"train.lora_experts", LL_OPT_LIST, 0, 0, NULL, "gate|up|down", OFF(train_lora_experts), "LIST",
+     "Mixture-of-experts models: the experts' matrices that get adapters too, one pair per expert (ffn_gate_exps, ffn_up_exps, ffn_down_exps): "
+     "a list of gate, up, down; unset: none. The router is never adapted."},
     {"train.lora_dropout", LL_OPT_FLOAT, 0, 0.95, "0", NULL, OFF(train_lora_dropout), "P", "Dropout on the adapters' input (PEFT's lora_dropout)."},
     {"train.mode", LL_OPT_ENUM, 0, 0, "lora", "lora|full", OFF(train_mode), "MODE",
      "lora: adapters on the frozen weights; full: every weight (float models only)."},
@@ -504,7 +507,7 @@ int ll_config_load_yaml(struct ll_config *c, const char *buf, size_t len, const 
       }
       seen[idx] = 1;
       if (is_null_scalar(&ev)) {
-        if (o->type != LL_OPT_STRING) {
+        if (o->type != LL_OPT_STRING && o->type != LL_OPT_LIST) { // a list without a default may be unset (~) too
           rc = ll_errf(err, errlen, LL_EFORMAT, "%s:%zu:%zu: option '%s' needs a value", fname, line, col, key);
           break;
         }
@@ -816,6 +819,10 @@ void ll_config_print_yaml(FILE *f, const struct ll_config *c) {
     }
     case LL_OPT_LIST: { // [a, b]
       const char *s = *(char *const *)base;
+      if (!s) { // unset (a list without a default)
+        fputs("~", f);
+        break;
+      }
       fputc('[', f);
       for (; s && *s; s++) fputs(*s == ',' ? ", " : (char[2]){*s, 0}, f);
       fputc(']', f);

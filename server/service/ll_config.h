@@ -77,6 +77,7 @@ struct ll_config {
   int64_t train_checkpoint_every;
   char *train_checkpoint_dir;// NULL: <state_dir>/runs
   char *train_lora_targets;  // "q,k,v,o,gate,up,down" (LL_OPT_LIST)
+  char *train_lora_experts;  // "gate,up,down" or "" (LL_OPT_LIST): adapters on the experts
   double train_lora_dropout;
   char *train_mode;          // lora|full
   int64_t train_warmup;

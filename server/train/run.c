@@ -63,6 +63,15 @@ int ll_train_params_from_config(const struct ll_config *c, struct ll_trainer_par
     s += n + (s[n] == ',');
   }
   if (p->mode == LL_TRAIN_LORA && !p->targets) return ll_errf(err, errlen, LL_EINVAL, "train.lora_targets: no target given");
+  for (s = c->train_lora_experts ? c->train_lora_experts : ""; *s;) { // "gate,up,down": the experts' slots
+    static const char *const xs[3] = {"gate", "up", "down"};
+    const size_t n = strcspn(s, ",");
+    int x = 0;
+    while (x < 3 && !(strlen(xs[x]) == n && strncmp(s, xs[x], n) == 0)) x++;
+    if (x == 3) return ll_errf(err, errlen, LL_EINVAL, "train.lora_experts: unknown matrix '%.*s' (gate, up, down)", (int)(n < 32 ? n : 32), s);
+    p->targets |= 1u << (LL_LORA_GATE_EXPS + x);
+    s += n + (s[n] == ',');
+  }
   p->batch = (int)c->train_batch;
   p->seq_len = (int)c->train_seq_len;
   p->grad_accum = (int)c->train_grad_accum;
@@ -414,7 +423,7 @@ int ll_train_run_describe(const struct ll_train_run *r, char *buf, size_t cap) {
   char what[128] = "full-parameter";
   if (r->p.mode == LL_TRAIN_LORA) {
     int wl = snprintf(what, sizeof what, "LoRA r=%d alpha=%g dropout=%g on ", r->p.rank, r->p.alpha, r->p.dropout);
-    for (int t = 0, first = 1; t < LL_LORA_N_TARGETS && wl > 0 && (size_t)wl < sizeof what; t++)
+    for (int t = 0, first = 1; t < LL_LORA_N_SLOTS && wl > 0 && (size_t)wl < sizeof what; t++)
       if ((r->p.targets >> t) & 1) wl += snprintf(what + wl, sizeof what - (size_t)wl, "%s%s", first ? "" : ",", ll_lora_target_name(t)), first = 0;
   }
   int k = snprintf(buf + n, cap - (size_t)n,

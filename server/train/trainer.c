@@ -180,7 +180,7 @@ static uint64_t mix64(uint64_t z) {
 
 static const struct ll_lora_pair *pair_of(const struct ll_trainer *tr, int l, int t) {
   if (!tr->lora) return NULL;
-  const struct ll_lora_pair *pr = tr->dpairs ? &tr->dpairs[l * LL_LORA_N_TARGETS + t] : ll_lora_at(tr->lora, l, t);
+  const struct ll_lora_pair *pr = tr->dpairs ? &tr->dpairs[l * LL_LORA_N_SLOTS + t] : ll_lora_at(tr->lora, l, t);
   return pr->a.data ? pr : NULL;
 }
 static float *grad_of(const struct ll_trainer *tr, const void *param) { return param ? tr->G + ((const float *)param - tr->P) : NULL; }
@@ -288,7 +288,8 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");                     // n2 (T, C)
   if (y->moe) { // x' = m + moe(n2)
     BK(copy(tr, xout, a->m, (int64_t)T * C), "copy");
-    return ll_moe_forward(tr->moe, y->moe, xout, a->n2, T, err, errlen);
+    const struct ll_moe_lora lo = {NULL, tr->lora, l, tr->P, tr->G}; // the adapter's expert slots, if any
+    return ll_moe_forward(tr->moe, y->moe, &lo, xout, a->n2, T, err, errlen);
   }
   if ((rc = lin_forward(tr, a->g, a->n2, &y->gate, l, LL_LORA_GATE, a->axs[LL_LORA_GATE], 0, err, errlen))) return rc; // (T, F)
   if ((rc = lin_forward(tr, a->u, a->n2, &y->up, l, LL_LORA_UP, a->axs[LL_LORA_UP], 0, err, errlen))) return rc;       // (T, F)
@@ -319,7 +320,8 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   if (y->moe) { // x' = m + moe(n2): dn = moe'(n2)ᵀ dx
     BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");
     BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
-    if ((rc = ll_moe_backward(tr->moe, B, y->moe, tr->mg ? &tr->mg[l] : NULL, tr->dn, a->n2, dx, T, err, errlen))) return rc;
+    const struct ll_moe_lora lo = {NULL, tr->lora, l, tr->P, tr->G};
+    if ((rc = ll_moe_backward(tr->moe, B, y->moe, tr->mg ? &tr->mg[l] : NULL, &lo, tr->dn, a->n2, dx, T, err, errlen))) return rc;
     goto ffn_norm;
   }
   // x' = m + down(h)   [Gemma 3: x' = m + rmsnorm(pf), pf = down(h): dpf in dn (free until the gate/up below)]
@@ -520,6 +522,8 @@ static int64_t n_trainable(const struct ll_model *m, const struct ll_trainer_par
     const int64_t out[LL_LORA_N_TARGETS] = {qd, m->kvd, m->kvd, m->C, m->F, m->F, m->C};
     for (int t = 0; t < LL_LORA_N_TARGETS; t++)
       if ((p->targets >> t) & 1) n += (int64_t)p->rank * (in[t] + out[t]);
+    for (int t = LL_LORA_GATE_EXPS; t < LL_LORA_N_SLOTS; t++) // one pair per expert: in + out = C + F_exp for each
+      if ((p->targets >> t) & 1) n += (int64_t)p->rank * (m->C + m->F_exp) * m->n_expert;
     return n * m->L;
   }
   n = (int64_t)m->n_vocab * m->C * (m->tied ? 1 : 2) + m->C;
@@ -561,15 +565,21 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
         return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: a shared expert (qwen2moe) is not trained in full mode yet (train.mode lora)");
     if (p->mode == LL_TRAIN_LORA && p->targets & ((1u << LL_LORA_GATE) | (1u << LL_LORA_UP) | (1u << LL_LORA_DOWN)))
       return ll_errf(err, errlen, LL_EUNSUPPORTED,
-                     "trainer: lora_targets names gate/up/down, but the model's FFN is a mixture of %d experts, which adapters do not reach yet: use q,k,v,o",
+                     "trainer: lora_targets names gate/up/down, but the model's FFN is a mixture of %d experts: use q,k,v,o (and train.lora_experts for "
+                     "the experts' own adapters)",
                      m->n_expert);
+    if (p->mode == LL_TRAIN_LORA && (p->targets & LL_LORA_EXPERT_TARGETS) && p->dropout > 0)
+      return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: lora_dropout with adapters on the experts (train.lora_experts) is not supported yet");
+  } else if (p->mode == LL_TRAIN_LORA && (p->targets & LL_LORA_EXPERT_TARGETS)) {
+    return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_experts names expert matrices, but the model has no mixture of experts");
     for (int l = 0; l < m->L; l++)
       if (m->layers[l].q_norm) return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: q/k norms (qwen3moe, olmoe) are not trained yet");
   }
   if (p->mode == LL_TRAIN_LORA) {
     if (p->rank < 1 || p->rank > 4096) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_rank %d must be 1..4096", p->rank);
     if (!(p->alpha > 0) || !isfinite(p->alpha)) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_alpha must be positive");
-    if (!p->targets || (p->targets & ~LL_LORA_ALL_TARGETS)) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_targets names no known target");
+    if (!p->targets || (p->targets & ~(LL_LORA_ALL_TARGETS | LL_LORA_EXPERT_TARGETS)))
+      return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_targets names no known target");
   }
   if (!(p->dropout >= 0 && p->dropout < 1)) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_dropout %g must be in [0, 1)", p->dropout);
   if (p->batch < 1 || p->batch > 4096) return ll_errf(err, errlen, LL_EINVAL, "trainer: batch %d must be 1..4096", p->batch);
@@ -634,6 +644,7 @@ static int setup_lora(struct ll_trainer *tr, char *err, size_t errlen) {
   memset(&d, 0, sizeof d);
   snprintf(d.arch, sizeof d.arch, "%s", tr->arch);
   d.n_layer = m->L, d.n_embd = m->C, d.n_embd_q = m->qd != m->C ? m->qd : 0, d.n_embd_kv = m->kvd, d.n_ff = m->F, d.n_head = m->H, d.n_head_kv = m->Hkv;
+  d.n_expert = m->n_expert, d.n_ff_exp = m->F_exp;
   int rc = ll_lora_create(&tr->lora, &d, tr->p.rank, tr->p.alpha, tr->p.targets, tr->p.seed, tr->be, err, errlen);
   if (rc) return rc;
   tr->fused = ll_lora_fused(d.arch);
@@ -642,7 +653,7 @@ static int setup_lora(struct ll_trainer *tr, char *err, size_t errlen) {
   if (!tr->dev) {
     tr->P = tr->Ph;
   } else { // the parameters on the device, and pairs that name them there
-    const int np = tr->lora->n_layer * LL_LORA_N_TARGETS;
+    const int np = tr->lora->n_layer * LL_LORA_N_SLOTS;
     if (!(tr->P = balloc(tr, tr->n_par)) || !(tr->dpairs = calloc((size_t)np, sizeof *tr->dpairs)))
       return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of %s for %lld adapter parameters", mem_of(tr), (long long)tr->n_par);
     if ((rc = copy(tr, tr->P, tr->Ph, tr->n_par))) return ll_errf(err, errlen, rc, "trainer: adapter upload: %s", ll_strerror(rc));
@@ -661,7 +672,7 @@ static int setup_lora(struct ll_trainer *tr, char *err, size_t errlen) {
     const struct ll_tensor_info *t = &mf.tensors[i];
     const float *d0 = t->data;
     if (d0 < tr->Ph || d0 >= tr->Ph + tr->n_par) continue;
-    rc = add_pt(tr, t->name.ptr, d0 - tr->Ph, 2, t->ne[0], t->ne[1]);
+    rc = add_pt3(tr, t->name.ptr, d0 - tr->Ph, (int)t->n_dims, t->ne[0], t->ne[1], t->n_dims > 2 ? t->ne[2] : 1); // experts' pairs: 3-D
   }
   ll_modelfile_free(&mf);
   return rc;

@@ -1,6 +1,6 @@
 // fuzz_lora.c - a LoRA adapter file (GGUF) of arbitrary bytes, read as llsrv reads adapters
-// against a small phi3 (q, k, v fused in attn_qkv and gate, up in ffn_up: ll_lora.h) and a small
-// llama, and with the shapes the file itself implies (ll_lora_dims_from_mf, as llsrv export does
+// against a small phi3 (q, k, v fused in attn_qkv and gate, up in ffn_up: ll_lora.h), a small
+// llama and its mixture-of-experts twin (adapters on the experts: 3-D ffn_*_exps), and with the shapes the file itself implies (ll_lora_dims_from_mf, as llsrv export does
 // without a model): never a crash or a read outside the file; an adapter accepted passes
 // ll_lora_check and its tensors (ll_lora_to_mf) fit its shapes; a refusal says why.
 #include <stdint.h>
@@ -36,10 +36,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char err[256];
   if (ll_gguf_parse(data, size, &mf, err, sizeof err) != 0) return 0;
   // C = 8, 2 heads of 4 (q width 8), 1 kv head (kv width 4), F = 12, 2 layers
-  struct ll_lora_dims d = {"phi3", 2, 8, 4, 12, 2, 1, 0, 0};
+  struct ll_lora_dims d = {.arch = "phi3", .n_layer = 2, .n_embd = 8, .n_embd_kv = 4, .n_ff = 12, .n_head = 2, .n_head_kv = 1};
   for (int ao = 0; ao < 2; ao++) try_dims(&mf, &d, ao);
   snprintf(d.arch, sizeof d.arch, "llama");
   try_dims(&mf, &d, 0);
+  struct ll_lora_dims dm = d; // a mixture of 2 experts of width 6: the 3-D ffn_*_exps adapters
+  dm.n_expert = 2, dm.n_ff_exp = 6;
+  try_dims(&mf, &dm, 0);
   struct ll_lora_dims fd;
   if (ll_lora_dims_from_mf(&mf, &fd, err, sizeof err) == 0) try_dims(&mf, &fd, 0);
   ll_modelfile_free(&mf);
