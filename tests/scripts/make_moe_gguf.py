@@ -7,6 +7,9 @@
 # The tokenizer is "none" with <arch>.vocab_size (llama.cpp then takes ids only; so does llsrv).
 # Weights: F32 from numpy's legacy RandomState (its streams are frozen across numpy versions),
 # so the same seed writes the same bytes; tests/ref/README.md records each file's sha256.
+# Beside each model, moe-<layout>-lora.gguf: a random LoRA adapter on attn_q, attn_v and every
+# expert's gate, up and down (the 3-D ffn_*_exps lora_a / lora_b tensors of llama.cpp's GGUF
+# LoRA layout), rank 4, alpha 8.
 #
 #   make_moe_gguf.py OUTDIR [layout...]     (layouts: mixtral qwen2moe qwen3moe olmoe; default all)
 import os
@@ -104,6 +107,36 @@ def write(path, name):
     w.close()
 
 
+def write_lora(path, name):
+    c = LAYOUTS[name]
+    rs = np.random.RandomState(100 + c["seed"])
+    C, L, E, r = c["C"], c["L"], c["E"], 4
+    Fe = c.get("Fe", c["F"])
+    w = gguf.GGUFWriter(path, c["arch"])
+    w.add_name("llsrv-moe-test-%s-lora" % name)
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 8.0)
+
+    def ab(n_in, n_out, e=None):  # lora_a (r, in) and lora_b (out, r) as numpy arrays: ne {in, r}, {r, out}
+        shape_a, shape_b = ((r, n_in), (n_out, r)) if e is None else ((e, r, n_in), (e, n_out, r))
+        a = (rs.standard_normal(shape_a) / np.sqrt(n_in)).astype(np.float32)
+        b = (rs.standard_normal(shape_b) * 0.5 / np.sqrt(r)).astype(np.float32)
+        return a, b
+
+    for l in range(L):
+        p = "blk.%d." % l
+        for stem, n_in, n_out, e in (("attn_q", C, C, None), ("attn_v", C, C // c["H"] * c["Hkv"], None), ("ffn_gate_exps", C, Fe, E),
+                                     ("ffn_up_exps", C, Fe, E), ("ffn_down_exps", Fe, C, E)):
+            a, b = ab(n_in, n_out, e)
+            w.add_tensor(p + stem + ".weight.lora_a", a)
+            w.add_tensor(p + stem + ".weight.lora_b", b)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__ or "usage: make_moe_gguf.py OUTDIR [layout...]", file=sys.stderr)
@@ -115,6 +148,7 @@ def main():
             print("unknown layout %s (%s)" % (name, ", ".join(LAYOUTS)), file=sys.stderr)
             sys.exit(2)
         write(os.path.join(out, "moe-%s.gguf" % name), name)
+        write_lora(os.path.join(out, "moe-%s-lora.gguf" % name), name)
 
 
 if __name__ == "__main__":

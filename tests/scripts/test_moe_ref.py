@@ -13,6 +13,10 @@
 #   - on the OpenCL device (PoCL, or $LL_TEST_OPENCL_DEVICE; reference tier): the same 32 ids
 #     as the CPU, the device named on stderr (a silent CPU fallback would compare the CPU
 #     with itself).
+# Then with each layout's random LoRA adapter on attention and on every expert (make_moe_gguf.py's
+# moe-<layout>-lora.gguf, 3-D ffn_*_exps lora_a/lora_b; tests/ref/moe_lora_greedy32.tsv, README
+# section 7): `llsrv generate --adapter` gives llama.cpp's 32 ids and its top-5 logits within
+# 1e-3 on the CPU, and the CPU's ids on the OpenCL device.
 # The gguf and numpy packages come from a venv the test makes once under the build directory
 # (LL_BINARY_DIR/pyvenv-gguf).
 import fcntl
@@ -122,6 +126,39 @@ def main():
               "%s prompt %d: %s did not run on OpenCL: %s" % (layout, idx, DEV, r.stderr.strip()[-300:]))
         check(r.stdout.split() == got, "%s prompt %d: OpenCL ids %s differ from the CPU's %s" % (layout, idx, r.stdout.split(), got))
     print("largest top-5 logit difference from llama.cpp: %g" % worst)
+    worst = 0.0
+    with open(os.path.join(SRC, "tests", "ref", "moe_lora_greedy32.tsv")) as f:
+        lrows = [l.rstrip("\n").split("\t") for l in f if l.strip() and not l.startswith("#")]
+    for layout, msha, asha, idx, prompt, gen, top in lrows:
+        model, adapter = os.path.join(tmp, "moe-%s.gguf" % layout), os.path.join(tmp, "moe-%s-lora.gguf" % layout)
+        with open(adapter, "rb") as f:
+            got_sha = hashlib.sha256(f.read()).hexdigest()
+        check(got_sha == asha, "%s: the written adapter's sha256 %s is not the reference's %s" % (layout, got_sha, asha))
+        if got_sha != asha:
+            continue
+        want, top = gen.split(), top.split()
+        r = generate(model, prompt, "cpu", len(want), ["--adapter", adapter])
+        got = r.stdout.split()
+        same = 0
+        while same < min(len(got), len(want)) and got[same] == want[same]:
+            same += 1
+        print("%-9s + expert adapter, prompt %s: %d/%d greedy ids equal llama.cpp's" % (layout, idx, same, len(want)), flush=True)
+        check(got == want, "%s + adapter prompt %s: ids differ from llama.cpp's at %d: %s vs %s (%s)" % (layout, idx, same, got, want, r.stderr.strip()[-300:]))
+        r = generate(model, prompt, "cpu", 1, ["--adapter", adapter, "--dump-logits", "5"])
+        tl = [l for l in r.stderr.splitlines() if l.startswith("top_logits:")]
+        check(len(tl) == 1, "%s + adapter prompt %s: no top_logits line: %s" % (layout, idx, r.stderr[-300:]))
+        if tl:
+            ours = [p.split(":") for p in tl[0].split()[1:]]
+            ref = [p.split(":") for p in top]
+            check([o[0] for o in ours] == [x[0] for x in ref], "%s + adapter prompt %s: top-5 ids %s vs llama.cpp's %s" % (layout, idx, ours, ref))
+            d = max(abs(float(o[1]) - float(x[1])) for o, x in zip(ours, ref))
+            worst = max(worst, d)
+            check(d <= 1e-3, "%s + adapter prompt %s: top-5 logits differ from llama.cpp's by %g" % (layout, idx, d))
+        if idx == "0":  # the device path of the experts' adapters (its own buffers, axpy): one prompt per layout
+            r = generate(model, prompt, DEV, len(want), ["--adapter", adapter])
+            check(r.returncode == 0 and r.stdout.split() == got,
+                  "%s + adapter prompt %s: OpenCL ids %s differ from the CPU's %s (%s)" % (layout, idx, r.stdout.split(), got, r.stderr.strip()[-300:]))
+    print("with adapters on the experts: largest top-5 logit difference from llama.cpp: %g" % worst)
     subprocess.run(["rm", "-rf", tmp])
     print("%d passed, %d failed" % (passed, failed))
     sys.exit(1 if failed else 0)
