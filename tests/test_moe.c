@@ -3,9 +3,12 @@
 // (experts over grouped tokens) against the same tokens decoded one at a time, a prompt's
 // logits the same bits with another sequence in its step (the server's batch invariance),
 // malformed MoE files refused with the tensor or key named, and LoRA training through the
-// experts: every adapter gradient against finite differences (Mixtral's layout, qwen2moe's);
-// full-parameter training: the router's, the experts' and attention's gradients, with the
-// load-balancing loss, against finite differences.
+// experts: every adapter gradient against finite differences (Mixtral's layout, qwen2moe's,
+// qwen3moe's, olmoe's), adapters on the experts themselves served, exported and read back;
+// full-parameter training: the router's, the experts', the shared expert's, the q/k norms' and
+// attention's gradients, with the load-balancing loss, against finite differences; per layout,
+// 40 steps of LoRA and of full training lower the validation loss, and the fully trained
+// model's checkpoint serves the trainer's loss.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,9 +105,12 @@ static int write_model(const char *path, int experts, int used, int same_experts
   ll_modelfile_init(&m.mf);
   m.mem = malloc(m.cap * sizeof(float));
   uint64_t rs = seed, rs2 = seed ^ 0x9e3779b97f4a7c15ull;
-  // break_what "shared": qwen2moe's layout with a shared expert (width FS) beside the experts
+  // break_what "shared": qwen2moe's layout with a shared expert (width FS) beside the experts;
+  // "qwen3moe": per-head q/k norms; "olmoe": q/k norms over whole rows (norm weights random
+  // around 1, so that their gradients are checked where they are trained)
   const int shared = break_what && !strcmp(break_what, "shared");
-  const char *arch = shared ? "qwen2moe" : "llama";
+  const int q3 = break_what && !strcmp(break_what, "qwen3moe"), ol = break_what && !strcmp(break_what, "olmoe");
+  const char *arch = shared ? "qwen2moe" : q3 ? "qwen3moe" : ol ? "olmoe" : "llama";
   char key[96];
 #define KEY(s) (snprintf(key, sizeof key, "%s." s, arch), key)
   ll_mf_set_str(&m.mf, "general.architecture", arch);
@@ -119,7 +125,9 @@ static int write_model(const char *path, int experts, int used, int same_experts
     ll_mf_set_u32(&m.mf, KEY("expert_count"), (uint32_t)experts);
     ll_mf_set_u32(&m.mf, KEY("expert_used_count"), (uint32_t)(break_what && !strcmp(break_what, "used") ? experts + 1 : used));
     if (shared) ll_mf_set_u32(&m.mf, KEY("expert_feed_forward_length"), F), ll_mf_set_u32(&m.mf, KEY("expert_shared_feed_forward_length"), FS);
+    if (q3) ll_mf_set_u32(&m.mf, KEY("expert_feed_forward_length"), F);
   }
+  if (q3) ll_mf_set_u32(&m.mf, KEY("attention.key_length"), C / H), ll_mf_set_u32(&m.mf, KEY("attention.value_length"), C / H);
 #undef KEY
   add(&m, "token_embd.weight", 2, C, V, 1, rnd(&m, (size_t)C * V, 1.0f, &rs));
   float *on = take(&m, C);
@@ -135,6 +143,14 @@ static int write_model(const char *path, int experts, int used, int same_experts
     add(&m, NM("attn_k.weight"), 2, C, KVD, 1, rnd(&m, (size_t)C * KVD, 0.3f, &rs));
     add(&m, NM("attn_v.weight"), 2, C, KVD, 1, rnd(&m, (size_t)C * KVD, 0.3f, &rs));
     add(&m, NM("attn_output.weight"), 2, C, C, 1, rnd(&m, (size_t)C * C, 0.3f, &rs));
+    if (q3 || ol) { // after the dense tensors' stream, so the FFN's values are those of the other layouts
+      const int qn = q3 ? C / H : C, kn = q3 ? C / H : KVD;
+      float *qw = take(&m, (size_t)qn), *kw = take(&m, (size_t)kn);
+      for (int i = 0; i < qn; i++) qw[i] = 1.0f + 0.3f * ll_test_randf(&rs2);
+      for (int i = 0; i < kn; i++) kw[i] = 1.0f + 0.3f * ll_test_randf(&rs2);
+      add(&m, NM("attn_q_norm.weight"), 1, qn, 1, 1, qw);
+      add(&m, NM("attn_k_norm.weight"), 1, kn, 1, 1, kw);
+    }
     float *g = rnd(&m, (size_t)C * F, 0.3f, &rs), *u = rnd(&m, (size_t)C * F, 0.3f, &rs), *d = rnd(&m, (size_t)F * C, 0.3f, &rs);
     if (!experts) {
       add(&m, NM("ffn_gate.weight"), 2, C, F, 1, g);
@@ -348,17 +364,23 @@ static void test_models(const char *dir, uint64_t *rs) {
 
 // LoRA on q, k, v, o of an MoE model: every adapter gradient against central differences of
 // the summed loss. The gradient reaches the lower layer's adapters through the upper layer's
-// experts, their routing weights (softmax, renormalization) and, with `shared`, qwen2moe's
-// sigmoid-gated shared expert: ll_moe_backward. With `experts`, adapters on every expert's
+// experts, their routing weights (softmax, renormalization, per layout: renormalized top k in
+// Mixtral's and qwen3moe's, not in qwen2moe's and olmoe's), qwen2moe's sigmoid-gated shared
+// expert, and the q/k norms (qwen3moe per head, olmoe whole rows; frozen in LoRA mode):
+// ll_moe_backward and the trainer's norms. With `experts`, adapters on every expert's
 // gate, up and down too (one pair per expert, most of the parameters): their gradients through
 // the routed products, then the adapter served (ll_engine with it on a sequence: the loss of
 // its logits equals the trainer's, a prompt equals its tokens decoded one at a time), written
 // as a GGUF LoRA (3-D ffn_*_exps tensors) and read back to the same logits' bits.
+// The layouts (write_model's break_what): Mixtral's llama, qwen2moe, qwen3moe, olmoe.
+static const char *const layout_name[4] = {"mixtral", "qwen2moe", "qwen3moe", "olmoe"};
+static const char *const layout_what[4] = {NULL, "shared", "qwen3moe", "olmoe"};
+
 static void serve_expert_adapter(struct ll_engine *e, struct ll_trainer *tr, const char *dir, uint64_t *rs);
-static void test_grads(const char *dir, int shared, int experts, uint64_t *rs) {
+static void test_grads(const char *dir, int layout, int experts, uint64_t *rs) {
   char path[4200], err[256];
-  snprintf(path, sizeof path, "%s/train-%d-%d.gguf", dir, shared, experts);
-  if (write_model(path, E, K, 0, ll_test_rand(rs), shared ? "shared" : NULL)) return;
+  snprintf(path, sizeof path, "%s/train-%d-%d.gguf", dir, layout, experts);
+  if (write_model(path, E, K, 0, ll_test_rand(rs), layout_what[layout])) return;
   struct ll_engine *e = open_model(path, err, sizeof err);
   CHECKF(e != NULL, "open: %s", err);
   if (!e) return;
@@ -366,7 +388,7 @@ static void test_grads(const char *dir, int shared, int experts, uint64_t *rs) {
   ll_trainer_params_init(&p);
   p.rank = 4, p.alpha = 8, p.batch = 2, p.seq_len = 8, p.lr = 1e-2, p.steps = 10, p.seed = 7;
   p.targets = (1u << LL_LORA_Q) | (1u << LL_LORA_K) | (1u << LL_LORA_V) | (1u << LL_LORA_O) | (experts ? LL_LORA_EXPERT_TARGETS : 0);
-  p.arch = shared ? "qwen2moe" : "llama";
+  p.arch = layout ? layout_name[layout] : "llama";
   struct ll_trainer *tr = NULL;
   int rc = ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err);
   CHECKF(rc == 0, "trainer: %s", err);
@@ -419,7 +441,7 @@ static void test_grads(const char *dir, int shared, int experts, uint64_t *rs) {
         if (d > 2e-3 + 3e-2 * fabs(fd) && bad++ < 5) fprintf(stderr, "param %lld: analytic %.6g, finite differences %.6g\n", (long long)i, g[i], fd);
       }
       printf("%s%s: batch %d, 80 adapter gradients (%d in layer 0; %d at a routing kink, not checked), max |g_fd| %.4g, max |error| %.3g\n",
-             shared ? "qwen2moe" : "mixtral", experts ? " (adapters on attention and experts)" : "", attempt, lower, kinks, max_g, max_err);
+             layout_name[layout], experts ? " (adapters on attention and experts)" : "", attempt, lower, kinks, max_g, max_err);
       if (kinks <= 4) break;
     }
     CHECKF(kinks <= 4, "%d of 80 parameters at routing kinks", kinks);
@@ -520,16 +542,17 @@ static double objective(struct ll_trainer *tr, const int32_t *ids, const int32_t
   return loss + ll_trainer_aux_take(tr);
 }
 
-static void test_full_grads(const char *dir, int aux_only, uint64_t *rs) {
+static void test_full_grads(const char *dir, int layout, int aux_only, uint64_t *rs) {
   char path[4200], err[256];
-  snprintf(path, sizeof path, "%s/full-%d.gguf", dir, aux_only);
-  if (write_model(path, E, K, 0, ll_test_rand(rs), NULL)) return;
+  snprintf(path, sizeof path, "%s/full-%d-%d.gguf", dir, layout, aux_only);
+  if (write_model(path, E, K, 0, ll_test_rand(rs), layout_what[layout])) return;
   struct ll_engine *e = open_model(path, err, sizeof err);
   CHECKF(e != NULL, "open: %s", err);
   if (!e) return;
   struct ll_trainer_params p;
   ll_trainer_params_init(&p);
   p.mode = LL_TRAIN_FULL, p.batch = 2, p.seq_len = 8, p.lr = 1e-2, p.steps = 10, p.seed = 7, p.moe_aux_coef = 0.5;
+  p.arch = layout ? layout_name[layout] : "llama";
   struct ll_trainer *tr = NULL;
   int rc = ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err);
   CHECKF(rc == 0, "full-mode trainer on an MoE model: %s", err);
@@ -542,20 +565,28 @@ static void test_full_grads(const char *dir, int aux_only, uint64_t *rs) {
   int64_t n;
   ll_trainer_vectors(tr, &P, &G, &n);
   const struct ll_model *m = ll_trainer_model(tr);
-  // (group, first parameter, count): per layer the router, gate, up, down experts, q
-  const char *gname[5] = {"router", "gate_exps", "up_exps", "down_exps", "attn_q"};
-  int64_t g0[L][5], gn[5] = {(int64_t)E * C, (int64_t)E * F * C, (int64_t)E * F * C, (int64_t)E * F * C, (int64_t)C * C};
+  // (group, first parameter, count): per layer the router, gate, up, down experts, q; then
+  // where the layout has them, the shared expert's gate and its gate logit's weights
+  // (qwen2moe), the q and k norms' weights (qwen3moe: a head's, olmoe: whole rows)
+  const char *gname[9] = {"router", "gate_exps", "up_exps", "down_exps", "attn_q", "ffn_gate_shexp", "ffn_gate_inp_shexp", "attn_q_norm", "attn_k_norm"};
+  int64_t g0[L][9], gn[9] = {(int64_t)E * C, (int64_t)E * F * C, (int64_t)E * F * C, (int64_t)E * F * C, (int64_t)C * C, (int64_t)FS * C, C, 0, 0};
+  int grp[9], ng = 0;
+  for (int j = 0; j < 5; j++) grp[ng++] = j;
+  if (layout == 1) grp[ng++] = 5, grp[ng++] = 6;
+  if (layout >= 2) grp[ng++] = 7, grp[ng++] = 8, gn[7] = layout == 2 ? C / H : C, gn[8] = layout == 2 ? C / H : KVD;
   for (int l = 0; l < L; l++) {
     const struct ll_moe_layer *x = m->layers[l].moe;
     CHECK(x != NULL);
     if (!x) return;
-    const float *base[5] = {x->router.data, x->gate[0].data, x->up[0].data, x->down[0].data, m->layers[l].wq.data};
-    for (int j = 0; j < 5; j++) g0[l][j] = base[j] - P;
+    const float *base[9] = {x->router.data,  x->gate[0].data,      x->up[0].data,         x->down[0].data,      m->layers[l].wq.data,
+                            x->sh_gate.data, x->sh_router.data, m->layers[l].q_norm, m->layers[l].k_norm};
+    for (int j = 0; j < 9; j++) g0[l][j] = base[j] ? base[j] - P : -1;
+    for (int i = 0; i < ng; i++) CHECKF(g0[l][grp[i]] >= 0 && g0[l][grp[i]] + gn[grp[i]] <= n, "layer %d %s is not in the parameters", l, gname[grp[i]]);
     CHECK(g0[l][1] + gn[1] == (const float *)x->gate[E - 1].data - P + (int64_t)F * C); // experts one after another
   }
   float *g = malloc((size_t)n * sizeof *g);
   int kinks = 0, bad = 0, checked = 0;
-  double max_g[5] = {0}, max_err = 0;
+  double max_g[9] = {0}, max_err = 0;
   for (int attempt = 0; attempt < 4 && rc == 0; attempt++) {
     int32_t ids[16], tg[16];
     for (int i = 0; i < 16; i++) ids[i] = (int32_t)(ll_test_rand(rs) % V), tg[i] = aux_only ? -1 : (int32_t)(ll_test_rand(rs) % V);
@@ -567,8 +598,8 @@ static void test_full_grads(const char *dir, int aux_only, uint64_t *rs) {
     kinks = bad = checked = 0, max_err = 0;
     memset(max_g, 0, sizeof max_g);
     const double h = 1e-3;
-    for (int c = 0; c < 100 && rc == 0; c++) {
-      const int l = c % L, j = (c / L) % 5;
+    for (int c = 0; c < 20 * ng && rc == 0; c++) {
+      const int l = c % L, j = grp[(c / L) % ng];
       // experts: half the checks on rows with a gradient (a routed token), the others anywhere
       int64_t i = g0[l][j] + (int64_t)(ll_test_rand(rs) % (uint64_t)gn[j]);
       for (int tries = 0; j >= 1 && j <= 3 && c % 4 < 2 && g[i] == 0 && tries < 200; tries++) i = g0[l][j] + (int64_t)(ll_test_rand(rs) % (uint64_t)gn[j]);
@@ -590,15 +621,18 @@ static void test_full_grads(const char *dir, int aux_only, uint64_t *rs) {
       if (d > tol && bad++ < 5)
         fprintf(stderr, "layer %d %s param %lld: analytic %.6g, finite differences %.6g\n", l, gname[j], (long long)(i - g0[l][j]), g[i], fd);
     }
-    printf("full mode%s: batch %d, %d gradients checked (%d at a routing kink), max |g_fd| router %.3g gate %.3g up %.3g down %.3g q %.3g, max |error| %.3g\n",
-           aux_only ? " (aux loss only)" : "", attempt, checked, kinks, max_g[0], max_g[1], max_g[2], max_g[3], max_g[4], max_err);
-    if (kinks <= 5) break;
+    printf("full mode, %s%s: batch %d, %d gradients checked (%d at a routing kink), max |g_fd| router %.3g gate %.3g up %.3g down %.3g q %.3g", layout_name[layout],
+           aux_only ? " (aux loss only)" : "", attempt, checked, kinks, max_g[0], max_g[1], max_g[2], max_g[3], max_g[4]);
+    for (int i = 5; i < ng; i++) printf(" %s %.3g", gname[grp[i]], max_g[grp[i]]);
+    printf(", max |error| %.3g\n", max_err);
+    if (kinks <= ng) break;
   }
   CHECKF(rc == 0, "%s", err);
-  CHECKF(kinks <= 5, "%d of 100 parameters at routing kinks", kinks);
+  CHECKF(kinks <= ng, "%d of %d parameters at routing kinks", kinks, 20 * ng);
   CHECKF(bad == 0, "%d of %d gradients off the finite differences", bad, checked);
   CHECKF(max_g[0] > (aux_only ? 1e-5 : 1e-3), "router gradient %g", max_g[0]); // the router learns (from the aux loss alone, too)
   if (!aux_only) CHECK(max_g[1] > 1e-3 && max_g[2] > 1e-3 && max_g[3] > 1e-3);
+  for (int i = 5; !aux_only && i < ng; i++) CHECKF(max_g[grp[i]] > 1e-4, "%s: gradient %g", gname[grp[i]], max_g[grp[i]]); // each reached
   // The aux loss itself: coef·E·Σ f_i·P_i is coef at perfect balance and at most coef·E.
   {
     int32_t ids[16], tg[16];
@@ -612,6 +646,92 @@ static void test_full_grads(const char *dir, int aux_only, uint64_t *rs) {
   unlink(path);
 }
 
+// ---------------------------------------------------------------- the loss falls, per layout
+
+// Sequences of a fixed successor rule (id -> (5·id + 3) mod V from a random start: something to
+// learn); the validation sequences start elsewhere in the same rule.
+struct rule_src {
+  uint64_t rs;
+  int S, vpos;
+};
+static void rule_seq(int32_t *ids, int32_t *tg, int S, int32_t start) {
+  int32_t x = start;
+  for (int t = 0; t < S; t++) ids[t] = x, x = (5 * x + 3) % V, tg[t] = x;
+}
+static int rule_next(void *u, int32_t *ids, int32_t *tg, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  struct rule_src *s = u;
+  rule_seq(ids, tg, s->S, (int32_t)(ll_test_rand(&s->rs) % V));
+  return 0;
+}
+static int rule_val_next(void *u, int32_t *ids, int32_t *tg, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  struct rule_src *s = u;
+  if (s->vpos >= 8) return 0;
+  rule_seq(ids, tg, s->S, (int32_t)((s->vpos++ * 37 + 11) % V));
+  return 1;
+}
+static void rule_val_reset(void *u) { ((struct rule_src *)u)->vpos = 0; }
+
+// 40 AdamW steps on each layout: LoRA on attention and every expert (router frozen), or every
+// weight (full mode with the load-balancing loss): the validation loss falls.
+static void test_loss_falls(const char *dir, int layout, int mode, uint64_t *rs) {
+  char path[4200], err[256];
+  snprintf(path, sizeof path, "%s/falls-%d-%d.gguf", dir, layout, mode);
+  if (write_model(path, E, K, 0, ll_test_rand(rs), layout_what[layout])) return;
+  struct ll_engine *e = open_model(path, err, sizeof err);
+  CHECKF(e != NULL, "open: %s", err);
+  if (!e) return;
+  struct ll_trainer_params p;
+  ll_trainer_params_init(&p);
+  p.mode = mode, p.batch = 4, p.seq_len = 16, p.steps = 40, p.seed = 3, p.arch = layout ? layout_name[layout] : "llama", p.model_path = path;
+  p.lr = mode == LL_TRAIN_FULL ? 3e-3 : 1e-2, p.rank = 4, p.alpha = 8;
+  p.targets = (1u << LL_LORA_Q) | (1u << LL_LORA_K) | (1u << LL_LORA_V) | (1u << LL_LORA_O) | LL_LORA_EXPERT_TARGETS;
+  struct ll_trainer *tr = NULL;
+  int rc = ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err);
+  CHECKF(rc == 0, "%s, %s: %s", layout_name[layout], mode == LL_TRAIN_FULL ? "full" : "lora", err);
+  if (rc == 0) {
+    struct rule_src rsrc = {ll_test_rand(rs), p.seq_len, 0};
+    struct ll_train_source src = {&rsrc, rule_next, rule_val_next, rule_val_reset, NULL, NULL};
+    double v0 = 0, v1 = 0, aux = 0;
+    rc = ll_trainer_eval(tr, &src, 0, &v0, err, sizeof err);
+    struct ll_train_step_info info;
+    for (int i = 0; i < p.steps && rc == 0; i++) rc = ll_trainer_step(tr, &src, &info, err, sizeof err), aux = info.aux_loss;
+    if (rc == 0) rc = ll_trainer_eval(tr, &src, 0, &v1, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    printf("%s, %s: validation loss %.4f -> %.4f after %lld steps%s", layout_name[layout], mode == LL_TRAIN_FULL ? "full mode" : "LoRA (attention + experts)", v0,
+           v1, (long long)p.steps, mode == LL_TRAIN_FULL ? "" : "\n");
+    if (mode == LL_TRAIN_FULL) printf(" (aux loss %.4f)\n", aux);
+    CHECKF(v1 < v0 - 0.5, "%s: the validation loss did not fall (%.4f -> %.4f)", layout_name[layout], v0, v1);
+    CHECK(mode != LL_TRAIN_FULL || (aux > 0 && aux < 0.01 * E * L));
+    if (mode == LL_TRAIN_FULL && rc == 0) { // the trained model, saved as a checkpoint, serves what the trainer computes
+      char ck[4300];
+      snprintf(ck, sizeof ck, "%s/falls-%d.ckpt", dir, layout);
+      rc = ll_trainer_save(tr, ck, &src, err, sizeof err);
+      CHECKF(rc == 0, "save: %s", err);
+      struct ll_engine *e2 = rc == 0 ? open_model(ck, err, sizeof err) : NULL;
+      CHECKF(e2 != NULL, "open the trained %s: %s", layout_name[layout], err);
+      if (e2) {
+        int32_t ids[32], tg[32];
+        float *lg = malloc(sizeof(float) * 16 * V);
+        rule_seq(ids, tg, 16, 7), rule_seq(ids + 16, tg + 16, 16, 41);
+        double lt = 0, ls = 0;
+        rc = ll_trainer_forward_backward(tr, ids, tg, 2, 0, 1.0f, &lt, NULL, err, sizeof err);
+        CHECKF(rc == 0, "%s", err);
+        for (int b = 0; b < 2; b++) run(e2, ids + 16 * b, 16, 0, lg), ls += xent_sum(lg, tg + 16 * b, 16);
+        printf("  served from its checkpoint: loss %.6f, the trainer's %.6f\n", ls, lt);
+        CHECKF(fabs(ls - lt) < 1e-4 * fabs(lt) + 1e-4, "%s: the saved model's loss %.7g, the trainer's %.7g", layout_name[layout], ls, lt);
+        free(lg);
+        ll_engine_close(e2);
+      }
+      unlink(ck);
+    }
+    ll_trainer_free(tr);
+  }
+  ll_engine_close(e);
+  unlink(path);
+}
+
 int main(void) {
   uint64_t rs = ll_test_seed();
   test_route(&rs);
@@ -620,10 +740,11 @@ int main(void) {
     test_models(dir, &rs);
     test_grads(dir, 0, 0, &rs);
     test_grads(dir, 1, 0, &rs);
-    test_grads(dir, 0, 1, &rs);
-    test_grads(dir, 1, 1, &rs);
-    test_full_grads(dir, 0, &rs);
-    test_full_grads(dir, 1, &rs);
+    for (int layout = 0; layout < 4; layout++) test_grads(dir, layout, 1, &rs);
+    test_full_grads(dir, 0, 0, &rs);
+    test_full_grads(dir, 0, 1, &rs);
+    for (int layout = 1; layout < 4; layout++) test_full_grads(dir, layout, 0, &rs);
+    for (int layout = 0; layout < 4; layout++) test_loss_falls(dir, layout, LL_TRAIN_LORA, &rs), test_loss_falls(dir, layout, LL_TRAIN_FULL, &rs);
     rmdir(dir);
   } else {
     CHECKF(0, "no temporary directory");

@@ -14,7 +14,7 @@ static const struct ll_arch arches[] = {
     // Qwen2 / 2.5: biases on q, k, v; NeoX rotation.
     {"qwen2", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QKV_BIAS, 0, 0.0f, 0, LL_ARCH_QKV_BIAS},
     // Qwen3: per-head RMSNorm of q and k, no biases; head_dim from attention.key_length (the
-    // trainer differentiates the norms with their weights frozen: LoRA, not full training).
+    // trainer differentiates the norms, and their weights in full mode).
     {"qwen3", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QK_NORM, 0, 0.0f, 0, LL_ARCH_QK_NORM}, // LoRA: trainer.c's per-head norm backward
     // Gemma 3: embeddings * sqrt(C), GeGLU, post-attention and post-FFN norms, q/k norms, q
     // prescaled, 5 local (sliding-window, RoPE base 10000) layers to 1 global. Its norm
@@ -35,10 +35,11 @@ static const struct ll_arch arches[] = {
      LL_ARCH_FUSED_QKV | LL_ARCH_FUSED_UP | LL_ARCH_Q_PRESCALE},
     // Mixtures of experts (moe.c): qwen2moe (biases, a shared expert), qwen3moe (per-head q/k
     // norms), olmoe (q/k norms over whole rows).
-    // (qwen2moe trains LoRA on attention through its frozen experts: moe.c's ll_moe_backward)
+    // All three train (moe.c's ll_moe_backward; trainer.c's q/k norms, per head or whole rows):
+    // LoRA on attention and, configurably, the experts; every weight in full mode (float models).
     {"qwen2moe", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QKV_BIAS | LL_ARCH_MOE, 0, 0.0f, 0, LL_ARCH_QKV_BIAS | LL_ARCH_MOE},
-    {"qwen3moe", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QK_NORM | LL_ARCH_MOE, 0, 0.0f, 1, 0},
-    {"olmoe", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QK_NORM | LL_ARCH_QK_NORM_ROWS | LL_ARCH_MOE, 0, 0.0f, 0, 0},
+    {"qwen3moe", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QK_NORM | LL_ARCH_MOE, 0, 0.0f, 1, LL_ARCH_QK_NORM | LL_ARCH_MOE},
+    {"olmoe", LL_ROPE_NEOX, LL_ACT_SILU, LL_ARCH_QK_NORM | LL_ARCH_QK_NORM_ROWS | LL_ARCH_MOE, 0, 0.0f, 0, LL_ARCH_QK_NORM | LL_ARCH_MOE},
 };
 
 const struct ll_arch *ll_arch_find(const char *name) {

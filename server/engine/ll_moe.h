@@ -52,6 +52,7 @@ int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const str
 struct ll_moe_grads {
   float *router, *gate, *up, *down;
   float aux_coef, aux_w;
+  float *sh_gate, *sh_up, *sh_down, *sh_router; // qwen2moe's shared expert: (F_sh, C) x2, (C, F_sh), (C)
 };
 
 // Training: dxn (T, C) += the gradient of the layer's MoE output with respect to xn, given the
@@ -60,7 +61,8 @@ struct ll_moe_grads {
 // no auxiliary loss); else their gradients and the auxiliary loss's (above), whose value is
 // added to the context's sum (ll_moe_aux_take). The forward is recomputed (the same routes).
 // ops: the backend's members with the training ones filled (the trainer's). Host buffers only
-// (the CPU backend): LL_EUNSUPPORTED elsewhere. qwen2moe's shared expert: g must be NULL.
+// (the CPU backend): LL_EUNSUPPORTED elsewhere. qwen2moe's shared expert: its weights' and its
+// gate's gradients into g's sh_* where not NULL.
 // lo (NULL: none): adapters on the experts, one for the whole batch (lo->one), differentiated
 // into lo->G (dA_e += daxᵀ·x, dB_e += dyᵀ·axs per expert over its rows, axs = scale·x·A_eᵀ, as
 // the trainer's adapted products); the forward recomputed with them (the training order of the

@@ -425,7 +425,6 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
   const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp, Fs = m->F_sh;
   if (!c->host) return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: training runs on the CPU backend only");
   if (T > c->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "moe: batch of %d tokens exceeds %d", T, c->max_batch);
-  if (gr && y->sh_gate.data) return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: a shared expert's weights are not trained yet (LoRA mode only)");
   if (E > 1024) return ll_errf(err, errlen, LL_ELIMIT, "moe: %d experts exceed the backward's 1024", E);
   const size_t FC = (size_t)Fe * C;
   const size_t B = (size_t)c->max_batch, Bk = B * (size_t)k;
@@ -545,10 +544,10 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
     c->dv[t] = (float)(ds * sig * (1.0f - sig));
   }
   memset(c->dsh, 0, (size_t)T * Fs * sizeof(float));
-  BK(ops->matmul_backward(be, c->dsh, NULL, c->dsy, c->sh, &y->sh_down, T), "matmul_backward shared down");
+  BK(ops->matmul_backward(be, c->dsh, gr ? gr->sh_down : NULL, c->dsy, c->sh, &y->sh_down, T), "matmul_backward shared down");
   BK(ops->swiglu_backward(be, c->dsg, c->dsu, c->dsh, c->sg, c->su, (int64_t)T * Fs), "swiglu_backward");
-  BK(ops->matmul_backward(be, dxn, NULL, c->dsg, xn, &y->sh_gate, T), "matmul_backward shared gate");
-  BK(ops->matmul_backward(be, dxn, NULL, c->dsu, xn, &y->sh_up, T), "matmul_backward shared up");
-  BK(ops->matmul_backward(be, dxn, NULL, c->dv, xn, &y->sh_router, T), "matmul_backward shared gate logit");
+  BK(ops->matmul_backward(be, dxn, gr ? gr->sh_gate : NULL, c->dsg, xn, &y->sh_gate, T), "matmul_backward shared gate");
+  BK(ops->matmul_backward(be, dxn, gr ? gr->sh_up : NULL, c->dsu, xn, &y->sh_up, T), "matmul_backward shared up");
+  BK(ops->matmul_backward(be, dxn, gr ? gr->sh_router : NULL, c->dv, xn, &y->sh_router, T), "matmul_backward shared gate logit");
   return 0;
 }

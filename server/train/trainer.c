@@ -58,7 +58,15 @@ struct lacts {
 // Full mode: gradient pointers of one layer's weights.
 struct lgrad {
   float *attn_norm, *ffn_norm, *wq, *wk, *wv, *wo, *gate, *up, *down;
+  float *q_norm, *k_norm; // LL_ARCH_QK_NORM
 };
+
+// q/k norms (LL_ARCH_QK_NORM): rows and width of q's and k's normed vectors, per head (qwen3,
+// qwen3moe: T·H rows of hd) or whole rows (olmoe, LL_ARCH_QK_NORM_ROWS: T rows of qd / kvd).
+static void qk_norm_shape(const struct ll_model *m, int T, int *qr, int *qw, int *kr, int *kw) {
+  const int whole = m->arch && (m->arch->flags & LL_ARCH_QK_NORM_ROWS), qd = m->qd > 0 ? m->qd : m->C;
+  *qr = whole ? T : T * m->H, *qw = whole ? qd : m->hd, *kr = whole ? T : T * m->Hkv, *kw = whole ? m->kvd : m->hd;
+}
 
 struct ll_trainer {
   struct ll_trainer_params p;
@@ -265,11 +273,13 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   if ((rc = add_bias(tr, a->q, y->bq, qd, err, errlen)) || (rc = add_bias(tr, a->k, y->bk, kvd, err, errlen)) ||
       (rc = add_bias(tr, a->v, y->bv, kvd, err, errlen)))
     return rc;
-  if (y->q_norm) { // Qwen3, Gemma 3: q, k = per-head rmsnorm(q, k); their inputs kept for the backward
+  if (y->q_norm) { // q, k = rmsnorm(q, k) per head (Qwen3, qwen3moe, Gemma 3) or row (olmoe); their inputs kept for the backward
     BK(copy(tr, a->qp, a->q, (int64_t)T * qd), "copy");
     BK(copy(tr, a->kp, a->k, (int64_t)T * kvd), "copy");
-    BK(B->rmsnorm(be, a->q, a->qp, y->q_norm, T * m->H, m->hd, m->eps), "rmsnorm q");
-    BK(B->rmsnorm(be, a->k, a->kp, y->k_norm, T * m->Hkv, m->hd, m->eps), "rmsnorm k");
+    int qr, qw, kr, kw;
+    qk_norm_shape(m, T, &qr, &qw, &kr, &kw);
+    BK(B->rmsnorm(be, a->q, a->qp, y->q_norm, qr, qw, m->eps), "rmsnorm q");
+    BK(B->rmsnorm(be, a->k, a->kp, y->k_norm, kr, kw, m->eps), "rmsnorm k");
   }
   BK(B->rope(be, a->q, tr->pos, T, m->H, m->hd, rope), "rope q");
   BK(B->rope(be, a->k, tr->pos, T, m->Hkv, m->hd, rope), "rope k");
@@ -364,11 +374,13 @@ ffn_norm: // n2 = rmsnorm(m): dx becomes dm (the residual path plus the norm's)
   BK(B->rope_backward(be, tr->dq, tr->pos, T, m->H, m->hd, rope), "rope_backward q");
   BK(B->rope_backward(be, tr->dk, tr->pos, T, m->Hkv, m->hd, rope), "rope_backward k");
   float *dq = tr->dq, *dk = tr->dk;
-  if (y->q_norm) { // through the per-head norms (frozen: no weight gradient) into da, dkn (free now)
+  if (y->q_norm) { // through the q/k norms (their weights' gradients in full mode) into da, dkn (free now)
+    int qr, qw, kr, kw;
+    qk_norm_shape(m, T, &qr, &qw, &kr, &kw);
     BK(zero(tr, tr->da, (int64_t)T * qd), "zero");
     BK(zero(tr, tr->dkn, (int64_t)T * kvd), "zero");
-    BK(B->rmsnorm_backward(be, tr->da, NULL, tr->dq, a->qp, y->q_norm, T * m->H, m->hd, m->eps), "rmsnorm_backward q");
-    BK(B->rmsnorm_backward(be, tr->dkn, NULL, tr->dk, a->kp, y->k_norm, T * m->Hkv, m->hd, m->eps), "rmsnorm_backward k");
+    BK(B->rmsnorm_backward(be, tr->da, gw->q_norm, tr->dq, a->qp, y->q_norm, qr, qw, m->eps), "rmsnorm_backward q");
+    BK(B->rmsnorm_backward(be, tr->dkn, gw->k_norm, tr->dk, a->kp, y->k_norm, kr, kw, m->eps), "rmsnorm_backward k");
     dq = tr->da, dk = tr->dkn;
   }
   // q, k, v = lin(n1)   (biases are frozen: no gradient)
@@ -527,8 +539,12 @@ static int64_t n_trainable(const struct ll_model *m, const struct ll_trainer_par
     return n * m->L;
   }
   n = (int64_t)m->n_vocab * m->C * (m->tied ? 1 : 2) + m->C;
-  const int64_t ffn = m->n_expert > 0 ? (int64_t)m->n_expert * (m->C + 3 * (int64_t)m->F_exp * m->C) : 3 * (int64_t)m->F * m->C; // router + experts
-  return n + (int64_t)m->L * (2 * m->C + 2 * (int64_t)m->C * m->C + 2 * (int64_t)m->kvd * m->C + ffn);
+  int64_t ffn = m->n_expert > 0 ? (int64_t)m->n_expert * (m->C + 3 * (int64_t)m->F_exp * m->C) : 3 * (int64_t)m->F * m->C; // router + experts
+  if (m->n_expert > 0 && m->F_sh > 0) ffn += 3 * (int64_t)m->F_sh * m->C + m->C; // qwen2moe's shared expert and its gate
+  int qr = 0, qw = 0, kr = 0, kw = 0;
+  if (m->L > 0 && m->layers && m->layers[0].q_norm) qk_norm_shape(m, 1, &qr, &qw, &kr, &kw);
+  const int64_t qd = m->qd > 0 ? m->qd : m->C;
+  return n + (int64_t)m->L * (2 * m->C + 2 * qd * m->C + 2 * (int64_t)m->kvd * m->C + ffn + qw + kw);
 }
 
 int ll_trainer_cpu_backend(struct ll_backend **out, const struct ll_backend *like, int n_threads, char *err, size_t errlen) {
@@ -560,9 +576,6 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
   if (m->n_expert > 0) { // LoRA on attention through frozen experts and router, or every weight (ll_moe_backward)
     if (p->mode == LL_TRAIN_FULL && !(p->moe_aux_coef >= 0 && p->moe_aux_coef <= 100))
       return ll_errf(err, errlen, LL_EINVAL, "trainer: moe_aux_coef %g must be in [0, 100]", p->moe_aux_coef);
-    for (int l = 0; p->mode == LL_TRAIN_FULL && l < m->L; l++)
-      if (m->layers[l].moe && m->layers[l].moe->sh_gate.data)
-        return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: a shared expert (qwen2moe) is not trained in full mode yet (train.mode lora)");
     if (p->mode == LL_TRAIN_LORA && p->targets & ((1u << LL_LORA_GATE) | (1u << LL_LORA_UP) | (1u << LL_LORA_DOWN)))
       return ll_errf(err, errlen, LL_EUNSUPPORTED,
                      "trainer: lora_targets names gate/up/down, but the model's FFN is a mixture of %d experts: use q,k,v,o (and train.lora_experts for "
@@ -572,8 +585,6 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
       return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: lora_dropout with adapters on the experts (train.lora_experts) is not supported yet");
   } else if (p->mode == LL_TRAIN_LORA && (p->targets & LL_LORA_EXPERT_TARGETS)) {
     return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_experts names expert matrices, but the model has no mixture of experts");
-    for (int l = 0; l < m->L; l++)
-      if (m->layers[l].q_norm) return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: q/k norms (qwen3moe, olmoe) are not trained yet");
   }
   if (p->mode == LL_TRAIN_LORA) {
     if (p->rank < 1 || p->rank > 4096) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_rank %d must be 1..4096", p->rank);
@@ -608,10 +619,10 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
                    "trainer: seq_len %d is longer than the model's sliding window (%d), which the training attention does not apply yet: use "
                    "train.seq_len <= %d",
                    p->seq_len, m->window, m->window);
-  if (p->mode == LL_TRAIN_FULL && m->L > 0 && (m->layers[0].q_norm || m->layers[0].post_attn_norm))
-    return ll_errf(err, errlen, LL_EUNSUPPORTED,
-                   "trainer: full-parameter training of a model with q/k norms or post-norms (%s) is not supported yet: use train.mode lora",
-                   m->arch ? m->arch->name : "?");
+  // q/k norms train in full mode (their weights' gradients); post-norms and a scaled embedding do not yet
+  if (p->mode == LL_TRAIN_FULL && m->arch && (m->arch->flags & (LL_ARCH_POST_NORMS | LL_ARCH_EMBD_SCALE)))
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: full-parameter training of %s (post-norms, embedding scale) is not supported yet: use train.mode lora",
+                   m->arch->name);
   return 0;
 }
 
@@ -716,9 +727,10 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
     struct ll_weight *dst;
     char name[64];
     int pt;        // 0: no tensor of its own (an expert after the first of a 3-D tensor, a fused
-                   // matrix's slice after the first); 2, 3: the tensor's shape is ne (2-D, 3-D)
+                   // matrix's slice after the first); 1: its own 2-D shape; 2, 3: the tensor's
+                   // shape is ne (2-D, 3-D); 4: a vector (1-D: qwen2moe's shared expert gate)
     int64_t ne[3]; // the checkpoint tensor's shape where 3-D (experts: ne[2] = E) or fused
-  } *mats = calloc(2 + 7 * (size_t)L + (size_t)L * (1 + 3 * E), sizeof *mats);
+  } *mats = calloc(2 + 7 * (size_t)L + (size_t)L * (5 + 3 * E), sizeof *mats);
   int nm = 0, rc = 0;
   if (!mats) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
 #define MAT(s, d, ...) (mats[nm].src = (s), mats[nm].dst = (d), mats[nm].pt = 1, snprintf(mats[nm].name, sizeof mats[nm].name, __VA_ARGS__), nm++)
@@ -751,6 +763,13 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
           mats[nm - 1].pt = e == 0 ? 3 : 0;
           mats[nm - 1].ne[0] = s->k, mats[nm - 1].ne[1] = s->n, mats[nm - 1].ne[2] = (int64_t)E;
         }
+      if (y->moe->sh_gate.data) { // qwen2moe's shared expert and its sigmoid gate (a vector of C)
+        MAT(&y->moe->sh_gate, &x->sh_gate, "blk.%d.ffn_gate_shexp.weight", l);
+        MAT(&y->moe->sh_up, &x->sh_up, "blk.%d.ffn_up_shexp.weight", l);
+        MAT(&y->moe->sh_down, &x->sh_down, "blk.%d.ffn_down_shexp.weight", l);
+        MAT(&y->moe->sh_router, &x->sh_router, "blk.%d.ffn_gate_inp_shexp.weight", l);
+        mats[nm - 1].pt = 4;
+      }
       continue;
     }
     MAT(&y->gate, &z->gate, fgu ? "blk.%d.ffn_up.weight" : "blk.%d.ffn_gate.weight", l); // phi3: gate, then up, in ffn_up
@@ -776,7 +795,7 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
     if (rc == 0 && mats[i].pt &&
         (mats[i].pt == 3   ? add_pt3(tr, mats[i].name, off, 3, mats[i].ne[0], mats[i].ne[1], mats[i].ne[2])
          : mats[i].pt == 2 ? add_pt(tr, mats[i].name, off, 2, mats[i].ne[0], mats[i].ne[1])
-                           : add_pt(tr, mats[i].name, off, 2, s->k, s->n)))
+                           : add_pt(tr, mats[i].name, off, mats[i].pt == 4 ? 1 : 2, s->k, s->n)))
       rc = ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
     off += s->k * s->n;
   }
@@ -799,6 +818,19 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
       off += C;
     }
   }
+  // q/k norm weights (qwen3, qwen3moe: one head's width; olmoe: whole rows)
+  int qr, qw = 0, kr, kw = 0;
+  if (L > 0 && base->layers[0].q_norm) qk_norm_shape(base, 1, &qr, &qw, &kr, &kw);
+  for (int l = 0; qw > 0 && l < L; l++)
+    for (int j = 0; j < 2; j++) {
+      const int n = j ? kw : qw;
+      snprintf(nm1, sizeof nm1, "blk.%d.%s.weight", l, j ? "attn_k_norm" : "attn_q_norm");
+      memcpy(tr->Ph + off, j ? base->layers[l].k_norm : base->layers[l].q_norm, (size_t)n * sizeof(float));
+      if (j) tr->flayers[l].k_norm = tr->P + off;
+      else tr->flayers[l].q_norm = tr->P + off;
+      if (add_pt(tr, nm1, off, 1, n, 1)) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+      off += n;
+    }
   if (off != tr->n_par) return ll_errf(err, errlen, LL_EINVAL, "trainer: internal: %lld of %lld parameters placed", (long long)off, (long long)tr->n_par);
   tr->m = &tr->fm;
   if (!tr->dev) return 0;
@@ -812,6 +844,7 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
   for (int l = 0; l < L; l++) {
     tr->fhlayers[l].attn_norm = host_of(tr, tr->flayers[l].attn_norm);
     tr->fhlayers[l].ffn_norm = host_of(tr, tr->flayers[l].ffn_norm);
+    if (qw > 0) tr->fhlayers[l].q_norm = host_of(tr, tr->flayers[l].q_norm), tr->fhlayers[l].k_norm = host_of(tr, tr->flayers[l].k_norm);
   }
   tr->fmh.output_norm = host_of(tr, tr->fm.output_norm);
   return 0;
@@ -826,10 +859,12 @@ static void full_grads(struct ll_trainer *tr) {
     const struct ll_layer *y = &tr->flayers[l];
     tr->lg[l] = (struct lgrad){grad_of(tr, y->attn_norm), grad_of(tr, y->ffn_norm), grad_of(tr, y->wq.data), grad_of(tr, y->wk.data),
                                grad_of(tr, y->wv.data), grad_of(tr, y->wo.data), grad_of(tr, y->gate.data), grad_of(tr, y->up.data),
-                               grad_of(tr, y->down.data)};
+                               grad_of(tr, y->down.data), grad_of(tr, y->q_norm), grad_of(tr, y->k_norm)};
     if (tr->mg && y->moe)
-      tr->mg[l] = (struct ll_moe_grads){grad_of(tr, y->moe->router.data), grad_of(tr, y->moe->gate[0].data), grad_of(tr, y->moe->up[0].data),
-                                        grad_of(tr, y->moe->down[0].data), (float)tr->p.moe_aux_coef, 1.0f / (float)tr->p.grad_accum};
+      tr->mg[l] = (struct ll_moe_grads){grad_of(tr, y->moe->router.data),  grad_of(tr, y->moe->gate[0].data), grad_of(tr, y->moe->up[0].data),
+                                        grad_of(tr, y->moe->down[0].data), (float)tr->p.moe_aux_coef,     1.0f / (float)tr->p.grad_accum,
+                                        grad_of(tr, y->moe->sh_gate.data), grad_of(tr, y->moe->sh_up.data), grad_of(tr, y->moe->sh_down.data),
+                                        grad_of(tr, y->moe->sh_router.data)};
   }
 }
 
