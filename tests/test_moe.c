@@ -377,6 +377,7 @@ static const char *const layout_name[4] = {"mixtral", "qwen2moe", "qwen3moe", "o
 static const char *const layout_what[4] = {NULL, "shared", "qwen3moe", "olmoe"};
 
 static void serve_expert_adapter(struct ll_engine *e, struct ll_trainer *tr, const char *dir, uint64_t *rs);
+static void test_kept(struct ll_engine *e, const struct ll_lora *a, const float *P, int64_t n, uint64_t *rs);
 static void test_grads(const char *dir, int layout, int experts, uint64_t *rs) {
   char path[4200], err[256];
   snprintf(path, sizeof path, "%s/train-%d-%d.gguf", dir, layout, experts);
@@ -450,6 +451,7 @@ static void test_grads(const char *dir, int layout, int experts, uint64_t *rs) {
     CHECK(max_g > 1e-3);
     free(g);
     if (experts) serve_expert_adapter(e, tr, dir, rs);
+    test_kept(e, experts ? lo : NULL, P, n, rs);
     ll_trainer_free(tr);
   }
   if (experts) { // what is refused: dropout with expert adapters
@@ -466,6 +468,36 @@ static void test_grads(const char *dir, int layout, int experts, uint64_t *rs) {
   if (rc == 0) ll_trainer_free(tr);
   ll_engine_close(e);
   unlink(path);
+}
+
+// ll_moe_backward with the forward kept (ll_moe_forward's keep) against the same backward
+// recomputing it (a kept slot is used once): the same input gradient and adapter gradients, bit
+// for bit, on one layer with adapter a on its experts (or none).
+static void test_kept(struct ll_engine *e, const struct ll_lora *a, const float *P, int64_t n, uint64_t *rs) {
+  char err[256];
+  const struct ll_model *m = ll_engine_model(e);
+  struct ll_backend *be = ll_engine_backend(e);
+  struct ll_moe_ctx *c = NULL;
+  const int T = 12;
+  int rc = ll_moe_ctx_new(&c, be, m, T, err, sizeof err);
+  CHECKF(rc == 0, "%s", err);
+  if (rc) return;
+  float *xn = malloc(sizeof(float) * T * C * 4), *x = xn + T * C, *dy = x + T * C, *dx = dy + T * C;
+  float *g1 = calloc((size_t)n * 2, sizeof(float)), *g2 = g1 + n;
+  for (int i = 0; i < T * C; i++) xn[i] = ll_test_randf(rs), dy[i] = ll_test_randf(rs), x[i] = 0;
+  const struct ll_moe_lora lo1 = {NULL, a, 1, P, g1}, lo2 = {NULL, a, 1, P, g2};
+  float *dx2 = malloc(sizeof(float) * T * C);
+  memset(dx, 0, sizeof(float) * T * C), memset(dx2, 0, sizeof(float) * T * C);
+  rc = ll_moe_forward(c, m->layers[1].moe, a ? &lo1 : NULL, 3, x, xn, T, err, sizeof err);
+  if (rc == 0) rc = ll_moe_backward(c, be->i, m->layers[1].moe, NULL, a ? &lo1 : NULL, 3, dx, xn, dy, T, err, sizeof err);  // kept
+  if (rc == 0) rc = ll_moe_backward(c, be->i, m->layers[1].moe, NULL, a ? &lo2 : NULL, 3, dx2, xn, dy, T, err, sizeof err); // used: recomputed
+  CHECKF(rc == 0, "%s", err);
+  double mx = 0;
+  for (int i = 0; i < T * C; i++) mx = fmax(mx, fabs(dx[i]));
+  CHECKF(mx > 0 && memcmp(dx, dx2, sizeof(float) * T * C) == 0, "kept forward vs recomputed: input gradients differ (max |dx| %g)", mx);
+  CHECKF(memcmp(g1, g2, sizeof(float) * (size_t)n) == 0, "kept forward vs recomputed: adapter gradients differ");
+  free(dx2), free(g1), free(xn);
+  ll_moe_ctx_free(c);
 }
 
 static void serve_expert_adapter(struct ll_engine *e, struct ll_trainer *tr, const char *dir, uint64_t *rs) {
@@ -633,6 +665,30 @@ static void test_full_grads(const char *dir, int layout, int aux_only, uint64_t 
   CHECKF(max_g[0] > (aux_only ? 1e-5 : 1e-3), "router gradient %g", max_g[0]); // the router learns (from the aux loss alone, too)
   if (!aux_only) CHECK(max_g[1] > 1e-3 && max_g[2] > 1e-3 && max_g[3] > 1e-3);
   for (int i = 5; !aux_only && i < ng; i++) CHECKF(max_g[grp[i]] > 1e-4, "%s: gradient %g", gname[grp[i]], max_g[grp[i]]); // each reached
+  // Layers recomputed in the backward (train.recompute: one kept slot reused by every layer)
+  // give the same gradient, bit for bit, as the forward kept per layer.
+  if (!aux_only) {
+    struct ll_trainer *tr2 = NULL;
+    p.recompute = 1;
+    rc = ll_trainer_create(&tr2, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    if (rc == 0) {
+      float *P2, *G2;
+      int64_t n2;
+      ll_trainer_vectors(tr2, &P2, &G2, &n2);
+      int32_t ids[16], tg[16];
+      for (int i = 0; i < 16; i++) ids[i] = (int32_t)(ll_test_rand(rs) % V), tg[i] = (int32_t)(ll_test_rand(rs) % V);
+      double l1 = 0, l2 = 0;
+      ll_trainer_zero_grad(tr), ll_trainer_zero_grad(tr2);
+      rc = ll_trainer_forward_backward(tr, ids, tg, 2, 1, 1.0f, &l1, NULL, err, sizeof err);
+      if (rc == 0) rc = ll_trainer_forward_backward(tr2, ids, tg, 2, 1, 1.0f, &l2, NULL, err, sizeof err);
+      CHECKF(rc == 0, "%s", err);
+      CHECKF(n2 == n && l1 == l2 && memcmp(G, G2, (size_t)n * sizeof *G) == 0, "%s: recomputed layers' gradient differs (loss %.9g vs %.9g)",
+             layout_name[layout], l1, l2);
+      ll_trainer_aux_take(tr), ll_trainer_aux_take(tr2);
+      ll_trainer_free(tr2);
+    }
+  }
   // The aux loss itself: coef·E·Σ f_i·P_i is coef at perfect balance and at most coef·E.
   {
     int32_t ids[16], tg[16];

@@ -38,8 +38,12 @@ struct ll_moe_lora {
 
 // x (T, C) += the layer's mixture-of-experts FFN of xn (T, C), the normed x. Both backend
 // buffers of c's backend. T <= max_batch. lo: adapters on the experts, or NULL.
-int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const struct ll_moe_lora *lo, float *x, const float *xn, int T, char *err,
-                   size_t errlen);
+// keep >= 0 (training, host buffers, lo NULL or lo->one): the training kernels (no llama.cpp
+// row order), and the routes and expert products kept in slot `keep` (grown as needed, about
+// T·k·(2·F_exp + C) floats each) for ll_moe_backward's same slot, which then does not compute
+// them again; -1: serving.
+int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const struct ll_moe_lora *lo, int keep, float *x, const float *xn, int T,
+                   char *err, size_t errlen);
 
 // Full-parameter training's gradients of one layer (ll_moe_backward; NULL: LoRA mode, the
 // router and experts frozen). Each pointer, where not NULL, is added into:
@@ -59,7 +63,8 @@ struct ll_moe_grads {
 // output's gradient dy (T, C); the routing weights differentiated (softmax, renormalization)
 // with the chosen experts held. g NULL: the router and the experts frozen (no weight gradients,
 // no auxiliary loss); else their gradients and the auxiliary loss's (above), whose value is
-// added to the context's sum (ll_moe_aux_take). The forward is recomputed (the same routes).
+// added to the context's sum (ll_moe_aux_take). The forward is the one kept (keep) or recomputed
+// (the same routes).
 // ops: the backend's members with the training ones filled (the trainer's). Host buffers only
 // (the CPU backend): LL_EUNSUPPORTED elsewhere. qwen2moe's shared expert: its weights' and its
 // gate's gradients into g's sh_* where not NULL.
@@ -67,8 +72,10 @@ struct ll_moe_grads {
 // into lo->G (dA_e += daxᵀ·x, dB_e += dyᵀ·axs per expert over its rows, axs = scale·x·A_eᵀ, as
 // the trainer's adapted products); the forward recomputed with them (the training order of the
 // adapter's product: (scale·x·Aᵀ)·Bᵀ, not the serving one).
+// keep: the slot ll_moe_forward kept this layer's forward in (used once, when it holds this
+// layer and T; else the forward is recomputed).
 int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, const struct ll_moe_grads *g,
-                    const struct ll_moe_lora *lo, float *dxn, const float *xn, const float *dy, int T, char *err, size_t errlen);
+                    const struct ll_moe_lora *lo, int keep, float *dxn, const float *xn, const float *dy, int T, char *err, size_t errlen);
 
 // The auxiliary losses (coef · E · Σ f·P, per layer) summed by ll_moe_backward since the last
 // call; resets the sum.

@@ -46,6 +46,18 @@ struct ll_moe_ctx {
   float *lr, *lo;             // backend buffers: (max_batch·k, lrank) A·x, (max_batch·k, max(F_exp, C)) B·(A·x)
   int trank;                  // backward (host): rank of
   float *axs[3], *dax;        // (max_batch·k, trank) scale·x·A_eᵀ of each expert slot's rows, its gradient
+  // training's forward kept for the backward (ll_moe_forward's keep): one per layer slot
+  struct moe_kept *kept;
+  int n_kept;
+};
+
+// A training forward's routes and products (host memory, max_batch rows): what ll_moe_backward
+// would otherwise recompute. Valid for (y, T) until that backward uses it.
+struct moe_kept {
+  const struct ll_moe_layer *y;
+  int T, rank;              // rank: the adapter's whose axs are kept (0: none)
+  float *mem;               // one block: hlog (B, E), w (Bk), g, u (Bk, F_exp), ye (Bk, C), axs (3, Bk, rank)
+  int32_t *imem;            // sel, rowof, src (Bk each), cnt, off (E each)
 };
 
 double ll_moe_aux_take(struct ll_moe_ctx *c) {
@@ -97,6 +109,8 @@ void ll_moe_ctx_free(struct ll_moe_ctx *c) {
   ll_backend_free_buf(o, c->lr), ll_backend_free_buf(o, c->lo);
   float *tb[] = {c->h, c->dh, c->d2, c->dye, c->sh, c->dsh, c->dsg, c->dsu, c->dsy, c->dv, c->dlog, c->dw, c->axs[0], c->axs[1], c->axs[2], c->dax};
   for (size_t i = 0; i < sizeof tb / sizeof tb[0]; i++) free(tb[i]);
+  for (int i = 0; i < c->n_kept; i++) free(c->kept[i].mem), free(c->kept[i].imem);
+  free(c->kept);
   free(c);
 }
 
@@ -309,13 +323,17 @@ static int shared_expert(struct ll_moe_ctx *c, const struct ll_moe_layer *y, con
   return 0;
 }
 
-int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const struct ll_moe_lora *lo, float *x, const float *xn, int T, char *err,
-                   size_t errlen) {
+static int train_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const struct ll_moe_lora *lo, int keep, float *x, const float *xn, int T,
+                         char *err, size_t errlen);
+
+int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const struct ll_moe_lora *lo, int keep, float *x, const float *xn, int T,
+                   char *err, size_t errlen) {
   struct ll_backend *be = c->be;
   const struct ll_model *m = c->m;
   const int k = m->n_expert_used, C = m->C;
   if (T > c->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "moe: batch of %d tokens exceeds %d", T, c->max_batch);
   if (!any_expert_lora(lo, T)) lo = NULL;
+  if (keep >= 0 && c->host && (!lo || !lo->tok)) return train_forward(c, y, lo, keep, x, xn, T, err, errlen);
   int rc = lo ? lora_scratch(c, lo, T, err, errlen) : 0;
   if (rc == 0) rc = route_group(c, y, xn, T, err, errlen);
   if (rc) return rc;
@@ -418,34 +436,35 @@ static int xlora_bwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const
   return 0;
 }
 
-int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, const struct ll_moe_grads *gr,
-                    const struct ll_moe_lora *lo, float *dxn, const float *xn, const float *dy, int T, char *err, size_t errlen) {
-  struct ll_backend *be = c->be;
+// The training scratch (host): made on first use, the adapters' saved products at lo's rank.
+static int train_scratch(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, char *err, size_t errlen) {
   const struct ll_model *m = c->m;
   const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp, Fs = m->F_sh;
-  if (!c->host) return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: training runs on the CPU backend only");
-  if (T > c->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "moe: batch of %d tokens exceeds %d", T, c->max_batch);
-  if (E > 1024) return ll_errf(err, errlen, LL_ELIMIT, "moe: %d experts exceed the backward's 1024", E);
-  const size_t FC = (size_t)Fe * C;
   const size_t B = (size_t)c->max_batch, Bk = B * (size_t)k;
   int ok = 1;
   grab(&c->h, Bk * Fe, &ok), grab(&c->dh, Bk * Fe, &ok), grab(&c->d2, Bk * Fe, &ok), grab(&c->dye, Bk * C, &ok);
   grab(&c->dlog, B * E, &ok), grab(&c->dw, Bk, &ok);
   if (Fs > 0) grab(&c->sh, B * Fs, &ok), grab(&c->dsh, B * Fs, &ok), grab(&c->dsg, B * Fs, &ok), grab(&c->dsu, B * Fs, &ok), grab(&c->dsy, B * C, &ok), grab(&c->dv, B, &ok);
-  if (lo && lo->tok) return ll_errf(err, errlen, LL_EINVAL, "moe: the backward takes one adapter for the batch (lo->one)");
-  if (lo && (!lo->one || !(lo->one->targets & LL_LORA_EXPERT_TARGETS))) lo = NULL;
   if (lo && lo->one->rank != c->trank) { // the adapter's saved products, per expert slot
     for (int i = 0; i < 3; i++) free(c->axs[i]), c->axs[i] = NULL;
     free(c->dax), c->dax = NULL;
     c->trank = lo->one->rank;
   }
   if (lo) grab(&c->axs[0], Bk * c->trank, &ok), grab(&c->axs[1], Bk * c->trank, &ok), grab(&c->axs[2], Bk * c->trank, &ok), grab(&c->dax, Bk * c->trank, &ok);
-  if (!ok) return ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for the backward pass");
-  // The forward again (deterministic: the same routes): g, u, h and ye of every (token, slot).
+  return ok ? 0 : ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for training's scratch");
+}
+
+// Training's forward of the routed experts (host): routes, then g, u (+ the adapters, their
+// axs saved), h = SwiGLU and ye (unweighted) of every (token, slot) over the grouped rows, with
+// the training kernels (no ggml row order: nothing here is compared with llama.cpp's bits).
+static int train_experts(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, const struct ll_moe_lora *lo,
+                         const float *xn, int T, char *err, size_t errlen) {
+  struct ll_backend *be = c->be;
+  const struct ll_model *m = c->m;
+  const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp;
   int rc = route_group(c, y, xn, T, err, errlen);
   if (rc) return rc;
-  if (T == 1) memcpy(c->xg, xn, (size_t)C * sizeof(float));
-  for (int r = 1; T == 1 && r < k; r++) memcpy(c->xg + (size_t)r * C, xn, (size_t)C * sizeof(float));
+  for (int r = 0; T == 1 && r < k; r++) memcpy(c->xg + (size_t)r * C, xn, (size_t)C * sizeof(float));
   for (int e = 0; e < E; e++) {
     if (!c->cnt[e]) continue;
     const size_t r = (size_t)c->off[e];
@@ -461,6 +480,102 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
     if (!c->cnt[e]) continue;
     BK(ops->matmul(be, c->ye + (size_t)c->off[e] * C, c->h + (size_t)c->off[e] * Fe, &y->down[e], c->cnt[e], 0), "matmul expert down");
     if (lo && (rc = xlora_fwd(c, ops, lo, LL_LORA_DOWN_EXPS, e, c->h, Fe, c->ye, C, c->off[e], c->cnt[e], err, errlen))) return rc;
+  }
+  return 0;
+}
+
+// Keep (dir 0) train_experts' results in slot i, or bring them back (dir 1; xg regathered from xn).
+static int kept_io(struct ll_moe_ctx *c, int i, int dir, const struct ll_moe_layer *y, int T, int rank, const float *xn, char *err, size_t errlen) {
+  const struct ll_model *m = c->m;
+  const size_t E = (size_t)m->n_expert, k = (size_t)m->n_expert_used, C = (size_t)m->C, Fe = (size_t)m->F_exp;
+  const size_t B = (size_t)c->max_batch, Bk = B * k, Tk = (size_t)T * k;
+  if (dir == 0 && i >= c->n_kept) {
+    struct moe_kept *nk = realloc(c->kept, (size_t)(i + 1) * sizeof *nk);
+    if (!nk) return ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory");
+    memset(nk + c->n_kept, 0, (size_t)(i + 1 - c->n_kept) * sizeof *nk);
+    c->kept = nk, c->n_kept = i + 1;
+  }
+  struct moe_kept *s = &c->kept[i];
+  if (dir == 0 && (!s->mem || s->rank != rank)) {
+    free(s->mem), free(s->imem);
+    s->mem = malloc((B * E + Bk + 2 * Bk * Fe + Bk * C + 3 * Bk * (size_t)rank) * sizeof(float));
+    s->imem = malloc((3 * Bk + 2 * E) * sizeof(int32_t));
+    s->y = NULL, s->rank = rank;
+    if (!s->mem || !s->imem) return ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for the kept forward of %d tokens", c->max_batch);
+  }
+  float *f = s->mem;
+  int32_t *q = s->imem;
+  struct {
+    void *a, *b;
+    size_t n;
+  } parts[] = {{f, c->hlog, (size_t)T * E * sizeof(float)},
+               {f + B * E, c->w, Tk * sizeof(float)},
+               {f + B * E + Bk, c->g, Tk * Fe * sizeof(float)},
+               {f + B * E + Bk + Bk * Fe, c->u, Tk * Fe * sizeof(float)},
+               {f + B * E + Bk + 2 * Bk * Fe, c->ye, Tk * C * sizeof(float)},
+               {q, c->sel, Tk * sizeof(int32_t)},
+               {q + Bk, c->rowof, Tk * sizeof(int)},
+               {q + 2 * Bk, c->src, Tk * sizeof(int)},
+               {q + 3 * Bk, c->cnt, E * sizeof(int)},
+               {q + 3 * Bk + E, c->off, E * sizeof(int)}};
+  for (size_t j = 0; j < sizeof parts / sizeof parts[0]; j++) memcpy(dir ? parts[j].b : parts[j].a, dir ? parts[j].a : parts[j].b, parts[j].n);
+  float *ax = f + B * E + Bk + 2 * Bk * Fe + Bk * C;
+  for (int j = 0; j < 3 && rank > 0; j++)
+    memcpy(dir ? c->axs[j] : ax + (size_t)j * Bk * rank, dir ? ax + (size_t)j * Bk * rank : c->axs[j], Tk * (size_t)rank * sizeof(float));
+  if (dir == 0) s->y = y, s->T = T;
+  else {
+    s->y = NULL; // used once
+    for (size_t r = 0; r < Tk; r++) memcpy(c->xg + r * C, xn + (size_t)c->src[r] * C, C * sizeof(float));
+  }
+  return 0;
+}
+
+// Training's forward (host): train_experts, kept in slot `keep`, then x += Σ_slot w·ye (+ the
+// shared expert) in the serving order of the sums, without weighting ye in place (the
+// backward's dw needs it as it is).
+static int train_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const struct ll_moe_lora *lo, int keep, float *x, const float *xn, int T,
+                         char *err, size_t errlen) {
+  const struct ll_model *m = c->m;
+  const int k = m->n_expert_used, C = m->C;
+  int rc = train_scratch(c, lo, err, errlen);
+  if (rc == 0) rc = train_experts(c, c->be->i, y, lo, xn, T, err, errlen);
+  if (rc == 0) rc = kept_io(c, keep, 0, y, T, lo ? lo->one->rank : 0, xn, err, errlen);
+  if (rc == 0 && y->sh_gate.data) rc = shared_expert(c, y, xn, T, err, errlen);
+  if (rc) return rc;
+  float *acc = c->dye; // (C) scratch: the backward's, free until then
+  for (int t = 0; t < T; t++) {
+    for (int j = 0; j < k; j++) {
+      const float *ye = c->ye + (size_t)c->rowof[t * k + j] * C, w = c->w[t * k + j];
+      for (int i = 0; i < C; i++) acc[i] = j ? acc[i] + ye[i] * w : ye[i] * w;
+    }
+    const float *sy = y->sh_gate.data ? c->sy + (size_t)t * C : NULL;
+    float *xr = x + (size_t)t * C;
+    for (int i = 0; i < C; i++) xr[i] = (sy ? acc[i] + sy[i] : acc[i]) + xr[i];
+  }
+  return 0;
+}
+
+int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, const struct ll_moe_grads *gr,
+                    const struct ll_moe_lora *lo, int keep, float *dxn, const float *xn, const float *dy, int T, char *err, size_t errlen) {
+  struct ll_backend *be = c->be;
+  const struct ll_model *m = c->m;
+  const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp, Fs = m->F_sh;
+  if (!c->host) return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: training runs on the CPU backend only");
+  if (T > c->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "moe: batch of %d tokens exceeds %d", T, c->max_batch);
+  if (E > 1024) return ll_errf(err, errlen, LL_ELIMIT, "moe: %d experts exceed the backward's 1024", E);
+  const size_t FC = (size_t)Fe * C;
+  if (lo && lo->tok) return ll_errf(err, errlen, LL_EINVAL, "moe: the backward takes one adapter for the batch (lo->one)");
+  if (lo && (!lo->one || !(lo->one->targets & LL_LORA_EXPERT_TARGETS))) lo = NULL;
+  int rc = train_scratch(c, lo, err, errlen);
+  if (rc) return rc;
+  // The forward's routes and products: kept by ll_moe_forward for this layer and batch, or
+  // computed again (deterministic: the same routes).
+  const int rank = lo ? lo->one->rank : 0;
+  if (keep >= 0 && keep < c->n_kept && c->kept[keep].y == y && c->kept[keep].T == T && c->kept[keep].rank == rank) {
+    if ((rc = kept_io(c, keep, 1, y, T, rank, xn, err, errlen))) return rc;
+    BK(ops->swiglu(be, c->h, c->g, c->u, (int64_t)T * k * Fe), "swiglu");
+  } else if ((rc = train_experts(c, ops, y, lo, xn, T, err, errlen))) {
+    return rc;
   }
   // out[t] = Σ_j w_j ye_j: dw_j = dy[t]·ye_j, dye_j = w_j dy[t]
   for (int i = 0; i < T * k; i++) {

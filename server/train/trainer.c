@@ -299,7 +299,9 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   if (y->moe) { // x' = m + moe(n2)
     BK(copy(tr, xout, a->m, (int64_t)T * C), "copy");
     const struct ll_moe_lora lo = {NULL, tr->lora, l, tr->P, tr->G}; // the adapter's expert slots, if any
-    return ll_moe_forward(tr->moe, y->moe, &lo, xout, a->n2, T, err, errlen);
+    // the training kernels, the products kept per layer (one slot when layers are recomputed)
+    // for the backward; evaluations too, so a loss is the same whether a backward follows or not
+    return ll_moe_forward(tr->moe, y->moe, &lo, tr->n_acts > 1 ? l : 0, xout, a->n2, T, err, errlen);
   }
   if ((rc = lin_forward(tr, a->g, a->n2, &y->gate, l, LL_LORA_GATE, a->axs[LL_LORA_GATE], 0, err, errlen))) return rc; // (T, F)
   if ((rc = lin_forward(tr, a->u, a->n2, &y->up, l, LL_LORA_UP, a->axs[LL_LORA_UP], 0, err, errlen))) return rc;       // (T, F)
@@ -331,7 +333,7 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
     BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");
     BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
     const struct ll_moe_lora lo = {NULL, tr->lora, l, tr->P, tr->G};
-    if ((rc = ll_moe_backward(tr->moe, B, y->moe, tr->mg ? &tr->mg[l] : NULL, &lo, tr->dn, a->n2, dx, T, err, errlen))) return rc;
+    if ((rc = ll_moe_backward(tr->moe, B, y->moe, tr->mg ? &tr->mg[l] : NULL, &lo, tr->n_acts > 1 ? l : 0, tr->dn, a->n2, dx, T, err, errlen))) return rc;
     goto ffn_norm;
   }
   // x' = m + down(h)   [Gemma 3: x' = m + rmsnorm(pf), pf = down(h): dpf in dn (free until the gate/up below)]
@@ -501,6 +503,12 @@ static int64_t act_floats(const struct ll_model *m, const struct ll_trainer_para
   // saved per layer: q, a (T, qd), m (T, C), k, v (T, kvd), g, u (T, F), probabilities, LoRA x·A^T;
   // with q/k norms q and k before them too
   *per_layer = T * (2 * qd + C + 2 * kvd + 2 * F) + (int64_t)p->batch * m->H * S * S + nt * T * r + (qkn ? T * (qd + kvd) : 0) + (pn ? 2 * T * C : 0); // + po, pf
+  if (m->n_expert > 0) { // moe.c's kept forward: routes, g, u, ye of the T·k routed rows (and the experts' adapters' x·Aᵀ)
+    const int64_t Tk = T * m->n_expert_used;
+    int nx = 0;
+    for (int t = LL_LORA_GATE_EXPS; t < LL_LORA_N_SLOTS; t++) nx += p->mode == LL_TRAIN_LORA && ((p->targets >> t) & 1);
+    *per_layer += T * m->n_expert + Tk * (1 + 2 * (int64_t)m->F_exp + C + (nx ? 3 * r : 0));
+  }
   int64_t maxin = C > F ? C : F;
   maxin = maxin > qd ? maxin : qd;
   *fixed = T * C * (int64_t)(m->L + 1) /* xs */ + T * C /* xf */ + (T < XENT_ROWS ? T : XENT_ROWS) * m->n_vocab /* logits */ +

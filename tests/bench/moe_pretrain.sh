@@ -5,7 +5,9 @@
 # token, plus the router's E x dim); `llsrv train --mode full` trains each from scratch for
 # STEPS steps with the same seed, data order, schedule and evaluation (the MoE with its
 # load-balancing loss, train.moe_aux_coef 0.01). Byte vocabulary; the repository's own text and
-# code as data. Prints the load average before each run. Run from the repository root.
+# code as data. Prints the load average before each run and the CPU time each run took (user +
+# system, all threads: on a shared machine a steadier measure than tokens/s, which follows the
+# other processes' load). Run from the repository root.
 #   tests/bench/moe_pretrain.sh [BUILD_DIR] [DIM,LAYERS,HEADS,F] [EXPERTS] [STEPS] [EVAL_EVERY] [THREADS]
 set -eu
 BUILD=${1:-build}
@@ -24,10 +26,12 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ /
 for m in dense moe; do
   "$LLSRV" plan --model "$TMP/$m.ckpt" --device cpu 2> /dev/null | sed -n 2p | sed "s/^/$m: /"
   echo "$m: load $(cut -d' ' -f1-3 /proc/loadavg) before"
-  "$LLSRV" train --model "$TMP/$m.ckpt" --mode full --data "$DATA" --shuffle pieces --steps "$STEPS" --seq-len 64 --batch 4 \
+  TIMEFORMAT='%U %S'
+  { time "$LLSRV" train --model "$TMP/$m.ckpt" --mode full --data "$DATA" --shuffle pieces --steps "$STEPS" --seq-len 64 --batch 4 \
     --lr 2e-3 --warmup 10 --eval-every "$EVERY" --eval-seqs 64 --log-every "$EVERY" -t "$THREADS" --device cpu --keep 1 \
-    -o "$TMP/run-$m" > "$TMP/$m.out" 2>&1 || { tail -5 "$TMP/$m.out"; exit 1; }
+    -o "$TMP/run-$m" > "$TMP/$m.out" 2>&1 || { tail -5 "$TMP/$m.out"; exit 1; }; } 2> "$TMP/$m.time"
   grep '^done:' "$TMP/$m.out" | sed "s/^/$m: /"
+  awk -v m="$m" '{ printf "%s: CPU time %.2f s (user %.2f, system %.2f)\n", m, $1 + $2, $1, $2 }' "$TMP/$m.time"
 done
 # step, each model's validation loss (at step 0 and every EVAL_EVERY), the MoE's aux loss
 printf '%6s  %10s  %10s  %10s\n' step "val dense" "val moe" "aux moe"
