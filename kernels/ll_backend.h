@@ -170,6 +170,12 @@ struct ll_backend_i {
   int (*attention_train)(struct ll_backend *b, float *out, float *att, const float *q,
                          const float *k, const float *v, int S, int n_head, int n_head_kv,
                          int head_dim, float scale);                                        // (optional)
+  // The same with a sliding window (a local layer's): query i sees keys (i - window, i] only, and
+  // att is 0 outside them (window <= 0: all of 0..i, attention_train's results). The backward is
+  // attention_backward's: it reads the window from att's zeros.
+  int (*attention_train_swa)(struct ll_backend *b, float *out, float *att, const float *q,
+                             const float *k, const float *v, int S, int n_head, int n_head_kv,
+                             int head_dim, float scale, int window);                        // (optional)
   // Its backward: dq (S, n_head, hd) overwritten; dk, dv (S, n_head_kv, hd) overwritten
   // (each kv head sums the gradients of the query heads that share it).
   int (*attention_backward)(struct ll_backend *b, float *dq, float *dk, float *dv,

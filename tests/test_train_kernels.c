@@ -315,8 +315,10 @@ static void test_fd_geglu(const struct impl *im) {
 // Mutations tried: ds without the softmax Jacobian's row term (ds = p dp scale, "- D" dropped) ->
 // "fd attention dq S7 H6/2 ref normalized error 8.76e-01", dk 1.02e+00 (dv unaffected, passing);
 // dv without the factor p -> "fd attention dv S7 H6/2 ref normalized error 1.47e+00".
+// attention_train_swa with the window ignored (lo = 0) -> "fd attention out S9 H6/2 w3 ref normalized
+// error 1.08e+00" (att 7.3e-01, dq 6.4e-01, dk 1.4e+00).
 struct at_ctx {
-  int S, H, Hkv, hd;
+  int S, H, Hkv, hd, window; // window > 0: query i sees keys (i - window, i] (attention_train_swa)
   double scale, *q, *k, *v, *r;
   double *out, *att; // the forward's results (out (S, H, hd), att (H, S, S))
 };
@@ -326,15 +328,16 @@ static void at_forward(struct at_ctx *c) {
     const int kh = h / (H / Hkv);
     for (int i = 0; i < S; i++) {
       double *p = c->att + ((size_t)h * S + i) * S, mx = -INFINITY, sum = 0;
+      const int lo = c->window > 0 && i + 1 > c->window ? i + 1 - c->window : 0;
       for (int j = 0; j < S; j++) {
         p[j] = 0;
-        if (j > i) continue;
+        if (j > i || j < lo) continue;
         for (int e = 0; e < hd; e++) p[j] += c->q[((size_t)i * H + h) * hd + e] * c->k[((size_t)j * Hkv + kh) * hd + e];
         p[j] *= c->scale;
         mx = fmax(mx, p[j]);
       }
-      for (int j = 0; j <= i; j++) sum += p[j] = exp(p[j] - mx);
-      for (int j = 0; j <= i; j++) p[j] /= sum;
+      for (int j = lo; j <= i; j++) sum += p[j] = exp(p[j] - mx);
+      for (int j = lo; j <= i; j++) p[j] /= sum;
       for (int e = 0; e < hd; e++) {
         double o = 0;
         for (int j = 0; j <= i; j++) o += p[j] * c->v[((size_t)j * Hkv + kh) * hd + e];
@@ -351,9 +354,9 @@ static double at_loss(void *vc) {
   return L;
 }
 static void test_fd_attention(const struct impl *im) {
-  const int cfg[2][4] = {{7, 6, 2, 5}, {5, 3, 3, 4}}; // S, H, Hkv, hd
-  for (int ci = 0; ci < 2; ci++) {
-    const int S = cfg[ci][0], H = cfg[ci][1], Hkv = cfg[ci][2], hd = cfg[ci][3];
+  const int cfg[3][5] = {{7, 6, 2, 5, 0}, {5, 3, 3, 4, 0}, {9, 6, 2, 5, 3}}; // S, H, Hkv, hd, window (attention_train_swa)
+  for (int ci = 0; ci < 3; ci++) {
+    const int S = cfg[ci][0], H = cfg[ci][1], Hkv = cfg[ci][2], hd = cfg[ci][3], win = cfg[ci][4];
     const size_t nq = (size_t)S * H * hd, nk = (size_t)S * Hkv * hd, na = (size_t)H * S * S;
     const float scale = 1.0f / sqrtf((float)hd);
     float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nk);
@@ -361,26 +364,27 @@ static void test_fd_attention(const struct impl *im) {
     float *dq = malloc(sizeof(float) * nq), *dk = malloc(sizeof(float) * nk), *dv = malloc(sizeof(float) * nk);
     fill(q, nq, 2), fill(k, nk, 2), fill(v, nk, 1), fill(r, nq, 1);
     fill(att, na, 9); // garbage: the op must write every element (zeros above the diagonal)
-    CHECK(im->i->attention_train(im->b, out, att, q, k, v, S, H, Hkv, hd, scale) == 0);
-    struct at_ctx c = {S, H, Hkv, hd, scale, to_d(q, nq), to_d(k, nk), to_d(v, nk), to_d(r, nq), malloc(sizeof(double) * nq),
+    if (win) CHECK(im->i->attention_train_swa(im->b, out, att, q, k, v, S, H, Hkv, hd, scale, win) == 0);
+    else CHECK(im->i->attention_train(im->b, out, att, q, k, v, S, H, Hkv, hd, scale) == 0);
+    struct at_ctx c = {S, H, Hkv, hd, win, scale, to_d(q, nq), to_d(k, nk), to_d(v, nk), to_d(r, nq), malloc(sizeof(double) * nq),
                        malloc(sizeof(double) * na)};
     at_forward(&c);
     char what[64];
-    snprintf(what, sizeof what, "attention out S%d H%d/%d", S, H, Hkv);
+    snprintf(what, sizeof what, "attention out S%d H%d/%d w%d", S, H, Hkv, win);
     check_fd(what, im->name, out, c.out, nq); // the forward itself against the double one
-    snprintf(what, sizeof what, "attention att S%d H%d/%d", S, H, Hkv);
+    snprintf(what, sizeof what, "attention att S%d H%d/%d w%d", S, H, Hkv, win);
     check_fd(what, im->name, att, c.att, na);
     fill(dq, nq, 9), fill(dk, nk, 9), fill(dv, nk, 9); // overwritten, not accumulated
     CHECK(im->i->attention_backward(im->b, dq, dk, dv, r, q, k, v, att, S, H, Hkv, hd, scale) == 0);
     double *fd = malloc(sizeof(double) * nq);
     fd_grad(c.q, nq, at_loss, &c, fd);
-    snprintf(what, sizeof what, "attention dq S%d H%d/%d", S, H, Hkv);
+    snprintf(what, sizeof what, "attention dq S%d H%d/%d w%d", S, H, Hkv, win);
     check_fd(what, im->name, dq, fd, nq);
     fd_grad(c.k, nk, at_loss, &c, fd);
-    snprintf(what, sizeof what, "attention dk S%d H%d/%d", S, H, Hkv);
+    snprintf(what, sizeof what, "attention dk S%d H%d/%d w%d", S, H, Hkv, win);
     check_fd(what, im->name, dk, fd, nk);
     fd_grad(c.v, nk, at_loss, &c, fd);
-    snprintf(what, sizeof what, "attention dv S%d H%d/%d", S, H, Hkv);
+    snprintf(what, sizeof what, "attention dv S%d H%d/%d w%d", S, H, Hkv, win);
     check_fd(what, im->name, dv, fd, nk);
     free(c.q), free(c.k), free(c.v), free(c.r), free(c.out), free(c.att), free(fd);
     free(q), free(k), free(v), free(r), free(out), free(att), free(dq), free(dk), free(dv);
@@ -818,29 +822,32 @@ static void test_fast_xent(void) {
 }
 
 static void test_fast_attention(void) {
-  const int cfg[][4] = {{1, 4, 4, 20}, {63, 4, 2, 20}, {65, 4, 1, 20}, {130, 9, 3, 64}, {257, 9, 3, 64}}; // S, H, Hkv, hd
+  // S, H, Hkv, hd, window (attention_train_swa: a window inside one block, across blocks, longer than S)
+  const int cfg[][5] = {{1, 4, 4, 20, 0}, {63, 4, 2, 20, 0}, {65, 4, 1, 20, 0}, {130, 9, 3, 64, 0}, {257, 9, 3, 64, 0},
+                        {130, 4, 2, 20, 17}, {257, 9, 3, 64, 100}, {65, 4, 1, 20, 80}};
   for (size_t ci = 0; ci < sizeof cfg / sizeof *cfg; ci++) {
-    const int S = cfg[ci][0], H = cfg[ci][1], Hkv = cfg[ci][2], hd = cfg[ci][3];
+    const int S = cfg[ci][0], H = cfg[ci][1], Hkv = cfg[ci][2], hd = cfg[ci][3], win = cfg[ci][4];
     const size_t nq = (size_t)S * H * hd, nk = (size_t)S * Hkv * hd, na = (size_t)H * S * S;
     const float scale = 1.0f / sqrtf((float)hd);
     float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nk), *d = malloc(sizeof(float) * nq);
     fill(q, nq, 2), fill(k, nk, 2), fill(v, nk, 1), fill(d, nq, 1);
     float *ro = malloc(sizeof(float) * nq), *ra = malloc(sizeof(float) * na), *rq = malloc(sizeof(float) * nq);
     float *rk = malloc(sizeof(float) * nk), *rv = malloc(sizeof(float) * nk);
-    CHECK(ll_train_ref_attention_train(NULL, ro, ra, q, k, v, S, H, Hkv, hd, scale) == 0);
+    CHECK(ll_train_ref_attention_train_swa(NULL, ro, ra, q, k, v, S, H, Hkv, hd, scale, win) == 0);
     CHECK(ll_train_ref_attention_backward(NULL, rq, rk, rv, d, q, k, v, ra, S, H, Hkv, hd, scale) == 0);
     float *fo[3], *fa[3], *fq[3], *fk[3], *fv[3];
     for (int b = 0; b < 3; b++) {
       fo[b] = malloc(sizeof(float) * nq), fa[b] = malloc(sizeof(float) * na), fq[b] = malloc(sizeof(float) * nq);
       fk[b] = malloc(sizeof(float) * nk), fv[b] = malloc(sizeof(float) * nk);
       fill(fa[b], na, 5);
-      CHECK(bk[b]->i->attention_train(bk[b], fo[b], fa[b], q, k, v, S, H, Hkv, hd, scale) == 0);
+      if (win) CHECK(bk[b]->i->attention_train_swa(bk[b], fo[b], fa[b], q, k, v, S, H, Hkv, hd, scale, win) == 0);
+      else CHECK(bk[b]->i->attention_train(bk[b], fo[b], fa[b], q, k, v, S, H, Hkv, hd, scale) == 0);
       // the backward from the reference's probabilities: its own error alone
       CHECK(bk[b]->i->attention_backward(bk[b], fq[b], fk[b], fv[b], d, q, k, v, ra, S, H, Hkv, hd, scale) == 0);
     }
     char what[96];
 #define ATT_CMP(name, f, r, n)                                                  \
-  snprintf(what, sizeof what, "attention %s S%d H%d/%d hd%d", name, S, H, Hkv, hd); \
+  snprintf(what, sizeof what, "attention %s S%d H%d/%d hd%d w%d", name, S, H, Hkv, hd, win); \
   same3(what, f, n);                                                            \
   close_ref(what, f[1], r, n)
     ATT_CMP("out", fo, ro, nq);

@@ -813,6 +813,7 @@ static const struct ll_backend_i cpu_iface = {
     .swiglu_backward = ll_train_cpu_swiglu_backward,
     .geglu_backward = ll_train_cpu_geglu_backward,
     .attention_train = ll_train_cpu_attention_train,
+    .attention_train_swa = ll_train_cpu_attention_train_swa,
     .attention_backward = ll_train_cpu_attention_backward,
     .softmax_xent = ll_train_cpu_softmax_xent,
     .get_rows_backward = ll_train_cpu_get_rows_backward,

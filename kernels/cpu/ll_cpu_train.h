@@ -33,6 +33,8 @@ int ll_train_ref_geglu_backward(struct ll_backend *b, float *dgate, float *dup, 
 int ll_train_ref_geglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n);
 int ll_train_ref_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v,
                                  int S, int n_head, int n_head_kv, int head_dim, float scale);
+int ll_train_ref_attention_train_swa(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v,
+                                     int S, int n_head, int n_head_kv, int head_dim, float scale, int window);
 int ll_train_ref_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *att, int S, int n_head, int n_head_kv,
                                     int head_dim, float scale);
@@ -59,6 +61,8 @@ int ll_train_cpu_geglu_backward(struct ll_backend *b, float *dgate, float *dup, 
                                 const float *up, int64_t n);
 int ll_train_cpu_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v,
                                  int S, int n_head, int n_head_kv, int head_dim, float scale);
+int ll_train_cpu_attention_train_swa(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v,
+                                     int S, int n_head, int n_head_kv, int head_dim, float scale, int window);
 int ll_train_cpu_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *att, int S, int n_head, int n_head_kv,
                                     int head_dim, float scale);

@@ -530,7 +530,7 @@ int ll_train_cpu_softmax_xent(struct ll_backend *b, double *loss, float *dlogits
 struct att_job {
   float *out, *att, *dq, *dk, *dv, *ds;
   const float *q, *k, *v, *dout;
-  int S, H, Hkv, hd, nb;
+  int S, H, Hkv, hd, nb, window;
   float scale;
   const struct ll_vec_ops *vo;
 };
@@ -548,11 +548,12 @@ static void att_fwd_task(void *vctx, int task, int thread) {
               Hkv * hd, 0.0f, a, S);
   for (int r = 0; r < nr; r++) {
     float *p = a + (size_t)r * S;
-    const int n = i0 + r + 1; // keys 0..i
+    const int n = i0 + r + 1, lo = j->window > 0 && n > j->window ? n - j->window : 0; // keys lo..i
     float mx = -INFINITY;
-    for (int c = 0; c < n; c++) mx = p[c] > mx ? p[c] : mx;
-    const float inv = (float)(1.0 / j->vo->softmax(p, p, mx, n));
-    for (int c = 0; c < n; c++) p[c] *= inv;
+    for (int c = lo; c < n; c++) mx = p[c] > mx ? p[c] : mx;
+    const float inv = (float)(1.0 / j->vo->softmax(p + lo, p + lo, mx, n - lo));
+    for (int c = lo; c < n; c++) p[c] *= inv;
+    memset(p, 0, (size_t)lo * sizeof *p);
     memset(p + n, 0, (size_t)(S - n) * sizeof *p);
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, hd, i1, 1.0f, a, S, j->v + (size_t)kh * hd, Hkv * hd, 0.0f,
@@ -561,10 +562,16 @@ static void att_fwd_task(void *vctx, int task, int thread) {
 
 int ll_train_cpu_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S,
                                  int n_head, int n_head_kv, int head_dim, float scale) {
+  return ll_train_cpu_attention_train_swa(b, out, att, q, k, v, S, n_head, n_head_kv, head_dim, scale, 0);
+}
+// With a window: each row's softmax over its keys lo..i, zeros left of lo (the products still
+// span the block's [0, i1): a window's saving is not taken).
+int ll_train_cpu_attention_train_swa(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S,
+                                     int n_head, int n_head_kv, int head_dim, float scale, int window) {
   if (!out || !att || !q || !k || !v || S < 0 || n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_head % n_head_kv) return LL_EINVAL;
   const int nb = (S + ATT_B - 1) / ATT_B;
   struct att_job j = {.out = out, .att = att, .q = q, .k = k, .v = v, .S = S, .H = n_head, .Hkv = n_head_kv, .hd = head_dim, .nb = nb,
-                      .scale = scale, .vo = ll_cpu_vec_ops()};
+                      .window = window, .scale = scale, .vo = ll_cpu_vec_ops()};
   run(b, att_fwd_task, &j, nb * n_head);
   return 0;
 }

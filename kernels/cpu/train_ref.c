@@ -162,13 +162,17 @@ int ll_train_ref_geglu_backward(struct ll_backend *b, float *dgate, float *dup, 
 
 // ---------------------------------------------------------------- attention (training)
 // q (S, H, hd), k, v (S, Hkv, hd); head h reads kv head h / (H / Hkv).
-// forward, per head h and query i (keys j <= i):
+// forward, per head h and query i (keys lo <= j <= i; lo = 0, or i + 1 - window in a window):
 //   s_ij = scale q_i · k_j;   p_ij = e^(s_ij - max_j s) / Σ_j e^(s_ij - max);   out_i = Σ_j p_ij v_j
-//   att[h, i, j] = p_ij (0 for j > i), kept for the backward pass.
+//   att[h, i, j] = p_ij (0 for j < lo and j > i), kept for the backward pass.
 static int attn_check(int S, int H, int Hkv, int hd) { return S < 0 || H <= 0 || Hkv <= 0 || hd <= 0 || H % Hkv ? LL_EINVAL : 0; }
 
 int ll_train_ref_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v,
                                  int S, int n_head, int n_head_kv, int head_dim, float scale) {
+  return ll_train_ref_attention_train_swa(b, out, att, q, k, v, S, n_head, n_head_kv, head_dim, scale, 0);
+}
+int ll_train_ref_attention_train_swa(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v,
+                                     int S, int n_head, int n_head_kv, int head_dim, float scale, int window) {
   (void)b;
   if (!out || !att || !q || !k || !v || attn_check(S, n_head, n_head_kv, head_dim)) return LL_EINVAL;
   const int H = n_head, Hkv = n_head_kv, hd = head_dim, grp = H / Hkv;
@@ -177,8 +181,10 @@ int ll_train_ref_attention_train(struct ll_backend *b, float *out, float *att, c
     for (int i = 0; i < S; i++) {
       const float *qi = q + ((size_t)i * H + h) * hd;
       float *p = att + ((size_t)h * S + i) * S; // (S) row i of head h
+      const int lo = window > 0 && i + 1 > window ? i + 1 - window : 0;
       float mx = -INFINITY;
-      for (int j = 0; j <= i; j++) {
+      for (int j = 0; j < lo; j++) p[j] = 0;
+      for (int j = lo; j <= i; j++) {
         const float *kj = k + ((size_t)j * Hkv + kh) * hd;
         float s = 0;
         for (int e = 0; e < hd; e++) s += qi[e] * kj[e];
@@ -186,16 +192,16 @@ int ll_train_ref_attention_train(struct ll_backend *b, float *out, float *att, c
         if (p[j] > mx) mx = p[j];
       }
       double sum = 0;
-      for (int j = 0; j <= i; j++) {
+      for (int j = lo; j <= i; j++) {
         p[j] = expf(p[j] - mx);
         sum += p[j];
       }
       const float inv = (float)(1.0 / sum);
-      for (int j = 0; j <= i; j++) p[j] *= inv;
+      for (int j = lo; j <= i; j++) p[j] *= inv;
       for (int j = i + 1; j < S; j++) p[j] = 0;
       float *oi = out + ((size_t)i * H + h) * hd;
       for (int e = 0; e < hd; e++) oi[e] = 0;
-      for (int j = 0; j <= i; j++) {
+      for (int j = lo; j <= i; j++) {
         const float *vj = v + ((size_t)j * Hkv + kh) * hd;
         for (int e = 0; e < hd; e++) oi[e] += p[j] * vj[e];
       }
@@ -368,6 +374,7 @@ static const struct ll_backend_i train_ref_iface = {
     .geglu = ll_train_ref_geglu,
     .geglu_backward = ll_train_ref_geglu_backward,
     .attention_train = ll_train_ref_attention_train,
+    .attention_train_swa = ll_train_ref_attention_train_swa,
     .attention_backward = ll_train_ref_attention_backward,
     .softmax_xent = ll_train_ref_softmax_xent,
     .get_rows_backward = ll_train_ref_get_rows_backward,

@@ -22,7 +22,7 @@ static const struct ll_arch arches[] = {
     // (conversion/gemma.py, Gemma3Model.norm_shift: 1.0 for every *norm.weight), so the GGUF's
     // are used as they are by the plain RMSNorm.
     // LoRA training: trainer.c's GeGLU and post-norm backward, the embedding scale, q prescale as
-    // attention's scale, local layers' RoPE base; sequences no longer than the window.
+    // attention's scale, local layers' RoPE base and window (attention_train_swa).
     {"gemma3", LL_ROPE_NEOX, LL_ACT_GELU_TANH, LL_ARCH_QK_NORM | LL_ARCH_POST_NORMS | LL_ARCH_EMBD_SCALE | LL_ARCH_Q_PRESCALE | LL_ARCH_SWA, 6,
      10000.0f, 0, LL_ARCH_QK_NORM | LL_ARCH_POST_NORMS | LL_ARCH_EMBD_SCALE | LL_ARCH_Q_PRESCALE | LL_ARCH_TRAIN_ACT},
     // Phi-3 / 3.5: fused qkv and gate|up, NeoX rotation, q prescaled. (llama.cpp ignores its

@@ -264,7 +264,8 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   const struct ll_layer *y = &m->layers[l];
   const int T = tr->T, S = tr->S, C = m->C, kvd = m->kvd, qd = m->qd > 0 ? m->qd : m->C;
   const float scale = attn_scale_of(m);
-  const struct ll_rope_params *rope = y->swa ? &m->rope_swa : &m->rope; // local layers: their own base (S <= window: check_params)
+  const struct ll_rope_params *rope = y->swa ? &m->rope_swa : &m->rope; // local layers: their own base
+  const int window = y->swa && m->window > 0 && m->window < S ? m->window : 0; // a window shorter than the sequence masks
   int rc;
   BK(B->rmsnorm(be, a->n1, x, y->attn_norm, T, C, m->eps), "rmsnorm");                       // n1 (T, C)
   if ((rc = lin_forward(tr, a->q, a->n1, &y->wq, l, LL_LORA_Q, a->axs[LL_LORA_Q], 0, err, errlen))) return rc; // (T, qd)
@@ -283,10 +284,12 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   }
   BK(B->rope(be, a->q, tr->pos, T, m->H, m->hd, rope), "rope q");
   BK(B->rope(be, a->k, tr->pos, T, m->Hkv, m->hd, rope), "rope k");
-  for (int b = 0; b < tr->B; b++) // per sequence: a (S, qd), probabilities (H, S, S)
-    BK(B->attention_train(be, a->a + (size_t)b * S * qd, a->att + (size_t)b * m->H * S * S, a->q + (size_t)b * S * qd, a->k + (size_t)b * S * kvd,
-                          a->v + (size_t)b * S * kvd, S, m->H, m->Hkv, m->hd, scale),
-       "attention_train");
+  for (int b = 0; b < tr->B; b++) { // per sequence: a (S, qd), probabilities (H, S, S) (0 outside a window: the backward needs no window)
+    float *ao = a->a + (size_t)b * S * qd, *att = a->att + (size_t)b * m->H * S * S;
+    const float *q = a->q + (size_t)b * S * qd, *k = a->k + (size_t)b * S * kvd, *v = a->v + (size_t)b * S * kvd;
+    if (window) BK(B->attention_train_swa(be, ao, att, q, k, v, S, m->H, m->Hkv, m->hd, scale, window), "attention_train_swa");
+    else BK(B->attention_train(be, ao, att, q, k, v, S, m->H, m->Hkv, m->hd, scale), "attention_train");
+  }
   if (y->post_attn_norm) { // m = x + rmsnorm(po), po = o(a); the norm's output in n2 (free until n2 below)
     if ((rc = lin_forward(tr, a->po, a->a, &y->wo, l, LL_LORA_O, a->axs[LL_LORA_O], 0, err, errlen))) return rc; // po (T, C)
     BK(B->rmsnorm(be, a->n2, a->po, y->post_attn_norm, T, C, m->eps), "rmsnorm post-attention");
@@ -618,15 +621,6 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
   const char *what;
   if (m->arch && !ll_arch_trainable(m->arch, &what))
     return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: %s models cannot be trained yet (no backward for %s)", m->arch->name, what);
-  // Local (sliding-window) layers: the training attention has no window, so it trains them only
-  // where the window masks nothing - sequences no longer than it (positions (p - window, p]).
-  int any_swa = 0;
-  for (int l = 0; l < m->L && m->layers; l++) any_swa |= m->layers[l].swa;
-  if (any_swa && m->window > 0 && p->seq_len > m->window)
-    return ll_errf(err, errlen, LL_EUNSUPPORTED,
-                   "trainer: seq_len %d is longer than the model's sliding window (%d), which the training attention does not apply yet: use "
-                   "train.seq_len <= %d",
-                   p->seq_len, m->window, m->window);
   // q/k norms train in full mode (their weights' gradients); post-norms and a scaled embedding do not yet
   if (p->mode == LL_TRAIN_FULL && m->arch && (m->arch->flags & (LL_ARCH_POST_NORMS | LL_ARCH_EMBD_SCALE)))
     return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: full-parameter training of %s (post-norms, embedding scale) is not supported yet: use train.mode lora",
@@ -640,7 +634,7 @@ static void fill_ops(struct ll_trainer *tr) {
 #define FILL(x) if (!tr->ops.x) tr->ops.x = r->x
   FILL(matmul_backward); FILL(rmsnorm_backward); FILL(rope_backward); FILL(swiglu_backward); FILL(attention_train);
   FILL(attention_backward); FILL(softmax_xent); FILL(get_rows_backward); FILL(dropout); FILL(sumsq); FILL(axpy); FILL(scale);
-  FILL(adamw); FILL(geglu); FILL(geglu_backward);
+  FILL(adamw); FILL(geglu); FILL(geglu_backward); FILL(attention_train_swa);
 #undef FILL
 }
 
@@ -897,6 +891,14 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   if (tr->dev && tr->geglu && (!be->i->geglu || !be->i->geglu_backward)) { // the references read host memory
     rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: this device's backend has no GeGLU forward/backward (%s): train on the CPU (train.device cpu)",
                  m->arch->name);
+    goto fail;
+  }
+  int any_swa = 0; // local layers whose window is shorter than the sequences: a windowed training attention
+  for (int l = 0; l < m->L; l++) any_swa |= m->layers[l].swa && m->window > 0 && m->window < p->seq_len;
+  if (tr->dev && any_swa && !be->i->attention_train_swa) {
+    rc = ll_errf(err, errlen, LL_EUNSUPPORTED,
+                 "trainer: this device's backend has no windowed training attention: use train.seq_len <= %d (the sliding window) or train on the CPU",
+                 m->window);
     goto fail;
   }
   tr->B = p->batch, tr->S = p->seq_len, tr->T = p->batch * p->seq_len;
