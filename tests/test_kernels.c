@@ -250,6 +250,13 @@ static void test_dots(void) {
     vr->swiglu(o1, g, u, n);
     vf->swiglu(o2, g, u, n);
     vbad += memcmp(o1, o2, (size_t)n * 4) != 0;
+    // GeGLU with ggml's f16 table: the gates scaled to +-24 so that both ends (<= -10, >= 10)
+    // and f16 ties and subnormals are crossed; the same bits
+    for (int i = 0; i < n; i++) x[i] = g[i] * (trial % 3 == 0 ? 0.8f : trial % 3 == 1 ? 0.1f : 1e-6f);
+    if (n > 2) x[0] = -10.0f, x[1] = 10.0f;
+    vr->geglu_f16(o1, x, u, n);
+    vf->geglu_f16(o2, x, u, n);
+    vbad += memcmp(o1, o2, (size_t)n * 4) != 0;
     // RoPE rotation: fused as llama.cpp's GCC build computes it (both pair layouts, odd counts too)
     const int np = n / 2;
     if (np > 0) {
@@ -261,7 +268,7 @@ static void test_dots(void) {
       vbad += np >= 2 && memcmp(&o1[0], &want0, 4) != 0;
     }
   }
-  CHECKF(vbad == 0, "softmax/swiglu/rope: scalar and SIMD differ in %d trials", vbad);
+  CHECKF(vbad == 0, "softmax/swiglu/geglu/rope: scalar and SIMD differ in %d trials", vbad);
   // Dequantization into sgemm panels (training): SIMD and ll_dequantize_row the same bits, over
   // random bytes (every nibble and int8) with random finite scales of both signs, subnormal too.
   {

@@ -723,24 +723,15 @@ static int cpu_attention(struct ll_backend *b, float *out, const float *q, const
   return cpu_attention_multi(b, out, q, kv, pos, &t0, &T, 1, n_head, scale);
 }
 
-// GeGLU. ggml's CPU reads gelu from a table of f16(gelu(h)) for every f16 h (GGML_GELU_FP16),
-// at f16(x): the table is made once, the same way (libm tanhf), on first use.
+// GeGLU. With ggml_math llama.cpp's values: gelu from ggml's f16 table (ll_cpu_dot.h's
+// geglu_f16); else the float formula.
 static float gelu_tanh_ref(float x) {
   const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f; // ggml's constants
   return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
 }
-static float gelu_table[1 << 16];
-static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
-static void gelu_table_init(void) {
-  for (int i = 0; i < 1 << 16; i++) gelu_table[i] = ll_fp16_to_fp32(ll_fp32_to_fp16(gelu_tanh_ref(ll_fp16_to_fp32((ll_fp16)i))));
-}
 static int cpu_geglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) {
   if (b->ggml_math) {
-    pthread_once(&gelu_once, gelu_table_init);
-    for (int64_t i = 0; i < n; i++) {
-      const float x = gate[i];
-      out[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x * up[i] : gelu_table[ll_fp32_to_fp16(x)] * up[i];
-    }
+    ll_cpu_vec_ops()->geglu_f16(out, gate, up, n);
     return 0;
   }
   for (int64_t i = 0; i < n; i++) out[i] = gelu_tanh_ref(gate[i]) * up[i];

@@ -1,6 +1,7 @@
 // dot.c - scalar reference dot products (the definition the SIMD versions are tested against)
 // and run-time selection of the best implementation.
 #include <math.h>
+#include <pthread.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -401,6 +402,29 @@ static void ref_swiglu(float *out, const float *g, const float *up, int64_t n) {
   for (; i < n; i++) out[i] = (g[i] / (1.0f + expf(-g[i]))) * up[i];
 }
 
+// GeGLU's gelu as ggml's CPU reads it (GGML_GELU_FP16): a table of f16(gelu(h)) for every f16
+// h, looked up at f16(x); built on first use the way ggml builds it.
+static float gelu_tanh_f(float x) {
+  const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f; // ggml's constants
+  return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+}
+static float gelu_table[1 << 16];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+static void gelu_table_init(void) {
+  for (int i = 0; i < 1 << 16; i++) gelu_table[i] = ll_fp16_to_fp32(ll_fp32_to_fp16(gelu_tanh_f(ll_fp16_to_fp32((ll_fp16)i))));
+}
+const float *ll_cpu_gelu_f16_table(void) {
+  pthread_once(&gelu_once, gelu_table_init);
+  return gelu_table;
+}
+static void ref_geglu_f16(float *out, const float *g, const float *up, int64_t n) {
+  const float *tab = ll_cpu_gelu_f16_table();
+  for (int64_t i = 0; i < n; i++) {
+    const float x = g[i];
+    out[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x * up[i] : tab[ll_fp32_to_fp16(x)] * up[i];
+  }
+}
+
 static void ref_rope_pairs(float *v, const float *cs, const float *sn, int n_pairs, int neox) { ll_rope_pairs_impl(v, cs, sn, n_pairs, neox); }
 
 // Scalar references of llama.cpp's F32 dot orders (ll_cpu_dot.h); fmaf is the fused step.
@@ -434,7 +458,8 @@ static float ref_dot_f32_tile8(const float *x, const float *y, int n) {
 }
 float ll_cpu_ggml_f32_tail(const float *x, const float *y, int i, int n, float sum) { return ggml_f32_tail(x, y, i, n, sum); }
 
-static const struct ll_vec_ops vec_ref = {ref_softmax, ref_swiglu, ref_rope_pairs, ref_dot_f32_ggml, ref_dot_f32_tile8, ll_dequantize_row};
+static const struct ll_vec_ops vec_ref = {ref_softmax, ref_swiglu, ref_rope_pairs, ref_dot_f32_ggml, ref_dot_f32_tile8, ll_dequantize_row,
+                                          ref_geglu_f16};
 const struct ll_vec_ops *ll_cpu_vec_ops_ref(void) { return &vec_ref; }
 const struct ll_vec_ops *ll_cpu_vec_ops(void) {
   const struct ll_vec_ops *o = have_avx2() ? ll_cpu_vec_ops_avx2() : NULL;

@@ -165,7 +165,14 @@ struct ll_vec_ops {
   // that function; Q4_0, Q4_1 and Q8_0 have SIMD versions, the other types go to it). Training
   // dequantizes every frozen weight twice a step into sgemm panels (train.c, backend_cpu.c).
   int (*dequant_row)(int type, const void *src, float *dst, int64_t n);
+  // out = gelu(gate) * up as ggml's CPU (GGML_GELU_FP16): gelu read at f16(gate), rounded to
+  // nearest even, from ll_cpu_gelu_f16_table(); 0 for gate <= -10, gate * up for gate >= 10.
+  // Every version the same bits (a table lookup and one product).
+  void (*geglu_f16)(float *out, const float *gate, const float *up, int64_t n);
 };
+
+// f16(gelu_tanh(h)) as float for every f16 h, built once (libm tanhf, ggml's constants).
+const float *ll_cpu_gelu_f16_table(void);
 
 // llama.cpp's rotate_pairs (ggml-cpu/ops.cpp) is GNU C++ built with -mfma and the default
 // -ffp-contract=fast: GCC fuses the first product of each rotated value, x0*c - x1*s becomes
