@@ -729,9 +729,27 @@ static float gelu_tanh_ref(float x) {
   const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f; // ggml's constants
   return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
 }
+struct geglu_job {
+  float *out;
+  const float *gate, *up;
+  int64_t n, chunk; // chunk: a multiple of 16 (whole cache lines of floats)
+};
+static void geglu_task(void *vctx, int task, int thread) {
+  (void)thread;
+  const struct geglu_job *j = vctx;
+  const int64_t i0 = (int64_t)task * j->chunk, m = j->n - i0 < j->chunk ? j->n - i0 : j->chunk;
+  ll_cpu_vec_ops()->geglu_f16(j->out + i0, j->gate + i0, j->up + i0, m);
+}
 static int cpu_geglu(struct ll_backend *b, float *out, const float *gate, const float *up, int64_t n) {
-  if (b->ggml_math) {
-    ll_cpu_vec_ops()->geglu_f16(out, gate, up, n);
+  if (b->ggml_math) { // elementwise: the same values however it is split
+    struct cpu_ctx *c = C(b);
+    const int nt = c->n_threads;
+    if (nt > 1 && n >= 4096) {
+      struct geglu_job j = {out, gate, up, n, ((n + nt - 1) / nt + 15) / 16 * 16};
+      ll_threadpool_run(c->pool, geglu_task, &j, (int)((n + j.chunk - 1) / j.chunk));
+    } else {
+      ll_cpu_vec_ops()->geglu_f16(out, gate, up, n);
+    }
     return 0;
   }
   for (int64_t i = 0; i < n; i++) out[i] = gelu_tanh_ref(gate[i]) * up[i];
