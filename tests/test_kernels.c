@@ -381,6 +381,38 @@ static void test_backend_ops(void) {
     CHECKF(bad == 0, "matmul %s K=%d N=%d T=%d: %d differences", ll_type_name(t), K, N, T, bad);
     free(W), free(x), free(out), free(act);
   }
+  // Prompts through gemm16 (16 tokens to a vector, where the ISA has it: Q5_0 on AVX-512 VNNI):
+  // every output the dot's bits, with and without accumulation, over K of more than one chunk
+  // of blocks (32), T with a tail past the groups, and more groups than one call takes (33).
+  for (int trial = 0; trial < 8; trial++) {
+    const int t = LL_TYPE_Q5_0;
+    const int K = 32 * (trial < 2 ? 1 + trial : 20 + (int)(ll_test_rand(&rs) % 60)), N = 4 + (int)(ll_test_rand(&rs) % 40),
+              T = trial == 7 ? 16 * (LL_GEMM16_MAX_GROUPS + 1) + 5 : 16 + (int)(ll_test_rand(&rs) % 40);
+    const size_t rsz = ll_row_size(t, K);
+    unsigned char *W = malloc(rsz * N);
+    float *x = malloc(sizeof(float) * T * K), *out = malloc(sizeof(float) * T * N);
+    CHECK(W && x && out);
+    if (!W || !x || !out) return;
+    for (int n = 0; n < N; n++) random_row(t, W + rsz * n, K);
+    for (int i = 0; i < T * K; i++) x[i] = ll_test_randf(&rs) * (trial % 3 == 0 ? 30.0f : 1.0f);
+    for (int i = 0; i < T * N; i++) out[i] = 0.5f;
+    struct ll_weight w = {t, K, N, W, NULL, NULL};
+    CHECK(B->matmul(b, out, x, &w, T, trial & 1) == 0);
+    const struct ll_type_kernels *k = ll_cpu_kernels(t);
+    void *act = malloc(ll_row_size(k->act_type, K));
+    int bad = 0;
+    for (int tt = 0; tt < T; tt++) {
+      k->from_float(x + (size_t)tt * K, act, K);
+      for (int n = 0; n < N; n++) {
+        float s;
+        k->vec_dot(K, &s, W + rsz * n, act);
+        if (trial & 1) s = 0.5f + s;
+        bad += memcmp(&s, &out[(size_t)tt * N + n], 4) != 0;
+      }
+    }
+    CHECKF(bad == 0, "prompt matmul %s (%s) K=%d N=%d T=%d: %d differences", ll_type_name(t), k->gemm16 ? "gemm16" : "tiles", K, N, T, bad);
+    free(W), free(x), free(out), free(act);
+  }
   // Float weights x a batch of >= LL_BLAS_MIN_T tokens go through OpenBLAS sgemm (a different
   // summation order): within 1e-5 of the double-precision product relative to the sum of
   // magnitudes, with and without accumulation, for ragged N (several row blocks per task);

@@ -24,6 +24,8 @@ struct cpu_ctx {
   int n_threads;
   void *act;          // quantized activations (T rows)
   size_t act_cap;
+  void *act16;        // the same, transposed for gemm16 (ll_act_t16_q8_0)
+  size_t act16_cap;
   float *asc;         // their side tables for tile_sc, block-major: scales as floats (nb, T),
   size_t asc_cap;     //   then the second table (nb, T) (ll_act_side)
   float *wbuf;        // float weight rows for sgemm (LL_BLAS_ROWS x K per thread)
@@ -69,6 +71,7 @@ struct mm_job {
   const float *sc;   // (nb, T) activation scales for k->tile_sc, or NULL
   const int32_t *ss; // (nb, T) the second side table for k->tile_sc
   const char *packed; // w's interleaved copy for k->tile_packed (with sc where k takes them), or NULL
+  const char *at;     // the activations' first T / 16 * 16 rows for k->gemm16 (ll_act_t16_q8_0), or NULL
 };
 
 // out (na, nr) += tile (na, nr) with row strides os and ts: the residual adds of the O and down
@@ -135,8 +138,18 @@ static void mm_task(void *vctx, int task, int thread) {
       // from L1, and the loop itself took 0.6% of a Q8_0 pp128 (perf, 2026-11-24, Zen 3).
       if (j->T < 32)
         for (size_t off = here + (n == n0 ? g : PD * g); off < to; off += 64) __builtin_prefetch((const char *)j->w + off, 0, 2);
+      int t = 0;
+      if (j->at) { // whole groups of 16 tokens, LL_GEMM16_MAX_GROUPS at a time
+        const int ngr = j->T / 16;
+        for (int g0 = 0; g0 < ngr; g0 += LL_GEMM16_MAX_GROUPS) {
+          const int ng = ngr - g0 < LL_GEMM16_MAX_GROUPS ? ngr - g0 : LL_GEMM16_MAX_GROUPS;
+          j->k->gemm16(j->K, wr, j->w_row, j->at + (size_t)g0 * 16 * (size_t)j->K, ng, j->sc + 16 * g0, (size_t)j->T,
+                       j->out + (size_t)(16 * g0) * j->N + n, (size_t)j->N, j->accumulate);
+        }
+        t = ngr * 16;
+      }
       // 4 weight rows x up to 4 tokens per pass: weights unpacked once, independent chains.
-      for (int t = 0; t < j->T; t += tna) {
+      for (; t < j->T; t += tna) {
         const int na = j->T - t >= tna ? tna : j->T - t;
         const char *at = j->act + (size_t)t * j->a_row;
         if (!j->accumulate) { // straight into the output rows
@@ -313,6 +326,14 @@ static int quantize_act(struct cpu_ctx *c, const struct ll_type_kernels *k, cons
   else
     for (int i = 0; i < n_tasks; i++) quant_task(&qj, i, 0);
   *j = (struct mm_job){.a_row = a_row, .act = c->act, .k = k, .T = T, .K = (int)K, .sc = sc, .ss = ss};
+  // Prompts: the activations again, 16 tokens to a vector, for the kernels that read them so
+  // (one pass over T x K bytes; the products take K x N x T).
+  if (k->gemm16 && sc && T >= 16 && k->act_type == LL_TYPE_Q8_0) {
+    const int ng = T / 16;
+    if (grow(&c->act16, &c->act16_cap, (size_t)ng * 16 * (size_t)K)) return LL_ENOMEM;
+    ll_act_t16_q8_0(c->act, a_row, ng, K, c->act16);
+    j->at = c->act16;
+  }
   return 0;
 }
 
@@ -788,6 +809,7 @@ static void cpu_free(struct ll_backend *b) {
   if (c) {
     ll_threadpool_free(c->pool);
     free(c->act);
+    free(c->act16);
     free(c->asc);
     free(c->wbuf);
     free(c->rope_cs);

@@ -466,6 +466,17 @@ const struct ll_vec_ops *ll_cpu_vec_ops(void) {
   return o ? o : &vec_ref;
 }
 
+void ll_act_t16_q8_0(const void *act, size_t a_stride, int ng, int64_t k, void *out) {
+  const int64_t nb = k / 32;
+  uint8_t *o = out;
+  for (int g = 0; g < ng; g++)
+    for (int64_t i = 0; i < nb; i++)
+      for (int t = 0; t < 16; t++) {
+        const ll_block_q8_0 *b = (const ll_block_q8_0 *)(const void *)((const char *)act + (size_t)(16 * g + t) * a_stride) + i;
+        for (int e = 0; e < 32; e++) o[(((size_t)g * (size_t)nb + (size_t)i) * 8 + (size_t)(e / 4)) * 64 + 4 * (size_t)t + (size_t)(e % 4)] = (uint8_t)(b->qs[e] ^ 0x80);
+      }
+}
+
 int ll_act_side(int act_type, const void *row, int64_t n, float *sc, int32_t *ss, size_t stride) {
   if (act_type == LL_TYPE_Q8_0) {
     const ll_block_q8_0 *b = row;

@@ -395,11 +395,79 @@ TILES8_SC(q4_1, CALL_Q41S)
 TILES8_SC(q5_0, CALL_Q50S)
 TILES8_SC(q8_0, CALL_Q80S)
 
+// ---- Q5_0 x Q8_0 for prompts: 16 tokens to a zmm (ll_type_kernels.gemm16) ----
+// The tiles above hold 4 rows x 4 tokens' partial sums per zmm and must reduce them, per
+// block, before the float step (that reduction and its float work were most of a Gemma 3
+// prompt's Q5_0 time). Here lane t is token t: the activations come transposed
+// (ll_act_t16_q8_0: word w of 16 tokens' block in one zmm, as a + 128 unsigned), the weights
+// are the signed side (q - 16, broadcast a word at a time from an unpacked copy), so 8
+// vpdpbusd give each lane its token's whole block sum Σ (q - 16)(a + 128), and the weights'
+// offset 128·Σ (q - 16) is removed through the start value. Then per block the dot's float
+// step, (si · d_w) · d_a added to the sum (dot.c's order), on 16 tokens at once: bit-identical.
+// Four rows per call: each activation load serves four chains.
+static void gemm16_q5_0(int n, const void *w, size_t ws, const void *at, int ng, const float *sc, size_t scs, float *out, size_t os,
+                        int accumulate) {
+  enum { CB = 32 }; // blocks unpacked at a time (4 KiB of weights)
+  const int nb = n / 32;
+  int32_t wq[4][CB * 8] __attribute__((aligned(64))); // the rows' q - 16, as words of 4
+  int32_t corr[4][CB];                                // -128 · Σ (q - 16) of each block
+  float dw[4][CB];
+  float S[LL_GEMM16_MAX_GROUPS][4][16] __attribute__((aligned(64))); // (group, row, token) sums between chunks
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const __m256i x10 = _mm256_set1_epi8(0x10), off = _mm256_set1_epi8(16);
+  for (int i0 = 0; i0 < nb; i0 += CB) {
+    const int cb = nb - i0 < CB ? nb - i0 : CB;
+    for (int r = 0; r < 4; r++)
+      for (int i = 0; i < cb; i++) {
+        const ll_block_q5_0 *x = (const ll_block_q5_0 *)(const void *)((const char *)w + (size_t)r * ws) + i0 + i;
+        const __m128i qs = _mm_loadu_si128((const __m128i *)x->qs);
+        uint32_t qh;
+        memcpy(&qh, x->qh, 4);
+        // elements 0..15: low nibbles, 16..31: high nibbles, the fifth bits (bit j of qh) as 16
+        __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+        q = _mm256_or_si256(q, _mm256_maskz_mov_epi8((__mmask32)qh, x10));
+        const __m256i sad = _mm256_sad_epu8(q, _mm256_setzero_si256()); // Σ q in four 64-bit lanes
+        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+        const int sq = _mm_cvtsi128_si32(_mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2)));
+        _mm256_store_si256((__m256i *)&wq[r][8 * i], _mm256_sub_epi8(q, off));
+        corr[r][i] = -128 * (sq - 16 * 32);
+        dw[r][i] = h2f(x->d);
+      }
+    for (int g = 0; g < ng; g++) {
+      __m512 s[4];
+      _Pragma("GCC unroll 4")
+      for (int r = 0; r < 4; r++) s[r] = i0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(S[g][r]);
+      const char *ag = (const char *)at + ((size_t)g * (size_t)nb + (size_t)i0) * 512;
+      for (int i = 0; i < cb; i++) {
+        __m512i acc[4];
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < 4; r++) acc[r] = _mm512_set1_epi32(corr[r][i]);
+        _Pragma("GCC unroll 8")
+        for (int k = 0; k < 8; k++) {
+          const __m512i av = _mm512_loadu_si512((const void *)(ag + (size_t)i * 512 + 64 * k));
+          _Pragma("GCC unroll 4")
+          for (int r = 0; r < 4; r++) acc[r] = _mm512_dpbusd_epi32(acc[r], av, _mm512_set1_epi32(wq[r][8 * i + k]));
+        }
+        const __m512 da = _mm512_loadu_ps(sc + (size_t)(i0 + i) * scs + 16 * (size_t)g);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < 4; r++) s[r] = _mm512_add_ps(s[r], _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(dw[r][i])), da));
+      }
+      _Pragma("GCC unroll 4")
+      for (int r = 0; r < 4; r++) _mm512_store_ps(S[g][r], s[r]);
+    }
+  }
+  for (int g = 0; g < ng; g++)
+    for (int t = 0; t < 16; t++) {
+      float *o = out + (size_t)(16 * g + t) * os;
+      for (int r = 0; r < 4; r++) o[r] = accumulate ? o[r] + S[g][r][t] : S[g][r][t];
+    }
+}
+
 static const struct ll_type_kernels avx512_table[LL_TYPE_COUNT] = {
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 8, tile_sc_q4_0, 8, 8, ll_q4_0_tile_packed_avx2},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile_q4_1, 8, tile_sc_q4_1, 8, 4, ll_q4_1_tile_packed_avx2},
     [LL_TYPE_Q8_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q8_0, "avx512vnni", tile_q8_0, 8, tile_sc_q8_0, 8, 4, ll_q8_0_tile_packed_avx2},
-    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q5_0, "avx512vnni", tile_q5_0, 8, tile_sc_q5_0, 8, 8, ll_q5_0_tile_packed_avx2},
+    [LL_TYPE_Q5_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q5_0, "avx512vnni", tile_q5_0, 8, tile_sc_q5_0, 8, 8, ll_q5_0_tile_packed_avx2, gemm16_q5_0},
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_avx512(int t) {
