@@ -381,13 +381,13 @@ static void test_backend_ops(void) {
     CHECKF(bad == 0, "matmul %s K=%d N=%d T=%d: %d differences", ll_type_name(t), K, N, T, bad);
     free(W), free(x), free(out), free(act);
   }
-  // Prompts through gemm16 (16 tokens to a vector, where the ISA has it: Q5_0 on AVX-512 VNNI):
+  // Prompts through gemm16 (16 tokens to a vector, where the ISA has it: Q5_0, Q4_K and Q6_K on AVX-512 VNNI):
   // every output the dot's bits, with and without accumulation, over K of more than one chunk
   // of blocks (32), T with a tail past the groups, and more groups than one call takes (33).
-  for (int trial = 0; trial < 8; trial++) {
-    const int t = LL_TYPE_Q5_0;
-    const int K = 32 * (trial < 2 ? 1 + trial : 20 + (int)(ll_test_rand(&rs) % 60)), N = 4 + (int)(ll_test_rand(&rs) % 40),
-              T = trial == 7 ? 16 * (LL_GEMM16_MAX_GROUPS + 1) + 5 : 16 + (int)(ll_test_rand(&rs) % 40);
+  for (int trial = 0; trial < 24; trial++) {
+    const int t = trial < 8 ? LL_TYPE_Q5_0 : trial < 16 ? LL_TYPE_Q4_K : LL_TYPE_Q6_K, tr = trial % 8, unit = t == LL_TYPE_Q5_0 ? 32 : 256;
+    const int K = unit * (tr < 2 ? 1 + tr : (unit == 32 ? 20 : 1) + (int)(ll_test_rand(&rs) % (unit == 32 ? 60 : 10))), N = 4 + (int)(ll_test_rand(&rs) % 40),
+              T = tr == 7 ? 16 * (LL_GEMM16_MAX_GROUPS + 1) + 5 : 16 + (int)(ll_test_rand(&rs) % 40);
     const size_t rsz = ll_row_size(t, K);
     unsigned char *W = malloc(rsz * N);
     float *x = malloc(sizeof(float) * T * K), *out = malloc(sizeof(float) * T * N);

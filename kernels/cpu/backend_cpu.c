@@ -71,7 +71,8 @@ struct mm_job {
   const float *sc;   // (nb, T) activation scales for k->tile_sc, or NULL
   const int32_t *ss; // (nb, T) the second side table for k->tile_sc
   const char *packed; // w's interleaved copy for k->tile_packed (with sc where k takes them), or NULL
-  const char *at;     // the activations' first T / 16 * 16 rows for k->gemm16 (ll_act_t16_q8_0), or NULL
+  const char *at;     // the activations' first T / 16 * 16 rows for k->gemm16 (ll_act_t16_*), or NULL
+  size_t at_group;    // bytes per group of 16 there
 };
 
 // out (na, nr) += tile (na, nr) with row strides os and ts: the residual adds of the O and down
@@ -143,7 +144,7 @@ static void mm_task(void *vctx, int task, int thread) {
         const int ngr = j->T / 16;
         for (int g0 = 0; g0 < ngr; g0 += LL_GEMM16_MAX_GROUPS) {
           const int ng = ngr - g0 < LL_GEMM16_MAX_GROUPS ? ngr - g0 : LL_GEMM16_MAX_GROUPS;
-          j->k->gemm16(j->K, wr, j->w_row, j->at + (size_t)g0 * 16 * (size_t)j->K, ng, j->sc + 16 * g0, (size_t)j->T,
+          j->k->gemm16(j->K, wr, j->w_row, j->at + (size_t)g0 * j->at_group, ng, j->sc ? j->sc + 16 * g0 : NULL, (size_t)j->T,
                        j->out + (size_t)(16 * g0) * j->N + n, (size_t)j->N, j->accumulate);
         }
         t = ngr * 16;
@@ -328,10 +329,13 @@ static int quantize_act(struct cpu_ctx *c, const struct ll_type_kernels *k, cons
   *j = (struct mm_job){.a_row = a_row, .act = c->act, .k = k, .T = T, .K = (int)K, .sc = sc, .ss = ss};
   // Prompts: the activations again, 16 tokens to a vector, for the kernels that read them so
   // (one pass over T x K bytes; the products take K x N x T).
-  if (k->gemm16 && sc && T >= 16 && k->act_type == LL_TYPE_Q8_0) {
+  const int q80 = k->act_type == LL_TYPE_Q8_0 && sc, q8k = k->act_type == LL_TYPE_Q8_K;
+  if (k->gemm16 && T >= 16 && (q80 || q8k)) {
     const int ng = T / 16;
-    if (grow(&c->act16, &c->act16_cap, (size_t)ng * 16 * (size_t)K)) return LL_ENOMEM;
-    ll_act_t16_q8_0(c->act, a_row, ng, K, c->act16);
+    j->at_group = q80 ? 16 * (size_t)K : (size_t)(K / 256) * LL_T16_Q8K_BYTES;
+    if (grow(&c->act16, &c->act16_cap, (size_t)ng * j->at_group)) return LL_ENOMEM;
+    if (q80) ll_act_t16_q8_0(c->act, a_row, ng, K, c->act16);
+    else ll_act_t16_q8_K(c->act, a_row, ng, K, c->act16);
     j->at = c->act16;
   }
   return 0;

@@ -477,6 +477,23 @@ void ll_act_t16_q8_0(const void *act, size_t a_stride, int ng, int64_t k, void *
       }
 }
 
+void ll_act_t16_q8_K(const void *act, size_t a_stride, int ng, int64_t k, void *out) {
+  const int64_t nsb = k / 256;
+  for (int g = 0; g < ng; g++)
+    for (int64_t i = 0; i < nsb; i++) {
+      uint8_t *o = (uint8_t *)out + ((size_t)g * (size_t)nsb + (size_t)i) * LL_T16_Q8K_BYTES;
+      for (int t = 0; t < 16; t++) {
+        const ll_block_q8_K *b = (const ll_block_q8_K *)(const void *)((const char *)act + (size_t)(16 * g + t) * a_stride) + i;
+        for (int e = 0; e < 256; e++) o[(e / 4) * 64 + 4 * t + e % 4] = (uint8_t)(b->qs[e] ^ 0x80);
+        for (int j = 0; j < 16; j++) {
+          const int32_t v = b->bsums[j];
+          memcpy(o + 4096 + 64 * j + 4 * t, &v, 4);
+        }
+        memcpy(o + 4096 + 1024 + 4 * t, &b->d, 4);
+      }
+    }
+}
+
 int ll_act_side(int act_type, const void *row, int64_t n, float *sc, int32_t *ss, size_t stride) {
   if (act_type == LL_TYPE_Q8_0) {
     const ll_block_q8_0 *b = row;

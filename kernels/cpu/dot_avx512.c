@@ -17,6 +17,7 @@
 // matrix product. Every output is computed with the same operation sequence whatever the tile
 // shape (vec_dot is the 1x1 tile), so results do not depend on batch composition.
 #include <immintrin.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -463,6 +464,162 @@ static void gemm16_q5_0(int n, const void *w, size_t ws, const void *at, int ng,
     }
 }
 
+// ---- Q4_K x Q8_K for prompts: 16 tokens to a zmm, as gemm16_q5_0 ----
+// Activations from ll_act_t16_q8_K. Per 32-element sub-block j, 8 vpdpbusd give each token's
+// Σ q·(a + 128), started at -128·Σ q (the weights' part, from the unpacked copy): Σ q·a
+// exactly; times the sub-block's 6-bit scale and summed, the dot's isum; Σ min_j·(bsum_2j +
+// bsum_2j+1) its msum; then per super-block the dot's float step,
+// sum += d_a · (d · isum - dmin · msum), on 16 tokens at once (bit-identical).
+static void gemm16_q4_K(int n, const void *w, size_t ws, const void *at, int ng, const float *sc, size_t scs, float *out, size_t os,
+                        int accumulate) {
+  (void)sc, (void)scs;
+  const int nsb = n / 256;
+  float S[LL_GEMM16_MAX_GROUPS][4][16] __attribute__((aligned(64)));
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int i = 0; i < nsb; i++) {
+    int32_t wq[4][64] __attribute__((aligned(64))); // the rows' 256 q (0..15) as words of 4, element order
+    int32_t corr[4][8], scl[4][8], mn[4][8];
+    float d[4], dmin[4];
+    for (int r = 0; r < 4; r++) {
+      const ll_block_q4_K *x = (const ll_block_q4_K *)(const void *)((const char *)w + (size_t)r * ws) + i;
+      const uint8_t *q = x->scales;
+      for (int j = 0; j < 8; j++) { // ggml's get_scale_min_k4
+        scl[r][j] = j < 4 ? q[j] & 63 : (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        mn[r][j] = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+      }
+      for (int jj = 0; jj < 4; jj++) { // sub-blocks 2jj (low nibbles) and 2jj + 1 (high) of 32 bytes
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * jj));
+        const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+        _mm256_store_si256((__m256i *)&wq[r][16 * jj], lo);
+        _mm256_store_si256((__m256i *)&wq[r][16 * jj + 8], hi);
+        const __m256i sl = _mm256_sad_epu8(lo, _mm256_setzero_si256()), sh = _mm256_sad_epu8(hi, _mm256_setzero_si256());
+        const __m256i s2 = _mm256_add_epi64(_mm256_unpacklo_epi64(sl, sh), _mm256_unpackhi_epi64(sl, sh)); // [l h | l h]
+        const __m128i s1 = _mm_add_epi64(_mm256_castsi256_si128(s2), _mm256_extracti128_si256(s2, 1));
+        corr[r][2 * jj] = -128 * _mm_cvtsi128_si32(s1);
+        corr[r][2 * jj + 1] = -128 * _mm_extract_epi32(s1, 2);
+      }
+      d[r] = h2f(x->d), dmin[r] = h2f(x->dmin);
+    }
+    for (int g = 0; g < ng; g++) {
+      const char *ag = (const char *)at + ((size_t)g * (size_t)nsb + (size_t)i) * LL_T16_Q8K_BYTES;
+      __m512i isum[4], msum[4];
+      _Pragma("GCC unroll 4")
+      for (int r = 0; r < 4; r++) isum[r] = msum[r] = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j++) {
+        __m512i acc[4];
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < 4; r++) acc[r] = _mm512_set1_epi32(corr[r][j]);
+        _Pragma("GCC unroll 8")
+        for (int k = 0; k < 8; k++) {
+          const __m512i av = _mm512_loadu_si512((const void *)(ag + 64 * (8 * j + k)));
+          _Pragma("GCC unroll 4")
+          for (int r = 0; r < 4; r++) acc[r] = _mm512_dpbusd_epi32(acc[r], av, _mm512_set1_epi32(wq[r][8 * j + k]));
+        }
+        const __m512i bs = _mm512_add_epi32(_mm512_loadu_si512((const void *)(ag + 4096 + 64 * (2 * j))),
+                                            _mm512_loadu_si512((const void *)(ag + 4096 + 64 * (2 * j + 1))));
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < 4; r++) {
+          isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(acc[r], _mm512_set1_epi32(scl[r][j])));
+          msum[r] = _mm512_add_epi32(msum[r], _mm512_mullo_epi32(bs, _mm512_set1_epi32(mn[r][j])));
+        }
+      }
+      const __m512 da = _mm512_loadu_ps((const void *)(ag + 4096 + 1024));
+      _Pragma("GCC unroll 4")
+      for (int r = 0; r < 4; r++) {
+        const __m512 v = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(d[r]), _mm512_cvtepi32_ps(isum[r])),
+                                       _mm512_mul_ps(_mm512_set1_ps(dmin[r]), _mm512_cvtepi32_ps(msum[r])));
+        const __m512 prev = i == 0 ? _mm512_setzero_ps() : _mm512_load_ps(S[g][r]);
+        _mm512_store_ps(S[g][r], _mm512_add_ps(prev, _mm512_mul_ps(da, v)));
+      }
+    }
+  }
+  for (int g = 0; g < ng; g++)
+    for (int t = 0; t < 16; t++) {
+      float *o = out + (size_t)(16 * g + t) * os;
+      for (int r = 0; r < 4; r++) o[r] = accumulate ? o[r] + S[g][r][t] : S[g][r][t];
+    }
+}
+// ---- Q6_K x Q8_K for prompts: 16 tokens to a zmm, as gemm16_q4_K ----
+// Per 16-element sub-block j: 4 vpdpbusd from -128·Σ q give Σ q·a (q = 0..63), less 32·bsum_j
+// the exact Σ (q - 32)·a, times the int8 scale into isum; per super-block the dot's float step
+// sum += (d · d_a) · isum on 16 tokens at once (bit-identical).
+static void gemm16_q6_K(int n, const void *w, size_t ws, const void *at, int ng, const float *sc, size_t scs, float *out, size_t os,
+                        int accumulate) {
+  (void)sc, (void)scs;
+  const int nsb = n / 256;
+  float S[LL_GEMM16_MAX_GROUPS][4][16] __attribute__((aligned(64)));
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  for (int i = 0; i < nsb; i++) {
+    int32_t wq[4][64] __attribute__((aligned(64))); // the rows' 256 q (0..63) as words of 4, element order
+    int32_t corr[4][16], scl[4][16];
+    float d[4];
+    for (int r = 0; r < 4; r++) {
+      const ll_block_q6_K *x = (const ll_block_q6_K *)(const void *)((const char *)w + (size_t)r * ws) + i;
+      for (int j = 0; j < 16; j++) scl[r][j] = x->scales[j];
+      for (int h = 0; h < 2; h++) { // elements 128 h + 32 k + l, as k6_q
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h)), l1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+        for (int k = 0; k < 4; k++) {
+          _mm256_store_si256((__m256i *)&wq[r][32 * h + 8 * k], q[k]);
+          const __m256i sd = _mm256_sad_epu8(q[k], _mm256_setzero_si256()); // [s0 s1 | s2 s3]: 8 bytes each
+          const __m256i s2 = _mm256_add_epi64(sd, _mm256_srli_si256(sd, 8));  // s0+s1 | s2+s3
+          const int j = 8 * h + 2 * k; // the two 16-element sub-blocks of these 32
+          corr[r][j] = -128 * _mm256_extract_epi32(s2, 0);
+          corr[r][j + 1] = -128 * _mm256_extract_epi32(s2, 4);
+        }
+      }
+      d[r] = h2f(x->d);
+    }
+    for (int g = 0; g < ng; g++) {
+      const char *ag = (const char *)at + ((size_t)g * (size_t)nsb + (size_t)i) * LL_T16_Q8K_BYTES;
+      __m512i isum[4];
+      _Pragma("GCC unroll 4")
+      for (int r = 0; r < 4; r++) isum[r] = _mm512_setzero_si512();
+      for (int j = 0; j < 16; j++) {
+        const __m512i b32 = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(ag + 4096 + 64 * j)), 5); // 32·bsum_j
+        __m512i acc[4];
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < 4; r++) acc[r] = _mm512_sub_epi32(_mm512_set1_epi32(corr[r][j]), b32);
+        _Pragma("GCC unroll 4")
+        for (int k = 0; k < 4; k++) {
+          const __m512i av = _mm512_loadu_si512((const void *)(ag + 64 * (4 * j + k)));
+          _Pragma("GCC unroll 4")
+          for (int r = 0; r < 4; r++) acc[r] = _mm512_dpbusd_epi32(acc[r], av, _mm512_set1_epi32(wq[r][4 * j + k]));
+        }
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < 4; r++) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(acc[r], _mm512_set1_epi32(scl[r][j])));
+      }
+      const __m512 da = _mm512_loadu_ps((const void *)(ag + 4096 + 1024));
+      _Pragma("GCC unroll 4")
+      for (int r = 0; r < 4; r++) {
+        const __m512 prev = i == 0 ? _mm512_setzero_ps() : _mm512_load_ps(S[g][r]);
+        _mm512_store_ps(S[g][r], _mm512_add_ps(prev, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(d[r]), da), _mm512_cvtepi32_ps(isum[r]))));
+      }
+    }
+  }
+  for (int g = 0; g < ng; g++)
+    for (int t = 0; t < 16; t++) {
+      float *o = out + (size_t)(16 * g + t) * os;
+      for (int r = 0; r < 4; r++) o[r] = accumulate ? o[r] + S[g][r][t] : S[g][r][t];
+    }
+}
+// The K-quants' other kernels are the AVX2 ones, with these for prompts.
+static struct ll_type_kernels avx512_q4_K, avx512_q6_K;
+static pthread_once_t avx512_k_once = PTHREAD_ONCE_INIT;
+static void avx512_k_init(void) {
+  avx512_q4_K = *ll_cpu_kernels_avx2(LL_TYPE_Q4_K);
+  avx512_q4_K.isa = "avx512vnni";
+  avx512_q4_K.gemm16 = gemm16_q4_K;
+  avx512_q6_K = *ll_cpu_kernels_avx2(LL_TYPE_Q6_K);
+  avx512_q6_K.isa = "avx512vnni";
+  avx512_q6_K.gemm16 = gemm16_q6_K;
+}
+
 static const struct ll_type_kernels avx512_table[LL_TYPE_COUNT] = {
     [LL_TYPE_Q4_0] = {LL_TYPE_Q8_0, ll_act_quantize_q8_0_avx2, dot_q4_0, "avx512vnni", tile_q4_0, 8, tile_sc_q4_0, 8, 8, ll_q4_0_tile_packed_avx2},
     [LL_TYPE_Q4_1] = {LL_TYPE_Q8_1, ll_act_quantize_q8_1_avx2, dot_q4_1, "avx512vnni", tile_q4_1, 8, tile_sc_q4_1, 8, 4, ll_q4_1_tile_packed_avx2},
@@ -471,6 +628,10 @@ static const struct ll_type_kernels avx512_table[LL_TYPE_COUNT] = {
 };
 
 const struct ll_type_kernels *ll_cpu_kernels_avx512(int t) {
+  if ((t == LL_TYPE_Q4_K || t == LL_TYPE_Q6_K) && ll_cpu_kernels_avx2(LL_TYPE_Q4_K) && ll_cpu_kernels_avx2(LL_TYPE_Q6_K)) {
+    pthread_once(&avx512_k_once, avx512_k_init);
+    return t == LL_TYPE_Q4_K ? &avx512_q4_K : &avx512_q6_K;
+  }
   if (t < 0 || t >= LL_TYPE_COUNT || !avx512_table[t].vec_dot) return NULL;
   return &avx512_table[t];
 }

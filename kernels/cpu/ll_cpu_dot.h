@@ -56,7 +56,8 @@ struct ll_type_kernels {
   // accumulate) w_r · token 16 g + t, for 4 weight rows r (w_stride bytes apart), t < 16 and
   // g < ng <= LL_GEMM16_MAX_GROUPS groups, from the activations in ll_act_t16_q8_0's layout
   // (at: group 0's) and tile_sc's scale table (sc: group 0's first token, block-major,
-  // sc_stride apart). Bit-identical to vec_dot (the same block sums and float steps).
+  // sc_stride apart), or for the K-quants ll_act_t16_q8_K's (sc NULL). Bit-identical to
+  // vec_dot (the same block sums and float steps).
   void (*gemm16)(int n, const void *w, size_t w_stride, const void *at, int ng, const float *sc, size_t sc_stride, float *out,
                  size_t ostride, int accumulate);
 };
@@ -66,6 +67,11 @@ struct ll_type_kernels {
 // for gemm16: per group, per block i, per 4-element word w (0..7) of the block, the 16 tokens'
 // words (64 bytes), each byte the quant + 128 (unsigned). 16 * k bytes per group.
 void ll_act_t16_q8_0(const void *act, size_t a_stride, int ng, int64_t k, void *out);
+// The same for Q8_K rows (the K-quants): per group, per super-block, LL_T16_Q8K_BYTES: its 64
+// words of 16 tokens (quant + 128, unsigned; 4096 B), then its 16 bsums of the 16 tokens as
+// int32 (16 x 64 B), then the tokens' d (64 B).
+#define LL_T16_Q8K_BYTES (4096 + 1024 + 64)
+void ll_act_t16_q8_K(const void *act, size_t a_stride, int ng, int64_t k, void *out);
 
 // The interleaved layouts of tile_packed, groups of 8 rows taking exactly their rows' bytes.
 // Q4_0: block i of a group is 144 bytes, the eight rows' fp16 scales in the order of rows
