@@ -81,7 +81,20 @@ struct ll_backend_info {
   int64_t waits;                // times the host waited for the device (blocking reads, finishes)
   int64_t launches;             // kernels queued so far (0 on the CPU)
   int64_t arg_sets;             // kernel arguments set so far (clSetKernelArg; the fast tier's products keep theirs)
+  int64_t fast_launches;        // of those, the fast tier's kernels (llsrv_fast.cl: products, rope_kv, attention)
   char tier[12];                // OpenCL: "reference" or "fast" (LL_OPENCL_REFERENCE); "" on the CPU
+};
+
+// A sampling step a device takes where the logits are (ll_backend_i.sample): top-k (1 ..
+// LL_SAMPLE_DEV_K), top-p, min-p, temperature and the draw, made by the host's sampler
+// (server/engine/ll_sample.h ll_sampler_dev_next).
+#define LL_SAMPLE_DEV_K 64
+struct ll_sample_dev {
+  float temperature;    // <= 0: the argmax
+  float top_p, min_p;   // 1, 0: off
+  float log_min_p;      // logf(min_p), as the host computes it
+  int top_k;            // 1 .. LL_SAMPLE_DEV_K
+  uint32_t u_hi, u_lo;  // the draw: u = (u_hi << 32 | u_lo) / 2^53, in [0, 1)
 };
 
 // fused_matmul's op: how the product meets out
@@ -235,6 +248,10 @@ struct ll_backend_i {
   // ids (rows) = the argmax of each row of logits (rows, V), the lowest id on ties: greedy
   // sampling's choice, made where the logits are (a device reads back only the ids).
   int (*argmax)(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V);  // (optional)
+  // ids (rows) = each row's choice by d[row] (rows): the argmax where d's temperature is <= 0,
+  // else the host sampler's chain for those settings and draw (server/engine/sample.c
+  // ll_sample_dev_choose), so only the ids come back.
+  int (*sample)(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V, const struct ll_sample_dev *d); // (optional)
 };
 
 #define LL_BLAS_MIN_T 32

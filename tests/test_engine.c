@@ -74,6 +74,35 @@ static void test_stories(void) {
   const int ok = greedy_match(e, ids, n);
   printf("stories260K: %d/%d greedy ids equal llama2.c run.c's\n", ok, n);
   CHECK(ok == n);
+  { // ll_engine_seq_set_sample: the next argmax row gets the sampler's step instead (once), the
+    // same ids as sampling from the logits with the same seed
+    struct ll_sampler_params sp;
+    ll_sampler_params_default(&sp);
+    sp.seed = 5, sp.temperature = 1.2f;
+    struct ll_sampler *h = ll_sampler_new(&sp, in.n_vocab), *dv = ll_sampler_new(&sp, in.n_vocab);
+    float *lg = malloc(sizeof(float) * in.n_vocab);
+    const int s1 = ll_engine_seq_new(e);
+    int32_t t = 1, am = -1;
+    int same = 0;
+    for (int i = 0; i < 24; i++) { // one step: the logits for the host's sampler, the id for the engine's
+      struct ll_batch_item it = {s1, 1, &t, 1, lg, &am};
+      struct ll_sample_dev d;
+      CHECK(ll_sampler_dev_next(dv, &d) == 1 && ll_engine_seq_set_sample(e, s1, &d) == 0);
+      CHECK(ll_engine_decode(e, &it, 1, err, sizeof err) == 0);
+      t = ll_sampler_sample(h, lg, NULL);
+      same += t == am;
+    }
+    // forgotten after one step: the next argmax is the argmax again
+    struct ll_batch_item it = {s1, 1, &t, 1, lg, &am};
+    CHECK(ll_engine_decode(e, &it, 1, err, sizeof err) == 0);
+    int32_t best = 0;
+    for (int v = 1; v < in.n_vocab; v++) best = lg[v] > lg[best] ? v : best;
+    CHECKF(same == 24 && am == best, "seq_set_sample: %d / 24 ids as the host sampler's, then argmax %d (%d)", same, am, best);
+    CHECK(ll_engine_seq_set_sample(e, -1, NULL) == LL_EINVAL);
+    ll_engine_seq_free(e, s1);
+    ll_sampler_free(h), ll_sampler_free(dv);
+    free(lg);
+  }
   ll_engine_close(e);
   // An explicit choice wins over the model's origin.
   ep.kv_f16 = 1;
@@ -166,6 +195,44 @@ static void test_sampler(void) {
   CHECK(same);          // same seed, same output
   CHECK(distinct > 50); // and it does sample
   ll_sampler_free(a), ll_sampler_free(b);
+  { // the step a device takes (ll_sampler_dev_next + the chain from the logits) chooses as
+    // ll_sampler_sample does, draw for draw, over the top-k settings it takes; penalties,
+    // reported probabilities and top-k off (or beyond LL_SAMPLE_DEV_K) stay on the host
+    struct ll_token_prob *cand = malloc(sizeof *cand * V);
+    static const int ks[] = {1, 7, 40, 64};
+    int agree = 0, n = 0;
+    for (int c = 0; c < 8; c++) {
+      struct ll_sampler_params q = p;
+      q.top_k = ks[c % 4], q.temperature = c < 4 ? 0.8f : 1.7f, q.top_p = c & 1 ? 0.9f : 1.0f, q.min_p = c & 2 ? 0.05f : 0.0f, q.seed = 99 + c;
+      struct ll_sampler *h = ll_sampler_new(&q, V), *dv = ll_sampler_new(&q, V);
+      CHECK(ll_sampler_dev_ok(dv));
+      for (int i = 0; i < 50; i++, n++) {
+        for (int j = 0; j < V; j++) l[j] = l2[j] = ll_test_randf(&rs) * 4;
+        struct ll_sample_dev d;
+        CHECK(ll_sampler_dev_next(dv, &d) == 1);
+        const int x = ll_sampler_sample(h, l, NULL), y = ll_sample_dev_choose(&d, cand, l2, V);
+        agree += x == y;
+        ll_sampler_accept(h, x), ll_sampler_accept(dv, y);
+      }
+      ll_sampler_free(h), ll_sampler_free(dv);
+    }
+    CHECKF(agree == n, "device-step sampling: %d / %d as the host's", agree, n);
+    struct ll_sampler_params q = p;
+    struct ll_sample_dev d;
+    q.top_k = 0;
+    struct ll_sampler *h = ll_sampler_new(&q, V);
+    CHECK(!ll_sampler_dev_ok(h) && ll_sampler_dev_next(h, &d) == 0);
+    ll_sampler_free(h);
+    q.top_k = 40, q.repeat_penalty = 1.1f;
+    h = ll_sampler_new(&q, V);
+    CHECK(!ll_sampler_dev_ok(h));
+    ll_sampler_free(h);
+    q.repeat_penalty = 1.0f, q.n_probs = 2;
+    h = ll_sampler_new(&q, V);
+    CHECK(!ll_sampler_dev_ok(h));
+    ll_sampler_free(h);
+    free(cand);
+  }
   // Greedy = argmax (lowest id on ties); top_k 1 = greedy; min_p 1 keeps only the best.
   for (int j = 0; j < V; j++) l[j] = (float)(j % 97);
   p.temperature = 0;

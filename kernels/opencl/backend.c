@@ -507,7 +507,7 @@ void ocl_get_info(struct ll_backend *b, struct ll_backend_info *info) {
   *info = c->info;
   info->mem_used = c->mem_used;
   info->bytes_up = c->bytes_up, info->bytes_down = c->bytes_down, info->waits = c->waits;
-  info->launches = c->launches, info->arg_sets = c->arg_sets;
+  info->launches = c->launches, info->arg_sets = c->arg_sets, info->fast_launches = c->fast_launches;
   snprintf(info->tier, sizeof info->tier, "%s", c->fast ? "fast" : "reference");
 }
 
@@ -555,6 +555,8 @@ void ocl_free(struct ll_backend *b) {
     }
     if (c->k_rope_kv) clReleaseKernel(c->k_rope_kv);
     if (c->k_argmax) clReleaseKernel(c->k_argmax);
+    if (c->k_attn_fast) clReleaseKernel(c->k_attn_fast);
+    if (c->k_sample) clReleaseKernel(c->k_sample);
     if (c->prog) clReleaseProgram(c->prog);
     if (c->q) clReleaseCommandQueue(c->q);
     if (c->cx) clReleaseContext(c->cx);
@@ -601,6 +603,7 @@ static const struct ll_backend_i ocl_iface = {
     .fused_matmul = ocl_fused_matmul,
     .rope_kv_store = ocl_rope_kv_store,
     .argmax = ocl_argmax,
+    .sample = ocl_sample,
 };
 
 // A device string, truncated to cap (drivers' version strings can be long: PoCL's names its

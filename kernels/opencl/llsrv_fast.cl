@@ -19,7 +19,9 @@
 //   with vector loads of the block's bytes and applied to FT tokens, whose activations the
 //   work-group normalizes and quantizes once into local memory, KC at a time, for all its rows;
 // - RoPE of q and k with the KV store in one kernel; greedy sampling (argmax) on the device, so
-//   a decode step reads back one id per sequence.
+//   a decode step reads back one id per sequence;
+// - attention in one pass over the cache (attn_fast): K and V tiles in local memory shared by a
+//   work-group's (token, head) rows, an online softmax, no scores in global memory.
 // Sums are f32 trees, so results differ from the CPU's in the last bits and vary with the
 // device; they do not vary with batch composition (each row's sums depend on the row alone).
 
@@ -346,6 +348,106 @@ kernel void rope_kv(global float *q, global const float *k, global const float *
   }
 }
 
+// Attention over the paged KV cache, flash style: each work-group takes up to AQ query rows -
+// (token, head) pairs of one sequence whose heads share one KV head (grouped-query heads and a
+// prompt chunk's tokens together) - and walks the cache once in tiles of ATP positions, K and V
+// tiles through local memory (read coalesced, shared by all its rows), with an online softmax
+// (running max and sum per row, the accumulators rescaled when the max moves): no scratch of
+// scores in global memory, one pass over K and V for a decode step or a whole prompt chunk.
+// blk (n_blk, 3): a block's sequence's first row t0, its first pair k0 (pair k: token t0 + k / G,
+// head kvh * G + k % G, G = H / Hkv) and its pair count (<= AQ); work-group = block * Hkv + kvh.
+// With an f16 cache q is rounded to f16 as the CPU rounds it; the probabilities are not (the
+// CPU's are: within float rounding, tests/test_opencl states how close).
+#define AQ 8      // query rows per work-group
+#define AKT 4160  // floats of the K tile (ATP rows of hd + 1: the padding spreads a score's lanes over banks)
+#define AVT 4096  // floats of the V tile (ATP rows of hd)
+#define AACC (AQ * 256 / WG) // output elements per work item (hd <= 256)
+kernel void attn_fast(global float *out, global const float *q, global const uchar *K, global const uchar *V, global const int *pos,
+                      global const int *tab, global const int *seq_of, global const int *tab_off, global const int *blk, int H, int Hkv,
+                      int hd, int block, int f16, float scale, int window) {
+  local float qs[AQ * 256], ks[AKT], vs[AVT], ps[AQ * 64];
+  local float m_run[AQ], l_run[AQ], m_new[AQ], alpha[AQ];
+  local int lo_r[AQ], hi_r[AQ];
+  const int lid = get_local_id(0), b = get_group_id(0) / Hkv, kvh = get_group_id(0) % Hkv, G = H / Hkv;
+  const int t0 = blk[3 * b], k0 = blk[3 * b + 1], nq = blk[3 * b + 2];
+  const int atp = min(64, min(AKT / (hd + 1), AVT / hd)), n = Hkv * hd;
+  global const int *tb = tab + tab_off[seq_of[t0]];
+  int plo = INT_MAX, phi = -1; // the union of the rows' position ranges
+  for (int i = 0; i < nq; i++) {
+    const int p = pos[t0 + (k0 + i) / G], lo = window > 0 && p + 1 > window ? p + 1 - window : 0;
+    plo = min(plo, lo), phi = max(phi, p);
+    if (lid == i) lo_r[i] = lo, hi_r[i] = p, m_run[i] = -INFINITY, l_run[i] = 0;
+  }
+  for (int e = lid; e < nq * hd; e += WG) {
+    const int i = e / hd, d = e % hd, t = t0 + (k0 + i) / G, h = kvh * G + (k0 + i) % G;
+    const float x = q[((size_t)t * H + h) * hd + d];
+    qs[e] = f16 ? round_f16(x) : x;
+  }
+  float acc[AACC];
+  for (int j = 0; j < AACC; j++) acc[j] = 0;
+  for (int base = plo; base <= phi; base += atp) {
+    const int nt = min(atp, phi + 1 - base);
+    barrier(CLK_LOCAL_MEM_FENCE); // the previous tile is done with (and q, the rows' ranges are in)
+    for (int e = lid; e < nt * hd; e += WG) {
+      const int j = e / hd, d = e % hd, p = base + j;
+      const size_t off = ((size_t)tb[p / block] * block + p % block) * n + (size_t)kvh * hd + d;
+      ks[j * (hd + 1) + d] = kv_ld(K, off, f16);
+      vs[e] = kv_ld(V, off, f16);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int e = lid; e < nq * atp; e += WG) {
+      const int i = e / atp, j = e % atp, p = base + j;
+      float s = -INFINITY;
+      if (j < nt && p >= lo_r[i] && p <= hi_r[i]) {
+        local const float *qr = qs + i * hd, *kr = ks + j * (hd + 1);
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        int d = 0;
+        for (; d + 4 <= hd; d += 4) a0 = fma(qr[d], kr[d], a0), a1 = fma(qr[d + 1], kr[d + 1], a1), a2 = fma(qr[d + 2], kr[d + 2], a2), a3 = fma(qr[d + 3], kr[d + 3], a3);
+        for (; d < hd; d++) a0 = fma(qr[d], kr[d], a0);
+        s = ((a0 + a1) + (a2 + a3)) * scale;
+      }
+      ps[e] = s;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < nq) { // the row's new running max, and how much its sums so far shrink
+      float mx = m_run[lid];
+      for (int j = 0; j < nt; j++) mx = fmax(mx, ps[lid * atp + j]);
+      m_new[lid] = mx;
+      alpha[lid] = m_run[lid] == -INFINITY ? 0.0f : exp(m_run[lid] - mx);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int e = lid; e < nq * atp; e += WG) {
+      const float s = ps[e], mx = m_new[e / atp];
+      ps[e] = s == -INFINITY ? 0.0f : exp(s - mx);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < nq) {
+      float sum = 0;
+      for (int j = 0; j < nt; j++) sum += ps[lid * atp + j];
+      l_run[lid] = l_run[lid] * alpha[lid] + sum;
+      m_run[lid] = m_new[lid];
+    }
+    for (int jj = 0; jj < AACC; jj++) {
+      const int e = lid + jj * WG;
+      if (e < nq * hd) {
+        const int i = e / hd, d = e % hd;
+        local const float *pr = ps + i * atp;
+        float a = acc[jj] * alpha[i];
+        for (int j = 0; j < nt; j++) a = fma(pr[j], vs[j * hd + d], a);
+        acc[jj] = a;
+      }
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int jj = 0; jj < AACC; jj++) {
+    const int e = lid + jj * WG;
+    if (e < nq * hd) {
+      const int i = e / hd, d = e % hd, t = t0 + (k0 + i) / G, h = kvh * G + (k0 + i) % G;
+      out[((size_t)t * H + h) * hd + d] = acc[jj] / l_run[i];
+    }
+  }
+}
+
 // ids (R) = the argmax of each row of logits (R, V), the lowest id on ties (the CPU sampler's
 // greedy choice; rows with NaNs may choose differently). One work-group per row. Part of both
 // tiers: it compares, it does not sum.
@@ -369,4 +471,137 @@ kernel void argmax_rows(global const float *l, global int *ids, int V) {
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   if (lid == 0) ids[get_group_id(0)] = bi[0] == V ? 0 : bi[0];
+}
+
+// ids (R) = each row's choice by its sampling step prm (R, 8 words: ll_sample_dev - temperature,
+// top_p, min_p, log_min_p as floats, top_k, the draw's high and low words): temperature <= 0
+// the argmax (argmax_rows' rule), else server/engine/sample.c's chain step for step - the row's
+// log-softmax (the sum in acc_t), the top_k candidates by (log-probability down, id up) in k
+// rounds of a work-group maximum, then top-p, min-p, temperature and the draw over them by one
+// work item in the host's order. One work-group per row; part of both tiers (its sums are not
+// the CPU's order: the same ids but where a draw lands within rounding of a boundary).
+inline int smp_before(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); } // a ahead of b
+// a / b rounded to float as the host's float division rounds it (through double where the device
+// has it: a double quotient of two floats rounds to the same float; OpenCL's float division may
+// be off by 2.5 ulp)
+inline float smp_div(float a, float b) {
+#ifdef LL_FP64
+  return (float)((double)a / (double)b);
+#else
+  return a / b;
+#endif
+}
+// sample_rows' chain for a row with temperature > 0 (the work-group's maximum in bv[0]).
+inline void sample_chain(global const float *r, global int *id, global const uint *pp, int V, local float *bv, local int *bi,
+                         local acc_t *zs, local float *cl, local int *ci) {
+  const int lid = get_local_id(0);
+  const float temp = as_float(pp[0]), top_p = as_float(pp[1]), min_p = as_float(pp[2]), lmp = as_float(pp[3]);
+  const int k = clamp((int)pp[4], 1, 64);
+  const float mx = bv[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  acc_t z = 0;
+  for (int i = lid; i < V; i += WG) z += exp((acc_t)r[i] - (acc_t)mx);
+  zs[lid] = z;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = WG / 2; s > 0; s >>= 1) {
+    if (lid < s) zs[lid] += zs[lid + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float lz = (float)((acc_t)mx + log(zs[0]));
+  // k rounds: the best candidate after the previous one in the order
+  float plp = INFINITY;
+  int pid = -1;
+  for (int c = 0; c < k; c++) {
+    float bl = -INFINITY;
+    int bid = V;
+    for (int i = lid; i < V; i += WG) {
+      const float lp = r[i] - lz;
+      if (smp_before(plp, pid, lp, i) && (bid == V || smp_before(lp, i, bl, bid))) bl = lp, bid = i;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    bv[lid] = bl, bi[lid] = bid;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = WG / 2; s > 0; s >>= 1) {
+      if (lid < s && bi[lid + s] < V && (bi[lid] == V || smp_before(bv[lid + s], bi[lid + s], bv[lid], bi[lid]))) bv[lid] = bv[lid + s], bi[lid] = bi[lid + s];
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    plp = bv[0], pid = bi[0];
+    if (lid == 0) cl[c] = plp, ci[c] = pid;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (lid == 0) { // one work item, in the host's order (no early return for the others: PoCL 3.1 then lost this write)
+    int n = k;
+    for (int c = 0; c < k; c++)
+      if (ci[c] >= V) { // fewer candidates than k (V < k)
+        n = c;
+        break;
+      }
+    acc_t zz = 0;
+    for (int i = 0; i < n; i++) zz += exp((acc_t)(cl[i] - cl[0]));
+    if (top_p < 1.0f) {
+      acc_t cum = 0;
+      for (int i = 0; i < n; i++) {
+        cum += exp((acc_t)(cl[i] - cl[0])) / zz;
+        if (cum >= (acc_t)top_p) {
+          n = i + 1;
+          break;
+        }
+      }
+    }
+    if (min_p > 0.0f) {
+      const float lo = cl[0] + lmp;
+      int m = 1;
+      while (m < n && cl[m] >= lo) m++;
+      n = m;
+    }
+    acc_t tot = 0;
+    for (int i = 0; i < n; i++) tot += exp((acc_t)smp_div(cl[i] - cl[0], temp));
+#ifdef LL_FP64
+    const double u = (double)(((ulong)pp[5] << 32) | pp[6]) * (1.0 / 9007199254740992.0);
+#else
+    const float u = (float)(((ulong)pp[5] << 32) | pp[6]) * (1.0f / 9007199254740992.0f);
+#endif
+    const acc_t rr = u * tot;
+    acc_t acc = 0;
+    int chosen = ci[n - 1];
+    for (int i = 0; i < n; i++) {
+      acc += exp((acc_t)smp_div(cl[i] - cl[0], temp));
+      if (rr < acc) {
+        chosen = ci[i];
+        break;
+      }
+    }
+    *id = chosen;
+  }
+}
+
+kernel void sample_rows(global const float *l, global int *ids, global const uint *prm, int V) {
+  local float bv[WG];
+  local int bi[WG];
+  local acc_t zs[WG];
+  local float cl[64];
+  local int ci[64];
+  const int lid = get_local_id(0), row = get_group_id(0);
+  global const float *r = l + (size_t)row * V;
+  global const uint *pp = prm + (size_t)row * 8;
+  const float temp = as_float(pp[0]);
+  float best = -INFINITY;
+  int at = V;
+  for (int i = lid; i < V; i += WG)
+    if (at == V || r[i] > best) best = r[i], at = i;
+  bv[lid] = best, bi[lid] = at;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = WG / 2; s > 0; s >>= 1) {
+    if (lid < s) {
+      const float ov = bv[lid + s];
+      const int oi = bi[lid + s];
+      if (oi < V && (bi[lid] == V || ov > bv[lid] || (ov == bv[lid] && oi < bi[lid]))) bv[lid] = ov, bi[lid] = oi;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (temp <= 0.0f) { // uniform over the work-group
+    if (lid == 0) ids[row] = bi[0] == V ? 0 : bi[0];
+  } else {
+    sample_chain(r, ids + row, pp, V, bv, bi, zs, cl, ci);
+  }
 }

@@ -123,7 +123,9 @@ struct ocl_ctx {
   cl_kernel k_quant, k_round, k_mm[LL_TYPE_COUNT], k_mm_f, k_gr_f, k_gr_q, k_rmsnorm, k_rope, k_swiglu, k_geglu, k_add, k_kv_store,
       k_attention;
   // the fast tier (llsrv_fast.cl); k_argmax serves both tiers
-  cl_kernel k_fmm[LL_TYPE_COUNT], k_fmmt[LL_TYPE_COUNT], k_rope_kv, k_argmax;
+  cl_kernel k_fmm[LL_TYPE_COUNT], k_fmmt[LL_TYPE_COUNT], k_rope_kv, k_argmax,
+      k_sample, // sampling on the device (both tiers)
+      k_attn_fast; // NULL where the device's local memory cannot hold its tiles (the reference's attention then)
   int fast; // 1: the fast tier's kernels (fused ops, f32 activations); 0: the reference tier
   int train_tiled; // fast, and the device runs train_fast.cl's 16 x 16 work-groups (ocl_make_kernels)
   // training (train.cl)
@@ -149,7 +151,7 @@ struct ocl_ctx {
   // returns, without waiting for the device. Reset whenever the queue has drained.
   unsigned char *arena;
   size_t arena_cap, arena_used;
-  int64_t bytes_up, bytes_down, waits, launches, arg_sets;
+  int64_t bytes_up, bytes_down, waits, launches, arg_sets, fast_launches;
   struct pending_loss *pend; // completed by ocl_drained()
   int n_pend, cap_pend;
   int64_t mem_used, mem_total, max_alloc; // mem_used: this instance's
@@ -212,6 +214,7 @@ int ocl_seq_tables(const struct ll_kv_view *kv, const int32_t *pos, const int *t
 int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, const int *t0, const int *nt, int n_seq, int n_head, float scale);
 int ocl_rope_kv_store(struct ll_backend *b, float *q, const float *k, const float *v, const struct ll_kv_view *kv, const int32_t *pos, const int *t0, const int *nt, int n_seq, int n_head, const struct ll_rope_params *p);
 int ocl_argmax(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V);
+int ocl_sample(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V, const struct ll_sample_dev *d);
 int ocl_attention(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, int T, int n_head, float scale);
 int ocl_fail(struct ocl_ctx *c, int rc);
 int ocl_fbytes(const struct ocl_ctx *c, int64_t a, int64_t b, size_t *out);

@@ -80,6 +80,7 @@ int ocl_fused_matmul(struct ll_backend *b, int n, float *const out[], const floa
     for (int i = 0; i < n; i++) blocks += ((size_t)N[i] + FR - 1) / FR;
   const size_t gl[2] = {WG * blocks, ((size_t)T + ft - 1) / ft}, lo[2] = {WG, 1};
   if (e || (rc = ocl_launch(c, k, 2, gl, lo))) return e ? LL_EIO : rc;
+  c->fast_launches++;
   for (int i = 0; i < nout; i++)
     if ((rc = ocl_get(c, oslot[i], out[i], (size_t)T * N[i] * sizeof(float)))) return rc;
   return 0;
@@ -361,6 +362,37 @@ int ocl_seq_tables(const struct ll_kv_view *kv, const int32_t *pos, const int *t
   return 0;
 }
 
+// The fast tier's attention (llsrv_fast.cl attn_fast): the rows' pairs of (token, head) that
+// share a KV head, AQ a work-group (blocks never span sequences), the operands staged as the
+// reference's are.
+#define OCL_AQ 8 // as llsrv_fast.cl AQ
+static int attention_fast(struct ocl_ctx *c, float *out, cl_mem K, cl_mem V, const struct ll_kv_view *k0, int n_seq,
+                          const int *t0, const int *nt, int n_head, float scale, size_t qb) {
+  const int Hkv = k0->n_head_kv, G = n_head / Hkv, hd = k0->head_dim;
+  int n_blk = 0;
+  for (int i = 0; i < n_seq; i++) n_blk += (nt[i] * G + OCL_AQ - 1) / OCL_AQ;
+  if (n_blk == 0) return 0;
+  int32_t *blk = malloc((size_t)n_blk * 3 * sizeof *blk);
+  if (!blk) return LL_ENOMEM;
+  for (int i = 0, o = 0; i < n_seq; i++)
+    for (int k = 0; k < nt[i] * G; k += OCL_AQ, o++) {
+      blk[3 * o] = t0[i], blk[3 * o + 1] = k;
+      blk[3 * o + 2] = nt[i] * G - k < OCL_AQ ? nt[i] * G - k : OCL_AQ;
+    }
+  int rc = ocl_put(c, S_SCR, blk, (size_t)n_blk * 3 * sizeof *blk);
+  free(blk);
+  if (rc || (rc = ocl_output(c, S_OUT, out, qb))) return rc;
+  cl_kernel k = c->k_attn_fast;
+  const int f16 = k0->kv_type == LL_TYPE_F16, block = k0->block, window = k0->window;
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_X].use) | ARG(k, 2, K) | ARG(k, 3, V) | ARG(k, 4, c->s[S_POS].use);
+  e |= ARG(k, 5, c->s[S_TAB].use) | ARG(k, 6, c->s[S_SEQ].use) | ARG(k, 7, c->s[S_TOFF].use) | ARG(k, 8, c->s[S_SCR].use);
+  e |= ARG(k, 9, n_head) | ARG(k, 10, Hkv) | ARG(k, 11, hd) | ARG(k, 12, block) | ARG(k, 13, f16) | ARG(k, 14, scale) | ARG(k, 15, window);
+  const size_t gl = (size_t)n_blk * Hkv * WG, lo = WG;
+  if (e || (rc = ocl_launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  c->fast_launches++;
+  return ocl_get(c, S_OUT, out, qb);
+}
+
 int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos,
                                const int *t0, const int *nt, int n_seq, int n_head, float scale) {
   struct ocl_ctx *c = CTX(b);
@@ -376,15 +408,16 @@ int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const 
   cl_mem K, V;
   const size_t need = ((size_t)max_blk + 1) * ocl_kv_block_bytes(k0);
   const size_t qb = (size_t)rows * n_head * hd * sizeof(float);
-  const int stride = max_pos + 1;
+  const int stride = max_pos + 1, fast = c->fast && c->k_attn_fast && hd <= 256;
   if ((rc = ocl_kv_pool(c, k0->k, need, &K)) || (rc = ocl_kv_pool(c, k0->v, need, &V)) || (rc = ocl_put(c, S_X, q, qb)) ||
       (rc = ocl_put(c, S_POS, pos, (size_t)rows * 4)) || (rc = ocl_put(c, S_TAB, tab, (size_t)n_tab * 4)) ||
       (rc = ocl_put(c, S_SEQ, seq_of, (size_t)rows * 4)) || (rc = ocl_put(c, S_TOFF, toff, (size_t)n_seq * 4)) || (rc = ocl_put(c, S_SNT, snt, (size_t)n_seq * 4)) ||
-      (rc = ocl_stage(c, S_SCR, (size_t)rows * n_head * stride * sizeof(float))) || (rc = ocl_output(c, S_OUT, out, qb))) {
+      (!fast && ((rc = ocl_stage(c, S_SCR, (size_t)rows * n_head * stride * sizeof(float))) || (rc = ocl_output(c, S_OUT, out, qb))))) {
     free(tab);
     return rc;
   }
   free(tab); // the uploads copied it
+  if (fast) return attention_fast(c, out, K, V, k0, n_seq, t0, nt, n_head, scale, qb);
   cl_kernel k = c->k_attention;
   const int f16 = k0->kv_type == LL_TYPE_F16, ggml = b->ggml_math;
   cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_X].use) | ARG(k, 2, K) | ARG(k, 3, V) | ARG(k, 4, c->s[S_POS].use);
@@ -433,6 +466,7 @@ int ocl_rope_kv_store(struct ll_backend *b, float *q, const float *k, const floa
   e |= ARG(kk, 14, hd) | ARG(kk, 15, np) | ARG(kk, 16, neox) | ARG(kk, 17, fused) | ARG(kk, 18, block) | ARG(kk, 19, f16);
   const size_t g = (size_t)rows * (size_t)(n_head + Hkv) * (size_t)((hd + 1) / 2);
   if (e || (rc = ocl_launch(c, kk, 1, &g, NULL))) return e ? LL_EIO : rc;
+  c->fast_launches++;
   return ocl_get(c, S_X, q, qb);
 }
 
@@ -446,6 +480,33 @@ int ocl_argmax(struct ll_backend *b, int32_t *ids, const float *logits, int rows
   if ((rc = ocl_put(c, S_X, logits, lb)) || (rc = ocl_output(c, S_OUT, ids, ib))) return rc;
   cl_kernel k = c->k_argmax;
   cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_OUT].use) | ARG(k, 2, V);
+  const size_t gl = (size_t)rows * WG, lo = WG;
+  if (e || (rc = ocl_launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
+  return ocl_get(c, S_OUT, ids, ib);
+}
+
+// Sampling where the logits are (both tiers, llsrv_fast.cl sample_rows): each row's step as 8
+// words, rows x 4 bytes back.
+int ocl_sample(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V, const struct ll_sample_dev *d) {
+  struct ocl_ctx *c = CTX(b);
+  if (rows < 0 || V <= 0) return LL_EINVAL;
+  if (rows == 0) return 0;
+  const size_t lb = (size_t)rows * (size_t)V * sizeof(float), ib = (size_t)rows * sizeof(int32_t), pb = (size_t)rows * 8 * sizeof(uint32_t);
+  uint32_t *prm = malloc(pb);
+  if (!prm) return LL_ENOMEM;
+  for (int r = 0; r < rows; r++) {
+    uint32_t *w = prm + (size_t)r * 8;
+    const float f[4] = {d[r].temperature, d[r].top_p, d[r].min_p, d[r].log_min_p};
+    memcpy(w, f, sizeof f);
+    w[4] = (uint32_t)(d[r].top_k < 1 ? 1 : d[r].top_k > LL_SAMPLE_DEV_K ? LL_SAMPLE_DEV_K : d[r].top_k);
+    w[5] = d[r].u_hi, w[6] = d[r].u_lo, w[7] = 0;
+  }
+  int rc = ocl_put(c, S_X, logits, lb);
+  if (!rc) rc = ocl_put(c, S_A, prm, pb);
+  free(prm);
+  if (rc || (rc = ocl_output(c, S_OUT, ids, ib))) return rc;
+  cl_kernel k = c->k_sample;
+  cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_OUT].use) | ARG(k, 2, c->s[S_A].use) | ARG(k, 3, V);
   const size_t gl = (size_t)rows * WG, lo = WG;
   if (e || (rc = ocl_launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
   return ocl_get(c, S_OUT, ids, ib);

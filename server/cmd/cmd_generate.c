@@ -160,12 +160,17 @@ int ll_cmd_generate(int argc, char **argv) {
   }
   // Plain greedy: the argmax is taken where the logits are (on a device, only the id comes back).
   const int greedy = ll_sampler_is_greedy(smp) && dump_logits <= 0;
+  // Top-k sampling without penalties: the sampler's chain where the logits are too, its draw made
+  // here before the step (ll_sampler_dev_next); the same ids as sampling from the logits.
+  const int devs = !greedy && dump_logits <= 0 && ll_sampler_dev_ok(smp), by_id = greedy || devs;
+  struct ll_sample_dev sd;
   int32_t am = 0;
   double t0 = now_ms();
   for (int i = 0; i < n_prompt; i++) ll_sampler_accept(smp, ids[i]);
   for (int off = 0; off < n_prompt; off += 512) {
     int n = n_prompt - off < 512 ? n_prompt - off : 512;
-    struct ll_batch_item it = {seq, n, ids + off, off + n == n_prompt ? 1 : 0, greedy ? NULL : logits, greedy ? &am : NULL};
+    if (devs && off + n == n_prompt && (!ll_sampler_dev_next(smp, &sd) || ll_engine_seq_set_sample(e, seq, &sd) != 0)) goto out;
+    struct ll_batch_item it = {seq, n, ids + off, off + n == n_prompt ? 1 : 0, by_id ? NULL : logits, by_id ? &am : NULL};
     if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) {
       fprintf(stderr, "llsrv generate: %s\n", err);
       goto out;
@@ -195,7 +200,7 @@ int ll_cmd_generate(int argc, char **argv) {
   int generated = 0;
   char piece[1024];
   for (; generated < n_predict; generated++) {
-    int32_t next = greedy ? am : ll_sampler_sample(smp, logits, NULL);
+    int32_t next = by_id ? am : ll_sampler_sample(smp, logits, NULL);
     ll_sampler_accept(smp, next);
     if (!ignore_eos && tok && ll_tokenizer_is_eog(tok, next)) break;
     if (print_ids || !tok) {
@@ -209,7 +214,8 @@ int ll_cmd_generate(int argc, char **argv) {
       generated++;
       break;
     }
-    struct ll_batch_item it = {seq, 1, &next, 1, greedy ? NULL : logits, greedy ? &am : NULL};
+    if (devs && (!ll_sampler_dev_next(smp, &sd) || ll_engine_seq_set_sample(e, seq, &sd) != 0)) goto out;
+    struct ll_batch_item it = {seq, 1, &next, 1, by_id ? NULL : logits, by_id ? &am : NULL};
     if (ll_engine_decode(e, &it, 1, err, sizeof err) != 0) {
       fprintf(stderr, "\nllsrv generate: %s\n", err);
       goto out;
@@ -233,7 +239,7 @@ int ll_cmd_generate(int argc, char **argv) {
             (double)(x2.bytes_up - x1.bytes_up) / (generated - 1), (double)(x2.bytes_down - x1.bytes_down) / (generated - 1),
             (double)(x2.waits - x1.waits) / (generated - 1), (double)(x2.launches - x1.launches) / (generated - 1),
             (double)(x2.launches - x1.launches) / (generated - 1) / (info.n_layer > 0 ? info.n_layer : 1), x2.tier,
-            greedy ? "greedy on the device" : "on the host", (double)(x2.arg_sets - x1.arg_sets) / (generated - 1));
+            greedy ? "greedy on the device" : devs ? "top-k on the device" : "on the host", (double)(x2.arg_sets - x1.arg_sets) / (generated - 1));
   rc = 0;
 out:
   free(rendered);

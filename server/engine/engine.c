@@ -23,6 +23,7 @@
 #include "ll_lora.h"
 #include "ll_modelfile.h"
 #include "ll_quant.h"
+#include "ll_sample.h"
 #include "ll_tokenizer.h"
 
 #define MAX_BATCH_DEFAULT 512
@@ -31,6 +32,8 @@ struct seq {
   int used, len, n_blocks;
   int32_t *blocks; // block table (max_blocks_per_seq)
   const struct ll_lora *lora; // adapter of this sequence, or NULL
+  struct ll_sample_dev smp;    // ll_engine_seq_set_sample: the next argmax row's sampling step
+  int has_smp;
 };
 
 struct ll_engine {
@@ -52,6 +55,9 @@ struct ll_engine {
   int max_batch;
   float *x, *xn, *q, *k, *v, *att, *tmp, *g, *u;
   int32_t *pos, *ids, *amax; // amax (max_batch): the argmax of each logits row (greedy items)
+  struct ll_sample_dev *sdev; // (max_batch) each logits row's sampling step for the backend's sample member
+  struct ll_token_prob *scand; // (n_vocab, on first use) the host's sampling scratch
+  float *srow;                 // (n_vocab, on first use) a logits row read back for it
   struct ll_kv_view *kvv; // (n_seqs) per batch item: its cache view, first row, row count
   int *it0, *itn;
   float *logits_buf;
@@ -408,11 +414,12 @@ static int alloc_index(struct ll_engine *e, char *err, size_t errlen) {
   e->pos = malloc(B * sizeof(int32_t));
   e->ids = malloc(B * sizeof(int32_t));
   e->amax = malloc(B * sizeof(int32_t));
+  e->sdev = malloc(B * sizeof *e->sdev);
   e->kvv = malloc((size_t)e->n_seqs * sizeof *e->kvv); // a batch has each sequence at most once
   e->it0 = malloc((size_t)e->n_seqs * sizeof *e->it0);
   e->itn = malloc((size_t)e->n_seqs * sizeof *e->itn);
   e->tok_lora = malloc(B * sizeof *e->tok_lora);
-  if (!e->pos || !e->ids || !e->amax || !e->kvv || !e->it0 || !e->itn || !e->tok_lora) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  if (!e->pos || !e->ids || !e->amax || !e->sdev || !e->kvv || !e->it0 || !e->itn || !e->tok_lora) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
   return 0;
 }
 
@@ -435,7 +442,7 @@ void ll_engine_close(struct ll_engine *e) {
   free(e->m.layers);
   free(e->owned_f32);
   ll_cpu_stream_free(e->packed);
-  free(e->pos), free(e->ids), free(e->amax), free(e->tok_lora);
+  free(e->pos), free(e->ids), free(e->amax), free(e->tok_lora), free(e->sdev), free(e->scand), free(e->srow);
   free(e->kvv), free(e->it0), free(e->itn);
   ll_modelfile_free(&e->mf);
   free(e);
@@ -615,6 +622,7 @@ int ll_engine_seq_new(struct ll_engine *e) {
       e->seqs[s].len = 0;
       e->seqs[s].n_blocks = 0;
       e->seqs[s].lora = NULL;
+      e->seqs[s].has_smp = 0;
       return s;
     }
   return LL_EBUSY;
@@ -628,6 +636,7 @@ void ll_engine_seq_free(struct ll_engine *e, int s) {
   q->len = 0;
   q->n_blocks = 0;
   q->lora = NULL;
+  q->has_smp = 0;
 }
 
 int ll_engine_seq_len(const struct ll_engine *e, int s) { return s >= 0 && s < e->n_seqs && e->seqs[s].used ? e->seqs[s].len : LL_EINVAL; }
@@ -637,6 +646,13 @@ void ll_engine_lora_dims(const struct ll_engine *e, struct ll_lora_dims *d) {
   snprintf(d->arch, sizeof d->arch, "%s", e->info.arch);
   d->n_layer = e->m.L, d->n_embd = e->m.C, d->n_embd_q = e->m.qd, d->n_embd_kv = e->m.kvd, d->n_ff = e->m.F, d->n_head = e->m.H, d->n_head_kv = e->m.Hkv;
   d->n_expert = e->m.n_expert, d->n_ff_exp = e->m.F_exp;
+}
+
+int ll_engine_seq_set_sample(struct ll_engine *e, int s, const struct ll_sample_dev *d) {
+  if (s < 0 || s >= e->n_seqs || !e->seqs[s].used) return LL_EINVAL;
+  e->seqs[s].has_smp = d != NULL;
+  if (d) e->seqs[s].smp = *d;
+  return 0;
 }
 
 int ll_engine_seq_set_adapter(struct ll_engine *e, int s, const struct ll_lora *a, char *err, size_t errlen) {
@@ -879,11 +895,25 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     BK(rc, "matmul output");
   }
 #undef FUSED
-  // Greedy items: the argmax of their last row, on the device where it has one (only the ids
-  // come back), else from the logits on the host.
-  int any_amax = 0;
-  for (int i = 0; i < n_items; i++) any_amax |= items[i].argmax != NULL && items[i].logits_mode != 0;
-  if (any_amax && B->argmax) BK(B->argmax(be, e->amax, e->logits_buf, rows, e->m.n_vocab), "argmax");
+  // Greedy items: the argmax of their last row; sampled items (ll_engine_seq_set_sample): the
+  // sampler's choice. On the device where it has the member (only the ids come back), else from
+  // the logits on the host.
+  int any_amax = 0, any_smp = 0;
+  for (int i = 0; i < n_items; i++) {
+    any_amax |= items[i].argmax != NULL && items[i].logits_mode != 0;
+    any_smp |= items[i].argmax != NULL && e->seqs[items[i].seq].has_smp && items[i].logits_mode != 0;
+  }
+  if (any_smp && B->sample) {
+    for (int i = 0, rr = 0; i < n_items; i++) {
+      const int nr = items[i].logits_mode == 2 ? items[i].n_tokens : items[i].logits_mode == 1 ? 1 : 0;
+      for (int j = 0; j < nr; j++) e->sdev[rr + j] = (struct ll_sample_dev){0};
+      if (nr && items[i].argmax && e->seqs[items[i].seq].has_smp) e->sdev[rr + nr - 1] = e->seqs[items[i].seq].smp;
+      rr += nr;
+    }
+    BK(B->sample(be, e->amax, e->logits_buf, rows, e->m.n_vocab, e->sdev), "sample");
+  } else if (any_amax && B->argmax) {
+    BK(B->argmax(be, e->amax, e->logits_buf, rows, e->m.n_vocab), "argmax");
+  }
   r = 0;
   for (int i = 0; i < n_items; i++) {
     const int nr = items[i].logits_mode == 2 ? items[i].n_tokens : items[i].logits_mode == 1 ? 1 : 0;
@@ -891,17 +921,28 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     if (nr && items[i].logits) // the step's one read back (a device backend's queue drains here)
       BK(ll_backend_copy(be, items[i].logits, e->logits_buf + (size_t)r * V, (size_t)nr * V * sizeof(float)), "copy");
     if (nr && items[i].argmax) {
-      if (B->argmax) {
+      const struct ll_sample_dev *smp = e->seqs[items[i].seq].has_smp ? &e->seqs[items[i].seq].smp : NULL;
+      e->seqs[items[i].seq].has_smp = 0; // one step
+      if (smp ? B->sample != NULL : B->argmax != NULL) {
         *items[i].argmax = e->amax[r + nr - 1];
-      } else { // the CPU sampler's greedy rule: the lowest id of the largest logit
+      } else { // the CPU sampler's rules, on the host
         const float *lr = ll_backend_host_buffers(be) ? e->logits_buf + (size_t)(r + nr - 1) * V
                           : items[i].logits         ? items[i].logits + (size_t)(nr - 1) * V
                                                     : NULL;
-        if (!lr) return ll_errf(err, errlen, LL_EINVAL, "engine: item %d asks for an argmax without logits on a backend that has none", i);
-        int32_t best = 0;
-        for (int v = 1; v < V; v++)
-          if (lr[v] > lr[best]) best = v;
-        *items[i].argmax = best;
+        if (!lr) { // a device without the member: the row comes back
+          if (!e->srow && !(e->srow = malloc((size_t)V * sizeof *e->srow))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+          BK(ll_backend_copy(be, e->srow, e->logits_buf + (size_t)(r + nr - 1) * V, (size_t)V * sizeof(float)), "copy");
+          lr = e->srow;
+        }
+        if (smp) {
+          if (!e->scand && !(e->scand = malloc((size_t)V * sizeof *e->scand))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+          *items[i].argmax = ll_sample_dev_choose(smp, e->scand, lr, V);
+        } else { // greedy: the lowest id of the largest logit
+          int32_t best = 0;
+          for (int v = 1; v < V; v++)
+            if (lr[v] > lr[best]) best = v;
+          *items[i].argmax = best;
+        }
       }
     }
     r += nr;

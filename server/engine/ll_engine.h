@@ -85,6 +85,12 @@ void ll_engine_lora_dims(const struct ll_engine *e, struct ll_lora_dims *d);
 // use (until another is set or the sequence is freed); seq_new/seq_free reset it to NULL.
 // Errors: LL_EINVAL (bad sequence, adapter of another shape: message says which), LL_ENOMEM.
 int ll_engine_seq_set_adapter(struct ll_engine *e, int seq, const struct ll_lora *a, char *err, size_t errlen);
+// The sequence's next sampled token: the next ll_engine_decode whose item for seq asks for an
+// argmax writes there the sampler's choice for d (ll_sampler_dev_next) instead, taken where the
+// logits are (a device backend with the sample member reads back only the id), then forgets d.
+// d NULL: forget it now. Errors: LL_EINVAL (bad sequence).
+struct ll_sample_dev;
+int ll_engine_seq_set_sample(struct ll_engine *e, int seq, const struct ll_sample_dev *d);
 
 // ---- one forward step over a batch of sequences ----
 // Item i appends tokens[0..n_tokens) to sequence seq. Logits (n_vocab floats per row):

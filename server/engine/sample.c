@@ -108,8 +108,73 @@ int ll_sampler_is_greedy(const struct ll_sampler *s) {
          s->p.presence_penalty == 0.0f;
 }
 
+// The chain past the penalties: greedy (temperature 0), else top-k, top-p, min-p, temperature
+// and the draw u (uniform in [0, 1), taken by the caller). cand: (V) scratch. The device
+// sampler (kernels/opencl/llsrv_fast.cl sample_rows) repeats it step for step.
+static int32_t sample_chain(const struct ll_sampler_params *p, struct ll_token_prob *cand, const float *logits, int V, double u,
+                            struct ll_token_prob *probs) {
+  int32_t chosen = 0;
+  if (p->temperature <= 0.0f) { // greedy: argmax, lowest id on ties
+    for (int i = 1; i < V; i++)
+      if (logits[i] > logits[chosen]) chosen = i;
+  }
+  // Candidates (needed for sampling and for reported logprobs).
+  const int need_cands = p->temperature > 0.0f || p->n_probs > 0;
+  if (need_cands) {
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp((double)logits[i] - mx);
+    const float lz = (float)(mx + log(z));
+    for (int i = 0; i < V; i++) cand[i] = (struct ll_token_prob){i, logits[i] - lz};
+    if (probs && p->n_probs > 0) {
+      top_sort(cand, V, p->n_probs);
+      memcpy(probs, cand, (size_t)p->n_probs * sizeof *probs);
+    }
+  }
+  if (p->temperature > 0.0f) {
+    int n = V;
+    int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
+    top_sort(cand, V, k);
+    n = k;
+    // Probabilities of the kept set at temperature 1 for top-p / min-p (as llama.cpp's chain).
+    double z = 0;
+    for (int i = 0; i < n; i++) z += exp(cand[i].logprob - cand[0].logprob);
+    if (p->top_p < 1.0f) {
+      double cum = 0;
+      for (int i = 0; i < n; i++) {
+        cum += exp(cand[i].logprob - cand[0].logprob) / z;
+        if (cum >= p->top_p) {
+          n = i + 1;
+          break;
+        }
+      }
+    }
+    if (p->min_p > 0.0f) {
+      const float floor = cand[0].logprob + logf(p->min_p);
+      int m = 1;
+      while (m < n && cand[m].logprob >= floor) m++;
+      n = m;
+    }
+    // Temperature, then the draw.
+    double tot = 0;
+    for (int i = 0; i < n; i++) tot += exp((cand[i].logprob - cand[0].logprob) / p->temperature);
+    double r = u * tot, acc = 0;
+    chosen = cand[n - 1].id;
+    for (int i = 0; i < n; i++) {
+      acc += exp((cand[i].logprob - cand[0].logprob) / p->temperature);
+      if (r < acc) {
+        chosen = cand[i].id;
+        break;
+      }
+    }
+  }
+  return chosen;
+}
+
+static double draw_u(struct ll_sampler *s) { return (double)(next_u64(&s->rng) >> 11) * (1.0 / 9007199254740992.0); }
+
 int32_t ll_sampler_sample(struct ll_sampler *s, float *logits, struct ll_token_prob *probs) {
-  const int V = s->n_vocab;
   // Penalties over the recent window (llama.cpp's order: repetition, frequency, presence).
   if (s->hist_n && (s->p.repeat_penalty != 1.0f || s->p.frequency_penalty != 0.0f || s->p.presence_penalty != 0.0f)) {
     for (int i = 0; i < s->hist_n; i++) {
@@ -124,63 +189,29 @@ int32_t ll_sampler_sample(struct ll_sampler *s, float *logits, struct ll_token_p
     for (int i = 0; i < s->hist_n; i++)
       if (s->count[s->hist[i]] < 0) s->count[s->hist[i]] = -s->count[s->hist[i]];
   }
-  int32_t chosen = 0;
-  if (s->p.temperature <= 0.0f) { // greedy: argmax, lowest id on ties
-    for (int i = 1; i < V; i++)
-      if (logits[i] > logits[chosen]) chosen = i;
-  }
-  // Candidates (needed for sampling and for reported logprobs).
-  const int need_cands = s->p.temperature > 0.0f || s->p.n_probs > 0;
-  if (need_cands) {
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
-    double z = 0;
-    for (int i = 0; i < V; i++) z += exp((double)logits[i] - mx);
-    const float lz = (float)(mx + log(z));
-    for (int i = 0; i < V; i++) s->cand[i] = (struct ll_token_prob){i, logits[i] - lz};
-    if (probs && s->p.n_probs > 0) {
-      top_sort(s->cand, V, s->p.n_probs);
-      memcpy(probs, s->cand, (size_t)s->p.n_probs * sizeof *probs);
-    }
-  }
-  if (s->p.temperature > 0.0f) {
-    int n = V;
-    int k = s->p.top_k > 0 && s->p.top_k < V ? s->p.top_k : V;
-    top_sort(s->cand, V, k);
-    n = k;
-    // Probabilities of the kept set at temperature 1 for top-p / min-p (as llama.cpp's chain).
-    double z = 0;
-    for (int i = 0; i < n; i++) z += exp(s->cand[i].logprob - s->cand[0].logprob);
-    if (s->p.top_p < 1.0f) {
-      double cum = 0;
-      for (int i = 0; i < n; i++) {
-        cum += exp(s->cand[i].logprob - s->cand[0].logprob) / z;
-        if (cum >= s->p.top_p) {
-          n = i + 1;
-          break;
-        }
-      }
-    }
-    if (s->p.min_p > 0.0f) {
-      const float floor = s->cand[0].logprob + logf(s->p.min_p);
-      int m = 1;
-      while (m < n && s->cand[m].logprob >= floor) m++;
-      n = m;
-    }
-    // Temperature, then a seeded draw.
-    double tot = 0;
-    for (int i = 0; i < n; i++) tot += exp((s->cand[i].logprob - s->cand[0].logprob) / s->p.temperature);
-    double r = (double)(next_u64(&s->rng) >> 11) * (1.0 / 9007199254740992.0) * tot, acc = 0;
-    chosen = s->cand[n - 1].id;
-    for (int i = 0; i < n; i++) {
-      acc += exp((s->cand[i].logprob - s->cand[0].logprob) / s->p.temperature);
-      if (r < acc) {
-        chosen = s->cand[i].id;
-        break;
-      }
-    }
-  }
-  return chosen;
+  const double u = s->p.temperature > 0.0f ? draw_u(s) : 0; // the step's one draw
+  return sample_chain(&s->p, s->cand, logits, s->n_vocab, u, probs);
+}
+
+int ll_sampler_dev_ok(const struct ll_sampler *s) {
+  return s->p.temperature > 0.0f && s->p.top_k >= 1 && s->p.top_k <= LL_SAMPLE_DEV_K && s->p.n_probs <= 0 &&
+         s->p.repeat_penalty == 1.0f && s->p.frequency_penalty == 0.0f && s->p.presence_penalty == 0.0f;
+}
+
+int ll_sampler_dev_next(struct ll_sampler *s, struct ll_sample_dev *d) {
+  if (!ll_sampler_dev_ok(s)) return 0;
+  const uint64_t r = next_u64(&s->rng) >> 11; // as draw_u
+  *d = (struct ll_sample_dev){s->p.temperature, s->p.top_p, s->p.min_p, s->p.min_p > 0.0f ? logf(s->p.min_p) : 0.0f, s->p.top_k,
+                              (uint32_t)(r >> 32), (uint32_t)r};
+  return 1;
+}
+
+int32_t ll_sample_dev_choose(const struct ll_sample_dev *d, struct ll_token_prob *cand, const float *logits, int V) {
+  struct ll_sampler_params p;
+  ll_sampler_params_default(&p);
+  p.temperature = d->temperature, p.top_k = d->top_k, p.top_p = d->top_p, p.min_p = d->min_p, p.n_probs = 0;
+  const double u = (double)(((uint64_t)d->u_hi << 32) | d->u_lo) * (1.0 / 9007199254740992.0);
+  return sample_chain(&p, cand, logits, V, u, NULL);
 }
 
 // ---------------------------------------------------------------- stop strings

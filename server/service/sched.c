@@ -44,6 +44,8 @@ struct slot {
   float *logits;          // (V)
   int greedy;             // plain greedy sampling: the engine takes the argmax (on a device, only it comes back)
   int32_t amax;           // ... into here
+  int devs;               // top-k sampling without penalties: the engine takes the sampler's step too (ll_sampler_dev_next), into amax
+  struct ll_sample_dev sd; // ... this step's
   struct ll_sampler *smp;
   struct ll_stop_matcher *stop;
   struct ll_detok_stream ds;
@@ -554,6 +556,7 @@ static struct slot *admit(struct ll_sched *s, struct slot *sl) {
   sl->smp = ll_sampler_new(&r->sp, s->V);
   // A logprob is computed from the logits, which the argmax path does not bring back.
   sl->greedy = sl->smp && ll_sampler_is_greedy(sl->smp) && !r->want_logprob;
+  sl->devs = sl->smp && !sl->greedy && !r->want_logprob && ll_sampler_dev_ok(sl->smp);
   sl->stop = ll_stop_new((const char *const *)r->stops, r->n_stops);
   if (sl->seq < 0 || !sl->logits || !sl->smp || !sl->stop) goto oom;
   for (int i = 0; i < sl->n_prompt; i++) ll_sampler_accept(sl->smp, sl->tokens[i]);
@@ -592,7 +595,7 @@ static float chosen_logprob(struct ll_sched *s, struct slot *sl, int32_t t, cons
 static int slot_sample(struct ll_sched *s, struct slot *sl) {
   struct ll_sched_req *r = sl->r;
   struct ll_token_prob probs[20];
-  int32_t t = sl->greedy ? sl->amax : ll_sampler_sample(sl->smp, sl->logits, r->sp.n_probs > 0 ? probs : NULL);
+  int32_t t = sl->greedy || sl->devs ? sl->amax : ll_sampler_sample(sl->smp, sl->logits, r->sp.n_probs > 0 ? probs : NULL);
   ll_sampler_accept(sl->smp, t);
   if (sl->t_first == 0) sl->t_first = now_ms();
   if (!r->ignore_eos && s->tok && ll_tokenizer_is_eog(s->tok, t)) {
@@ -822,7 +825,9 @@ static void *compute_main(void *arg) {
     for (int i = 0; i < s->parallel; i++) {
       struct slot *a = s->active[i];
       if (!a || a->n_prefilled < a->n_prompt) continue;
-      s->items[n_items++] = (struct ll_batch_item){a->seq, 1, &a->last, 1, a->greedy ? NULL : a->logits, a->greedy ? &a->amax : NULL};
+      const int by_id = a->greedy || a->devs;
+      if (a->devs && ll_sampler_dev_next(a->smp, &a->sd)) ll_engine_seq_set_sample(s->e, a->seq, &a->sd);
+      s->items[n_items++] = (struct ll_batch_item){a->seq, 1, &a->last, 1, by_id ? NULL : a->logits, by_id ? &a->amax : NULL};
       budget--;
     }
     for (int i = 0; i < s->parallel && budget > 0; i++) {
@@ -832,8 +837,10 @@ static void *compute_main(void *arg) {
       if (n > s->chunk) n = s->chunk;
       if (n > budget) n = budget;
       int last = a->n_prefilled + n == a->n_prompt;
-      s->items[n_items++] = (struct ll_batch_item){a->seq, n, a->tokens + a->n_prefilled, last ? 1 : 0, a->greedy ? NULL : a->logits,
-                                                      a->greedy ? &a->amax : NULL};
+      const int by_id = a->greedy || a->devs;
+      if (last && a->devs && ll_sampler_dev_next(a->smp, &a->sd)) ll_engine_seq_set_sample(s->e, a->seq, &a->sd);
+      s->items[n_items++] = (struct ll_batch_item){a->seq, n, a->tokens + a->n_prefilled, last ? 1 : 0, by_id ? NULL : a->logits,
+                                                      by_id ? &a->amax : NULL};
       budget -= n;
     }
     const double t_fg = now_ms();
