@@ -41,8 +41,12 @@ static double now_s(void) {
 // W (out rows of in) += scale * B (out, r) · A (r, in), row by row in f32, then back to W's type.
 // Rows [row0, row0 + B's rows) of t (all of it, or a fused member's slice: phi3's attn_qkv,
 // ffn_up) become W + scale·B·A, re-quantized to t's type; the other rows keep their bytes.
-static int merge_weight(struct ll_tensor_info *t, int64_t row0, const struct ll_lora_pair *p, float scale, void **owned, char *err, size_t errlen) {
-  const int64_t K = t->ne[0], N = t->ne[1], r = p->a.n;
+// t's rows [row0, row0 + B's rows) += scale · B·A in f32, re-quantized to t's type. A pair of an
+// expert slot (ll_lora.h) holds one (A_e, B_e) per expert, stacked, for a 3-D tensor whose rows
+// run expert after expert: row n takes the A of its expert, (n - row0) / per rows in.
+static int merge_weight(struct ll_tensor_info *t, int64_t row0, const struct ll_lora_pair *p, int64_t r, int64_t per, float scale, void **owned,
+                        char *err, size_t errlen) {
+  const int64_t K = t->ne[0], N = t->ne[1] * (t->n_dims == 3 ? t->ne[2] : 1);
   const size_t rs = ll_row_size(t->type, K);
   unsigned char *dst = malloc((size_t)N * rs);
   float *row = malloc((size_t)K * sizeof *row);
@@ -60,9 +64,10 @@ static int merge_weight(struct ll_tensor_info *t, int64_t row0, const struct ll_
       free(dst), free(row);
       return ll_errf(err, errlen, LL_EUNSUPPORTED, "merge: %s: type %s cannot be dequantized", t->name.ptr, ll_type_name(t->type));
     }
+    const float *Ae = A + (size_t)((n - row0) / per) * (size_t)(r * K);
     for (int64_t j = 0; j < r; j++) {
       const float b = scale * B[(n - row0) * r + j];
-      const float *a = A + j * K;
+      const float *a = Ae + j * K;
       for (int64_t k = 0; k < K; k++) row[k] += b * a[k];
     }
     if (ll_quantize_row(t->type, row, dst + (size_t)n * rs, K) != 0) {
@@ -150,18 +155,17 @@ int ll_cmd_export(int argc, char **argv) {
     fprintf(stderr, "llsrv export: %s\n", err);
     goto out;
   }
-  if (a->targets & LL_LORA_EXPERT_TARGETS) { // one merged copy per expert of a 3-D tensor: not written yet
-    fprintf(stderr, "llsrv export: %s: --merge of an adapter on experts (ffn_*_exps) is not supported yet; export the adapter itself\n", in);
-    goto out;
-  }
-  owned = calloc((size_t)a->n_layer * LL_LORA_N_TARGETS + 1, sizeof *owned);
+  owned = calloc((size_t)a->n_layer * LL_LORA_N_SLOTS + 1, sizeof *owned);
   if (!owned) goto out;
   const float scale = ll_lora_scale(a);
   for (int l = 0; l < a->n_layer; l++)
-    for (int t = 0; t < LL_LORA_N_TARGETS; t++) {
+    for (int t = 0; t < LL_LORA_N_SLOTS; t++) {
       const struct ll_lora_pair *p = ll_lora_at(a, l, t);
       if (!p->a.data) continue;
       char tn[96];
+      // the experts' 3-D tensor (ne {in, out, E}): each expert's rows with its own pair
+      const int xe = ll_lora_is_expert(t);
+      const int64_t per = xe && a->n_expert > 0 ? p->b.n / a->n_expert : p->b.n;
       snprintf(tn, sizeof tn, "blk.%d.%s.weight", l, ll_lora_target_tensor(t));
       // phi3: q, k, v are row slices of attn_qkv, gate and up of ffn_up (ll_lora.h)
       int64_t row0 = 0, rows = p->b.n;
@@ -172,11 +176,11 @@ int ll_cmd_export(int argc, char **argv) {
         rows = t <= LL_LORA_V ? qd + 2 * kvd : 2 * F;
       }
       struct ll_tensor_info *ti = (struct ll_tensor_info *)ll_mf_find_tensor(&mf, tn);
-      if (!ti || ti->ne[0] != p->a.k || ti->ne[1] != rows) {
+      if (!ti || ti->ne[0] != p->a.k || (xe ? ti->n_dims != 3 || ti->ne[1] != per || ti->ne[2] != a->n_expert : ti->ne[1] != rows)) {
         fprintf(stderr, "llsrv export: %s: the base has no tensor %s of the adapter's shape\n", model, tn);
         goto out;
       }
-      if (merge_weight(ti, row0, p, scale, &owned[n_owned], err, sizeof err) != 0) {
+      if (merge_weight(ti, row0, p, a->rank, per, scale, &owned[n_owned], err, sizeof err) != 0) {
         fprintf(stderr, "llsrv export: %s\n", err);
         goto out;
       }
