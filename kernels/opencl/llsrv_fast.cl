@@ -477,10 +477,12 @@ kernel void argmax_rows(global const float *l, global int *ids, int V) {
 // top_p, min_p, log_min_p as floats, top_k, the draw's high and low words): temperature <= 0
 // the argmax (argmax_rows' rule), else server/engine/sample.c's chain step for step - the row's
 // log-softmax (the sum in acc_t), the top_k candidates by (log-probability down, id up) in k
-// rounds of a work-group maximum, then top-p, min-p, temperature and the draw over them by one
+// rounds of a work-group maximum (over each work item's SMP_P best, the whole row only once one
+// item's are used up: a pass over the row, not k), then top-p, min-p, temperature and the draw over them by one
 // work item in the host's order. One work-group per row; part of both tiers (its sums are not
 // the CPU's order: the same ids but where a draw lands within rounding of a boundary).
 inline int smp_before(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); } // a ahead of b
+#define SMP_P 4 // candidates listed per work item before the k rounds
 // a / b rounded to float as the host's float division rounds it (through double where the device
 // has it: a double quotient of two floats rounds to the same float; OpenCL's float division may
 // be off by 2.5 ulp)
@@ -508,15 +510,35 @@ inline void sample_chain(global const float *r, global int *id, global const uin
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   const float lz = (float)((acc_t)mx + log(zs[0]));
+  // Each work item's SMP_P best (in the order) of its elements; a round picks among those while
+  // every item has one left untaken (an element not listed is behind its item's last listed
+  // one, so behind the pick), and scans the whole row once an item's last listed one is taken.
+  float tv[SMP_P];
+  int ti[SMP_P];
+  for (int j = 0; j < SMP_P; j++) tv[j] = -INFINITY, ti[j] = V;
+  for (int i = lid; i < V; i += WG) {
+    const float lp = r[i] - lz;
+    if (ti[SMP_P - 1] == V || smp_before(lp, i, tv[SMP_P - 1], ti[SMP_P - 1])) {
+      int j = SMP_P - 1;
+      for (; j > 0 && (ti[j - 1] == V || smp_before(lp, i, tv[j - 1], ti[j - 1])); j--) tv[j] = tv[j - 1], ti[j] = ti[j - 1];
+      tv[j] = lp, ti[j] = i;
+    }
+  }
+  int full = 0; // the same in every work item (set from a value all of them read)
   // k rounds: the best candidate after the previous one in the order
   float plp = INFINITY;
   int pid = -1;
   for (int c = 0; c < k; c++) {
     float bl = -INFINITY;
     int bid = V;
-    for (int i = lid; i < V; i += WG) {
-      const float lp = r[i] - lz;
-      if (smp_before(plp, pid, lp, i) && (bid == V || smp_before(lp, i, bl, bid))) bl = lp, bid = i;
+    if (full) {
+      for (int i = lid; i < V; i += WG) {
+        const float lp = r[i] - lz;
+        if (smp_before(plp, pid, lp, i) && (bid == V || smp_before(lp, i, bl, bid))) bl = lp, bid = i;
+      }
+    } else {
+      for (int j = 0; j < SMP_P; j++)
+        if (ti[j] < V && smp_before(plp, pid, tv[j], ti[j]) && (bid == V || smp_before(tv[j], ti[j], bl, bid))) bl = tv[j], bid = ti[j];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     bv[lid] = bl, bi[lid] = bid;
@@ -527,6 +549,12 @@ inline void sample_chain(global const float *r, global int *id, global const uin
     }
     plp = bv[0], pid = bi[0];
     if (lid == 0) cl[c] = plp, ci[c] = pid;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid == 0) bi[0] = 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!full && ti[SMP_P - 1] < V && ti[SMP_P - 1] == pid) bi[0] = 1; // this item's list is used up
+    barrier(CLK_LOCAL_MEM_FENCE);
+    full = full || bi[0];
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   if (lid == 0) { // one work item, in the host's order (no early return for the others: PoCL 3.1 then lost this write)
