@@ -411,6 +411,18 @@ static void test_backend_ops(void) {
       }
     }
     CHECKF(bad == 0, "prompt matmul %s (%s) K=%d N=%d T=%d: %d differences", ll_type_name(t), k->gemm16 ? "gemm16" : "tiles", K, N, T, bad);
+    if (k->act_t16) { // the vectorised transposition: the scalar one's bytes (random quants, scales, bsums)
+      const size_t ar = ll_row_size(k->act_type, K), grp = k->act_type == LL_TYPE_Q8_0 ? 16 * (size_t)K : (size_t)(K / 256) * LL_T16_Q8K_BYTES;
+      unsigned char *A = malloc(ar * 32), *o1 = malloc(grp * 2), *o2 = malloc(grp * 2);
+      CHECK(A && o1 && o2);
+      if (!A || !o1 || !o2) return;
+      for (size_t i = 0; i < ar * 32; i++) A[i] = (unsigned char)ll_test_rand(&rs);
+      if (k->act_type == LL_TYPE_Q8_0) ll_act_t16_q8_0(A, ar, 2, K, o1);
+      else ll_act_t16_q8_K(A, ar, 2, K, o1);
+      k->act_t16(A, ar, 2, K, o2);
+      CHECKF(memcmp(o1, o2, grp * 2) == 0, "act_t16 %s: not the scalar transposition's bytes", ll_type_name(t));
+      free(A), free(o1), free(o2);
+    }
     free(W), free(x), free(out), free(act);
   }
   // Float weights x a batch of >= LL_BLAS_MIN_T tokens go through OpenBLAS sgemm (a different

@@ -334,7 +334,8 @@ static int quantize_act(struct cpu_ctx *c, const struct ll_type_kernels *k, cons
     const int ng = T / 16;
     j->at_group = q80 ? 16 * (size_t)K : (size_t)(K / 256) * LL_T16_Q8K_BYTES;
     if (grow(&c->act16, &c->act16_cap, (size_t)ng * j->at_group)) return LL_ENOMEM;
-    if (q80) ll_act_t16_q8_0(c->act, a_row, ng, K, c->act16);
+    if (k->act_t16) k->act_t16(c->act, a_row, ng, K, c->act16);
+    else if (q80) ll_act_t16_q8_0(c->act, a_row, ng, K, c->act16);
     else ll_act_t16_q8_K(c->act, a_row, ng, K, c->act16);
     j->at = c->act16;
   }

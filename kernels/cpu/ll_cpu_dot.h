@@ -60,6 +60,8 @@ struct ll_type_kernels {
   // vec_dot (the same block sums and float steps).
   void (*gemm16)(int n, const void *w, size_t w_stride, const void *at, int ng, const float *sc, size_t sc_stride, float *out,
                  size_t ostride, int accumulate);
+  // (optional, with gemm16) ll_act_t16_q8_0 / _q8_K for act_type, vectorised: the same bytes.
+  void (*act_t16)(const void *act, size_t a_stride, int ng, int64_t k, void *out);
 };
 #define LL_GEMM16_MAX_GROUPS 32
 
