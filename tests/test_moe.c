@@ -510,18 +510,21 @@ static void serve_expert_adapter(struct ll_engine *e, struct ll_trainer *tr, con
   int rc = ll_trainer_forward_backward(tr, ids, tg, 2, 0, 1.0f, &ltr, &nc, err, sizeof err);
   CHECKF(rc == 0 && nc == 16, "trainer forward: %s", err);
   float *lg = malloc(sizeof(float) * 8 * V * 4), *lg1 = lg + 8 * V, *lg2 = lg1 + 8 * V, *lg3 = lg2 + 8 * V;
-  double dmax = 0, amax = 0;
+  double dmax = 0, amax = 0, emax = 0;
   for (int b = 0; b < 2; b++) {
     run_a(e, lo, ids + 8 * b, 8, 0, lg);  // a prompt: the experts' adapters over grouped rows
     run_a(e, lo, ids + 8 * b, 8, 1, lg1); // decoded one token at a time (k routed experts per token)
     run_a(e, NULL, ids + 8 * b, 8, 0, lg2);
     lsv += xent_sum(lg, tg + 8 * b, 8), lbase += xent_sum(lg2, tg + 8 * b, 8);
     dmax = fmax(dmax, max_diff(lg, lg1, 8 * V)), amax = fmax(amax, max_abs(lg, 8 * V));
+    emax = fmax(emax, max_diff(lg, lg2, 8 * V));
   }
-  printf("expert adapter served: loss %.6f (trainer %.6f, without the adapter %.6f); prompt vs decode max |diff| %.3g of max |logit| %.3g\n", lsv, ltr,
-         lbase, dmax, amax);
+  printf("expert adapter served: loss %.6f (trainer %.6f, without the adapter %.6f); prompt vs decode max |diff| %.3g of max |logit| %.3g;"
+         " the adapter moves logits by up to %.3g\n", lsv, ltr, lbase, dmax, amax, emax);
   CHECKF(fabs(lsv - ltr) < 1e-4 * fabs(ltr), "served loss %.7g, trainer's %.7g", lsv, ltr);
-  CHECKF(fabs(lbase - ltr) > 1e-2, "the adapter changes nothing (%.7g vs %.7g)", lbase, ltr);
+  // The summed loss may move either way by chance (76.637 -> 76.633 for one seed), so the
+  // adapter's effect is asserted on the logits themselves.
+  CHECKF(emax > 1e-2 * amax, "the adapter changes nothing (logits move by %.3g of %.3g)", emax, amax);
   CHECKF(dmax <= 1e-5 * amax, "prompt vs one-by-one: %.3g", dmax);
   // export / import: 3-D ffn_*_exps tensors, read back to the same bits
   snprintf(f, sizeof f, "%s/experts.gguf", dir);
