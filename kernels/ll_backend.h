@@ -49,7 +49,10 @@ struct ll_rope_params {
   int n_rot;           // rotated dims per head (<= head_dim, even)
   float freq_base;     // theta
   float freq_scale;    // 1 / linear scaling factor
-  const float *freq_factors; // (n_rot/2) llama-3 style per-frequency divisors, or NULL
+  const float *freq_factors; // (n_rot/2) per-frequency divisors of theta (llama-3 rope_freqs, Phi-3's
+                             // LongRoPE rope_factors_long/short), or NULL
+  float attn_factor;   // cos and sin multiplied by it (ggml's mscale: Phi-3's rope.scaling.attn_factor);
+                       // 0 (left unset) reads as 1
 };
 
 // Paged KV cache view for one layer. Each block stores LL_KV_BLOCK positions:

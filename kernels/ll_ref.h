@@ -22,17 +22,22 @@ static inline uint32_t ll_dropout_bits(uint64_t seed_mixed, uint64_t i) {
 }
 static inline uint32_t ll_dropout_threshold(float p) { return (uint32_t)((double)p * 16777216.0); }
 
-// RoPE angles of one position as the forward op (backend_cpu.c rope_tables) computes them:
-// theta_i = pos * base^(-2i/n_rot) by repeated float products, then scale and freq factors.
+// RoPE angles of one position as every backend's rope, rope_kv_store and rope_backward use them
+// (host tables), as ggml's rope cache computes them (ggml-cpu ops.cpp ggml_rope_cache_init /
+// rope_yarn without YaRN): theta_i = pos * base^(-2i/n_rot) by repeated float products, divided
+// by the freq factor, times the scale; cos and sin times the attention factor (mscale). The
+// backward's transposed rotation uses the same table: y = m R x gives dx = m R^T dy.
+static inline float ll_rope_mscale(const struct ll_rope_params *p) { return p->attn_factor != 0.0f ? p->attn_factor : 1.0f; }
 static inline void ll_rope_angles(int32_t pos, const struct ll_rope_params *p, float *cs, float *sn) {
   const int n = p->n_rot / 2;
+  const float m = ll_rope_mscale(p);
   const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
   float theta = (float)pos;
   for (int i = 0; i < n; i++) {
     const float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
     const float th = p->freq_scale * (theta / ff);
-    cs[i] = cosf(th);
-    sn[i] = sinf(th);
+    cs[i] = cosf(th) * m;
+    sn[i] = sinf(th) * m;
     theta *= theta_scale;
   }
 }

@@ -478,26 +478,35 @@ static void test_backend_ops(void) {
   CHECK(bad == 0);
   // The backend keeps the last cos/sin tables: repeated positions reuse them, new positions or
   // parameters must not (same positions twice, then one position changed, then another base).
-  for (int call = 0; call < 8; call++) {
+  // Calls 8..11: LongRoPE (Phi-3 128k: theta divided by a factor per pair, cos and sin times the
+  // attention factor), on both rotation forms (ggml_math: ll_vec_ops rope_pairs; else run.c's);
+  // 10 and 11 differ only in the attention factor (the cache must see it).
+  const int gm0 = b->ggml_math;
+  for (int call = 0; call < 12; call++) {
     const int mode = call % 2 ? 2 : 0;
-    const float base = call >= 6 ? 500.0f : 10000.0f;
+    const float base = call >= 6 && call < 8 ? 500.0f : 10000.0f;
+    static const float ff[8] = {1.0f, 1.25f, 1.5f, 2.5f, 4.0f, 9.0f, 17.5f, 41.0f};
+    const int lr = call >= 8;
+    const float mscale = call == 10 ? 1.2247449f : call == 11 ? 1.1547005f : call >= 8 ? 1.1547005f : 1.0f;
+    b->ggml_math = lr ? call < 10 : gm0;
     memcpy(y, x, sizeof x);
     int32_t pos[3] = {call >= 4 ? 1 : 0, 7, 300};
-    struct ll_rope_params rp = {mode, 16, base, 1.0f, NULL};
+    struct ll_rope_params rp = {mode, 16, base, 1.0f, lr ? ff : NULL, lr ? mscale : 1.0f};
     CHECK(B->rope(b, y, pos, 3, 2, 32, &rp) == 0); // 3 tokens, 2 heads of 32, 16 rotated dims
     bad = 0;
     for (int t = 0; t < 3; t++)
       for (int h = 0; h < 2; h++) {
         const float *in = x + (t * 2 + h) * 32, *o = y + (t * 2 + h) * 32;
         for (int i = 0; i < 8; i++) {
-          const double th = pos[t] * pow((double)base, -2.0 * i / 16);
+          const double th = pos[t] * pow((double)base, -2.0 * i / 16) / (lr ? ff[i] : 1.0), m = lr ? mscale : 1.0;
           const int a = mode ? i : 2 * i, c = mode ? i + 8 : 2 * i + 1;
-          bad += fabs(o[a] - (in[a] * cos(th) - in[c] * sin(th))) > 1e-3 || fabs(o[c] - (in[a] * sin(th) + in[c] * cos(th))) > 1e-3;
+          bad += fabs(o[a] - m * (in[a] * cos(th) - in[c] * sin(th))) > 1e-3 || fabs(o[c] - m * (in[a] * sin(th) + in[c] * cos(th))) > 1e-3;
         }
-        for (int i = 16; i < 32; i++) bad += o[i] != in[i]; // beyond n_rot: untouched
+        for (int i = 16; i < 32; i++) bad += o[i] != in[i]; // beyond n_rot: untouched (ggml: not scaled either)
       }
     CHECKF(bad == 0, "rope call %d (mode %d): %d differences", call, mode, bad);
   }
+  b->ggml_math = gm0;
   // attention over a paged f32 cache against a naive softmax(q·k)·v; f16 cache within 1e-2;
   // each also with a sliding window of 9 positions (a query at t sees (t - 9, t]).
   for (int run = 0; run < 4; run++) {

@@ -164,11 +164,12 @@ static void test_elementwise(struct ll_backend *cpu, struct ll_backend *cl) {
     CHECK(exact ? e == 0 : e < 1e-10);
     free(x), free(g), free(a), free(b);
   }
-  // rope: normal and neox, partial rotation, odd pair count, freq_factors, both math modes
+  // rope: normal and neox, partial rotation, odd pair count, freq_factors with an attention
+  // factor (LongRoPE), both math modes
   for (int v = 0; v < 8; v++) {
     const int T = 4, H = 3, hd = 20;
     const float ff[9] = {1, 1.5f, 2, 4, 8, 1, 1, 3, 1};
-    struct ll_rope_params p = {(v & 1) ? LL_ROPE_NEOX : LL_ROPE_NORMAL, (v & 2) ? 18 : 20, 10000.0f, (v & 4) ? 0.5f : 1.0f, (v & 2) ? ff : NULL};
+    struct ll_rope_params p = {(v & 1) ? LL_ROPE_NEOX : LL_ROPE_NORMAL, (v & 2) ? 18 : 20, 10000.0f, (v & 4) ? 0.5f : 1.0f, (v & 2) ? ff : NULL, (v & 2) ? 1.2247449f : 1.0f};
     const int32_t pos[4] = {0, 7, 100, 3000};
     float *a = malloc(T * H * hd * 4), *b = malloc(T * H * hd * 4);
     randf(a, T * H * hd, 1.0f);
@@ -341,11 +342,12 @@ static void test_train_ops(struct ll_backend *cl) {
     }
     free(x), free(g), free(d), free(a), free(b);
   }
-  // rope_backward: normal and neox, partial rotation, odd pair count, freq_factors
+  // rope_backward: normal and neox, partial rotation, odd pair count, freq_factors with an
+  // attention factor (LongRoPE)
   for (int v = 0; v < 8; v++) {
     const int T = 5, H = 3, hd = 20;
     const float ff[9] = {1, 1.5f, 2, 4, 8, 1, 1, 3, 1};
-    struct ll_rope_params p = {(v & 1) ? LL_ROPE_NEOX : LL_ROPE_NORMAL, (v & 2) ? 18 : 20, 10000.0f, (v & 4) ? 0.5f : 1.0f, (v & 2) ? ff : NULL};
+    struct ll_rope_params p = {(v & 1) ? LL_ROPE_NEOX : LL_ROPE_NORMAL, (v & 2) ? 18 : 20, 10000.0f, (v & 4) ? 0.5f : 1.0f, (v & 2) ? ff : NULL, (v & 2) ? 1.2247449f : 1.0f};
     const int32_t pos[5] = {0, 7, 100, 3000, 1};
     float a[5 * 3 * 20], b[5 * 3 * 20];
     fill_same(a, b, T * H * hd, 1.0f);
@@ -943,10 +945,12 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
     free(wd), free(g), free(h);
   }
   // RoPE with the KV store (two sequences, f16 and f32 caches, normal and neox, partial
-  // rotation) against rope + kv_store, read back through attention on both.
+  // rotation with LongRoPE's factors and attention factor) against rope + kv_store, read back
+  // through attention on both.
   for (int v = 0; v < 4; v++) {
     const int f16 = v & 1, H = 4, Hkv = 2, hd = 20, block = 16, nblk = 6, kvd = Hkv * hd, T = 4;
-    struct ll_rope_params rp = {(v & 2) ? LL_ROPE_NEOX : LL_ROPE_NORMAL, (v & 2) ? 16 : 20, 10000.0f, 1.0f, NULL};
+    static const float lr_ff[8] = {1, 1.25f, 2, 3.5f, 6, 11, 23, 40};
+    struct ll_rope_params rp = {(v & 2) ? LL_ROPE_NEOX : LL_ROPE_NORMAL, (v & 2) ? 16 : 20, 10000.0f, 1.0f, (v & 2) ? lr_ff : NULL, (v & 2) ? 1.1547005f : 1.0f};
     const size_t pool = (size_t)nblk * block * kvd * (f16 ? 2 : 4);
     void *kc = calloc(1, pool), *vc = calloc(1, pool), *kd = calloc(1, pool), *vd = calloc(1, pool);
     int32_t tabs[2][3] = {{4, 1, 0}, {2, 5, 3}};

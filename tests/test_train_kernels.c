@@ -209,6 +209,7 @@ struct rope_ctx {
   double base, fscale;
   const float *ff;
   double *x, *r;
+  double mscale; // LongRoPE's attention factor: cos and sin times it
 };
 static double rope_loss(void *vc) { // angles in double from the formula, not from ll_rope_angles
   const struct rope_ctx *c = vc;
@@ -221,7 +222,7 @@ static double rope_loss(void *vc) { // angles in double from the formula, not fr
       for (int i = 0; i < n; i++) {
         const double th = c->fscale * c->pos[t] * pow(c->base, -2.0 * i / c->n_rot) / (c->ff ? c->ff[i] : 1.0);
         const int a = c->neox ? i : 2 * i, b = c->neox ? i + n : 2 * i + 1;
-        L += r[a] * (x[a] * cos(th) - x[b] * sin(th)) + r[b] * (x[a] * sin(th) + x[b] * cos(th));
+        L += c->mscale * (r[a] * (x[a] * cos(th) - x[b] * sin(th)) + r[b] * (x[a] * sin(th) + x[b] * cos(th)));
       }
     }
   return L;
@@ -231,22 +232,28 @@ static void test_fd_rope(const struct impl *im) {
   const int32_t pos[4] = {0, 3, 17, 41};
   const float ff[4] = {1.0f, 1.5f, 2.0f, 4.0f};
   for (int mode = 0; mode < 2; mode++) {
-    struct ll_rope_params p = {mode ? LL_ROPE_NEOX : LL_ROPE_NORMAL, 8, 10000.0f, mode ? 0.5f : 1.0f, mode ? ff : NULL};
+    // mode 1: NeoX with freq factors and an attention factor (Phi-3's LongRoPE) and a scale
+    struct ll_rope_params p = {mode ? LL_ROPE_NEOX : LL_ROPE_NORMAL, 8, 10000.0f, mode ? 0.5f : 1.0f, mode ? ff : NULL, mode ? 1.2247449f : 1.0f};
     const size_t n = (size_t)T * H * hd;
     float *x = malloc(sizeof(float) * n), *r = malloc(sizeof(float) * n), *d = malloc(sizeof(float) * n);
     fill(x, n, 1), fill(r, n, 1);
     memcpy(d, r, sizeof(float) * n);
     CHECK(im->i->rope_backward(im->b, d, pos, T, H, hd, &p) == 0);
-    struct rope_ctx c = {T, H, hd, p.n_rot, mode, pos, p.freq_base, p.freq_scale, p.freq_factors, to_d(x, n), to_d(r, n)};
+    struct rope_ctx c = {T, H, hd, p.n_rot, mode, pos, p.freq_base, p.freq_scale, p.freq_factors, to_d(x, n), to_d(r, n), p.attn_factor};
     double *fd = malloc(sizeof(double) * n);
     fd_grad(c.x, n, rope_loss, &c, fd);
-    check_fd(mode ? "rope dx neox+factors" : "rope dx normal", im->name, d, fd, n);
-    // The forward op, then its backward: the identity (a rotation's transpose is its inverse).
+    check_fd(mode ? "rope dx neox+factors+attn_factor" : "rope dx normal", im->name, d, fd, n);
+    // The forward op, then its backward: the identity (a rotation's transpose is its inverse),
+    // times the attention factor squared on the rotated dims (y = m R x, dx = m R^T dy).
     if (im->b) {
       memcpy(d, x, sizeof(float) * n);
       CHECK(im->b->i->rope(im->b, d, pos, T, H, hd, &p) == 0);
       CHECK(im->i->rope_backward(im->b, d, pos, T, H, hd, &p) == 0);
-      CHECKF(nerr(d, x, n) < 1e-6, "rope_backward(rope(x)) != x: %.3e", nerr(d, x, n));
+      float *want = malloc(sizeof(float) * n);
+      const float m2 = p.attn_factor * p.attn_factor;
+      for (size_t e = 0; e < n; e++) want[e] = (int)(e % (size_t)hd) < p.n_rot ? x[e] * m2 : x[e];
+      CHECKF(nerr(d, want, n) < 1e-6, "rope_backward(rope(x)) != m^2 x: %.3e", nerr(d, want, n));
+      free(want);
     }
     free(c.x), free(c.r), free(fd), free(x), free(r), free(d);
   }
@@ -691,7 +698,7 @@ static void test_fast_rows(void) {
     const int T = 29, H = 5, hd = 64;
     int32_t pos[29];
     for (int t = 0; t < T; t++) pos[t] = 3 * t + 1;
-    struct ll_rope_params p = {LL_ROPE_NEOX, 48, 10000.0f, 1.0f, NULL};
+    struct ll_rope_params p = {LL_ROPE_NEOX, 48, 10000.0f, 1.0f, NULL, 1.0f};
     const size_t n = (size_t)T * H * hd;
     float *d = malloc(sizeof(float) * n), *r, *f[3];
     fill(d, n, 1);

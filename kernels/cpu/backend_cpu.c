@@ -14,6 +14,7 @@
 
 #include "ll_backend.h"
 #include "ll_cpu_dot.h"
+#include "ll_ref.h"
 #include "ll_cpu_train.h"
 #include "ll_error.h"
 #include "ll_quant.h"
@@ -527,7 +528,7 @@ static int rope_tables(struct cpu_ctx *c, const int32_t *pos, int T, const struc
   const int n = p->n_rot / 2;
   const size_t need = 2 * (size_t)T * (size_t)n;
   const int same = c->rope_pos && c->rope_n == n && c->rope_T == T && c->rope_p.n_rot == p->n_rot && c->rope_p.freq_base == p->freq_base &&
-                   c->rope_p.freq_scale == p->freq_scale && c->rope_p.freq_factors == p->freq_factors &&
+                   c->rope_p.freq_scale == p->freq_scale && c->rope_p.freq_factors == p->freq_factors && c->rope_p.attn_factor == p->attn_factor &&
                    !memcmp(c->rope_pos, pos, (size_t)T * sizeof *pos);
   if (!same) {
     c->rope_n = 0; // invalid until filled
@@ -539,18 +540,8 @@ static int rope_tables(struct cpu_ctx *c, const int32_t *pos, int T, const struc
     int32_t *np = realloc(c->rope_pos, (size_t)(T > 0 ? T : 1) * sizeof *np);
     if (!np) return LL_ENOMEM;
     c->rope_pos = np;
-    const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
     float *ct = c->rope_cs, *st = c->rope_cs + (size_t)T * n;
-    for (int t = 0; t < T; t++) {
-      float theta = (float)pos[t];
-      for (int i = 0; i < n; i++) {
-        const float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
-        const float th = p->freq_scale * (theta / ff);
-        ct[(size_t)t * n + i] = cosf(th);
-        st[(size_t)t * n + i] = sinf(th);
-        theta *= theta_scale;
-      }
-    }
+    for (int t = 0; t < T; t++) ll_rope_angles(pos[t], p, ct + (size_t)t * n, st + (size_t)t * n);
     memcpy(c->rope_pos, pos, (size_t)T * sizeof *pos);
     c->rope_T = T, c->rope_p = *p, c->rope_n = n;
   }

@@ -225,7 +225,7 @@ int main(int argc, char **argv) {
     printf("%-34s %12.3f %12.3f %7.1fx\n", "rmsnorm_backward 256x576", tf * 1e3, tr * 1e3, tr / tf);
     int32_t pos[256];
     for (int t = 0; t < T; t++) pos[t] = t;
-    struct ll_rope_params p = {LL_ROPE_NORMAL, 64, 100000.0f, 1.0f, NULL};
+    struct ll_rope_params p = {LL_ROPE_NORMAL, 64, 100000.0f, 1.0f, NULL, 1.0f};
     float *qd = randv((size_t)T * 9 * 64, 1);
     BEST(tf, b->i->rope_backward(b, qd, pos, T, 9, 64, &p));
     BEST(tr, R->rope_backward(b, qd, pos, T, 9, 64, &p));
