@@ -2,14 +2,16 @@
 // of ll_arch.h (tests/ref/README.md says how the references were made).
 //
 // usage: test_arch_ref MODEL REF.tsv [--prompts PROMPTS.txt] [--min-tf FRACTION] [--exact]
-//                      [--device D] [--threads N] [--adapter LORA.gguf]
+//                      [--device D] [--threads N] [--adapter LORA.gguf] [--ctx N]
 // REF.tsv rows: index \t prompt ids \t greedy ids (llama.cpp, one thread, CPU).
 //  - with --prompts, the prompt line's text (\n escapes) tokenizes to the reference's prompt ids;
 //  - teacher forcing: prompt + the reference's greedy ids decoded in one pass, every row's
 //    argmax compared with the id llama.cpp chose next (agreement >= --min-tf, default 0.99);
 //  - free-running greedy from the prompt: with --exact every id equals llama.cpp's; else the
 //    length of the common prefix is printed (a near tie can send two correct engines apart);
-//  - with --adapter, every sequence computes with that LoRA adapter (llama.cpp's --lora, scale 1).
+//  - with --adapter, every sequence computes with that LoRA adapter (llama.cpp's --lora, scale 1);
+//  - --ctx: the context per sequence (default 512, the reference's n_ctx; Phi-3's LongRoPE picks
+//    its factors by it).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,25 +42,26 @@ static void unescape(char *s) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: test_arch_ref MODEL REF.tsv [--prompts F] [--min-tf X] [--exact] [--device D] [--threads N]\n");
+    fprintf(stderr, "usage: test_arch_ref MODEL REF.tsv [--prompts F] [--min-tf X] [--exact] [--device D] [--threads N] [--adapter F] [--ctx N]\n");
     return 2;
   }
   const char *prompts_path = NULL, *device = "cpu", *adapter = NULL;
   double min_tf = 0.99;
-  int exact = 0, threads = 1;
+  int exact = 0, threads = 1, n_ctx = 512;
   for (int i = 3; i < argc; i++) {
     if (strcmp(argv[i], "--prompts") == 0 && i + 1 < argc) prompts_path = argv[++i];
     else if (strcmp(argv[i], "--min-tf") == 0 && i + 1 < argc) min_tf = atof(argv[++i]);
     else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) device = argv[++i];
     else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
     else if (strcmp(argv[i], "--adapter") == 0 && i + 1 < argc) adapter = argv[++i];
+    else if (strcmp(argv[i], "--ctx") == 0 && i + 1 < argc) n_ctx = atoi(argv[++i]);
     else if (strcmp(argv[i], "--exact") == 0) exact = 1;
   }
   struct ll_engine_params ep;
   ll_engine_params_default(&ep);
   ep.model_path = argv[1];
   ep.n_threads = threads;
-  ep.n_ctx = 512;
+  ep.n_ctx = n_ctx;
   ep.device = device;
   char err[1024];
   struct ll_engine *e;

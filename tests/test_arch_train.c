@@ -19,7 +19,8 @@
 //    (also as a PEFT directory); full-parameter training: gradient against central differences,
 //    validation loss falls, the checkpoint holds attn_qkv / ffn_up and opens as a phi3 model.
 // With DEVICE (opencl:0:0): the training on the pattern on that device against the CPU's.
-// usage: test_arch_train MODEL [DEVICE]
+// --ctx: the engine's context per sequence (default 128; Phi-3's LongRoPE picks its factors by it).
+// usage: test_arch_train MODEL [DEVICE] [--ctx N]
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -499,11 +500,13 @@ static void window_checks(struct ll_engine *e, const struct ll_trainer_params *p
 
 int main(int argc, char **argv) {
   if (argc < 2) return 2;
+  int n_ctx = 128;
+  if (argc > 3 && !strcmp(argv[argc - 2], "--ctx")) n_ctx = atoi(argv[argc - 1]), argc -= 2;
   struct ll_engine_params ep;
   ll_engine_params_default(&ep);
   ep.model_path = argv[1];
   ep.n_threads = 1;
-  ep.n_ctx = 128;
+  ep.n_ctx = n_ctx;
   ep.device = "cpu";
   char err[512];
   struct ll_engine *e = NULL;

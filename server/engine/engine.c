@@ -115,6 +115,41 @@ static int vec(struct ll_engine *e, const char *name, int64_t n, const float **o
   return 0;
 }
 
+// Phi-3's LongRoPE (128k variants), as llama.cpp 0c1e5709 reads it: rope_factors_long.weight and
+// rope_factors_short.weight (n_rot/2 F32 divisors of theta each, shared by every layer), the long
+// ones when the context per sequence exceeds rope.scaling.original_context_length (default: the
+// training context; llama_model::get_rope_factors), rope_freqs.weight winning where a file has it;
+// and rope.scaling.attn_factor (the converter's sqrt(1 + ln(scale) / ln(original context))),
+// multiplying cos and sin of every rotation whichever factors are chosen (ggml's mscale).
+static int longrope(struct ll_engine *e, const char *arch, char *err, size_t errlen) {
+  double d;
+  if (ll_mf_get_arch_float(&e->mf, "rope.scaling.attn_factor", &d) == 0) {
+    if (!(d > 0 && d <= 16)) return ll_errf(err, errlen, LL_EFORMAT, "model: %s.rope.scaling.attn_factor = %g is out of range (0, 16]", arch, d);
+    e->m.rope.attn_factor = (float)d;
+  }
+  const struct ll_tensor_info *fl = ll_mf_find_tensor(&e->mf, "rope_factors_long.weight"), *fs = ll_mf_find_tensor(&e->mf, "rope_factors_short.weight");
+  const struct ll_tensor_info *two[2] = {fl, fs};
+  static const char *const names[2] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+  for (int i = 0; i < 2; i++) {
+    const struct ll_tensor_info *t = two[i];
+    if (!t) continue;
+    const int n = e->m.rope.n_rot / 2;
+    if (t->type != LL_TYPE_F32 || t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+      return ll_errf(err, errlen, LL_EFORMAT, "model: %s should be %d F32 values (rope.dimension_count / 2)", names[i], n);
+    const float *f = t->data;
+    for (int j = 0; j < n; j++)
+      if (!(f[j] > 0 && f[j] < 1e30f)) return ll_errf(err, errlen, LL_EFORMAT, "model: %s[%d] = %g is not a positive factor", names[i], j, (double)f[j]);
+  }
+  int64_t orig = e->info.n_ctx_train;
+  if (ll_mf_get_arch_int(&e->mf, "rope.scaling.original_context_length", &orig) == 0 && (orig <= 0 || orig > (1 << 24)))
+    return ll_errf(err, errlen, LL_EFORMAT, "model: %s.rope.scaling.original_context_length = %lld is out of range", arch, (long long)orig);
+  if (!e->m.rope.freq_factors && (fl || fs)) {
+    const struct ll_tensor_info *t = e->n_ctx > orig ? fl : fs;
+    e->m.rope.freq_factors = t ? t->data : NULL;
+  }
+  return 0;
+}
+
 static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, char *err, size_t errlen) {
   const char *arch;
   if (ll_mf_get_str(&e->mf, "general.architecture", &arch) != 0)
@@ -187,8 +222,11 @@ static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, c
     if (ff->type != LL_TYPE_F32 || ff->ne[0] != e->m.rope.n_rot / 2) return ll_errf(err, errlen, LL_EFORMAT, "model: rope_freqs.weight shape/type");
     e->m.rope.freq_factors = ff->data;
   }
-  if (ll_mf_find_tensor(&e->mf, "rope_factors_long.weight") || ll_mf_find_tensor(&e->mf, "rope_factors_short.weight"))
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, "model: LongRoPE scaling (rope_factors_long/short, Phi-3 128k) is not supported yet");
+  // The context per sequence: --ctx, else the training context up to 4096.
+  e->n_ctx = p->n_ctx > 0 ? p->n_ctx : (e->info.n_ctx_train < 4096 ? e->info.n_ctx_train : 4096);
+  if (e->n_ctx > (1 << 20)) return ll_errf(err, errlen, LL_EINVAL, "engine: n_ctx %d is too large", e->n_ctx);
+  const int rc_lr = longrope(e, arch, err, errlen);
+  if (rc_lr) return rc_lr;
   // Sliding-window layers: a window where the family honours the key; which layers from the
   // GGUF's sliding_window_pattern (an integer n: every n-th layer global) or the row's default.
   // Their RoPE: the global one, but for the base (rope.freq_base_swa, else the row's).
@@ -209,8 +247,6 @@ static int load_hparams(struct ll_engine *e, const struct ll_engine_params *p, c
   const struct ll_tensor_info *te = ll_mf_find_tensor(&e->mf, "token_embd.weight");
   if (!te) return ll_errf(err, errlen, LL_ENOTFOUND, "model: tensor 'token_embd.weight' is missing");
   e->m.n_vocab = (int)te->ne[1];
-  e->n_ctx = p->n_ctx > 0 ? p->n_ctx : (e->info.n_ctx_train < 4096 ? e->info.n_ctx_train : 4096);
-  if (e->n_ctx > (1 << 20)) return ll_errf(err, errlen, LL_EINVAL, "engine: n_ctx %d is too large", e->n_ctx);
   return 0;
 }
 

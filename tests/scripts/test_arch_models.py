@@ -21,6 +21,7 @@ SHA = {
     "qwen3": "a47a384b70e6315c87fefea5e38ab797f6f54f686cc4d0dba4d394cd79b4f323",
     "phi3": "165c79f4982a1deaf018b018f104e92ece47588c6cd106934930e292c6a4dfa4",
     "mistral": "258f5295e07f4c1a64dfd8be9a7a5570d08a277a03e7d8ee69c579f63ac1f3bf",
+    "phi3_longrope": "c01d5818ffd9077f42927e4533837a815713b8a4a51927cd45d2438179e26f77",  # n_ctx 512: the short factors
 }
 
 
@@ -88,6 +89,35 @@ with tempfile.TemporaryDirectory(prefix="llsrv-archs-") as tmp:
                                     "--min-tf", "0.99"], capture_output=True, text=True)
             print(f"== {arch} + LoRA merged\n{r.stdout}{r.stderr}", end="")
             passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
+    # Phi-3's LongRoPE: at n_ctx 1024 (above rope.scaling.original_context_length 512) llama.cpp
+    # takes rope_factors_long: its ids there, every one (the short factors give other ids: the
+    # choice matters); the same on the OpenCL fast tier (PoCL: rope and the KV store fused,
+    # agreement >= 99%); LoRA and full training through the long factors and the attention
+    # factor (gradient against finite differences, loss falls); a factor of 0 is refused.
+    lr, lr_ref = os.path.join(tmp, "phi3_longrope.gguf"), os.path.join(SRC, "tests/ref/archs_phi3_longrope_ctx1024_greedy64.tsv")
+    for what, cmd in (("n_ctx 1024: the long factors", [lr, lr_ref, "--ctx", "1024", "--exact", "--min-tf", "1.0"]),
+                      ("n_ctx 1024 on OpenCL", [lr, lr_ref, "--ctx", "1024", "--device", "opencl:0:0", "--min-tf", "0.99"])):
+        r = subprocess.run([os.path.join(BUILD, "tests/test_arch_ref")] + cmd, capture_output=True, text=True)
+        print(f"== phi3 LongRoPE, {what}\n{r.stdout}{r.stderr}", end="")
+        passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
+    r = subprocess.run([os.path.join(BUILD, "tests/test_arch_ref"), lr, lr_ref, "--ctx", "512"], capture_output=True, text=True)
+    ok = r.returncode != 0 and "agreement" in r.stdout
+    print(("ok" if ok else "FAIL") + ": the short factors (n_ctx 512) miss the long factors' reference: " +
+          " ".join(l for l in r.stdout.splitlines() if "agreement" in l))
+    passed, failed = passed + ok, failed + (not ok)
+    r = subprocess.run([os.path.join(BUILD, "tests/test_arch_train"), lr, "--ctx", "1024"], capture_output=True, text=True)
+    print(f"== phi3 LongRoPE training (long factors)\n{r.stdout}{r.stderr}", end="")
+    passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
+    import gguf  # the venv's
+    t = next(t for t in gguf.GGUFReader(lr).tensors if t.name == "rope_factors_long.weight")
+    data = bytearray(open(lr, "rb").read())
+    data[t.data_offset + 12:t.data_offset + 16] = b"\0\0\0\0"
+    bad = os.path.join(tmp, "phi3_longrope_bad.gguf")
+    open(bad, "wb").write(data)
+    r = subprocess.run([os.path.join(BUILD, "server/llsrv"), "generate", "--model", bad, "-p", "1 2", "-n", "1", "--no-bos"], capture_output=True, text=True)
+    ok = r.returncode != 0 and "rope_factors_long.weight[3] = 0 is not a positive factor" in r.stderr
+    print(("ok" if ok else "FAIL") + f": a LongRoPE factor of 0 refused: {r.stderr.strip()}")
+    passed, failed = passed + ok, failed + (not ok)
     # LoRA training: gradient against finite differences (qwen3: the q/k norms' backward; phi3:
     # through the fused matrices' row slices, and the shared A of a fused module), loss falls;
     # phi3's validation loss falls and its exported adapter has llama.cpp's fused names.
