@@ -418,6 +418,17 @@ static void fused_checks(struct ll_engine *e, const char *model) {
     struct ll_engine_info fi;
     if (fe) ll_engine_get_info(fe, &fi);
     CHECK(fe && !strcmp(fi.arch, "phi3"));
+    // LongRoPE kept: the checkpoint's model has the factors (n_ctx 64: the short ones, as the
+    // source file's) and the attention factor
+    const struct ll_rope_params *r0 = &ll_trainer_model(tr)->rope, *r1 = fe ? &ll_engine_model(fe)->rope : NULL;
+    if (r1 && r0->attn_factor != 0) {
+      CHECK(r1->attn_factor == r0->attn_factor && r1->freq_factors && r1->n_rot == r0->n_rot);
+      ll_modelfile_init(&mf);
+      CHECKF(ll_model_open(model, &mf, err, sizeof err) == 0, "%s", err);
+      const struct ll_tensor_info *sf = ll_mf_find_tensor(&mf, "rope_factors_short.weight");
+      CHECK(sf && r1->freq_factors && !memcmp(sf->data, r1->freq_factors, sizeof(float) * (size_t)(r0->n_rot / 2)));
+      ll_modelfile_free(&mf);
+    }
     ll_engine_close(fe);
     remove(fpath), rmdir(fdir);
   }
