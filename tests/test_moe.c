@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ll_engine.h"
@@ -500,6 +501,135 @@ static void test_kept(struct ll_engine *e, const struct ll_lora *a, const float 
   ll_moe_ctx_free(c);
 }
 
+// Adapter a as a PEFT directory (issue 32), F32, HF names: attention's q/k/v/o_proj (on llama
+// q/k lora_B rows in HF order, the inverse of llama.cpp's permutation) and one 2-D pair per
+// expert - Mixtral's block_sparse_moe.experts.N.w1/w3/w2 on llama, mlp.experts.N.gate_proj/
+// up_proj/down_proj on qwen2moe, qwen3moe, olmoe. skip_expert >= 0 leaves that expert's gate
+// lora_A out of layer 0; router 1 adds a LoRA pair on the router (mlp.gate / block_sparse_moe.gate).
+static int write_peft_moe(const char *dir, const struct ll_lora *a, const struct ll_lora_dims *d, int skip_expert, int router) {
+  static const char *const mixtral[3] = {"w1", "w3", "w2"}, *const hf[3] = {"gate_proj", "up_proj", "down_proj"};
+  const int llama = !strcmp(d->arch, "llama");
+  char p[4300];
+  mkdir(dir, 0755);
+  snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+  FILE *f = fopen(p, "w");
+  if (!f) return -1;
+  fprintf(f, "{\"peft_type\": \"LORA\", \"r\": %d, \"lora_alpha\": %g, \"bias\": \"none\"}\n", a->rank, (double)a->alpha);
+  fclose(f);
+  // the tensors in file order: (name, data, rows, cols, HF-permuted rows of heads)
+  struct ent {
+    char name[128];
+    const float *data;
+    int64_t rows, cols;
+    int heads;
+  } *ents = calloc(4096, sizeof *ents);
+  int n = 0;
+  float *rz = calloc((size_t)a->rank * C, sizeof(float));
+  for (int l = 0; l < a->n_layer; l++)
+    for (int t = 0; t < LL_LORA_N_SLOTS; t++) {
+      const struct ll_lora_pair *pr = ll_lora_at(a, l, t);
+      if (!pr->a.data) continue;
+      const int ne = ll_lora_is_expert(t) ? a->n_expert : 1;
+      for (int x = 0; x < ne; x++)
+        for (int w = 0; w < 2 && n < 4096; w++) {
+          const struct ll_weight *m = w ? &pr->b : &pr->a;
+          const int64_t rows = m->n / ne;
+          if (!w && l == 0 && t == LL_LORA_GATE_EXPS && x == skip_expert) continue;
+          struct ent *en = &ents[n++];
+          if (ll_lora_is_expert(t))
+            snprintf(en->name, sizeof en->name, "base_model.model.model.layers.%d.%s.experts.%d.%s.lora_%c.weight", l, llama ? "block_sparse_moe" : "mlp",
+                     x, (llama ? mixtral : hf)[(t - LL_LORA_GATE_EXPS) % 3], w ? 'B' : 'A');
+          else
+            snprintf(en->name, sizeof en->name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l, t <= LL_LORA_O ? "self_attn" : "mlp",
+                     ll_lora_target_peft(t), w ? 'B' : 'A');
+          en->data = (const float *)m->data + (size_t)x * (size_t)(rows * m->k);
+          en->rows = rows, en->cols = m->k;
+          en->heads = w && llama && (t == LL_LORA_Q || t == LL_LORA_K) ? (t == LL_LORA_Q ? d->n_head : d->n_head_kv) : 0;
+        }
+    }
+  if (router && n + 2 <= 4096) {
+    for (int w = 0; w < 2; w++) {
+      struct ent *en = &ents[n++];
+      snprintf(en->name, sizeof en->name, "base_model.model.model.layers.0.%s.gate.lora_%c.weight", llama ? "block_sparse_moe" : "mlp", w ? 'B' : 'A');
+      en->data = rz, en->rows = w ? E : a->rank, en->cols = w ? a->rank : C, en->heads = 0;
+    }
+  }
+  size_t cap = 1 << 20, hl = 0;
+  char *h = malloc(cap);
+  uint64_t off = 0;
+  hl += (size_t)snprintf(h + hl, cap - hl, "{");
+  for (int i = 0; i < n; i++) {
+    const uint64_t nb = (uint64_t)(ents[i].rows * ents[i].cols) * 4;
+    hl += (size_t)snprintf(h + hl, cap - hl, "%s\"%s\": {\"dtype\": \"F32\", \"shape\": [%lld, %lld], \"data_offsets\": [%llu, %llu]}", i ? ", " : "",
+                           ents[i].name, (long long)ents[i].rows, (long long)ents[i].cols, (unsigned long long)off, (unsigned long long)(off + nb));
+    off += nb;
+  }
+  hl += (size_t)snprintf(h + hl, cap - hl, "}");
+  snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
+  f = fopen(p, "wb");
+  int rc = f ? 0 : -1;
+  if (f) {
+    const uint64_t hn = hl;
+    fwrite(&hn, 8, 1, f);
+    fwrite(h, 1, hl, f);
+    for (int i = 0; i < n; i++) {
+      const struct ent *en = &ents[i];
+      if (!en->heads) {
+        fwrite(en->data, 4, (size_t)(en->rows * en->cols), f);
+        continue;
+      }
+      const int64_t hd = en->rows / en->heads;
+      for (int64_t hr = 0; hr < en->rows; hr++) { // HF row h*hd + i*hd/2 + j <- GGUF row h*hd + 2j + i
+        const int64_t hh = hr / hd, rem = hr % hd, ii = rem / (hd / 2), j = rem % (hd / 2);
+        fwrite(en->data + (hh * hd + 2 * j + ii) * en->cols, 4, (size_t)en->cols, f);
+      }
+    }
+    rc = fclose(f);
+  }
+  free(h), free(ents), free(rz);
+  return rc;
+}
+
+static void rm_peft(const char *dir) {
+  char p[4300];
+  snprintf(p, sizeof p, "%s/adapter_config.json", dir), unlink(p);
+  snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir), unlink(p);
+  rmdir(dir);
+}
+
+// The trainer's adapter on attention and every expert, written as PEFT writes it for the HF
+// model, imported: the engine's logits with it are the same bits as with the adapter itself;
+// an expert left out and a router adapter are refused with the tensor named.
+static void peft_experts(struct ll_engine *e, const struct ll_lora *lo, const char *dir, const int32_t *ids, const float *want) {
+  char err[512], pd[4200];
+  struct ll_lora_dims d;
+  ll_engine_lora_dims(e, &d);
+  snprintf(pd, sizeof pd, "%s/peft-%s", dir, d.arch);
+  CHECK(write_peft_moe(pd, lo, &d, -1, 0) == 0);
+  struct ll_lora *pf = NULL;
+  int rc = ll_lora_load(&pf, pd, &d, NULL, err, sizeof err);
+  CHECKF(rc == 0, "%s: PEFT import: %s", d.arch, err);
+  if (pf) {
+    float *lg = malloc(sizeof(float) * 8 * V);
+    CHECK(pf->targets == lo->targets && pf->n_expert == E && pf->n_params == lo->n_params);
+    run_a(e, pf, ids, 8, 0, lg);
+    CHECKF(memcmp(lg, want, sizeof(float) * 8 * V) == 0, "%s: logits with the PEFT import differ from the adapter's", d.arch);
+    printf("%s: PEFT adapter with per-expert modules imported (%lld parameters), logits equal the adapter's\n", d.arch, (long long)pf->n_params);
+    free(lg);
+    ll_lora_free(pf), pf = NULL;
+  }
+  rm_peft(pd);
+  CHECK(write_peft_moe(pd, lo, &d, 1, 0) == 0);
+  rc = ll_lora_load(&pf, pd, &d, NULL, err, sizeof err);
+  CHECKF(rc != 0 && !pf && strstr(err, "expert 1 is missing"), "%s: an expert left out: %s", d.arch, rc ? err : "accepted");
+  rm_peft(pd);
+  CHECK(write_peft_moe(pd, lo, &d, -1, 1) == 0);
+  rc = ll_lora_load(&pf, pd, &d, NULL, err, sizeof err);
+  CHECKF(rc != 0 && !pf && strstr(err, "router") && strstr(err, ".gate.lora_A"), "%s: a router adapter: %s", d.arch, rc ? err : "accepted");
+  if (pf) ll_lora_free(pf);
+  rm_peft(pd);
+}
+
 static void serve_expert_adapter(struct ll_engine *e, struct ll_trainer *tr, const char *dir, uint64_t *rs) {
   char err[256], f[4200];
   const struct ll_lora *lo = ll_trainer_lora(tr);
@@ -555,6 +685,7 @@ static void serve_expert_adapter(struct ll_engine *e, struct ll_trainer *tr, con
     run_a(e, back, ids, 8, 0, lg3);
     CHECK(memcmp(lg, lg3, sizeof(float) * 8 * V) == 0);
     ll_lora_free(back);
+    peft_experts(e, lo, dir, ids, lg);
   }
   // a base model with other experts refuses it
   d.n_expert = E + 1;

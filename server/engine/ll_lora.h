@@ -126,7 +126,11 @@ int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, 
 int ll_lora_save_gguf(const struct ll_lora *a, const char *path, char *err, size_t errlen);
 // PEFT directory (adapter_config.json + adapter_model.safetensors): HF module names mapped to
 // GGUF, lora_B rows of q_proj/k_proj permuted as llama.cpp's converter does for llama; Phi-3's
-// qkv_proj and gate_up_proj read as attn_qkv and ffn_up (no permutation, as its converter).
+// qkv_proj and gate_up_proj read as attn_qkv and ffn_up (no permutation, as its converter);
+// the experts' modules, one 2-D pair per expert (Mixtral's block_sparse_moe.experts.E.w1/w3/w2,
+// Qwen2-MoE / Qwen3-MoE / OLMoE's mlp.experts.E.gate_proj/up_proj/down_proj), stacked into the
+// 3-D ffn_*_exps pairs (every expert of an adapted module present, same type and shape). The
+// router and qwen2moe's shared expert are refused with a message saying so.
 int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lora_dims *d, struct ll_backend *be,
                       char *err, size_t errlen);
 // Any of: a GGUF LoRA file, a .ckpt holding adapter tensors, a PEFT directory. The adapter's

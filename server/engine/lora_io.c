@@ -358,16 +358,53 @@ int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, 
 
 #define PEFT_MAX_CONFIG (1u << 20)
 
-// "base_model.model.model.layers.N.self_attn.q_proj.lora_A[.default].weight" -> layer, target, which
-// (target -2: Phi-3's qkv_proj, -3: its gate_up_proj).
-static int peft_name(const char *name, int *layer, int *target, int *which) {
+// An expert's module, as PEFT names it for the HF models whose GGUF holds ffn_*_exps: Mixtral's
+// "block_sparse_moe.experts.E.w1|w3|w2" (gate, up, down) and Qwen2-MoE / Qwen3-MoE / OLMoE's
+// "mlp.experts.E.gate_proj|up_proj|down_proj".
+static const struct {
+  const char *group, *module;
+  int target;
+} peft_experts[] = {
+    {"block_sparse_moe", "w1", LL_LORA_GATE_EXPS},   {"block_sparse_moe", "w3", LL_LORA_UP_EXPS},
+    {"block_sparse_moe", "w2", LL_LORA_DOWN_EXPS},   {"mlp", "gate_proj", LL_LORA_GATE_EXPS},
+    {"mlp", "up_proj", LL_LORA_UP_EXPS},             {"mlp", "down_proj", LL_LORA_DOWN_EXPS},
+};
+
+static int peft_tail_ok(const char *tail) { return !strcmp(tail, "weight") || !strcmp(tail, "default.weight"); }
+
+// "base_model.model.model.layers.N.self_attn.q_proj.lora_A[.default].weight" -> layer, target, which,
+// expert -1 (target -2: Phi-3's qkv_proj, -3: its gate_up_proj); an expert's
+// "...layers.N.mlp.experts.E.up_proj.lora_B.weight" -> its ffn_*_exps slot and expert E.
+// -1: not a LoRA matrix llsrv adapts; -4: a module llsrv keeps frozen or has no slot for (why in what).
+static int peft_name(const char *name, int *layer, int *target, int *which, int *expert, const char **what) {
   const char *p = name;
   if (strncmp(p, "base_model.model.", 17) == 0) p += 17;
-  int l, used = 0;
-  char grp[16], mod[16], ab[8], tail[24];
-  if (sscanf(p, "model.layers.%d.%15[a-z_].%15[a-z_].lora_%7[AB].%23[a-z.]%n", &l, grp, mod, ab, tail, &used) != 5 || (size_t)used != strlen(p))
+  int l, e, used = 0;
+  char grp[24], mod[16], ab[8], tail[24];
+  *expert = -1;
+  if (sscanf(p, "model.layers.%d.%23[a-z_].experts.%d.%15[a-z0-9_].lora_%7[AB].%23[a-z.]%n", &l, grp, &e, mod, ab, tail, &used) == 6 &&
+      (size_t)used == strlen(p)) {
+    if (!peft_tail_ok(tail) || l < 0 || e < 0) return -1;
+    for (size_t i = 0; i < sizeof peft_experts / sizeof peft_experts[0]; i++)
+      if (!strcmp(grp, peft_experts[i].group) && !strcmp(mod, peft_experts[i].module)) {
+        *layer = l, *target = peft_experts[i].target, *which = ab[0] == 'B', *expert = e;
+        return 0;
+      }
     return -1;
-  if (strcmp(tail, "weight") != 0 && strcmp(tail, "default.weight") != 0) return -1;
+  }
+  used = 0;
+  if (sscanf(p, "model.layers.%d.%23[a-z_].%15[a-z_].lora_%7[AB].%23[a-z.]%n", &l, grp, mod, ab, tail, &used) != 5 || (size_t)used != strlen(p)) {
+    if (strstr(p, ".shared_expert.") || strstr(p, ".shared_expert_gate.")) {
+      *what = "a shared expert's module (qwen2moe's shared_expert is not adapted by PEFT import)";
+      return -4;
+    }
+    return -1;
+  }
+  if (!peft_tail_ok(tail)) return -1;
+  if (!strcmp(mod, "gate") && (!strcmp(grp, "mlp") || !strcmp(grp, "block_sparse_moe"))) {
+    *what = "the router (mlp.gate / block_sparse_moe.gate: frozen, not adapted)";
+    return -4;
+  }
   // Phi-3's fused modules, as its GGUF names them (no row permutation: NeoX rotation)
   if (!strcmp(mod, "qkv_proj") || !strcmp(mod, "gate_up_proj")) {
     if (strcmp(grp, mod[0] == 'q' ? "self_attn" : "mlp") != 0) return -1;
@@ -375,7 +412,7 @@ static int peft_name(const char *name, int *layer, int *target, int *which) {
     return 0;
   }
   const int t = ll_lora_target_from_name(mod);
-  if (t < 0 || strcmp(mod, ll_lora_target_peft(t)) != 0) return -1;
+  if (t < 0 || t >= LL_LORA_N_TARGETS || strcmp(mod, ll_lora_target_peft(t)) != 0) return -1;
   if (strcmp(grp, t <= LL_LORA_O ? "self_attn" : "mlp") != 0) return -1;
   *layer = l, *target = t, *which = ab[0] == 'B';
   return 0;
@@ -399,6 +436,7 @@ int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lor
   ll_modelfile_init(&gm);
   void **copies = NULL;
   size_t n_copies = 0;
+  const struct ll_tensor_info **xt = NULL;
   json_t *r = json_object_get(cfg, "r"), *al = json_object_get(cfg, "lora_alpha"), *pt = json_object_get(cfg, "peft_type");
   if (!json_is_object(cfg) || !json_is_integer(r) || json_integer_value(r) <= 0 || json_integer_value(r) > 4096 || !json_is_number(al)) {
     rc = ll_errf(err, errlen, LL_EFORMAT, "%s: needs \"r\" (1..4096) and \"lora_alpha\"", path);
@@ -459,11 +497,26 @@ int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lor
     goto out;
   }
   const int permute = strcmp(d->arch, "llama") == 0;
+  // The experts' matrices, one tensor per expert in PEFT, are gathered here and stacked into
+  // llama.cpp's 3-D ffn_*_exps lora tensors ({in, r, E}, {r, out, E}) after the loop:
+  // xt[((layer * 3 + slot) * 2 + which) * n_expert + expert].
+  const int n_exp = d->n_expert > 0 ? d->n_expert : 0;
+  const size_t nx = (size_t)d->n_layer * 3 * 2 * (size_t)n_exp;
+  if (nx && !(xt = calloc(nx, sizeof *xt))) {
+    rc = ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+    goto out;
+  }
   for (uint64_t i = 0; i < raw.n_tensors; i++) {
     const struct ll_tensor_info *t = &raw.tensors[i];
-    int l = 0, tg = 0, w = 0;
-    if (peft_name(t->name.ptr, &l, &tg, &w) != 0) {
-      rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: tensor '%s' is not a LoRA matrix of q/k/v/o/gate/up/down_proj", path, t->name.ptr);
+    int l = 0, tg = 0, w = 0, ex = -1;
+    const char *why = NULL;
+    if ((rc = peft_name(t->name.ptr, &l, &tg, &w, &ex, &why)) != 0) {
+      if (rc == -4) rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: tensor '%s': %s", path, t->name.ptr, why);
+      else
+        rc = ll_errf(err, errlen, LL_EUNSUPPORTED,
+                     "%s: tensor '%s' is not a LoRA matrix of q/k/v/o/gate/up/down_proj or of an expert (mlp.experts.N.gate/up/down_proj, "
+                     "block_sparse_moe.experts.N.w1/w3/w2)",
+                     path, t->name.ptr);
       goto out;
     }
     if (t->n_dims != 2) {
@@ -474,6 +527,24 @@ int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lor
       rc = ll_errf(err, errlen, LL_EINVAL, "%s: tensor '%s' has rank %lld, adapter_config.json says r=%d", path, t->name.ptr,
                    (long long)(w ? t->ne[0] : t->ne[1]), rank);
       goto out;
+    }
+    if (ex >= 0) {
+      if (!n_exp) {
+        rc = ll_errf(err, errlen, LL_EINVAL, "%s: tensor '%s' adapts an expert; the model has no experts (wrong base model?)", path, t->name.ptr);
+        goto out;
+      }
+      if (l >= d->n_layer || ex >= n_exp) {
+        rc = ll_errf(err, errlen, LL_EINVAL, "%s: tensor '%s': layer %d, expert %d; the model has %d layers of %d experts (wrong base model?)", path,
+                     t->name.ptr, l, ex, d->n_layer, n_exp);
+        goto out;
+      }
+      const struct ll_tensor_info **slot = &xt[(((size_t)l * 3 + (size_t)(tg - LL_LORA_GATE_EXPS)) * 2 + (size_t)w) * (size_t)n_exp + (size_t)ex];
+      if (*slot) {
+        rc = ll_errf(err, errlen, LL_EEXIST, "%s: tensor '%s' appears twice", path, t->name.ptr);
+        goto out;
+      }
+      *slot = t;
+      continue;
     }
     const unsigned char *src = (const unsigned char *)map + t->offset;
     const void *data = src;
@@ -516,9 +587,47 @@ int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lor
       goto out;
     }
   }
+  // Each expert slot adapted in a layer: all n_exp experts, of one type and shape, stacked in
+  // expert order. The tensors are disjoint in the file (ll_safetensors_parse_header), so the
+  // stacks together are at most its size.
+  for (size_t g = 0; nx && g < nx / (size_t)n_exp; g++) {
+    const struct ll_tensor_info **x = &xt[g * (size_t)n_exp], *t0 = NULL;
+    int have = 0;
+    for (int e = 0; e < n_exp; e++) have += x[e] != NULL, t0 = t0 ? t0 : x[e];
+    if (!have) continue;
+    const int l = (int)(g / 6), tg = LL_LORA_GATE_EXPS + (int)(g / 2 % 3), w = (int)(g % 2);
+    for (int e = 0; e < n_exp; e++) {
+      if (!x[e]) {
+        rc = ll_errf(err, errlen, LL_EINVAL, "%s: layer %d, %s lora_%c: expert %d is missing (%d of the model's %d experts present; all or none)",
+                     path, l, ll_lora_target_tensor(tg), w ? 'B' : 'A', e, have, n_exp);
+        goto out;
+      }
+      if (x[e]->type != t0->type || x[e]->ne[0] != t0->ne[0] || x[e]->ne[1] != t0->ne[1]) {
+        rc = ll_errf(err, errlen, LL_EINVAL, "%s: tensor '%s': type or shape differs from '%s' (one per expert of the same module)", path,
+                     x[e]->name.ptr, t0->name.ptr);
+        goto out;
+      }
+    }
+    const size_t nb = (size_t)t0->nbytes;
+    unsigned char *dst = malloc(nb * (size_t)n_exp + 1);
+    if (!dst) {
+      rc = ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory");
+      goto out;
+    }
+    copies[n_copies++] = dst; // at most one per tensor: a stack takes n_exp >= 1 of them
+    for (int e = 0; e < n_exp; e++) memcpy(dst + (size_t)e * nb, (const unsigned char *)map + x[e]->offset, nb);
+    char gname[96];
+    snprintf(gname, sizeof gname, "blk.%d.%s.weight.lora_%c", l, ll_lora_target_tensor(tg), w ? 'b' : 'a');
+    const int64_t ne[3] = {t0->ne[0], t0->ne[1], n_exp};
+    if ((rc = ll_mf_add_tensor(&gm, gname, t0->type, 3, ne, dst))) {
+      ll_errf(err, errlen, rc, "%s: %s: %s", path, gname, ll_strerror(rc));
+      goto out;
+    }
+  }
   char e3[512] = "";
   if ((rc = ll_lora_from_mf(out, &gm, d, 0, be, e3, sizeof e3))) ll_errf(err, errlen, rc, "%s: %s", dir, e3);
 out:
+  free(xt);
   for (size_t i = 0; i < n_copies; i++) free(copies[i]);
   free(copies);
   ll_modelfile_free(&raw);
