@@ -133,6 +133,11 @@ int ll_lora_save_gguf(const struct ll_lora *a, const char *path, char *err, size
 // router and qwen2moe's shared expert are refused with a message saying so.
 int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lora_dims *d, struct ll_backend *be,
                       char *err, size_t errlen);
+// The same from the two files' bytes (cfg_text: adapter_config.json, at most 1 MiB; map:
+// adapter_model.safetensors); dir only names them in messages. Hostile input: every size and
+// name checked (fuzz_lora).
+int ll_lora_peft_parse(struct ll_lora **out, const char *cfg_text, size_t cfg_len, const void *map, size_t maplen, const char *dir,
+                       const struct ll_lora_dims *d, struct ll_backend *be, char *err, size_t errlen);
 // Any of: a GGUF LoRA file, a .ckpt holding adapter tensors, a PEFT directory. The adapter's
 // name is the file stem (directory name for PEFT). d NULL: shapes taken from the file itself
 // (ll_lora_dims_from_mf; not for PEFT directories, whose q/k permutation needs the heads).

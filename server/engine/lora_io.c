@@ -418,19 +418,16 @@ static int peft_name(const char *name, int *layer, int *target, int *which, int 
   return 0;
 }
 
-int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lora_dims *d, struct ll_backend *be, char *err, size_t errlen) {
+int ll_lora_peft_parse(struct ll_lora **out, const char *cfg_text, size_t cfg_len, const void *map, size_t maplen, const char *dir,
+                       const struct ll_lora_dims *d, struct ll_backend *be, char *err, size_t errlen) {
   *out = NULL;
   char path[4200];
   snprintf(path, sizeof path, "%.4000s/adapter_config.json", dir);
-  struct stat st;
-  if (stat(path, &st) != 0) return ll_errf(err, errlen, LL_EIO, "%s: %s", path, strerror(errno));
-  if (st.st_size > (off_t)PEFT_MAX_CONFIG) return ll_errf(err, errlen, LL_ELIMIT, "%s: larger than %u bytes", path, PEFT_MAX_CONFIG);
+  if (cfg_len > PEFT_MAX_CONFIG) return ll_errf(err, errlen, LL_ELIMIT, "%s: larger than %u bytes", path, PEFT_MAX_CONFIG);
   json_error_t je;
-  json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+  json_t *cfg = json_loadb(cfg_text, cfg_len, JSON_REJECT_DUPLICATES, &je);
   if (!cfg) return ll_errf(err, errlen, LL_EFORMAT, "%s: %s (line %d)", path, je.text, je.line);
   int rc = 0;
-  void *map = NULL;
-  size_t maplen = 0;
   struct ll_modelfile raw, gm;
   ll_modelfile_init(&raw);
   ll_modelfile_init(&gm);
@@ -472,12 +469,6 @@ int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lor
   if (json_is_true(json_object_get(cfg, "use_rslora"))) alpha *= sqrt((double)rank); // scale alpha/sqrt(r) == alpha'/r
 
   snprintf(path, sizeof path, "%.4000s/adapter_model.safetensors", dir);
-  if ((rc = ll_map_file(path, &map, &maplen, err, errlen))) {
-    char bin[4200];
-    snprintf(bin, sizeof bin, "%.4000s/adapter_model.bin", dir);
-    if (access(bin, F_OK) == 0) rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: only adapter_model.safetensors is read (not the pickle adapter_model.bin)", dir);
-    goto out;
-  }
   char e2[384] = "";
   if ((rc = ll_safetensors_parse_header(map, maplen, maplen, &raw, e2, sizeof e2))) {
     ll_errf(err, errlen, rc, "%s: %s", path, e2);
@@ -632,8 +623,39 @@ out:
   free(copies);
   ll_modelfile_free(&raw);
   ll_modelfile_free(&gm);
-  if (map) munmap(map, maplen);
   json_decref(cfg);
+  return rc;
+}
+
+int ll_lora_load_peft(struct ll_lora **out, const char *dir, const struct ll_lora_dims *d, struct ll_backend *be, char *err, size_t errlen) {
+  *out = NULL;
+  char path[4200];
+  snprintf(path, sizeof path, "%.4000s/adapter_config.json", dir);
+  FILE *f = fopen(path, "rb");
+  if (!f) return ll_errf(err, errlen, LL_EIO, "%s: %s", path, strerror(errno));
+  char *cfg = malloc(PEFT_MAX_CONFIG + 1);
+  size_t n = cfg ? fread(cfg, 1, PEFT_MAX_CONFIG + 1, f) : 0;
+  const int bad = ferror(f);
+  fclose(f);
+  if (!cfg || bad || n > PEFT_MAX_CONFIG) {
+    free(cfg);
+    return !cfg ? ll_errf(err, errlen, LL_ENOMEM, "lora: out of memory")
+           : bad ? ll_errf(err, errlen, LL_EIO, "%s: read error", path)
+                 : ll_errf(err, errlen, LL_ELIMIT, "%s: larger than %u bytes", path, PEFT_MAX_CONFIG);
+  }
+  void *map = NULL;
+  size_t maplen = 0;
+  snprintf(path, sizeof path, "%.4000s/adapter_model.safetensors", dir);
+  int rc = ll_map_file(path, &map, &maplen, err, errlen);
+  if (rc) {
+    char bin[4200];
+    snprintf(bin, sizeof bin, "%.4000s/adapter_model.bin", dir);
+    if (access(bin, F_OK) == 0) rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "%s: only adapter_model.safetensors is read (not the pickle adapter_model.bin)", dir);
+  } else {
+    rc = ll_lora_peft_parse(out, cfg, n, map, maplen, dir, d, be, err, errlen);
+    munmap(map, maplen);
+  }
+  free(cfg);
   return rc;
 }
 
