@@ -1,5 +1,5 @@
 # The server: protocol grammar and chat templates (unit), then the real thing over sockets.
-ll_test(NAME test_proto SOURCES test_proto.c LIBS ll_server LABELS unit)
+ll_test(NAME test_proto SOURCES test_proto.c LIBS ll_server LABELS unit ARGS ${CMAKE_CURRENT_SOURCE_DIR}/ref/qwen3_chat.json)
 # The server through real sockets on the embedded demo model: protocol, 64 concurrent clients
 # (greedy outputs equal single-client ones), cancel, the bad-input battery (PING within 50 ms
 # after each, no fd growth), limits, monitor socket modes/schema/control, auth, SIGTERM.

@@ -428,15 +428,18 @@ static void test_thinking(const struct ll_tokenizer *t) {
   struct ll_data_span in_sp[] = {{(size_t)(a1 - chat), (size_t)(k1 - chat) + 18}, {(size_t)(a2 - chat), strlen(chat) - 1}};
   struct ll_data_record r;
   char err[512];
-  for (int mode = 0; mode < 2; mode++) {
-    int rc = ll_data_record_parse(line, strlen(line), "chatml", mode ? LL_DATA_TRAIN_ON_THINKING : 0, &r, err, sizeof err);
-    CHECKF(rc == 0 && r.len == strlen(chat) && !memcmp(r.text, chat, r.len), "%s", rc ? err : r.text);
-    const struct ll_data_span *w = mode ? in_sp : out_sp;
-    const int nw = mode ? 2 : 4;
+  // Qwen3's template (named, or its text) trains as chatml: the turns verbatim, not re-spaced
+  // or with earlier reasoning dropped as the inference rendering (ll_chat_opts) does
+  const char *tmpls[] = {"chatml", "qwen3", "{%- if enable_thinking is defined %}{{ '<|im_start|>' }}{%- endif %}"};
+  for (int mode = 0; mode < 6; mode++) {
+    int rc = ll_data_record_parse(line, strlen(line), tmpls[mode / 2], mode % 2 ? LL_DATA_TRAIN_ON_THINKING : 0, &r, err, sizeof err);
+    CHECKF(rc == 0 && r.len == strlen(chat) && !memcmp(r.text, chat, r.len), "%s: %s", tmpls[mode / 2], rc ? err : r.text);
+    const struct ll_data_span *w = mode % 2 ? in_sp : out_sp;
+    const int nw = mode % 2 ? 2 : 4;
     int same = rc == 0 && r.n_spans == nw;
     for (int i = 0; same && i < nw; i++) same &= r.spans[i].start == w[i].start && r.spans[i].end == w[i].end;
     CHECKF(same, "mode %d: %d spans", mode, rc == 0 ? r.n_spans : -1);
-    for (int i = 0; rc == 0 && i < r.n_spans; i++) printf("  mode %d span '%.*s'\n", mode, (int)(r.spans[i].end - r.spans[i].start), r.text + r.spans[i].start);
+    for (int i = 0; rc == 0 && mode < 2 && i < r.n_spans; i++) printf("  mode %d span '%.*s'\n", mode, (int)(r.spans[i].end - r.spans[i].start), r.text + r.spans[i].start);
     if (rc == 0) ll_data_record_free(&r);
   }
   // the same through the data reader: BOS then the bytes; targets[i] is token i + 1 or -1
@@ -462,8 +465,8 @@ static void test_thinking(const struct ll_tokenizer *t) {
     ll_data_stats(d, &st);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n), *tg = malloc(sizeof(int32_t) * (size_t)n);
     CHECK(ll_data_next(d, ids, tg, err, sizeof err) == 0);
-    const struct ll_data_span *w = mode ? in_sp : out_sp;
-    const int nw = mode ? 2 : 4;
+    const struct ll_data_span *w = mode % 2 ? in_sp : out_sp;
+    const int nw = mode % 2 ? 2 : 4;
     int ok = 1, counted = 0;
     for (int i = 0; i + 1 < n; i++) { // target i is byte i of chat (after BOS)
       int want = 0;

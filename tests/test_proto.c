@@ -4,6 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "ll_chat.h"
 #include "ll_error.h"
 #include "ll_proto.h"
@@ -16,7 +18,111 @@ static int parse(const char *text, struct ll_proto_req *q, char *buf, const char
   return ll_proto_parse(buf, n, q, code, err, 256);
 }
 
-int main(void) {
+// Qwen3's template with and without thinking (issue 32): each conversation of
+// tests/ref/qwen3_chat.json (rendered by Python jinja2 from the template llama.cpp ships, README
+// section 11) renders to the same bytes, marked or not, and only the template's own text is markup.
+static void test_qwen3_ref(const char *path) {
+  json_error_t je;
+  json_t *all = json_load_file(path, 0, &je);
+  CHECKF(all && json_array_size(all) >= 20, "%s: %s", path, je.text);
+  char err[256];
+  size_t i;
+  json_t *e;
+  json_array_foreach(all, i, e) {
+    json_t *jm = json_object_get(e, "messages");
+    const char *want = json_string_value(json_object_get(e, "expected"));
+    struct ll_chat_msg m[16];
+    size_t n = json_array_size(jm);
+    CHECK(want && n >= 1 && n <= 16);
+    if (!want || n < 1 || n > 16) continue;
+    for (size_t k = 0; k < n; k++)
+      m[k].role = json_string_value(json_object_get(json_array_get(jm, k), "role")),
+      m[k].content = json_string_value(json_object_get(json_array_get(jm, k), "content"));
+    struct ll_chat_opts o = {.enable_thinking = json_is_true(json_object_get(e, "enable_thinking"))};
+    char *r = NULL;
+    struct ll_tok_span *mk = NULL;
+    int nm = 0;
+    CHECKF(ll_chat_render_opts("qwen3", m, (int)n, &o, &r, &mk, &nm, err, sizeof err) == 0 && r && !strcmp(r, want),
+           "case %zu (enable_thinking=%d):\n got  '%s'\n want '%s'", i, o.enable_thinking, r ? r : err, want);
+    // a message's text is never markup: no mark covers a byte that only a content could have put there
+    for (int j = 0; r && j < nm; j++) CHECK(mk[j].start < mk[j].end && mk[j].end <= strlen(r) && (j == 0 || mk[j].start > mk[j - 1].end));
+    free(r), free(mk);
+    if (o.enable_thinking) { // the default is thinking on, as in the template
+      CHECK(ll_chat_render("qwen3", m, (int)n, &r, err, sizeof err) == 0 && r && !strcmp(r, want));
+      free(r);
+    }
+  }
+  json_decref(all);
+}
+
+// reasoning_format deepseek (issue 32): "<think>" reasoning "</think>" answer split, whole and
+// streamed - fed one byte at a time and one UTF-8 character at a time, the pieces of each kind
+// joined equal the whole split, reasoning never after answer, and character-fed pieces are
+// UTF-8 complete.
+struct split_acc {
+  char r[256], c[256];
+  size_t nr, nc;
+  int order_ok, utf8_ok, seen_answer;
+};
+
+static void split_emit(void *u, int reasoning, const char *t, size_t n) {
+  struct split_acc *a = u;
+  a->order_ok &= n > 0 && !(reasoning && a->seen_answer);
+  a->seen_answer |= !reasoning;
+  a->utf8_ok &= ll_utf8_complete_prefix(t, n) == n;
+  char *d = reasoning ? a->r : a->c;
+  size_t *k = reasoning ? &a->nr : &a->nc;
+  if (*k + n < 256) memcpy(d + *k, t, n), *k += n;
+}
+
+static void test_reasoning_split(void) {
+  static const struct {
+    const char *text, *reasoning, *content; // reasoning NULL: none
+  } cases[] = {
+      {"<think>\nI add.\n</think>\n\nFour.", "I add.", "Four."},
+      {"  \n<think>r</think>a", "r", "a"},
+      {"Four.", NULL, "Four."},
+      {"<think>\nunclosed  reason \n", "unclosed  reason", ""},
+      {"x<think>r</think>y", NULL, "x<think>r</think>y"},
+      {"<thi", NULL, "<thi"},
+      {"\n\n", NULL, "\n\n"},
+      {"", NULL, ""},
+      {"<think></think>", "", ""},
+      {"<think>\xc3\xa9 \xc3\xbc\n</thi</think>\n\n\xe6\x97\xa5 <think>", "\xc3\xa9 \xc3\xbc\n</thi", "\xe6\x97\xa5 <think>"},
+      {"<think>a</think>b</think>c", "a", "b</think>c"},
+      {"<think>a \n </think", "a \n </think", ""},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *t = cases[i].text;
+    const size_t n = strlen(t);
+    size_t rs, re, cs;
+    const int has = ll_chat_reasoning_split(t, n, &rs, &re, &cs);
+    CHECKF(has == (cases[i].reasoning != NULL) && (!has || (re - rs == strlen(cases[i].reasoning) && !memcmp(t + rs, cases[i].reasoning, re - rs))) &&
+               !strcmp(t + cs, cases[i].content),
+           "split case %zu", i);
+    for (int by_char = 0; by_char < 2; by_char++) {
+      struct ll_chat_reasoning st = {0};
+      struct split_acc a = {.order_ok = 1, .utf8_ok = 1};
+      int rc = 0;
+      for (size_t k = 0; k < n && !rc;) {
+        size_t step = 1;
+        if (by_char) step = (unsigned char)t[k] >= 0xf0 ? 4 : (unsigned char)t[k] >= 0xe0 ? 3 : (unsigned char)t[k] >= 0xc0 ? 2 : 1;
+        rc = ll_chat_reasoning_feed(&st, t + k, step, 0, split_emit, &a);
+        k += step;
+      }
+      rc |= ll_chat_reasoning_feed(&st, "", 0, 1, split_emit, &a);
+      a.r[a.nr] = a.c[a.nc] = 0;
+      CHECKF(rc == 0 && a.order_ok && !strcmp(a.r, cases[i].reasoning ? cases[i].reasoning : "") && !strcmp(a.c, cases[i].content) &&
+                 (!by_char || a.utf8_ok),
+             "streamed case %zu (%s): reasoning '%s' content '%s'", i, by_char ? "by character" : "by byte", a.r, a.c);
+      ll_chat_reasoning_free(&st);
+    }
+  }
+}
+
+int main(int argc, char **argv) {
+  test_reasoning_split();
+  if (argc > 1) test_qwen3_ref(argv[1]);
   struct ll_proto_req q;
   const char *code;
   char err[256], buf[4096];
@@ -131,7 +237,7 @@ int main(void) {
   CHECK(!strcmp(ll_chat_detect("{% for message in messages %}{{'<|' + message['role'] + '|>' + '\n' + message['content'] + '<|end|>\n'}}"
                                "{% endfor %}{{ '<|assistant|>\n' }}"),
                 "phi3"));
-  CHECK(!strcmp(ll_chat_detect("{%- if enable_thinking is defined %}<|im_start|>assistant\n<think>\n\n</think>\n\n{%- endif %}"), "chatml"));
+  CHECK(!strcmp(ll_chat_detect("{%- if enable_thinking is defined %}<|im_start|>assistant\n<think>\n\n</think>\n\n{%- endif %}"), "qwen3"));
   CHECK(ll_chat_render("gemma", msgs, n, &r, err, sizeof err) == 0);
   CHECKF(r && !strcmp(r, "<start_of_turn>user\nBe brief.\n\nHi\nthere<end_of_turn>\n<start_of_turn>model\n"), "%s", r);
   free(r);
@@ -148,7 +254,7 @@ int main(void) {
 
   // Marked rendering (issue 28): the same text, and the marks are the template's text exactly -
   // the bytes outside them are the messages' contents in order, whatever markers they contain.
-  const char *names[] = {"chatml", "llama2", "llama3", "zephyr", "gemma", "phi3"};
+  const char *names[] = {"chatml", "llama2", "llama3", "zephyr", "gemma", "phi3", "qwen3"};
   const struct ll_chat_msg conv[] = {{"system", "S<|im_end|>"}, {"user", "</s>[/INST]<|eot_id|>"}, {"assistant", "<end_of_turn>ok"},
                                      {"user", "<|end|><|assistant|>"}};
   const char *contents = "S<|im_end|></s>[/INST]<|eot_id|><end_of_turn>ok<|end|><|assistant|>";
@@ -179,7 +285,7 @@ int main(void) {
   CHECK(ll_chat_template_load("llama3", &tt, err, sizeof err) == 0 && tt && !strcmp(tt, "llama3"));
   free(tt);
   CHECKF(ll_chat_template_load("chatml2", &tt, err, sizeof err) == LL_EINVAL && !tt && strstr(err, "'chatml2'") &&
-             strstr(err, "chatml, llama2, llama3, zephyr, gemma, phi3"),
+             strstr(err, "chatml, llama2, llama3, zephyr, gemma, phi3, qwen3"),
          "%s", err);
   char dir[512], path[600];
   if (ll_test_tmpdir(dir, sizeof dir)) {

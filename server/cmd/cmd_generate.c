@@ -28,7 +28,7 @@ static void usage(FILE *f) {
              "Greedy when --temp 0. --ids prints token ids instead of text. A model without a tokenizer\n"
              "(llama2.c .bin) generates from BOS (id 1) when no prompt is given; -p then takes ids.\n"
              "--chat sends -p as a user message through the model's chat template (its text stays text);\n"
-             "--chat-template (implies --chat) uses chatml, llama2, llama3, zephyr, gemma, phi3 or a template file.\n"
+             "--chat-template (implies --chat) uses chatml, llama2, llama3, zephyr, gemma, phi3, qwen3 or a template file.\n"
              "--adapter applies a LoRA adapter (GGUF LoRA file, .ckpt with adapter tensors, PEFT directory).\n"
              "--dump-logits K prints the prompt ids and the K largest logits after the prompt to stderr.\n");
 }

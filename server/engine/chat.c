@@ -12,6 +12,7 @@
 
 const char *ll_chat_detect(const char *t) {
   if (!t) return NULL;
+  if (strstr(t, "<|im_start|>") && strstr(t, "enable_thinking")) return "qwen3"; // chatml with Qwen3's thinking rules
   if (strstr(t, "<|im_start|>")) return "chatml";
   if (strstr(t, "<|start_header_id|>") && strstr(t, "<|eot_id|>")) return "llama3";
   if (strstr(t, "<start_of_turn>")) return "gemma";
@@ -66,8 +67,8 @@ static void sb_put(struct sb *b, const char *s, size_t k, int markup) {
 static void mark(struct sb *b, const char *s) { sb_put(b, s, strlen(s), 1); } // the template's text
 static void text(struct sb *b, const char *s) { sb_put(b, s, strlen(s), 0); } // a message's content
 
-static const char *const chat_names[] = {"chatml", "llama2", "llama3", "zephyr", "gemma", "phi3"};
-#define CHAT_NAMES "chatml, llama2, llama3, zephyr, gemma, phi3"
+static const char *const chat_names[] = {"chatml", "llama2", "llama3", "zephyr", "gemma", "phi3", "qwen3"};
+#define CHAT_NAMES "chatml, llama2, llama3, zephyr, gemma, phi3, qwen3"
 
 const char *ll_chat_builtin(const char *name) {
   for (size_t i = 0; name && i < sizeof chat_names / sizeof chat_names[0]; i++)
@@ -75,8 +76,73 @@ const char *ll_chat_builtin(const char *name) {
   return NULL;
 }
 
+static void textn(struct sb *b, const char *s, size_t k) { sb_put(b, s, k, 0); }
+
+static const char *find_last(const char *s, size_t n, const char *pat) {
+  size_t k = strlen(pat);
+  const char *last = NULL;
+  for (size_t i = 0; i + k <= n; i++)
+    if (!memcmp(s + i, pat, k)) last = s + i;
+  return last;
+}
+
+// A user turn that is a tool's answer (Qwen3's template does not count it as a query).
+static int is_tool_response(const char *c) {
+  static const char open[] = "<tool_response>", close[] = "</tool_response>";
+  size_t n = strlen(c);
+  return !strncmp(c, open, sizeof open - 1) && n >= sizeof close - 1 && !strcmp(c + n - (sizeof close - 1), close);
+}
+
+// Qwen3's template (Qwen/Qwen3-*'s chat_template, llama.cpp's models/templates/Qwen-Qwen3-0.6B.jinja;
+// tools aside): chatml, where an assistant turn's "<think>...</think>" reasoning is dropped up to
+// the last user query and kept, normalised, after it (a turn after it without reasoning gets an
+// empty block when it is the last); enable_thinking off pre-fills an empty block in the prompt.
+// Each .split/.strip below is the template's, in its order (tests/ref/qwen3_chat.json).
+static void render_qwen3(struct sb *b, const struct ll_chat_msg *m, int n, int enable_thinking) {
+  int last_query = n - 1;
+  for (int i = n - 1; i >= 0; i--)
+    if (!strcmp(m[i].role, "user") && !is_tool_response(m[i].content)) {
+      last_query = i;
+      break;
+    }
+  for (int i = 0; i < n; i++) {
+    if (strcmp(m[i].role, "assistant")) {
+      mark(b, "<|im_start|>"), mark(b, m[i].role), mark(b, "\n"), text(b, m[i].content), mark(b, "<|im_end|>\n");
+      continue;
+    }
+    const char *c = m[i].content, *r = "";
+    size_t cl = strlen(c), rl = 0;
+    const char *close = strstr(c, "</think>");
+    if (close) {
+      const char *re = close, *rs = c, *last = find_last(c, cl, "</think>"), *open;
+      while (re > c && re[-1] == '\n') re--;                                   // split('</think>')[0].rstrip('\n')
+      if ((open = find_last(c, (size_t)(re - c), "<think>"))) rs = open + 7; // .split('<think>')[-1]
+      while (rs < re && *rs == '\n') rs++;                                     // .lstrip('\n')
+      r = rs, rl = (size_t)(re - rs);
+      c = last + 8;                                                            // split('</think>')[-1]
+      while (*c == '\n') c++;                                                  // .lstrip('\n')
+      cl = strlen(c);
+    }
+    mark(b, "<|im_start|>assistant\n");
+    if (i > last_query && (i == n - 1 || rl)) {
+      while (rl && *r == '\n') r++, rl--; // reasoning_content.strip('\n')
+      while (rl && r[rl - 1] == '\n') rl--;
+      while (*c == '\n') c++, cl--;       // content.lstrip('\n')
+      mark(b, "<think>\n"), textn(b, r, rl), mark(b, "\n</think>\n\n");
+    }
+    textn(b, c, cl), mark(b, "<|im_end|>\n");
+  }
+  mark(b, "<|im_start|>assistant\n");
+  if (!enable_thinking) mark(b, "<think>\n\n</think>\n\n");
+}
+
 int ll_chat_render_marked(const char *tmpl, const struct ll_chat_msg *m, int n, char **out, struct ll_tok_span **marks,
                           int *n_marks, char *err, size_t errlen) {
+  return ll_chat_render_opts(tmpl, m, n, NULL, out, marks, n_marks, err, errlen);
+}
+
+int ll_chat_render_opts(const char *tmpl, const struct ll_chat_msg *m, int n, const struct ll_chat_opts *o, char **out,
+                        struct ll_tok_span **marks, int *n_marks, char *err, size_t errlen) {
   const char *fmt = ll_chat_builtin(tmpl);
   if (!fmt) fmt = ll_chat_detect(tmpl);
   *out = NULL;
@@ -87,7 +153,9 @@ int ll_chat_render_marked(const char *tmpl, const struct ll_chat_msg *m, int n, 
                         : "chat: the model has no chat template (set one with chat_template: " CHAT_NAMES ", or a template file; or use GEN with a prompt)");
   struct sb b = {0};
   sb_put(&b, "", 0, 0);
-  if (!strcmp(fmt, "chatml")) {
+  if (!strcmp(fmt, "qwen3")) {
+    render_qwen3(&b, m, n, o ? o->enable_thinking : 1);
+  } else if (!strcmp(fmt, "chatml")) {
     for (int i = 0; i < n; i++) mark(&b, "<|im_start|>"), mark(&b, m[i].role), mark(&b, "\n"), text(&b, m[i].content), mark(&b, "<|im_end|>\n");
     mark(&b, "<|im_start|>assistant\n");
   } else if (!strcmp(fmt, "llama3")) {
@@ -233,4 +301,81 @@ void ll_chat_free_store(void *store, struct ll_chat_msg *msgs) {
     json_decref((json_t *)store);
   }
   free(msgs);
+}
+
+// ---- reasoning / answer (ll_chat_reasoning_*)
+
+static int is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+int ll_chat_reasoning_split(const char *t, size_t n, size_t *rs, size_t *re, size_t *cs) {
+  size_t i = 0;
+  while (i < n && is_ws(t[i])) i++;
+  *rs = *re = *cs = 0;
+  if (n - i < 7 || memcmp(t + i, "<think>", 7) != 0) return 0;
+  const char *end = memmem(t + i + 7, n - i - 7, "</think>", 8);
+  size_t a = i + 7, b = end ? (size_t)(end - t) : n, c = end ? b + 8 : n;
+  while (a < b && is_ws(t[a])) a++;
+  while (b > a && is_ws(t[b - 1])) b--;
+  while (c < n && is_ws(t[c])) c++;
+  *rs = a, *re = b, *cs = c;
+  return 1;
+}
+
+enum { R_START, R_THINK_WS, R_THINK, R_ANSWER_WS, R_ANSWER };
+
+static size_t tag_prefix_tail(const char *p, size_t n, const char *tag) { // the longest suffix of p that begins tag
+  size_t k = strlen(tag) - 1;
+  for (k = k < n ? k : n; k > 0; k--)
+    if (!memcmp(p + n - k, tag, k)) return k;
+  return 0;
+}
+
+int ll_chat_reasoning_feed(struct ll_chat_reasoning *r, const char *text, size_t n, int final, ll_chat_reasoning_emit emit, void *u) {
+  if (n) {
+    if (r->n + n > r->cap) {
+      size_t nc = (r->n + n) * 2;
+      char *q = realloc(r->hold, nc);
+      if (!q) return LL_ENOMEM;
+      r->hold = q, r->cap = nc;
+    }
+    memcpy(r->hold + r->n, text, n);
+    r->n += n;
+  }
+  const char *p = r->hold;
+  size_t len = r->n, i = 0;
+  while (i < len) {
+    if (r->state == R_START) {
+      size_t j = i;
+      while (j < len && is_ws(p[j])) j++;
+      const size_t k = len - j < 7 ? len - j : 7;
+      if (!final && (j == len || (k < 7 && !memcmp(p + j, "<think>", k)))) break; // undecided
+      if (k == 7 && !memcmp(p + j, "<think>", 7)) i = j + 7, r->state = R_THINK_WS;
+      else r->state = R_ANSWER; // no reasoning: the text as it is
+    } else if (r->state == R_THINK_WS || r->state == R_ANSWER_WS) {
+      while (i < len && is_ws(p[i])) i++;
+      if (i == len) break;
+      r->state = r->state == R_THINK_WS ? R_THINK : R_ANSWER;
+    } else if (r->state == R_THINK) {
+      const char *e = memmem(p + i, len - i, "</think>", 8);
+      size_t upto = e ? (size_t)(e - p) : final ? len : len - tag_prefix_tail(p + i, len - i, "</think>"), b = upto;
+      while (b > i && is_ws(p[b - 1])) b--;
+      if (b > i) emit(u, 1, p + i, b - i);
+      if (!e) {
+        i = final ? len : b; // the trailing whitespace may be the reasoning's end: it waits
+        break;
+      }
+      i = upto + 8, r->state = R_ANSWER_WS;
+    } else {
+      emit(u, 0, p + i, len - i);
+      i = len;
+    }
+  }
+  memmove(r->hold, p + i, len - i);
+  r->n = len - i;
+  return 0;
+}
+
+void ll_chat_reasoning_free(struct ll_chat_reasoning *r) {
+  free(r->hold);
+  *r = (struct ll_chat_reasoning){0};
 }

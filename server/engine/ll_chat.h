@@ -1,6 +1,7 @@
 // ll_chat.h - render chat messages with a model's chat template. The Jinja template text from
 // the GGUF is not executed; it is recognised (like llama.cpp's llm_chat_detect_template) and
-// the known format is rendered: chatml, llama2, llama3, zephyr, gemma, phi3.
+// the known format is rendered: chatml, llama2, llama3, zephyr, gemma, phi3, qwen3 (chatml with
+// Qwen3's thinking rules: recognised by "<|im_start|>" with "enable_thinking").
 #ifndef LL_CHAT_H
 #define LL_CHAT_H
 
@@ -40,5 +41,35 @@ int ll_chat_render(const char *tmpl, const struct ll_chat_msg *msgs, int n, char
 // markers become control tokens and the messages' contents stay text.
 int ll_chat_render_marked(const char *tmpl, const struct ll_chat_msg *msgs, int n, char **out, struct ll_tok_span **marks,
                           int *n_marks, char *err, size_t errlen);
+
+// Rendering options (NULL: the defaults).
+struct ll_chat_opts {
+  int enable_thinking; // qwen3: 1 (default) the model thinks first; 0 the prompt ends with an
+                       // empty "<think>\n\n</think>\n\n" block, as Qwen3's template renders
+                       // enable_thinking=false. Other formats ignore it.
+};
+int ll_chat_render_opts(const char *tmpl, const struct ll_chat_msg *msgs, int n, const struct ll_chat_opts *o, char **out,
+                        struct ll_tok_span **marks, int *n_marks, char *err, size_t errlen);
+
+// A thinking model's answer, "<think>" reasoning "</think>" answer (Qwen3, DeepSeek-R1), split as
+// llama-server's reasoning_format deepseek and vLLM's qwen3 reasoning parser do: only an output
+// that starts (after whitespace) with "<think>" has reasoning; an unclosed block is all reasoning
+// (a length stop); the reasoning's surrounding whitespace and the answer's leading whitespace are
+// dropped. The reasoning is text[*rs, *re), the answer text[*cs, n); 1 when there is reasoning,
+// else 0 with *cs = 0 (all answer).
+int ll_chat_reasoning_split(const char *text, size_t n, size_t *rs, size_t *re, size_t *cs);
+// The same over text arriving in pieces (a stream): each call adds n bytes and emits what is
+// decided, reasoning (1) or answer (0), in order; a possible tag prefix and the reasoning's
+// trailing whitespace wait for more text, and final emits the rest. The pieces of each kind
+// joined equal ll_chat_reasoning_split's. Pieces split text only where it is ASCII (a tag, a
+// whitespace run), so UTF-8-complete input gives UTF-8-complete pieces. 0 or LL_ENOMEM.
+struct ll_chat_reasoning {
+  int state;
+  char *hold; // bytes not yet emitted
+  size_t n, cap;
+};
+typedef void (*ll_chat_reasoning_emit)(void *u, int reasoning, const char *t, size_t n);
+int ll_chat_reasoning_feed(struct ll_chat_reasoning *r, const char *text, size_t n, int final, ll_chat_reasoning_emit emit, void *u);
+void ll_chat_reasoning_free(struct ll_chat_reasoning *r);
 
 #endif

@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "ll_chat.h"
 #include "ll_error.h"
 #include "ll_ftjobs.h"
 #include "ll_log.h"
@@ -75,6 +76,8 @@ struct hreq {
   enum hkind kind;
   int stream, include_usage, logprobs, top_logprobs;
   int special;          // logprobs' token text renders special tokens
+  int reasoning;        // chat, reasoning_format deepseek|auto: "<think>...</think>" -> reasoning_content
+  struct ll_chat_reasoning rsplit; // streamed reasoning: the splitter's state
   int with_pieces;      // /tokenize: [{"id","piece"}] instead of ids
   char model[128];
   char cid[48];
@@ -260,6 +263,7 @@ static void hreq_free(struct hreq *hr) {
   if (!hr) return;
   if (hr->slot >= 0 && hr->http->reqs[hr->slot] == hr) hr->http->reqs[hr->slot] = NULL;
   free(hr->text.p);
+  ll_chat_reasoning_free(&hr->rsplit);
   free(hr->pend.p);
   free(hr->out.p);
   json_decref(hr->lp);
@@ -596,6 +600,25 @@ static void add_logprob(struct hreq *hr, const struct ll_sched_ev *ev) {
 
 static const char *finish_reason(const char *reason) { return !strcmp(reason, "length") ? "length" : "stop"; }
 
+static void stream_reasoning_chunk(struct hreq *hr, const char *t, size_t n) {
+  json_t *o = chunk_json(hr, t, n, NULL, 0);
+  json_t *d = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "delta");
+  json_object_set(d, "reasoning_content", json_object_get(d, "content"));
+  json_object_del(d, "content");
+  stream_event(hr, o);
+}
+
+static void emit_split(void *u, int reasoning, const char *t, size_t n) {
+  struct hreq *hr = u;
+  if (reasoning) stream_reasoning_chunk(hr, t, n);
+  else stream_chunk(hr, t, n, NULL, 0);
+}
+
+// reasoning_format deepseek|auto: the streamed text through the splitter (ll_chat.h).
+static void split_stream(struct hreq *hr, const char *text, size_t n, int final) {
+  if (ll_chat_reasoning_feed(&hr->rsplit, text, n, final, emit_split, hr) != 0) ll_net_cancel(hr->http->srv, hr->uid, hr->id);
+}
+
 static void on_final_nonstream(struct hreq *hr, const struct ll_sched_ev *ev) {
   struct ll_http *h = hr->http;
   h2o_req_t *req = hr->req;
@@ -652,7 +675,11 @@ static void on_final_nonstream(struct hreq *hr, const struct ll_sched_ev *ev) {
   if (hr->kind == HK_CHAT) {
     json_t *m = json_object();
     json_object_set_new(m, "role", json_string("assistant"));
-    json_object_set_new(m, "content", jstr(hr->text.p ? hr->text.p : "", hr->text.n));
+    const char *t = hr->text.p ? hr->text.p : "";
+    size_t rs = 0, re = 0, cs = 0;
+    if (hr->reasoning) ll_chat_reasoning_split(t, hr->text.n, &rs, &re, &cs);
+    json_object_set_new(m, "content", jstr(t + cs, hr->text.n - cs));
+    if (cs) json_object_set_new(m, "reasoning_content", jstr(t + rs, re - rs));
     json_object_set_new(c, "message", m);
   } else {
     json_object_set_new(c, "text", jstr(hr->text.p ? hr->text.p : "", hr->text.n));
@@ -681,7 +708,8 @@ static void on_event(struct hreq *hr, const struct ll_sched_ev *ev) {
       int first = !hr->started;
       stream_start(hr);
       if (first && hr->kind == HK_CHAT) stream_chunk(hr, "", 0, NULL, 1); // the role first, as OpenAI does
-      stream_chunk(hr, ev->data, ev->len, NULL, 0);
+      if (hr->reasoning) split_stream(hr, ev->data, ev->len, 0);
+      else stream_chunk(hr, ev->data, ev->len, NULL, 0);
       hr->text_off += ev->len; // text_offset of completions' logprobs
     }
     return;
@@ -706,6 +734,7 @@ static void on_event(struct hreq *hr, const struct ll_sched_ev *ev) {
              !strcmp(ev->reason, "shutdown") ? 0 : (int)(ev->len < 600 ? ev->len : 600), ev->data);
     stream_event(hr, ll_http_error_object(!strcmp(ev->reason, "shutdown") ? 503 : 500, ev->reason, NULL, msg));
   } else {
+    if (hr->reasoning) split_stream(hr, "", 0, 1);  // what waited for a tag that never came
     if (hr->lp) stream_chunk(hr, "", 0, NULL, 0); // logprobs of tokens whose text was held back
     stream_chunk(hr, "", 0, finish_reason(ev->reason), 0);
     if (hr->include_usage) {
@@ -1195,6 +1224,32 @@ static void handle_generate(struct ll_http *h, h2o_req_t *req, enum hkind kind, 
         goto bad;
       }
       hr->top_logprobs = (int)x;
+    }
+    // Thinking (Qwen3's template): top-level enable_thinking (the table, llama-server's and
+    // llsrv's line protocol's name), then chat_template_kwargs.enable_thinking (vLLM's and
+    // llama-server's spelling; other keys are accepted and ignored: no Jinja runs here), then
+    // reasoning_effort "none" (llama-server's) turns it off.
+    if ((rc = member(b, "chat_template_kwargs", 'o', &v)) < 0) goto bad;
+    json_t *et = rc ? json_object_get(v, "enable_thinking") : NULL;
+    if (et && !json_is_null(et)) {
+      if (!json_is_boolean(et)) {
+        snprintf(b->msg, sizeof b->msg, "'chat_template_kwargs.enable_thinking' must be a boolean");
+        b->param = "chat_template_kwargs";
+        goto bad;
+      }
+      r->enable_thinking = json_is_true(et);
+    }
+    if ((rc = member(b, "reasoning_effort", 's', &v)) < 0) goto bad;
+    if (rc && !strcmp(json_string_value(v), "none")) r->enable_thinking = 0;
+    if ((rc = member(b, "reasoning_format", 's', &v)) < 0) goto bad;
+    if (rc) {
+      const char *rf = json_string_value(v);
+      if (strcmp(rf, "none") && strcmp(rf, "auto") && strcmp(rf, "deepseek")) {
+        snprintf(b->msg, sizeof b->msg, "'reasoning_format' must be none, auto or deepseek (got '%.40s')", rf);
+        b->param = "reasoning_format";
+        goto bad;
+      }
+      hr->reasoning = strcmp(rf, "none") != 0;
     }
     if (!(r->text = chat_text(b))) goto bad;
     r->kind = LL_REQ_CHAT;

@@ -34,6 +34,7 @@ struct ll_sched_req {
   int special;                     // GEN: parse special tokens in the prompt (default 1); CHAT:
                                    // in the messages' contents too (default 0: only the
                                    // template's markers are special tokens)
+  int enable_thinking;             // CHAT with Qwen3's template: 0 pre-fills an empty think block (ll_chat_opts)
   int chat_default;                // CHAT on a model without a chat template: chatml (else ERR unsupported)
   int want_logprob;                // PROB events carry the sampled token's logprob even with n_probs 0
   int n_stops;

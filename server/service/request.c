@@ -23,6 +23,7 @@ const struct ll_gen_param ll_gen_params[] = {
     {"ignore_eos", NULL, LL_GEN_BOOL, 0, 1, 0, 0, LL_GF_IGNORE_EOS},
     {"add_bos", NULL, LL_GEN_BOOL, 0, 1, 0, 0, LL_GF_ADD_BOS},
     {"special", NULL, LL_GEN_BOOL, 0, 1, 0, 0, LL_GF_SPECIAL},
+    {"enable_thinking", NULL, LL_GEN_BOOL, 0, 1, 0, 0, LL_GF_ENABLE_THINKING},
     {"adapter", NULL, LL_GEN_NAME, 0, 0, 0, 0, LL_GF_ADAPTER},
     {"stop", NULL, LL_GEN_STOP, 0, 0, 0, 0, LL_GF_STOP},
     {NULL, NULL, 0, 0, 0, 0, 0, 0},
@@ -38,6 +39,7 @@ void ll_gen_defaults(struct ll_sched_req *r, int64_t default_max_tokens) {
   ll_sampler_params_default(&r->sp);
   r->max_tokens = (int)default_max_tokens;
   r->add_bos = -1;
+  r->enable_thinking = 1;
   r->special = r->kind != LL_REQ_CHAT; // CHAT: the messages are text (ll_tokenize_marked); r->kind is set first
 }
 
@@ -51,6 +53,7 @@ void ll_gen_set_int(struct ll_sched_req *r, const struct ll_gen_param *p, int64_
   case LL_GF_IGNORE_EOS: r->ignore_eos = (int)v; break;
   case LL_GF_ADD_BOS: r->add_bos = (int)v; break;
   case LL_GF_SPECIAL: r->special = (int)v; break;
+  case LL_GF_ENABLE_THINKING: r->enable_thinking = (int)v; break;
   default: break;
   }
 }

@@ -495,7 +495,8 @@ static struct slot *admit(struct ll_sched *s, struct slot *sl) {
     if (n < 0) goto bad_param;
     const char *tmpl = ll_sched_chat_template(s);
     if ((!tmpl || !*tmpl) && r->chat_default) tmpl = "<|im_start|>"; // chatml, llama-server's default (HTTP only)
-    int rc = ll_chat_render_marked(tmpl, msgs, n, &rendered, &marks, &n_marks, msg, sizeof msg);
+    struct ll_chat_opts co = {.enable_thinking = r->enable_thinking};
+    int rc = ll_chat_render_opts(tmpl, msgs, n, &co, &rendered, &marks, &n_marks, msg, sizeof msg);
     ll_chat_free_store(store, msgs);
     if (rc != 0) {
       err_final(s, r, rc == LL_EUNSUPPORTED ? "unsupported" : "internal", msg);

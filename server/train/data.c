@@ -74,6 +74,7 @@ static const struct {
     {"phi3", "<|assistant|><|end|>", "<|end|>"},
     {"zephyr", "<|user|>", "</s>"},
     {"llama2", "[INST]", "</s>"},
+    {"qwen3", "<|im_start|>enable_thinking", "<|im_end|>"},
 };
 
 static int find_format(const char *name) {
@@ -165,9 +166,12 @@ static int chat_record(json_t *arr, const char *tmpl, unsigned flags, struct ll_
   const char *fmt = ll_chat_detect(ttext);
   if (!fmt)
     return ll_errf(err, errlen, LL_EUNSUPPORTED,
-                   tmpl ? "chat records need a chat template of a known format (chatml, llama2, llama3, zephyr, gemma, phi3)"
+                   tmpl ? "chat records need a chat template of a known format (chatml, llama2, llama3, zephyr, gemma, phi3, qwen3)"
                         : "chat records need a chat template and the model has none (set one with chat_template / "
-                          "--chat-template: chatml, llama2, llama3, zephyr, gemma, phi3, or a template file)");
+                          "--chat-template: chatml, llama2, llama3, zephyr, gemma, phi3, qwen3, or a template file)");
+  // Qwen3's template is trained on as chatml: each turn's text verbatim, its thinking kept out of
+  // the loss by think_spans rather than dropped or re-spaced as the template does at inference.
+  if (!strcmp(fmt, "qwen3")) fmt = ttext = "chatml";
   fi = find_format(fmt);
   struct ll_chat_msg *m = calloc(n, sizeof *m);
   char(*ph)[24] = calloc(n, sizeof *ph);

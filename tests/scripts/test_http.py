@@ -482,6 +482,47 @@ check(wait_until(lambda: status(health5()) == 200, "/health 200", 120), "/health
 p5.terminate()
 check(p5.wait(60) == 0, "the server that loaded slowly exits 0")
 
+# ---- Qwen3's thinking (issue 32) ----
+# A server with the qwen3 chat format: chat_template_kwargs.enable_thinking (vLLM's spelling, via
+# the SDK's extra_body), top-level enable_thinking and reasoning_effort "none" (llama-server's)
+# give the prompt Qwen3's Jinja template renders (tests/ref/qwen3_chat.json, made with jinja2):
+# a completion of that exact text has the same prompt tokens and greedy text. reasoning_format.
+print("-- Qwen3 thinking: enable_thinking, chat_template_kwargs, reasoning_format", flush=True)
+with open(os.path.join(os.path.dirname(__file__), "..", "ref", "qwen3_chat.json")) as f:
+    q3ref = json.load(f)
+srvq = Server(tmp, ["--parallel", "2", "--ctx", "256", "--chat-template", "qwen3"], name="qwen3")
+cq = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srvq.http_port, api_key="unused", max_retries=0, timeout=120)
+q3n = {}
+for case in q3ref[:2]:  # system + user, thinking on and off
+    want = cq.completions.create(model="demo", prompt=case["expected"], max_tokens=8, temperature=0)
+    ways = [{"chat_template_kwargs": {"enable_thinking": case["enable_thinking"]}}, {"enable_thinking": case["enable_thinking"]}]
+    if not case["enable_thinking"]:
+        ways.append({"reasoning_effort": "none"})
+    for eb in ways:
+        got = cq.chat.completions.create(model="demo", messages=case["messages"], max_tokens=8, temperature=0, extra_body=eb)
+        check(got.usage.prompt_tokens == want.usage.prompt_tokens and got.choices[0].message.content == want.choices[0].text,
+              "%r: the prompt is Qwen3's rendering (%d vs %d prompt tokens, %r vs %r)" % (eb, got.usage.prompt_tokens, want.usage.prompt_tokens,
+                                                                                         got.choices[0].message.content, want.choices[0].text))
+    q3n[case["enable_thinking"]] = want.usage.prompt_tokens
+check(q3n[False] > q3n[True], "enable_thinking false adds the empty think block: %r" % q3n)
+raises(openai.BadRequestError, lambda: cq.chat.completions.create(model="demo", messages=q3ref[0]["messages"], max_tokens=2,
+                                                                   extra_body={"chat_template_kwargs": {"enable_thinking": "no"}}),
+       "chat_template_kwargs.enable_thinking must be a boolean")
+raises(openai.BadRequestError, lambda: cq.chat.completions.create(model="demo", messages=q3ref[0]["messages"], max_tokens=2,
+                                                                   extra_body={"reasoning_format": "deepseek-v9"}),
+       "an unknown reasoning_format is refused")
+# reasoning_format deepseek on an answer without "<think>" (the demo model never writes one; the
+# split itself is test_proto's): all of it is content, streamed and not, and no reasoning_content.
+plain = cq.chat.completions.create(model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0)
+rf = cq.chat.completions.create(model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0,
+                                extra_body={"reasoning_format": "deepseek"})
+check(rf.choices[0].message.content == plain.choices[0].message.content and getattr(rf.choices[0].message, "reasoning_content", None) is None,
+      "reasoning_format deepseek without a think block: the content as it is")
+sp = "".join(c.choices[0].delta.content or "" for c in cq.chat.completions.create(
+    model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0, stream=True, extra_body={"reasoning_format": "deepseek"}) if c.choices)
+check(sp == plain.choices[0].message.content, "streamed with reasoning_format deepseek: %r vs %r" % (sp, plain.choices[0].message.content))
+check(srvq.stop() == 0, "the qwen3 server exits 0")
+
 # ---- auth ----
 print("-- auth: Bearer token", flush=True)
 srv2 = Server(tmp, ["--parallel", "1", "--ctx", "128", "--auth-token", "s3cret"], name="auth")

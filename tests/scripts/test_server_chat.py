@@ -15,7 +15,7 @@ from llsrv_client import BIN, Checker, Server, parse_line  # noqa: E402
 check = Checker()
 tmp = tempfile.mkdtemp(prefix="llsrv-chat-")
 os.chmod(tmp, 0o700)
-NAMES = "chatml, llama2, llama3, zephyr, gemma, phi3"
+NAMES = "chatml, llama2, llama3, zephyr, gemma, phi3, qwen3"
 
 
 def chat(c, content, extra=""):
