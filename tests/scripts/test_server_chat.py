@@ -3,7 +3,9 @@
 # chat_template setting (built-in names, a template file, the refusal of an unknown name) for
 # the server's CHAT, `llsrv generate --chat` and `llsrv train`; and message contents that stay
 # text: "</s>" is the demo vocabulary's EOS (a control token) and llama2's end of a turn, so a
-# user message "</s>" must count as its four bytes, not as the template's marker.
+# user message "</s>" must count as its four bytes, not as the template's marker. Qwen3's
+# template (issue 32): recognised from its text, CHAT enable_thinking=0's empty think block,
+# an earlier assistant turn's reasoning left out of the prompt.
 import os
 import subprocess
 import sys
@@ -76,6 +78,28 @@ check(kv.get("chat_template") == "zephyr", "a template file: INFO chat_template=
 check(chat(c, "</s>") == chat(c, "abcd"), "zephyr file: '</s>' in a message is text")
 c.close()
 check(srv.stop() == 0, "the template-file server exits 0")
+
+# ---- Qwen3's template (issue 32): recognised from its text, CHAT enable_thinking ----
+q3 = os.path.join(tmp, "qwen3.jinja")
+with open(q3, "w") as f:  # the lines of Qwen3's template that llsrv recognises it by
+    f.write("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endfor %}"
+            "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking is false %}"
+            "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}")
+srv = Server(tmp, ["--threads", "2", "--ctx", "256", "--parallel", "2", "--chat-template", q3], name="qwen3")
+c = srv.conn()
+k, _, kv, _ = parse_line(c.request("INFO"))
+check(kv.get("chat_template") == "qwen3", "Qwen3's template file: INFO chat_template=qwen3: %r" % kv.get("chat_template"))
+p_on, p_off = chat(c, "abcd"), chat(c, "abcd", "enable_thinking=0 ")
+check(chat(c, "abcd", "enable_thinking=1 ") == p_on and p_off - p_on == len("<think>\n\n</think>\n\n"),
+      "CHAT enable_thinking=0 adds the empty think block's 19 bytes: %r vs %r" % (p_off, p_on))
+hist = '[{"role":"user","content":"a"},{"role":"assistant","content":"%s"},{"role":"user","content":"b"}]'
+n1 = c.generate("CHAT max_tokens=1 :" + hist % "<think>xyz</think>ok")[1].get("prompt_tokens")
+n2 = c.generate("CHAT max_tokens=1 :" + hist % "ok")[1].get("prompt_tokens")
+check(n1 is not None and n1 == n2, "an earlier turn's reasoning is left out of the prompt: %r vs %r" % (n1, n2))
+r = c.request("CHAT enable_thinking=maybe :hi")
+check(r.startswith("ERR") and "bad_param" in r and "enable_thinking" in r, "enable_thinking=maybe: %r" % r)
+c.close()
+check(srv.stop() == 0, "the qwen3 server exits 0")
 
 # ---- llsrv generate --chat-template: the same rendering, the content stays text ----
 def gen_ids(prompt, *extra):
