@@ -370,7 +370,7 @@ int ll_chat_reasoning_feed(struct ll_chat_reasoning *r, const char *text, size_t
       i = len;
     }
   }
-  memmove(r->hold, p + i, len - i);
+  if (i < len) memmove(r->hold, p + i, len - i); // (hold is NULL before any text)
   r->n = len - i;
   return 0;
 }
