@@ -267,6 +267,7 @@ static void test_attention(struct ll_backend *cpu, struct ll_backend *cl) {
 // positive terms is bounded by (n - 1) 2^-53 relative (1.1e-11 for the n = 100003 here):
 // 3e-11 relative with f64, 1e-6 without.
 static const struct ll_backend_i *ref_i;
+static int64_t launches(struct ll_backend *b);
 
 static void fill_same(float *a, float *b, size_t n, float scale) {
   randf(a, n, scale);
@@ -400,6 +401,52 @@ static void test_train_ops(struct ll_backend *cl) {
     CHECK(cl->i->attention_backward(cl, dqb, dkb, dvb, d, q, k, v, aa, S, 5, 2, hd, scale) == LL_EINVAL); // 5 % 2
     free(q), free(k), free(v), free(oa), free(ob), free(aa), free(ab);
     free(d), free(dqa), free(dqb), free(dka), free(dkb), free(dva), free(dvb);
+  }
+  // Gemma 3's ops (train_window.cl). geglu_backward, ragged n, gates past +-10 too: the
+  // reference's expressions with the device's tanh for libm's tanhf, ulps apart; 1 + tanh u
+  // cancels for gates below about -4, where that ulp is most of gelu' (dgate 1e-9: observed
+  // 3.7e-11 on PoCL; dup 1e-12: observed 8e-16).
+  {
+    const int n = 1003;
+    float *g = malloc(n * 4), *u = malloc(n * 4), *d = malloc(n * 4), *a1 = malloc(n * 4), *a2 = malloc(n * 4), *b1 = malloc(n * 4),
+          *b2 = malloc(n * 4);
+    randf(g, n, 12.0f), randf(u, n, 2.0f), randf(d, n, 1.0f);
+    CHECK(ref_i->geglu_backward(NULL, a1, a2, d, g, u, n) == 0);
+    const int64_t l0 = launches(cl);
+    CHECK(cl->i->geglu_backward && cl->i->geglu_backward(cl, b1, b2, d, g, u, n) == 0);
+    const double e1 = nmse(b1, a1, n), e2 = nmse(b2, a2, n);
+    printf("geglu_backward: nmse dgate %.3g dup %.3g (%lld launch)\n", e1, e2, (long long)(launches(cl) - l0));
+    CHECK(e1 < 1e-9 && e2 < 1e-12 && launches(cl) - l0 == 1);
+    free(g), free(u), free(d), free(a1), free(a2), free(b1), free(b2);
+  }
+  // attention_train_swa: windows 1, 17 (< S) and 70 (= S: attention_train's results), S past the
+  // work-group, GQA; every entry outside a row's window written 0. Sums and the f64 softmax sum
+  // in the reference's order, the device's exp for libm's expf: attention_train's 1e-10
+  // (observed 1.5e-15 on PoCL).
+  {
+    const int S = 70, H = 6, Hkv = 2, hd = 37;
+    const size_t nq = (size_t)S * H * hd, nk = (size_t)S * Hkv * hd, na = (size_t)H * S * S;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *oa = malloc(nq * 4), *ob = malloc(nq * 4), *aa = malloc(na * 4),
+          *ab = malloc(na * 4), *oc = malloc(nq * 4), *ac = malloc(na * 4);
+    randf(q, nq, 2.0f), randf(k, nk, 2.0f), randf(v, nk, 1.0f);
+    CHECK(ref_i->attention_train(NULL, oc, ac, q, k, v, S, H, Hkv, hd, scale) == 0); // unwindowed
+    static const int wins[] = {1, 17, 70};
+    for (size_t wi = 0; wi < sizeof wins / sizeof wins[0]; wi++) {
+      const int W = wins[wi];
+      for (size_t i = 0; i < na; i++) ab[i] = 1.0f;
+      CHECK(ref_i->attention_train_swa(NULL, oa, aa, q, k, v, S, H, Hkv, hd, scale, W) == 0);
+      CHECK(cl->i->attention_train_swa && cl->i->attention_train_swa(cl, ob, ab, q, k, v, S, H, Hkv, hd, scale, W) == 0);
+      const double eo = nmse(ob, oa, nq), ea = nmse(ab, aa, na), dw = nmse(ob, oc, nq);
+      int outside_zero = 1;
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < S; i++)
+          for (int j = 0; j < S; j++) outside_zero &= (j > i || j <= i - W) ? ab[((size_t)h * S + i) * S + j] == 0.0f : 1;
+      printf("attention_train_swa S=%d window %d: nmse out %.3g att %.3g (against the unwindowed %.3g)\n", S, W, eo, ea, dw);
+      CHECK(eo < 1e-10 && ea < 1e-10 && outside_zero);
+      CHECK(W < S ? dw > 1e-4 : dw < 1e-10); // the window changed the results (and a full one did not)
+    }
+    free(q), free(k), free(v), free(oa), free(ob), free(aa), free(ab), free(oc), free(ac);
   }
   // softmax_xent: odd V, masked rows, dlogits aliasing logits, and the loss alone; then V
   // smaller than the work-group

@@ -159,6 +159,53 @@ static void test_attention(struct ll_backend *cl) {
          worst[1], worst[2], worst[3], worst[4], TOL);
 }
 
+// Gemma 3's local layers: attention_train_swa (scores and P·V as the causal case's batched tiled
+// products, train_window.cl's windowed row softmax between them) against the reference, windows
+// shorter than S (1, 17, 64) and one of S (the causal results), the same tolerance; the
+// probabilities outside each row's window written 0; three launches per call (two products
+// and the row softmax: the tiled path, not the reference kernel's one launch); and the backward
+// (attention_backward, reading the window from att's zeros) against the reference's.
+static void test_attention_window(struct ll_backend *cl) {
+  static const struct {
+    int S, H, Hkv, hd, window;
+  } cases[] = {{37, 4, 2, 20, 1}, {70, 6, 2, 16, 17}, {129, 4, 1, 32, 64}, {40, 2, 2, 8, 40}};
+  double worst[5] = {0};
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int S = cases[ci].S, H = cases[ci].H, Hkv = cases[ci].Hkv, hd = cases[ci].hd, W = cases[ci].window;
+    const size_t nq = (size_t)S * H * hd, nk = (size_t)S * Hkv * hd, na = (size_t)H * S * S;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
+    float *o[2], *att[2], *dq[2], *dk[2], *dv[2];
+    randf(q, nq, 2.0f), randf(k, nk, 2.0f), randf(v, nk, 1.0f), randf(dout, nq, 1.0f);
+    for (int i = 0; i < 2; i++) {
+      o[i] = malloc(nq * 4), att[i] = malloc(na * 4), dq[i] = malloc(nq * 4), dk[i] = malloc(nk * 4), dv[i] = malloc(nk * 4);
+      memset(att[i], 0x7f, na * 4); // garbage the op must overwrite (outside the window too)
+    }
+    struct ll_backend_info i0, i1;
+    CHECK(ll_train_ref_attention_train_swa(NULL, o[0], att[0], q, k, v, S, H, Hkv, hd, scale, W) == 0);
+    cl->i->get_info(cl, &i0);
+    CHECK(cl->i->attention_train_swa && cl->i->attention_train_swa(cl, o[1], att[1], q, k, v, S, H, Hkv, hd, scale, W) == 0);
+    cl->i->get_info(cl, &i1);
+    CHECK(ll_train_ref_attention_backward(NULL, dq[0], dk[0], dv[0], dout, q, k, v, att[0], S, H, Hkv, hd, scale) == 0);
+    CHECK(cl->i->attention_backward(cl, dq[1], dk[1], dv[1], dout, q, k, v, att[1], S, H, Hkv, hd, scale) == 0);
+    const double e[5] = {nmse(o[1], o[0], nq), nmse(att[1], att[0], na), nmse(dq[1], dq[0], nq), nmse(dk[1], dk[0], nk), nmse(dv[1], dv[0], nk)};
+    int outside_zero = 1;
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < S; i++)
+        for (int j = 0; j < S; j++) outside_zero &= (j > i || j <= i - W) ? att[1][((size_t)h * S + i) * S + j] == 0.0f : 1;
+    CHECKF(e[0] < TOL && e[1] < TOL && e[2] < TOL && e[3] < TOL && e[4] < TOL && outside_zero,
+           "attention window %d S=%d H=%d/%d hd=%d: nmse out %.3g att %.3g dq %.3g dk %.3g dv %.3g, zeros outside %d", W, S, H, Hkv, hd, e[0], e[1],
+           e[2], e[3], e[4], outside_zero);
+    CHECKF(i1.launches - i0.launches == 3, "attention_train_swa: %lld launches (the tiled path makes 3)", (long long)(i1.launches - i0.launches));
+    for (int i = 0; i < 5; i++) worst[i] = e[i] > worst[i] ? e[i] : worst[i];
+    for (int i = 0; i < 2; i++) free(o[i]), free(att[i]), free(dq[i]), free(dk[i]), free(dv[i]);
+    free(q), free(k), free(v), free(dout);
+  }
+  CHECKF(worst[0] > 0, "the tiled products ran (out nmse %.3g: 0 is the reference's bits)", worst[0]);
+  printf("windowed attention, fast tier vs the CPU's reference: worst nmse out %.3g att %.3g dq %.3g dk %.3g dv %.3g (tolerance %.0e)\n",
+         worst[0], worst[1], worst[2], worst[3], worst[4], TOL);
+}
+
 int main(void) {
   rs = ll_test_seed();
   const char *dev = getenv("LL_TEST_OPENCL_DEVICE");
@@ -179,6 +226,7 @@ int main(void) {
   CHECK(strcmp(in.tier, "fast") == 0);
   test_matmul_backward(cl);
   test_attention(cl);
+  test_attention_window(cl);
   ll_backend_free(cl);
   return ll_test_summary();
 }

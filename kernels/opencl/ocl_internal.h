@@ -133,6 +133,9 @@ struct ocl_ctx {
       k_gemm_t, k_attn_rows_sm, k_attn_rows_ds, // (train_fast.cl: attention as batched tiled products)
        k_rms_bwd, k_rms_dg, k_rope_bwd, k_swiglu_bwd, k_attn_train, k_attn_bwd_q, k_attn_bwd_kv, k_xent,
       k_gr_bwd, k_dropout, k_sumsq, k_axpy, k_scale, k_adamw;
+  // Gemma 3's (train_window.cl): GeGLU's backward, the windowed training attention (reference
+  // tier) and the fast tier's windowed row softmax
+  cl_kernel k_geglu_bwd, k_attn_train_swa, k_attn_rows_sm_swa;
   struct sbuf s[S_COUNT];
   struct ocl_weight **w; // every device weight (uploaded or copied on first use)
   int n_w, cap_w;
@@ -223,6 +226,8 @@ int ocl_matmul_backward(struct ll_backend *b, float *dx, float *dw, const float 
 int ocl_rmsnorm_backward(struct ll_backend *b, float *dx, float *dg, const float *dout, const float *x, const float *g, int T, int C, float eps);
 int ocl_rope_backward(struct ll_backend *b, float *dx, const int32_t *pos, int T, int n_head, int head_dim, const struct ll_rope_params *p);
 int ocl_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n);
+int ocl_geglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n);
+int ocl_attention_train_swa(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S, int n_head, int n_head_kv, int head_dim, float scale, int window);
 int ocl_attn_check(int S, int H, int Hkv, int hd);
 int ocl_attn_bytes(const struct ocl_ctx *c, int S, int H, int Hkv, int hd, size_t *qb, size_t *kb, size_t *ab);
 int ocl_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S, int n_head, int n_head_kv, int head_dim, float scale);

@@ -170,6 +170,9 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_axpy, "axpy");
   MK(c->k_scale, "scale");
   MK(c->k_adamw, "adamw");
+  MK(c->k_geglu_bwd, "geglu_bwd");
+  MK(c->k_attn_train_swa, "attn_train_swa");
+  MK(c->k_attn_rows_sm_swa, "attn_rows_softmax_swa");
   static const struct {
     int type;
     const char *name;

@@ -141,8 +141,9 @@ int ocl_rope_backward(struct ll_backend *b, float *dx, const int32_t *pos, int T
   return ocl_get(c, S_X, dx, xb);
 }
 
-int ocl_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                               int64_t n) {
+// dgate, dup (n) of a gated activation's out = act(gate) up: kernel k (swiglu_bwd, geglu_bwd)
+static int glu_backward(struct ll_backend *b, cl_kernel k, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                        int64_t n) {
   struct ocl_ctx *c = CTX(b);
   if (!dgate || !dup || !dout || !gate || !up || n < 0) return LL_EINVAL;
   if (n == 0) return 0;
@@ -153,7 +154,6 @@ int ocl_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, const fl
   if ((rc = ocl_put(c, S_A, gate, nb)) || (rc = ocl_put(c, S_B, up, nb)) || (rc = ocl_put(c, S_C, dout, nb)) || (rc = ocl_output(c, S_D, dgate, nb)) ||
       (rc = ocl_output(c, S_E, dup, nb)))
     return ocl_fail(c, rc);
-  cl_kernel k = c->k_swiglu_bwd;
   cl_long ln = n;
   cl_int e = ARG(k, 0, c->s[S_D].use) | ARG(k, 1, c->s[S_E].use) | ARG(k, 2, c->s[S_C].use) | ARG(k, 3, c->s[S_A].use) | ARG(k, 4, c->s[S_B].use);
   e |= ARG(k, 5, ln);
@@ -161,6 +161,13 @@ int ocl_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, const fl
   if (e || (rc = ocl_launch(c, k, 1, &g, NULL))) return ocl_fail(c, e ? LL_EIO : rc);
   if ((rc = ocl_get(c, S_D, dgate, nb))) return ocl_fail(c, rc);
   return ocl_get(c, S_E, dup, nb);
+}
+int ocl_swiglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n) {
+  return glu_backward(b, CTX(b)->k_swiglu_bwd, dgate, dup, dout, gate, up, n);
+}
+// Gemma 3's GeGLU (train_window.cl): the same on both tiers (element-wise, nothing to tile)
+int ocl_geglu_backward(struct ll_backend *b, float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n) {
+  return glu_backward(b, CTX(b)->k_geglu_bwd, dgate, dup, dout, gate, up, n);
 }
 
 int ocl_attn_check(int S, int H, int Hkv, int hd) { return S < 0 || H <= 0 || Hkv <= 0 || hd <= 0 || H % Hkv ? LL_EINVAL : 0; }
@@ -189,6 +196,13 @@ static int gemm_tiled(struct ocl_ctx *c, const struct gemm_op *g, int batch) {
   const size_t gl[3] = {RUP16(g->N), RUP16(g->M), (size_t)batch}, lo[3] = {16, 16, 1};
   return e ? LL_EIO : ocl_launch(c, k, 3, gl, lo);
 }
+// train_window.cl's attn_rows_softmax_swa over the (H S) rows of att
+static int attn_rows_window(struct ocl_ctx *c, cl_mem a, int S, int H, int window) {
+  cl_kernel k = c->k_attn_rows_sm_swa;
+  const cl_int e = ARG(k, 0, a) | ARG(k, 1, S) | ARG(k, 2, window);
+  const size_t gl = (size_t)H * S * WG, lo = WG;
+  return e ? LL_EIO : ocl_launch(c, k, 1, &gl, &lo);
+}
 static int attn_rows(struct ocl_ctx *c, cl_kernel k, cl_mem a, cl_mem b, int S, int H, float scale) {
   cl_int e = ARG(k, 0, a);
   if (b) e |= ARG(k, 1, b) | ARG(k, 2, S) | ARG(k, 3, scale);
@@ -197,8 +211,10 @@ static int attn_rows(struct ocl_ctx *c, cl_kernel k, cl_mem a, cl_mem b, int S, 
   return e ? LL_EIO : ocl_launch(c, k, 1, &gl, &lo);
 }
 
-int ocl_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S,
-                               int n_head, int n_head_kv, int head_dim, float scale) {
+// window > 0 (attention_train_swa, a local layer's): query i sees keys (i - window, i] only, on
+// both tiers (train_window.cl's kernels); else causal over 0..i.
+static int attention_train_win(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S, int n_head,
+                               int n_head_kv, int head_dim, float scale, int window) {
   struct ocl_ctx *c = CTX(b);
   if (!out || !att || !q || !k || !v || ocl_attn_check(S, n_head, n_head_kv, head_dim)) return LL_EINVAL;
   if (S == 0) return 0;
@@ -216,18 +232,29 @@ int ocl_attention_train(struct ll_backend *b, float *out, float *att, const floa
                                scale, 0.0f};
     const struct gemm_op pv = {c->s[S_OUT].use, c->s[S_SCR].use, c->s[S_B].use, S, hd, S, S, Hkv * hd, H * hd, 0, 0, 0, SS, hd, hd, 1, grp, 0, 0,
                                1.0f, 0.0f};
-    if ((rc = gemm_tiled(c, &sc, H)) || (rc = attn_rows(c, c->k_attn_rows_sm, c->s[S_SCR].use, NULL, S, H, 0)) || (rc = gemm_tiled(c, &pv, H)))
+    if ((rc = gemm_tiled(c, &sc, H)) || (rc = window > 0 ? attn_rows_window(c, c->s[S_SCR].use, S, H, window)
+                                                          : attn_rows(c, c->k_attn_rows_sm, c->s[S_SCR].use, NULL, S, H, 0)) ||
+        (rc = gemm_tiled(c, &pv, H)))
       return ocl_fail(c, rc);
     if ((rc = ocl_get(c, S_OUT, out, qb))) return ocl_fail(c, rc);
     return ocl_get(c, S_SCR, att, ab);
   }
-  cl_kernel kk = c->k_attn_train;
+  cl_kernel kk = window > 0 ? c->k_attn_train_swa : c->k_attn_train;
   cl_int e = ARG(kk, 0, c->s[S_OUT].use) | ARG(kk, 1, c->s[S_SCR].use) | ARG(kk, 2, c->s[S_X].use) | ARG(kk, 3, c->s[S_A].use) | ARG(kk, 4, c->s[S_B].use);
   e |= ARG(kk, 5, S) | ARG(kk, 6, n_head) | ARG(kk, 7, n_head_kv) | ARG(kk, 8, head_dim) | ARG(kk, 9, scale);
+  if (window > 0) e |= ARG(kk, 10, window);
   const size_t gl = (size_t)S * n_head * WG, lo = WG;
   if (e || (rc = ocl_launch(c, kk, 1, &gl, &lo))) return ocl_fail(c, e ? LL_EIO : rc);
   if ((rc = ocl_get(c, S_OUT, out, qb))) return ocl_fail(c, rc);
   return ocl_get(c, S_SCR, att, ab);
+}
+int ocl_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S, int n_head,
+                        int n_head_kv, int head_dim, float scale) {
+  return attention_train_win(b, out, att, q, k, v, S, n_head, n_head_kv, head_dim, scale, 0);
+}
+int ocl_attention_train_swa(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S, int n_head,
+                            int n_head_kv, int head_dim, float scale, int window) {
+  return attention_train_win(b, out, att, q, k, v, S, n_head, n_head_kv, head_dim, scale, window > 0 && window < S ? window : 0);
 }
 
 int ocl_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
