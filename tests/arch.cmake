@@ -18,7 +18,8 @@ ll_script_test(NAME engine_gemma3 COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scrip
 # LoRA training on Qwen3 (q/k norms, q width != C), Phi-3 (fused qkv, gate/up; one A per fused
 # module) and Gemma 3 (GeGLU, post-norms, embedding scale, local layers): gradient against finite
 # differences, loss falls (phi3: validation loss, export; and on OpenCL, validation losses as the
-# CPU's; gemma3: held-out loss, seq_len past the window refused).
+# CPU's; gemma3: held-out loss, windowed attention past the window, full-parameter training and
+# its checkpoint; on OpenCL, both tiers, losses past the window as the CPU's).
 add_executable(test_arch_train test_arch_train.c)
 target_link_libraries(test_arch_train PRIVATE ll_testutil ll_server)
 # LoRA training of Gemma 3 270M with `llsrv train` (30 steps, validation loss falls), the exported

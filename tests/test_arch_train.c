@@ -18,7 +18,10 @@
 //    adapter exported as GGUF holds attn_qkv / ffn_up (llama.cpp's names) and reads back the same
 //    (also as a PEFT directory); full-parameter training: gradient against central differences,
 //    validation loss falls, the checkpoint holds attn_qkv / ffn_up and opens as a phi3 model.
-// With DEVICE (opencl:0:0): the training on the pattern on that device against the CPU's.
+//  - gemma3, full-parameter (gemma_full_checks): each weight gradient Gemma adds against central
+//    differences, the validation loss falls, the checkpoint serves the trainer's loss.
+// With DEVICE (opencl:0:0): the training on the pattern on that device against the CPU's; gemma3:
+// LoRA and full training past the window on both tiers (gemma_device_checks).
 // --ctx: the engine's context per sequence (default 128; Phi-3's LongRoPE picks its factors by it).
 // usage: test_arch_train MODEL [DEVICE] [--ctx N]
 #include <math.h>
@@ -440,6 +443,10 @@ static void fused_checks(struct ll_engine *e, const char *model) {
 // adapters' gradient agrees with central differences along it (attention_train_swa's
 // probabilities, zero outside the window, through attention_backward).
 enum { SW = 80 };
+static int mdl_is(struct ll_engine *e, const char *arch) {
+  const struct ll_model *m = ll_engine_model(e);
+  return m->arch && strcmp(m->arch->name, arch) == 0;
+}
 static void window_checks(struct ll_engine *e, const struct ll_trainer_params *p0) {
   const struct ll_model *mdl = ll_engine_model(e);
   struct ll_backend *be = ll_engine_backend(e);
@@ -509,6 +516,202 @@ static void window_checks(struct ll_engine *e, const struct ll_trainer_params *p
   ll_trainer_free(tr);
 }
 
+// The engine's loss (a sum over rows with a target) on one sequence of n tokens.
+static double engine_loss(struct ll_engine *e, const int32_t *ids, const int32_t *tg, int n) {
+  char err[512];
+  const int V = ll_engine_n_vocab(e), s = ll_engine_seq_new(e);
+  float *logits = malloc(sizeof(float) * (size_t)n * V);
+  struct ll_batch_item it = {s, n, ids, 2, logits, NULL};
+  double loss = 0;
+  CHECKF(s >= 0 && ll_engine_decode(e, &it, 1, err, sizeof err) == 0, "engine decode: %s", err);
+  for (int t = 0; t < n; t++) {
+    if (tg[t] < 0) continue;
+    const float *row = logits + (size_t)t * V;
+    double mx = row[0], sum = 0;
+    for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+    for (int v = 0; v < V; v++) sum += exp(row[v] - mx);
+    loss += mx + log(sum) - row[tg[t]];
+  }
+  ll_engine_seq_free(e, s);
+  free(logits);
+  return loss;
+}
+
+// Sequences of SW tokens (longer than Gemma's window) of the rule next = id + 37 mod 256, from
+// start k (training: k < 64; validation: 1000 + v).
+static void rule_seq(int64_t k, int32_t *ids, int32_t *tg) {
+  for (int i = 0; i < SW; i++) ids[i] = (int32_t)(((k * 29 + i) * 37 + 11) % 256);
+  for (int i = 0; i < SW; i++) tg[i] = i + 1 < SW ? ids[i + 1] : -1;
+}
+static int rule_next(void *u, int32_t *ids, int32_t *tg, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  rule_seq(((struct pat *)u)->n++ % 64, ids, tg);
+  return 0;
+}
+static int rule_val_next(void *u, int32_t *ids, int32_t *tg, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  struct pat *p = u;
+  if (p->v >= 2) return 0;
+  rule_seq(1000 + p->v++, ids, tg);
+  return 1;
+}
+
+// Full-parameter training of Gemma 3 (F32 weights), on the CPU backend:
+//  - each weight gradient Gemma adds against central differences of the loss along that
+//    gradient (post-attention norms, post-FFN norms, q/k norms, the embedding that is scaled by
+//    sqrt(C) on the way in and tied to the output), then along a random direction of every
+//    weight; libm's gelu for these (as for LoRA above);
+//  - 30 steps on the pattern lower the validation loss below 0.5x;
+//  - the checkpoint holds the trained post-norms (the file's tensor names, F32) and, opened as
+//    a model, serves the trainer's loss.
+// The GGUF's norm weights are (1 + w) already (llama.cpp's converter adds the 1; engine.c
+// multiplies by them as loaded), so the gradient of a stored norm weight is rmsnorm's dg.
+static void gemma_full_checks(struct ll_engine *e, const char *model) {
+  char err[512];
+  struct ll_backend *be = ll_engine_backend(e);
+  const int gm = be->ggml_math;
+  struct ll_trainer_params p;
+  ll_trainer_params_init(&p);
+  p.mode = LL_TRAIN_FULL, p.model_path = model, p.batch = 4, p.seq_len = S, p.lr = 5e-3, p.warmup = 0, p.steps = 30, p.dropout = 0, p.clip = 1;
+  struct ll_trainer *tr = NULL;
+  CHECKF(ll_trainer_create(&tr, ll_engine_model(e), be, &p, err, sizeof err) == 0, "gemma3 full mode: %s", err);
+  if (!tr) return;
+  be->ggml_math = 0;
+  float *P, *G;
+  int64_t n;
+  ll_trainer_vectors(tr, &P, &G, &n);
+  const struct ll_model *fm = ll_trainer_model(tr);
+  const int L = fm->L, C = fm->C, hd = fm->hd;
+  int32_t ids[S], tg[S];
+  pat_seq(5, ids, tg);
+  double loss, lp, lm;
+  CHECK(ll_trainer_zero_grad(tr) == 0);
+  CHECK(ll_trainer_forward_backward(tr, ids, tg, 1, 1, 1.0f, &loss, NULL, err, sizeof err) == 0);
+  float *g = malloc(sizeof(float) * (size_t)n), *keep = malloc(sizeof(float) * (size_t)n), *d = malloc(sizeof(float) * (size_t)n);
+  unsigned char *in = malloc((size_t)n);
+  memcpy(g, G, sizeof(float) * (size_t)n), memcpy(keep, P, sizeof(float) * (size_t)n);
+  static const char *const gname[5] = {"post-attention norms", "post-FFN norms", "q/k norms", "token embedding (scaled, tied)", "every weight (random)"};
+  uint64_t rs = 3;
+  for (int grp = 0; grp < 5; grp++) {
+    memset(in, grp == 4, (size_t)n);
+    for (int l = 0; grp < 4 && l < L; l++) {
+      const struct ll_layer *y = &fm->layers[l];
+      const float *v0 = grp == 0 ? y->post_attn_norm : grp == 1 ? y->post_ffn_norm : grp == 2 ? y->q_norm : l == 0 ? fm->tok_embd.data : NULL;
+      const int64_t len = grp == 3 ? (int64_t)fm->n_vocab * C : grp == 2 ? hd : C;
+      CHECK(grp == 3 || v0);
+      if (v0) memset(in + (v0 - P), 1, (size_t)len);
+      if (grp == 2) memset(in + (y->k_norm - P), 1, (size_t)hd);
+    }
+    double dd = 0, gd = 0, gg = 0, best = 1e9;
+    for (int64_t i = 0; i < n; i++) d[i] = !in[i] ? 0.0f : grp == 4 ? ll_test_randf(&rs) - 0.5f : g[i], dd += (double)d[i] * d[i];
+    for (int64_t i = 0; i < n; i++) d[i] = (float)(d[i] / sqrt(dd)), gd += (double)g[i] * d[i], gg += (double)g[i] * g[i] * in[i];
+    for (int k = 0; k < 3; k++) {
+      const double eps = k == 0 ? 1e-2 : k == 1 ? 3e-3 : 1e-3;
+      for (int64_t i = 0; i < n; i++) P[i] = keep[i] + (float)eps * d[i];
+      CHECK(ll_trainer_forward_backward(tr, ids, tg, 1, 0, 1.0f, &lp, NULL, err, sizeof err) == 0);
+      for (int64_t i = 0; i < n; i++) P[i] = keep[i] - (float)eps * d[i];
+      CHECK(ll_trainer_forward_backward(tr, ids, tg, 1, 0, 1.0f, &lm, NULL, err, sizeof err) == 0);
+      const double fd = (lp - lm) / (2 * eps), rel = fabs(fd - gd) / sqrt(gg); // the error against the gradient's norm
+      printf("full, %s: eps %.0e: g.d %+.6f finite differences %+.6f (error / |g| %.2e)\n", gname[grp], eps, gd, fd, rel);
+      best = fmin(best, rel);
+    }
+    memcpy(P, keep, sizeof(float) * (size_t)n);
+    // observed (best of the three steps): post-attention norms 8e-5, post-FFN 1.2e-4, q/k norms
+    // 1.3e-4, embedding 3e-6, random 9e-6. Mutations of trainer.c: the embedding's sqrt(C) left
+    // out of its backward: embedding 9.4e-2 (random 2.7e-5: it takes this group's check); the
+    // post-FFN norm's dg given to the post-attention norm's call: post-attention |g| = 0 (fails
+    // below), post-FFN 0.55.
+    CHECKF(gg > 0, "full, %s: no gradient", gname[grp]);
+    CHECKF(best < 5e-3, "full, %s: gradient and finite differences differ by %.3g of |g|", gname[grp], best);
+  }
+  free(g), free(keep), free(d), free(in);
+  be->ggml_math = gm;
+  CHECK(ll_trainer_zero_grad(tr) == 0);
+  struct pat ps = {0, 0};
+  struct ll_train_source src = {&ps, pat_next, pat_val_next, pat_val_reset, NULL, NULL};
+  struct ll_train_step_info info = {0};
+  double f0 = NAN, f1 = NAN;
+  CHECKF(ll_trainer_eval(tr, &src, 0, &f0, err, sizeof err) == 0, "%s", err);
+  for (int st = 0; st < p.steps; st++) CHECKF(ll_trainer_step(tr, &src, &info, err, sizeof err) == 0, "%s", err);
+  CHECKF(ll_trainer_eval(tr, &src, 0, &f1, err, sizeof err) == 0, "%s", err);
+  printf("gemma3 full: validation loss %.4f -> %.4f after %lld steps\n", f0, f1, (long long)p.steps);
+  CHECK(f1 < 0.5 * f0);
+  char fdir[512], fpath[600];
+  if (ll_test_tmpdir(fdir, sizeof fdir)) {
+    snprintf(fpath, sizeof fpath, "%s/full.ckpt", fdir);
+    CHECKF(ll_trainer_save(tr, fpath, NULL, err, sizeof err) == 0, "%s", err);
+    struct ll_modelfile mf;
+    ll_modelfile_init(&mf);
+    CHECKF(ll_ckpt_open(fpath, &mf, 1, err, sizeof err) == 0, "%s", err);
+    const struct ll_layer *y = &ll_trainer_model(tr)->layers[1];
+    const struct ll_tensor_info *pa = ll_mf_find_tensor(&mf, "blk.1.post_attention_norm.weight"), *pf = ll_mf_find_tensor(&mf, "blk.1.post_ffw_norm.weight");
+    CHECK(pa && pa->type == LL_TYPE_F32 && pa->ne[0] == C && !memcmp(pa->data, y->post_attn_norm, sizeof(float) * (size_t)C));
+    CHECK(pf && pf->type == LL_TYPE_F32 && pf->ne[0] == C && !memcmp(pf->data, y->post_ffn_norm, sizeof(float) * (size_t)C));
+    ll_modelfile_free(&mf);
+    struct ll_engine_params ep;
+    ll_engine_params_default(&ep);
+    ep.model_path = fpath, ep.n_threads = 1, ep.n_ctx = 128, ep.device = "cpu";
+    struct ll_engine *fe = NULL;
+    CHECKF(ll_engine_open(&fe, &ep, err, sizeof err) == 0, "the trained checkpoint as a model: %s", err);
+    if (fe) { // the trainer's loss on a sequence of S tokens (its seq_len), and the engine's
+      int32_t si[SW], stg[SW];
+      rule_seq(3, si, stg);
+      double lt = 0;
+      stg[S - 1] = -1;
+      CHECK(ll_trainer_forward_backward(tr, si, stg, 1, 0, 1.0f, &lt, NULL, err, sizeof err) == 0);
+      const double ls = engine_loss(fe, si, stg, S);
+      printf("gemma3 full: served from its checkpoint: loss %.6f, the trainer's %.6f\n", ls, lt);
+      CHECKF(fabs(ls - lt) <= 5e-5 * fabs(lt), "the saved model's loss %.7g, the trainer's %.7g", ls, lt);
+      struct ll_engine_info fi;
+      ll_engine_get_info(fe, &fi);
+      CHECK(!strcmp(fi.arch, "gemma3"));
+    }
+    ll_engine_close(fe);
+    remove(fpath), rmdir(fdir);
+  }
+  ll_trainer_free(tr);
+}
+
+// Gemma 3 on a device against the CPU backend, at seq_len SW (past the window: the local layers'
+// attention_train_swa on the device), the same data and initial parameters: LoRA (batch 2, 6
+// steps) and full-parameter (batch 2, 4 steps): each step's training loss and the validation
+// loss after, relative to the CPU's: the reference tier within 1e-5 (observed 4.7e-7: not the
+// same bits, the CPU backend's training products are sgemm's and its exp ggml's), the fast tier
+// within 1e-4 (observed 8.2e-6). The window ignored would be 5e-4 off (window_checks).
+static void gemma_device_checks(struct ll_engine *ce, struct ll_engine *de, const char *model, const char *tier, double tol) {
+  char err[512];
+  for (int mode = 0; mode < 2; mode++) {
+    struct ll_trainer_params p;
+    ll_trainer_params_init(&p);
+    p.batch = 2, p.seq_len = SW, p.rank = 4, p.alpha = 8, p.lr = mode ? 3e-3 : 2e-2, p.warmup = 0, p.steps = mode ? 4 : 6, p.dropout = 0, p.clip = 1;
+    if (mode) p.mode = LL_TRAIN_FULL, p.model_path = model;
+    struct ll_trainer *tr[2] = {NULL, NULL};
+    double l[2][8] = {{0}}, v[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+      struct ll_engine *e = k ? de : ce;
+      CHECKF(ll_trainer_create(&tr[k], ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err) == 0, "%s: %s", k ? "device" : "cpu", err);
+      if (!tr[k]) break;
+      struct pat ps = {0, 0};
+      struct ll_train_source src = {&ps, rule_next, rule_val_next, pat_val_reset, NULL, NULL};
+      struct ll_train_step_info info = {0};
+      for (int st = 0; st < p.steps; st++) {
+        CHECKF(ll_trainer_step(tr[k], &src, &info, err, sizeof err) == 0, "%s", err);
+        l[k][st] = info.loss;
+      }
+      CHECKF(ll_trainer_eval(tr[k], &src, 0, &v[k], err, sizeof err) == 0, "%s", err);
+    }
+    double worst = 0;
+    for (int st = 0; st < p.steps; st++) worst = fmax(worst, fabs(l[1][st] - l[0][st]) / fabs(l[0][st]));
+    const double rv = fabs(v[1] - v[0]) / fabs(v[0]);
+    printf("gemma3 %s on the device (%s tier), seq_len %d: loss %.6f -> %.6f (cpu %.6f -> %.6f), worst step relative difference %.3g; "
+           "validation %.6f (cpu %.6f, relative %.3g); first step's loss %.17g (cpu %.17g)\n",
+           mode ? "full" : "LoRA", tier, SW, l[1][0], l[1][p.steps - 1], l[0][0], l[0][p.steps - 1], worst, v[1], v[0], rv, l[1][0], l[0][0]);
+    CHECKF(worst <= tol && rv <= tol, "gemma3 %s, %s tier: relative differences %.3g, %.3g (tolerance %.0e)", mode ? "full" : "LoRA", tier, worst, rv, tol);
+    CHECK(l[0][p.steps - 1] < l[0][0]); // it trains
+    ll_trainer_free(tr[0]), ll_trainer_free(tr[1]);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) return 2;
   int n_ctx = 128;
@@ -531,6 +734,16 @@ int main(int argc, char **argv) {
     dp.device = argv[2];
     struct ll_engine *de = NULL;
     CHECKF(ll_engine_open(&de, &dp, err, sizeof err) == 0, "%s", err);
+    if (de && mdl_is(e, "gemma3")) { // the reference tier (PoCL's default), then the fast one
+      gemma_device_checks(e, de, argv[1], "reference", 1e-5);
+      ll_engine_close(de), de = NULL;
+      setenv("LL_OPENCL_REFERENCE", "0", 1);
+      CHECKF(ll_engine_open(&de, &dp, err, sizeof err) == 0, "%s", err);
+      if (de) gemma_device_checks(e, de, argv[1], "fast", 1e-4);
+      ll_engine_close(de);
+      ll_engine_close(e);
+      return ll_test_summary();
+    }
     double c0 = 0, c1 = 0, d0 = 0, d1 = 0;
     struct ll_trainer *tc = de ? train_pattern(e, &c0, &c1) : NULL, *td = de ? train_pattern(de, &d0, &d1) : NULL;
     if (tc && td) {
@@ -642,6 +855,7 @@ int main(int argc, char **argv) {
   struct ll_lora_dims dm;
   ll_engine_lora_dims(e, &dm);
   if (ll_lora_fused(dm.arch)) fused_checks(e, argv[1]);
+  if (gemma) gemma_full_checks(e, argv[1]);
   ll_engine_close(e);
   return ll_test_summary();
 }

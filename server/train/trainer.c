@@ -59,6 +59,7 @@ struct lacts {
 struct lgrad {
   float *attn_norm, *ffn_norm, *wq, *wk, *wv, *wo, *gate, *up, *down;
   float *q_norm, *k_norm; // LL_ARCH_QK_NORM
+  float *post_attn_norm, *post_ffn_norm; // LL_ARCH_POST_NORMS
 };
 
 // q/k norms (LL_ARCH_QK_NORM): rows and width of q's and k's normed vectors, per head (qwen3,
@@ -343,7 +344,7 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   const float *dd = dx;
   if (y->post_ffn_norm) {
     BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
-    BK(B->rmsnorm_backward(be, tr->dn, NULL, dx, a->pf, y->post_ffn_norm, T, C, m->eps), "rmsnorm_backward post-ffn");
+    BK(B->rmsnorm_backward(be, tr->dn, gw->post_ffn_norm, dx, a->pf, y->post_ffn_norm, T, C, m->eps), "rmsnorm_backward post-ffn");
     dd = tr->dn;
   }
   BK(act_forward(tr, a->h, a->g, a->u, (int64_t)T * F), tr->geglu ? "geglu" : "swiglu");
@@ -364,7 +365,7 @@ ffn_norm: // n2 = rmsnorm(m): dx becomes dm (the residual path plus the norm's)
   const float *dpo = dx;
   if (y->post_attn_norm) {
     BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
-    BK(B->rmsnorm_backward(be, tr->dn, NULL, dx, a->po, y->post_attn_norm, T, C, m->eps), "rmsnorm_backward post-attention");
+    BK(B->rmsnorm_backward(be, tr->dn, gw->post_attn_norm, dx, a->po, y->post_attn_norm, T, C, m->eps), "rmsnorm_backward post-attention");
     dpo = tr->dn;
   }
   BK(zero(tr, tr->da, (int64_t)T * qd), "zero");
@@ -554,8 +555,8 @@ static int64_t n_trainable(const struct ll_model *m, const struct ll_trainer_par
   if (m->n_expert > 0 && m->F_sh > 0) ffn += 3 * (int64_t)m->F_sh * m->C + m->C; // qwen2moe's shared expert and its gate
   int qr = 0, qw = 0, kr = 0, kw = 0;
   if (m->L > 0 && m->layers && m->layers[0].q_norm) qk_norm_shape(m, 1, &qr, &qw, &kr, &kw);
-  const int64_t qd = m->qd > 0 ? m->qd : m->C;
-  return n + (int64_t)m->L * (2 * m->C + 2 * qd * m->C + 2 * (int64_t)m->kvd * m->C + ffn + qw + kw);
+  const int64_t qd = m->qd > 0 ? m->qd : m->C, pn = m->L > 0 && m->layers && m->layers[0].post_attn_norm ? 2 * (int64_t)m->C : 0; // Gemma's post-norms
+  return n + (int64_t)m->L * (2 * m->C + 2 * qd * m->C + 2 * (int64_t)m->kvd * m->C + ffn + qw + kw + pn);
 }
 
 int ll_trainer_cpu_backend(struct ll_backend **out, const struct ll_backend *like, int n_threads, char *err, size_t errlen) {
@@ -621,10 +622,6 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
   const char *what;
   if (m->arch && !ll_arch_trainable(m->arch, &what))
     return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: %s models cannot be trained yet (no backward for %s)", m->arch->name, what);
-  // q/k norms train in full mode (their weights' gradients); post-norms and a scaled embedding do not yet
-  if (p->mode == LL_TRAIN_FULL && m->arch && (m->arch->flags & (LL_ARCH_POST_NORMS | LL_ARCH_EMBD_SCALE)))
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: full-parameter training of %s (post-norms, embedding scale) is not supported yet: use train.mode lora",
-                   m->arch->name);
   return 0;
 }
 
@@ -833,6 +830,18 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
       if (add_pt(tr, nm1, off, 1, n, 1)) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
       off += n;
     }
+  // Gemma 3's post-attention and post-FFN norm weights (C each; the file's (1 + w), which the
+  // forward multiplies by, so their gradient is rmsnorm_backward's dg as for any norm)
+  const int pn = L > 0 && base->layers[0].post_attn_norm;
+  for (int l = 0; pn && l < L; l++)
+    for (int j = 0; j < 2; j++) {
+      snprintf(nm1, sizeof nm1, "blk.%d.%s.weight", l, j ? "post_ffw_norm" : "post_attention_norm");
+      memcpy(tr->Ph + off, j ? base->layers[l].post_ffn_norm : base->layers[l].post_attn_norm, (size_t)C * sizeof(float));
+      if (j) tr->flayers[l].post_ffn_norm = tr->P + off;
+      else tr->flayers[l].post_attn_norm = tr->P + off;
+      if (add_pt(tr, nm1, off, 1, C, 1)) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+      off += C;
+    }
   if (off != tr->n_par) return ll_errf(err, errlen, LL_EINVAL, "trainer: internal: %lld of %lld parameters placed", (long long)off, (long long)tr->n_par);
   tr->m = &tr->fm;
   if (!tr->dev) return 0;
@@ -847,6 +856,7 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
     tr->fhlayers[l].attn_norm = host_of(tr, tr->flayers[l].attn_norm);
     tr->fhlayers[l].ffn_norm = host_of(tr, tr->flayers[l].ffn_norm);
     if (qw > 0) tr->fhlayers[l].q_norm = host_of(tr, tr->flayers[l].q_norm), tr->fhlayers[l].k_norm = host_of(tr, tr->flayers[l].k_norm);
+    if (pn) tr->fhlayers[l].post_attn_norm = host_of(tr, tr->flayers[l].post_attn_norm), tr->fhlayers[l].post_ffn_norm = host_of(tr, tr->flayers[l].post_ffn_norm);
   }
   tr->fmh.output_norm = host_of(tr, tr->fm.output_norm);
   return 0;
@@ -861,7 +871,8 @@ static void full_grads(struct ll_trainer *tr) {
     const struct ll_layer *y = &tr->flayers[l];
     tr->lg[l] = (struct lgrad){grad_of(tr, y->attn_norm), grad_of(tr, y->ffn_norm), grad_of(tr, y->wq.data), grad_of(tr, y->wk.data),
                                grad_of(tr, y->wv.data), grad_of(tr, y->wo.data), grad_of(tr, y->gate.data), grad_of(tr, y->up.data),
-                               grad_of(tr, y->down.data), grad_of(tr, y->q_norm), grad_of(tr, y->k_norm)};
+                               grad_of(tr, y->down.data), grad_of(tr, y->q_norm), grad_of(tr, y->k_norm), grad_of(tr, y->post_attn_norm),
+                               grad_of(tr, y->post_ffn_norm)};
     if (tr->mg && y->moe)
       tr->mg[l] = (struct ll_moe_grads){grad_of(tr, y->moe->router.data),  grad_of(tr, y->moe->gate[0].data), grad_of(tr, y->moe->up[0].data),
                                         grad_of(tr, y->moe->down[0].data), (float)tr->p.moe_aux_coef,     1.0f / (float)tr->p.grad_accum,

@@ -122,8 +122,10 @@ with tempfile.TemporaryDirectory(prefix="llsrv-archs-") as tmp:
     # through the fused matrices' row slices, and the shared A of a fused module), loss falls;
     # phi3's validation loss falls and its exported adapter has llama.cpp's fused names.
     # phi3 on OpenCL (PoCL here): the same training there, its validation losses the CPU's.
-    # gemma3: GeGLU, post-norms, embedding scale, local layers' RoPE base (tests/test_arch_train.c).
-    for arch, dev in (("qwen3", []), ("phi3", []), ("phi3", ["opencl:0:0"]), ("gemma3", [])):
+    # gemma3: GeGLU, post-norms, embedding scale, local layers' RoPE base (tests/test_arch_train.c);
+    # full-parameter too (each new weight gradient against finite differences, the checkpoint
+    # served); on OpenCL both tiers' LoRA and full training past the window against the CPU's.
+    for arch, dev in (("qwen3", []), ("phi3", []), ("phi3", ["opencl:0:0"]), ("gemma3", []), ("gemma3", ["opencl:0:0"])):
         r = subprocess.run([os.path.join(BUILD, "tests/test_arch_train"), os.path.join(tmp, f"{arch}.gguf")] + dev, capture_output=True, text=True)
         print(f"== {arch} LoRA training {' '.join(dev)}\n{r.stdout}{r.stderr}", end="")
         passed, failed = passed + (r.returncode == 0), failed + (r.returncode != 0)
