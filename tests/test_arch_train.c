@@ -677,7 +677,8 @@ static void gemma_full_checks(struct ll_engine *e, const char *model) {
 // steps) and full-parameter (batch 2, 4 steps): each step's training loss and the validation
 // loss after, relative to the CPU's: the reference tier within 1e-5 (observed 4.7e-7: not the
 // same bits, the CPU backend's training products are sgemm's and its exp ggml's), the fast tier
-// within 1e-4 (observed 8.2e-6). The window ignored would be 5e-4 off (window_checks).
+// within 1e-4 (observed 8.2e-6). The window ignored would be 5e-4 off (window_checks). The
+// device-trained full model, saved, serves the device trainer's loss on the CPU (same tolerance).
 static void gemma_device_checks(struct ll_engine *ce, struct ll_engine *de, const char *model, const char *tier, double tol) {
   char err[512];
   for (int mode = 0; mode < 2; mode++) {
@@ -708,6 +709,28 @@ static void gemma_device_checks(struct ll_engine *ce, struct ll_engine *de, cons
            mode ? "full" : "LoRA", tier, SW, l[1][0], l[1][p.steps - 1], l[0][0], l[0][p.steps - 1], worst, v[1], v[0], rv, l[1][0], l[0][0]);
     CHECKF(worst <= tol && rv <= tol, "gemma3 %s, %s tier: relative differences %.3g, %.3g (tolerance %.0e)", mode ? "full" : "LoRA", tier, worst, rv, tol);
     CHECK(l[0][p.steps - 1] < l[0][0]); // it trains
+    char fdir[512], fpath[600];
+    if (mode && tr[1] && ll_test_tmpdir(fdir, sizeof fdir)) { // the device-trained model, saved, served on the CPU: the device trainer's loss
+      snprintf(fpath, sizeof fpath, "%s/full.ckpt", fdir);
+      CHECKF(ll_trainer_save(tr[1], fpath, NULL, err, sizeof err) == 0, "%s", err);
+      struct ll_engine_params ep;
+      ll_engine_params_default(&ep);
+      ep.model_path = fpath, ep.n_threads = 1, ep.n_ctx = 128, ep.device = "cpu";
+      struct ll_engine *fe = NULL;
+      CHECKF(ll_engine_open(&fe, &ep, err, sizeof err) == 0, "the device-trained checkpoint as a model: %s", err);
+      if (fe) {
+        int32_t si[2 * SW], stg[2 * SW];
+        rule_seq(1001, si, stg), rule_seq(1002, si + SW, stg + SW);
+        double lt = 0;
+        CHECK(ll_trainer_forward_backward(tr[1], si, stg, 2, 0, 1.0f, &lt, NULL, err, sizeof err) == 0);
+        const double ls = engine_loss(fe, si, stg, SW) + engine_loss(fe, si + SW, stg + SW, SW);
+        printf("gemma3 full, trained on the device (%s tier): served from its checkpoint on the CPU: loss %.6f, the device trainer's %.6f\n", tier, ls,
+               lt);
+        CHECKF(fabs(ls - lt) <= tol * fabs(lt), "the saved model's loss %.7g, the device trainer's %.7g", ls, lt);
+      }
+      ll_engine_close(fe);
+      remove(fpath), rmdir(fdir);
+    }
     ll_trainer_free(tr[0]), ll_trainer_free(tr[1]);
   }
 }
