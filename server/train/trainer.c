@@ -830,8 +830,11 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
       if (add_pt(tr, nm1, off, 1, n, 1)) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
       off += n;
     }
-  // Gemma 3's post-attention and post-FFN norm weights (C each; the file's (1 + w), which the
-  // forward multiplies by, so their gradient is rmsnorm_backward's dg as for any norm)
+  // Gemma 3's post-attention and post-FFN norm weights (C each). The file holds (1 + w) for every
+  // norm of Gemma 3 (llama.cpp's conversion/gemma.py, Gemma3Model.norm_shift, adds the 1 to each
+  // *norm.weight) and the forward multiplies by what it holds, so the gradient of a stored weight
+  // is rmsnorm_backward's dg as for any norm (d(1 + w)/dw = 1: the same for w); the checkpoint
+  // keeps the file's convention.
   const int pn = L > 0 && base->layers[0].post_attn_norm;
   for (int l = 0; pn && l < L; l++)
     for (int j = 0; j < 2; j++) {
