@@ -18,6 +18,14 @@ ll_script_test(NAME lora_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/
 # dense FFN against that dense model, prompt (grouped experts) against decode, batch invariance,
 # bad MoE files, LoRA gradients through the experts against finite differences.
 ll_test(NAME test_moe SOURCES test_moe.c LIBS ll_server LABELS unit TIMEOUT 120)
+# The same binary on the OpenCL device (PoCL): LoRA (attention + every expert) and full-parameter
+# training of each MoE layout against the CPU's - one forward/backward's gradient (the routed
+# experts' backward, the router's, the shared expert's) within 1e-5 of max |g|, then 6 steps'
+# losses, aux losses and validation losses within 1e-5 relative on the reference tier
+# (LL_OPENCL_REFERENCE=1; observed <= 1e-7) and 1e-3 on the fast tier (observed <= 4e-7); ~12 s,
+# more when PoCL compiles the programs first (TIMEOUT as test_opencl's).
+add_test(NAME test_moe_opencl COMMAND test_moe opencl:0:0)
+set_tests_properties(test_moe_opencl PROPERTIES TIMEOUT 1200 LABELS unit ENVIRONMENT "${LL_TEST_ENV}")
 # Mixture-of-experts layouts (Mixtral's llama, qwen2moe, qwen3moe, olmoe) written by the gguf
 # package: 32 greedy ids on 4 prompts equal llama.cpp's (tests/ref/moe_greedy32.tsv), top-5
 # logits within 1e-3, the OpenCL device's ids (PoCL, reference tier) equal the CPU's; the same

@@ -486,7 +486,7 @@ static void test_kept(struct ll_engine *e, const struct ll_lora *a, const float 
   float *xn = malloc(sizeof(float) * T * C * 4), *x = xn + T * C, *dy = x + T * C, *dx = dy + T * C;
   float *g1 = calloc((size_t)n * 2, sizeof(float)), *g2 = g1 + n;
   for (int i = 0; i < T * C; i++) xn[i] = ll_test_randf(rs), dy[i] = ll_test_randf(rs), x[i] = 0;
-  const struct ll_moe_lora lo1 = {NULL, a, 1, P, g1}, lo2 = {NULL, a, 1, P, g2};
+  const struct ll_moe_lora lo1 = {NULL, a, 1, P, g1, NULL}, lo2 = {NULL, a, 1, P, g2, NULL};
   float *dx2 = malloc(sizeof(float) * T * C);
   memset(dx, 0, sizeof(float) * T * C), memset(dx2, 0, sizeof(float) * T * C);
   rc = ll_moe_forward(c, m->layers[1].moe, a ? &lo1 : NULL, 3, x, xn, T, err, sizeof err);
@@ -922,10 +922,111 @@ static void test_loss_falls(const char *dir, int layout, int mode, uint64_t *rs)
   unlink(path);
 }
 
-int main(void) {
+// ---------------------------------------------------------------- training on a device
+
+static struct ll_engine *open_on(const char *path, const char *device, char *err, size_t errlen) {
+  struct ll_engine_params p;
+  ll_engine_params_default(&p);
+  p.model_path = path, p.n_threads = 2, p.device = device, p.n_ctx = CTX, p.n_parallel = 1;
+  struct ll_engine *e = NULL;
+  return ll_engine_open(&e, &p, err, errlen) == 0 ? e : NULL;
+}
+
+// Per layout and mode (LoRA on attention and every expert; full-parameter with the
+// load-balancing loss): one forward/backward's gradient on the device against the CPU's (the
+// routed experts' backward: every adapter or weight gradient, the router's included), then 6
+// AdamW steps whose losses (and aux losses) follow the CPU's. Tolerances: rel_g on the gradient
+// (max |diff| over max |g|), rel_l on each step's loss.
+static void test_device_train(const char *dir, const char *device, int layout, int mode, double rel_g, double rel_l, uint64_t *rs) {
+  char path[4200], err[512];
+  snprintf(path, sizeof path, "%s/dev-%d-%d.gguf", dir, layout, mode);
+  if (write_model(path, E, K, 0, ll_test_rand(rs), layout_what[layout])) return;
+  struct ll_engine *ec = open_on(path, "cpu", err, sizeof err), *ed = ec ? open_on(path, device, err, sizeof err) : NULL;
+  CHECKF(ec && ed, "open on %s: %s", device, err);
+  struct ll_trainer *tc = NULL, *td = NULL;
+  struct ll_trainer_params p;
+  ll_trainer_params_init(&p);
+  p.mode = mode, p.batch = 2, p.seq_len = 16, p.steps = 6, p.seed = 5, p.arch = layout ? layout_name[layout] : "llama", p.model_path = path;
+  p.lr = mode == LL_TRAIN_FULL ? 3e-3 : 1e-2, p.rank = 4, p.alpha = 8, p.warmup = 0;
+  p.targets = (1u << LL_LORA_Q) | (1u << LL_LORA_K) | (1u << LL_LORA_V) | (1u << LL_LORA_O) | LL_LORA_EXPERT_TARGETS;
+  int rc = ed ? ll_trainer_create(&tc, ll_engine_model(ec), ll_engine_backend(ec), &p, err, sizeof err) : -1;
+  if (rc == 0) rc = ll_trainer_create(&td, ll_engine_model(ed), ll_engine_backend(ed), &p, err, sizeof err);
+  CHECKF(!ed || rc == 0, "%s, %s trainer: %s", layout_name[layout], mode == LL_TRAIN_FULL ? "full" : "lora", err);
+  if (rc == 0) {
+    CHECK(!ll_backend_host_buffers(ll_engine_backend(ed))); // the device's own memory: a CPU fallback would compare the CPU with itself
+    float *Pc, *Gc, *Pd, *Gd;
+    int64_t nc, nd;
+    ll_trainer_vectors(tc, &Pc, &Gc, &nc), ll_trainer_vectors(td, &Pd, &Gd, &nd);
+    CHECK(nc == nd);
+    // The same parameters on both (LoRA's B is zero at the start: random values so that the
+    // experts' adapters carry a gradient through A too).
+    float *h = malloc((size_t)nc * sizeof *h), *gd = malloc((size_t)nc * sizeof *gd);
+    for (int64_t i = 0; i < nc; i++) h[i] = mode == LL_TRAIN_FULL ? Pc[i] : 0.05f * ll_test_randf(rs);
+    if (mode == LL_TRAIN_FULL) CHECK(ll_backend_copy(ll_engine_backend(ed), h, Pd, (size_t)nc * sizeof *h) == 0 && memcmp(h, Pc, (size_t)nc * sizeof *h) == 0);
+    else memcpy(Pc, h, (size_t)nc * sizeof *h), ll_backend_copy(ll_engine_backend(ed), Pd, h, (size_t)nc * sizeof *h);
+    int32_t ids[32], tg[32];
+    for (int i = 0; i < 32; i++) ids[i] = (int32_t)(ll_test_rand(rs) % V), tg[i] = (int32_t)(ll_test_rand(rs) % V);
+    double lc = 0, ld = 0;
+    ll_trainer_zero_grad(tc), ll_trainer_zero_grad(td);
+    rc = ll_trainer_forward_backward(tc, ids, tg, 2, 1, 1.0f, &lc, NULL, err, sizeof err);
+    if (rc == 0) rc = ll_trainer_forward_backward(td, ids, tg, 2, 1, 1.0f, &ld, NULL, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    const double ac = ll_trainer_aux_take(tc), ad = ll_trainer_aux_take(td);
+    ll_backend_copy(ll_engine_backend(ed), gd, Gd, (size_t)nc * sizeof *gd);
+    double gmax = 0, dmax = 0;
+    for (int64_t i = 0; i < nc; i++) gmax = fmax(gmax, fabs(Gc[i])), dmax = fmax(dmax, fabs(Gc[i] - gd[i]));
+    printf("%s on %s, %s: loss %.7f (cpu %.7f), aux %.6f (cpu %.6f); gradient of %lld max |diff| %.3g of max |g| %.3g\n", layout_name[layout], device,
+           mode == LL_TRAIN_FULL ? "full" : "LoRA (attention + experts)", ld, lc, ad, ac, (long long)nc, dmax, gmax);
+    CHECKF(rc == 0 && fabs(ld - lc) <= rel_l * fabs(lc) && fabs(ad - ac) <= rel_l * fabs(ac) + 1e-9, "%s: loss %.9g vs %.9g", layout_name[layout], ld, lc);
+    CHECKF(gmax > 0 && dmax <= rel_g * gmax, "%s: device gradient off the CPU's by %.3g of %.3g", layout_name[layout], dmax, gmax);
+    // Steps on the same data: the loss curves agree.
+    struct rule_src sc = {99, p.seq_len, 0}, sd = {99, p.seq_len, 0};
+    struct ll_train_source srcc = {&sc, rule_next, rule_val_next, rule_val_reset, NULL, NULL}, srcd = {&sd, rule_next, rule_val_next, rule_val_reset, NULL, NULL};
+    double worst = 0, first = 0, last = 0, v0c = 0, v0d = 0, v1c = 0, v1d = 0;
+    rc = ll_trainer_eval(tc, &srcc, 0, &v0c, err, sizeof err);
+    if (rc == 0) rc = ll_trainer_eval(td, &srcd, 0, &v0d, err, sizeof err);
+    for (int i = 0; i < p.steps && rc == 0; i++) {
+      struct ll_train_step_info ic, id;
+      rc = ll_trainer_step(tc, &srcc, &ic, err, sizeof err);
+      if (rc == 0) rc = ll_trainer_step(td, &srcd, &id, err, sizeof err);
+      if (rc == 0) worst = fmax(worst, fabs(id.loss - ic.loss) / fabs(ic.loss)), first = i ? first : ic.loss, last = ic.loss;
+      if (rc == 0 && mode == LL_TRAIN_FULL) worst = fmax(worst, fabs(id.aux_loss - ic.aux_loss) / fabs(ic.aux_loss));
+    }
+    if (rc == 0) rc = ll_trainer_eval(tc, &srcc, 0, &v1c, err, sizeof err);
+    if (rc == 0) rc = ll_trainer_eval(td, &srcd, 0, &v1d, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    worst = fmax(worst, fmax(fabs(v0d - v0c) / v0c, fabs(v1d - v1c) / v1c));
+    printf("  %lld steps: loss %.4f -> %.4f, validation %.4f -> %.4f (cpu %.4f -> %.4f), worst relative difference %.3g\n", (long long)p.steps, first,
+           last, v0d, v1d, v0c, v1c, worst);
+    CHECKF(worst <= rel_l, "%s: the device's losses differ from the CPU's by %.3g relative", layout_name[layout], worst);
+    CHECKF(v1d < v0d - 0.05, "%s: the validation loss did not fall on the device", layout_name[layout]); // it trained something
+    free(h), free(gd);
+  }
+  ll_trainer_free(tc), ll_trainer_free(td);
+  ll_engine_close(ec), ll_engine_close(ed);
+  unlink(path);
+}
+
+// usage: test_moe [DEVICE]: with DEVICE (opencl:0:0), training on that device against the CPU
+// only, on its reference tier (LL_OPENCL_REFERENCE=1) then its fast tier.
+int main(int argc, char **argv) {
   uint64_t rs = ll_test_seed();
-  test_route(&rs);
   char dir[4096];
+  if (argc > 1) {
+    if (!ll_test_tmpdir(dir, sizeof dir)) {
+      CHECKF(0, "no temporary directory");
+      return ll_test_summary();
+    }
+    for (int tier = 1; tier >= 0; tier--) {
+      setenv("LL_OPENCL_REFERENCE", tier ? "1" : "0", 1);
+      printf("%s tier:\n", tier ? "reference" : "fast");
+      for (int layout = 0; layout < 4; layout++)
+        for (int mode = LL_TRAIN_LORA; mode <= LL_TRAIN_FULL; mode++) test_device_train(dir, argv[1], layout, mode, tier ? 1e-5 : 1e-3, tier ? 1e-5 : 1e-3, &rs);
+    }
+    rmdir(dir);
+    return ll_test_summary();
+  }
+  test_route(&rs);
   if (ll_test_tmpdir(dir, sizeof dir)) {
     test_models(dir, &rs);
     test_grads(dir, 0, 0, &rs);

@@ -34,11 +34,14 @@ struct ll_moe_lora {
   // backward: the gradient of an adapter value at p (in one's storage) is added at G + (p - P); G NULL: none
   const float *P;
   float *G;
+  // training (NULL: one's own): one's pairs (n_layer, LL_LORA_N_SLOTS) as ll_lora_at lays them
+  // out, naming the values where the trainer keeps them (a device's copy of one's storage, P)
+  const struct ll_lora_pair *pairs;
 };
 
 // x (T, C) += the layer's mixture-of-experts FFN of xn (T, C), the normed x. Both backend
 // buffers of c's backend. T <= max_batch. lo: adapters on the experts, or NULL.
-// keep >= 0 (training, host buffers, lo NULL or lo->one): the training kernels (no llama.cpp
+// keep >= 0 (training, lo NULL or lo->one): the training kernels (no llama.cpp
 // row order), and the routes and expert products kept in slot `keep` (grown as needed, about
 // T·k·(2·F_exp + C) floats each) for ll_moe_backward's same slot, which then does not compute
 // them again; -1: serving.
@@ -65,8 +68,10 @@ struct ll_moe_grads {
 // no auxiliary loss); else their gradients and the auxiliary loss's (above), whose value is
 // added to the context's sum (ll_moe_aux_take). The forward is the one kept (keep) or recomputed
 // (the same routes).
-// ops: the backend's members with the training ones filled (the trainer's). Host buffers only
-// (the CPU backend): LL_EUNSUPPORTED elsewhere. qwen2moe's shared expert: its weights' and its
+// ops: the backend's members with the training ones filled (the trainer's); on a device backend
+// (buffers in device memory) its own axpy, scale, matmul_backward and swiglu_backward
+// (LL_EUNSUPPORTED without them): the routing weights' backward runs on the host over the T·k
+// dot products dy·ye read back (one-row products), the rest as backend ops. qwen2moe's shared expert: its weights' and its
 // gate's gradients into g's sh_* where not NULL.
 // lo (NULL: none): adapters on the experts, one for the whole batch (lo->one), differentiated
 // into lo->G (dA_e += daxᵀ·x, dB_e += dyᵀ·axs per expert over its rows, axs = scale·x·A_eᵀ, as

@@ -9,6 +9,12 @@
 // (ggml_vec_dot_*), so the expert products here run with ll_backend.row_order set; the
 // weighted outputs are added in slot order (descending router probability), then the shared
 // expert, then the residual: ggml's graph order, so F32 models match llama.cpp's ids.
+//
+// Training (ll_moe_backward) runs on any backend with the training ops. On a device the
+// activations stay in its memory; the routing and its backward (softmax, top k,
+// renormalization: a few floats per token) run on the host, which is the simplest correct
+// way: the T·E router logits come back as in serving, and so do the T·k routing-weight
+// gradients dy·ye (one-row products on the device) and qwen2moe's T shared-gate values.
 #include "ll_moe.h"
 
 #include <math.h>
@@ -18,6 +24,7 @@
 #include "ll_error.h"
 #include "ll_lora.h"
 #include "ll_modelfile.h"
+#include "ll_quant.h"
 
 struct ll_moe_ctx {
   struct ll_backend *be;
@@ -36,28 +43,32 @@ struct ll_moe_ctx {
   int32_t *sel;        // (max_batch·k) expert of (token, slot)
   int *rowof, *src;    // (max_batch·k): row of (token, slot) in the grouped buffers; token of a row
   int *cnt, *off;      // (E) rows per expert, first row
-  // training (ll_moe_backward; made on its first call, host buffers only)
+  // training (made on first use): backend buffers
   float *h, *dh, *d2, *dye; // (max_batch·k, F_exp) x3, (max_batch·k, C)
-  float *sh, *dsh, *dsg, *dsu, *dsy, *dv; // shared expert: (max_batch, F_sh) x4, (max_batch, C), (max_batch)
-  float *dlog, *dw; // (max_batch, E), (max_batch·k)
+  float *sh, *dsh, *dsg, *dsu, *dsy; // shared expert: (max_batch, F_sh) x4, (max_batch, C)
+  float *dwd;                        // device only: (max_batch·k + max_batch) the per-row dot products dw, then the shared gate's
+  // training: host memory (the routing's backward runs on the host; dlog and dv go to
+  // matmul_backward as host operands, which ll_backend.h lets every op take)
+  float *dlog, *dw, *dv; // (max_batch, E), (max_batch·k + max_batch), (max_batch)
   double aux;       // auxiliary losses summed by the backward (ll_moe_aux_take)
   // adapters on the experts (made on first use, grown to the largest rank seen)
   int lrank;
   float *lr, *lo;             // backend buffers: (max_batch·k, lrank) A·x, (max_batch·k, max(F_exp, C)) B·(A·x)
-  int trank;                  // backward (host): rank of
-  float *axs[3], *dax;        // (max_batch·k, trank) scale·x·A_eᵀ of each expert slot's rows, its gradient
+  int trank;                  // training: rank of
+  float *axs[3], *dax;        // backend buffers (max_batch·k, trank) scale·x·A_eᵀ of each expert slot's rows, its gradient
   // training's forward kept for the backward (ll_moe_forward's keep): one per layer slot
   struct moe_kept *kept;
   int n_kept;
 };
 
-// A training forward's routes and products (host memory, max_batch rows): what ll_moe_backward
-// would otherwise recompute. Valid for (y, T) until that backward uses it.
+// A training forward's routes and products (max_batch rows): what ll_moe_backward would
+// otherwise recompute. Valid for (y, T) until that backward uses it.
 struct moe_kept {
   const struct ll_moe_layer *y;
   int T, rank;              // rank: the adapter's whose axs are kept (0: none)
-  float *mem;               // one block: hlog (B, E), w (Bk), g, u (Bk, F_exp), ye (Bk, C), axs (3, Bk, rank)
-  int32_t *imem;            // sel, rowof, src (Bk each), cnt, off (E each)
+  float *mem;               // host: hlog (B, E), w (Bk)
+  float *dmem;              // a backend buffer: g, u (Bk, F_exp), ye (Bk, C), axs (3, Bk, rank)
+  int32_t *imem;            // host: sel, rowof, src (Bk each), cnt, off (E each)
 };
 
 double ll_moe_aux_take(struct ll_moe_ctx *c) {
@@ -107,9 +118,10 @@ void ll_moe_ctx_free(struct ll_moe_ctx *c) {
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ll_backend_free_buf(o, bufs[i]);
   free(c->hlog), free(c->hsg), free(c->probs), free(c->w), free(c->sel), free(c->rowof), free(c->src), free(c->cnt), free(c->off);
   ll_backend_free_buf(o, c->lr), ll_backend_free_buf(o, c->lo);
-  float *tb[] = {c->h, c->dh, c->d2, c->dye, c->sh, c->dsh, c->dsg, c->dsu, c->dsy, c->dv, c->dlog, c->dw, c->axs[0], c->axs[1], c->axs[2], c->dax};
-  for (size_t i = 0; i < sizeof tb / sizeof tb[0]; i++) free(tb[i]);
-  for (int i = 0; i < c->n_kept; i++) free(c->kept[i].mem), free(c->kept[i].imem);
+  float *tb[] = {c->h, c->dh, c->d2, c->dye, c->sh, c->dsh, c->dsg, c->dsu, c->dsy, c->dwd, c->axs[0], c->axs[1], c->axs[2], c->dax};
+  for (size_t i = 0; i < sizeof tb / sizeof tb[0]; i++) ll_backend_free_buf(o, tb[i]);
+  free(c->dv), free(c->dlog), free(c->dw);
+  for (int i = 0; i < c->n_kept; i++) free(c->kept[i].mem), free(c->kept[i].imem), ll_backend_free_buf(o, c->kept[i].dmem);
   free(c->kept);
   free(c);
 }
@@ -333,7 +345,7 @@ int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const str
   const int k = m->n_expert_used, C = m->C;
   if (T > c->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "moe: batch of %d tokens exceeds %d", T, c->max_batch);
   if (!any_expert_lora(lo, T)) lo = NULL;
-  if (keep >= 0 && c->host && (!lo || !lo->tok)) return train_forward(c, y, lo, keep, x, xn, T, err, errlen);
+  if (keep >= 0 && (!lo || !lo->tok)) return train_forward(c, y, lo, keep, x, xn, T, err, errlen);
   int rc = lo ? lora_scratch(c, lo, T, err, errlen) : 0;
   if (rc == 0) rc = route_group(c, y, xn, T, err, errlen);
   if (rc) return rc;
@@ -400,13 +412,31 @@ static float *grab(float **p, size_t n, int *ok) {
   *ok = *ok && *p;
   return *p;
 }
+// The same in c's backend's buffers (zeroed).
+static float *grab_b(struct ll_moe_ctx *c, float **p, size_t n, int *ok) {
+  if (!*p) *p = ll_backend_alloc(c->host ? NULL : c->be, n * sizeof(float));
+  *ok = *ok && *p;
+  return *p;
+}
+
+// Device training: out[i] = x[i] · w[i] (rows of n floats, backend buffers) for the m pairs,
+// as m one-row products (x (1, n) · W (1, n)ᵀ, W the row of w): the backend has no dot op, and
+// the host reads back only the m results (the host computes them in double on the CPU backend).
+static int row_dots(struct ll_moe_ctx *c, const struct ll_backend_i *ops, float *out, float *const *x, float *const *w, int m, int n) {
+  for (int i = 0; i < m; i++) {
+    const struct ll_weight W = {LL_TYPE_F32, n, 1, w[i], NULL, NULL};
+    const int rc = ops->matmul(c->be, c->dwd + i, x[i], &W, 1, 0);
+    if (rc) return rc;
+  }
+  return ll_backend_copy(c->be, out, c->dwd, (size_t)m * sizeof(float));
+}
 
 // Training: the adapter's product on expert e's rows [r0, r0 + n): axs (rows, r) = scale·x·A_eᵀ,
 // dst += axs·B_eᵀ (the trainer's order).
 static int xlora_fwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_lora *lo, int slot, int e, const float *x, int64_t in,
                      float *dst, int64_t out, int r0, int n, char *err, size_t errlen) {
   const struct ll_lora *a = lo->one;
-  const struct ll_lora_pair *p = ll_lora_at(a, lo->layer, slot);
+  const struct ll_lora_pair *p = lo->pairs ? &lo->pairs[lo->layer * LL_LORA_N_SLOTS + slot] : ll_lora_at(a, lo->layer, slot);
   if (!p->a.data) return 0;
   struct ll_weight A, B;
   ll_lora_expert(a, p, e, &A, &B);
@@ -422,39 +452,46 @@ static int xlora_fwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const
 static int xlora_bwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_lora *lo, int slot, int e, float *dx, const float *dy,
                      const float *x, int64_t in, int64_t out, int r0, int n, char *err, size_t errlen) {
   const struct ll_lora *a = lo->one;
-  const struct ll_lora_pair *p = ll_lora_at(a, lo->layer, slot);
+  const struct ll_lora_pair *p = lo->pairs ? &lo->pairs[lo->layer * LL_LORA_N_SLOTS + slot] : ll_lora_at(a, lo->layer, slot);
   if (!p->a.data) return 0;
   struct ll_weight A, B;
   ll_lora_expert(a, p, e, &A, &B);
   const int r = a->rank;
   float *dA = lo->G ? lo->G + ((const float *)A.data - lo->P) : NULL, *dB = lo->G ? lo->G + ((const float *)B.data - lo->P) : NULL;
   float *dax = c->dax + (size_t)r0 * r;
-  memset(dax, 0, (size_t)n * r * sizeof(float));
+  BK(ll_backend_zero(c->be, dax, (size_t)n * r * sizeof(float)), "zero");
   BK(ops->matmul_backward(c->be, dax, dB, dy + (size_t)r0 * out, c->axs[slot - LL_LORA_GATE_EXPS] + (size_t)r0 * r, &B, n), "matmul_backward expert lora_b");
   BK(ops->scale(c->be, dax, ll_lora_scale(a), (int64_t)n * r), "scale");
   BK(ops->matmul_backward(c->be, dx + (size_t)r0 * in, dA, dax, x + (size_t)r0 * in, &A, n), "matmul_backward expert lora_a");
   return 0;
 }
 
-// The training scratch (host): made on first use, the adapters' saved products at lo's rank.
+// The training scratch (backend buffers, dlog, dw and dv on the host): made on first use, the
+// adapters' saved products at lo's rank.
 static int train_scratch(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, char *err, size_t errlen) {
   const struct ll_model *m = c->m;
   const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp, Fs = m->F_sh;
   const size_t B = (size_t)c->max_batch, Bk = B * (size_t)k;
+  struct ll_backend *o = c->host ? NULL : c->be;
   int ok = 1;
-  grab(&c->h, Bk * Fe, &ok), grab(&c->dh, Bk * Fe, &ok), grab(&c->d2, Bk * Fe, &ok), grab(&c->dye, Bk * C, &ok);
-  grab(&c->dlog, B * E, &ok), grab(&c->dw, Bk, &ok);
-  if (Fs > 0) grab(&c->sh, B * Fs, &ok), grab(&c->dsh, B * Fs, &ok), grab(&c->dsg, B * Fs, &ok), grab(&c->dsu, B * Fs, &ok), grab(&c->dsy, B * C, &ok), grab(&c->dv, B, &ok);
+  grab_b(c, &c->h, Bk * Fe, &ok), grab_b(c, &c->dh, Bk * Fe, &ok), grab_b(c, &c->d2, Bk * Fe, &ok), grab_b(c, &c->dye, Bk * C, &ok);
+  grab(&c->dlog, B * E, &ok), grab(&c->dw, Bk + B, &ok);
+  if (!c->host) grab_b(c, &c->dwd, Bk + B, &ok);
+  if (Fs > 0)
+    grab_b(c, &c->sh, B * Fs, &ok), grab_b(c, &c->dsh, B * Fs, &ok), grab_b(c, &c->dsg, B * Fs, &ok), grab_b(c, &c->dsu, B * Fs, &ok),
+        grab_b(c, &c->dsy, B * C, &ok), grab(&c->dv, B, &ok);
   if (lo && lo->one->rank != c->trank) { // the adapter's saved products, per expert slot
-    for (int i = 0; i < 3; i++) free(c->axs[i]), c->axs[i] = NULL;
-    free(c->dax), c->dax = NULL;
+    for (int i = 0; i < 3; i++) ll_backend_free_buf(o, c->axs[i]), c->axs[i] = NULL;
+    ll_backend_free_buf(o, c->dax), c->dax = NULL;
     c->trank = lo->one->rank;
   }
-  if (lo) grab(&c->axs[0], Bk * c->trank, &ok), grab(&c->axs[1], Bk * c->trank, &ok), grab(&c->axs[2], Bk * c->trank, &ok), grab(&c->dax, Bk * c->trank, &ok);
+  if (lo)
+    grab_b(c, &c->axs[0], Bk * c->trank, &ok), grab_b(c, &c->axs[1], Bk * c->trank, &ok), grab_b(c, &c->axs[2], Bk * c->trank, &ok),
+        grab_b(c, &c->dax, Bk * c->trank, &ok);
   return ok ? 0 : ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for training's scratch");
 }
 
-// Training's forward of the routed experts (host): routes, then g, u (+ the adapters, their
+// Training's forward of the routed experts: routes (on the host), then g, u (+ the adapters, their
 // axs saved), h = SwiGLU and ye (unweighted) of every (token, slot) over the grouped rows, with
 // the training kernels (no ggml row order: nothing here is compared with llama.cpp's bits).
 static int train_experts(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_layer *y, const struct ll_moe_lora *lo,
@@ -464,7 +501,7 @@ static int train_experts(struct ll_moe_ctx *c, const struct ll_backend_i *ops, c
   const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp;
   int rc = route_group(c, y, xn, T, err, errlen);
   if (rc) return rc;
-  for (int r = 0; T == 1 && r < k; r++) memcpy(c->xg + (size_t)r * C, xn, (size_t)C * sizeof(float));
+  for (int r = 0; T == 1 && r < k; r++) BK(ll_backend_copy(be, c->xg + (size_t)r * C, xn, (size_t)C * sizeof(float)), "copy");
   for (int e = 0; e < E; e++) {
     if (!c->cnt[e]) continue;
     const size_t r = (size_t)c->off[e];
@@ -486,6 +523,7 @@ static int train_experts(struct ll_moe_ctx *c, const struct ll_backend_i *ops, c
 
 // Keep (dir 0) train_experts' results in slot i, or bring them back (dir 1; xg regathered from xn).
 static int kept_io(struct ll_moe_ctx *c, int i, int dir, const struct ll_moe_layer *y, int T, int rank, const float *xn, char *err, size_t errlen) {
+  struct ll_backend *be = c->be, *o = c->host ? NULL : be;
   const struct ll_model *m = c->m;
   const size_t E = (size_t)m->n_expert, k = (size_t)m->n_expert_used, C = (size_t)m->C, Fe = (size_t)m->F_exp;
   const size_t B = (size_t)c->max_batch, Bk = B * k, Tk = (size_t)T * k;
@@ -497,42 +535,47 @@ static int kept_io(struct ll_moe_ctx *c, int i, int dir, const struct ll_moe_lay
   }
   struct moe_kept *s = &c->kept[i];
   if (dir == 0 && (!s->mem || s->rank != rank)) {
-    free(s->mem), free(s->imem);
-    s->mem = malloc((B * E + Bk + 2 * Bk * Fe + Bk * C + 3 * Bk * (size_t)rank) * sizeof(float));
+    free(s->mem), free(s->imem), ll_backend_free_buf(o, s->dmem);
+    s->mem = malloc((B * E + Bk) * sizeof(float));
+    s->dmem = ll_backend_alloc(o, (2 * Bk * Fe + Bk * C + 3 * Bk * (size_t)rank) * sizeof(float));
     s->imem = malloc((3 * Bk + 2 * E) * sizeof(int32_t));
     s->y = NULL, s->rank = rank;
-    if (!s->mem || !s->imem) return ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for the kept forward of %d tokens", c->max_batch);
+    if (!s->mem || !s->dmem || !s->imem) return ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for the kept forward of %d tokens", c->max_batch);
   }
-  float *f = s->mem;
+  float *f = s->mem, *d = s->dmem;
   int32_t *q = s->imem;
   struct {
     void *a, *b;
     size_t n;
   } parts[] = {{f, c->hlog, (size_t)T * E * sizeof(float)},
                {f + B * E, c->w, Tk * sizeof(float)},
-               {f + B * E + Bk, c->g, Tk * Fe * sizeof(float)},
-               {f + B * E + Bk + Bk * Fe, c->u, Tk * Fe * sizeof(float)},
-               {f + B * E + Bk + 2 * Bk * Fe, c->ye, Tk * C * sizeof(float)},
                {q, c->sel, Tk * sizeof(int32_t)},
                {q + Bk, c->rowof, Tk * sizeof(int)},
                {q + 2 * Bk, c->src, Tk * sizeof(int)},
                {q + 3 * Bk, c->cnt, E * sizeof(int)},
                {q + 3 * Bk + E, c->off, E * sizeof(int)}};
   for (size_t j = 0; j < sizeof parts / sizeof parts[0]; j++) memcpy(dir ? parts[j].b : parts[j].a, dir ? parts[j].a : parts[j].b, parts[j].n);
-  float *ax = f + B * E + Bk + 2 * Bk * Fe + Bk * C;
+  struct {
+    float *a, *b;
+    size_t n;
+  } dparts[] = {{d, c->g, Tk * Fe}, {d + Bk * Fe, c->u, Tk * Fe}, {d + 2 * Bk * Fe, c->ye, Tk * C}};
+  for (size_t j = 0; j < sizeof dparts / sizeof dparts[0]; j++)
+    BK(ll_backend_copy(be, dir ? dparts[j].b : dparts[j].a, dir ? dparts[j].a : dparts[j].b, dparts[j].n * sizeof(float)), "copy");
+  float *ax = d + 2 * Bk * Fe + Bk * C;
   for (int j = 0; j < 3 && rank > 0; j++)
-    memcpy(dir ? c->axs[j] : ax + (size_t)j * Bk * rank, dir ? ax + (size_t)j * Bk * rank : c->axs[j], Tk * (size_t)rank * sizeof(float));
+    BK(ll_backend_copy(be, dir ? c->axs[j] : ax + (size_t)j * Bk * rank, dir ? ax + (size_t)j * Bk * rank : c->axs[j], Tk * (size_t)rank * sizeof(float)),
+       "copy");
   if (dir == 0) s->y = y, s->T = T;
   else {
     s->y = NULL; // used once
-    for (size_t r = 0; r < Tk; r++) memcpy(c->xg + r * C, xn + (size_t)c->src[r] * C, C * sizeof(float));
+    for (size_t r = 0; r < Tk; r++) BK(ll_backend_copy(be, c->xg + r * C, xn + (size_t)c->src[r] * C, C * sizeof(float)), "copy");
   }
   return 0;
 }
 
-// Training's forward (host): train_experts, kept in slot `keep`, then x += Σ_slot w·ye (+ the
-// shared expert) in the serving order of the sums, without weighting ye in place (the
-// backward's dw needs it as it is).
+// Training's forward: train_experts, kept in slot `keep`, then x += Σ_slot w·ye (+ the shared
+// expert) in the serving order of the sums, without weighting ye in place (the backward's dw
+// needs it as it is). On a device the same sums as backend ops (copy, scale, axpy, add).
 static int train_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const struct ll_moe_lora *lo, int keep, float *x, const float *xn, int T,
                          char *err, size_t errlen) {
   const struct ll_model *m = c->m;
@@ -543,7 +586,21 @@ static int train_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, con
   if (rc == 0 && y->sh_gate.data) rc = shared_expert(c, y, xn, T, err, errlen);
   if (rc) return rc;
   float *acc = c->dye; // (C) scratch: the backward's, free until then
-  for (int t = 0; t < T; t++) {
+  for (int t = 0; !c->host && t < T; t++) {
+    struct ll_backend *be = c->be;
+    for (int j = 0; j < k; j++) {
+      const float *ye = c->ye + (size_t)c->rowof[t * k + j] * C, w = c->w[t * k + j];
+      if (j == 0) {
+        BK(ll_backend_copy(be, acc, ye, (size_t)C * sizeof(float)), "copy");
+        BK(be->i->scale(be, acc, w, C), "scale");
+      } else {
+        BK(be->i->axpy(be, acc, ye, w, C), "axpy");
+      }
+    }
+    if (y->sh_gate.data) BK(be->i->add(be, acc, acc, c->sy + (size_t)t * C, C), "add");
+    BK(be->i->add(be, x + (size_t)t * C, acc, x + (size_t)t * C, C), "add");
+  }
+  for (int t = 0; c->host && t < T; t++) {
     for (int j = 0; j < k; j++) {
       const float *ye = c->ye + (size_t)c->rowof[t * k + j] * C, w = c->w[t * k + j];
       for (int i = 0; i < C; i++) acc[i] = j ? acc[i] + ye[i] * w : ye[i] * w;
@@ -560,7 +617,8 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
   struct ll_backend *be = c->be;
   const struct ll_model *m = c->m;
   const int E = m->n_expert, k = m->n_expert_used, C = m->C, Fe = m->F_exp, Fs = m->F_sh;
-  if (!c->host) return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: training runs on the CPU backend only");
+  if (!c->host && (!ops->axpy || !ops->scale || !ops->matmul_backward || !ops->swiglu_backward))
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: the device's backend lacks a training op (axpy, scale, matmul_backward, swiglu_backward)");
   if (T > c->max_batch) return ll_errf(err, errlen, LL_ELIMIT, "moe: batch of %d tokens exceeds %d", T, c->max_batch);
   if (E > 1024) return ll_errf(err, errlen, LL_ELIMIT, "moe: %d experts exceed the backward's 1024", E);
   const size_t FC = (size_t)Fe * C;
@@ -578,7 +636,20 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
     return rc;
   }
   // out[t] = Σ_j w_j ye_j: dw_j = dy[t]·ye_j, dye_j = w_j dy[t]
-  for (int i = 0; i < T * k; i++) {
+  if (!c->host) { // on the device: dye by copies and scales, dw as one-row products read back (T·k floats)
+    float *xs[1024], *ws[1024];
+    for (int i0 = 0; i0 < T * k; i0 += 1024) {
+      const int n = T * k - i0 < 1024 ? T * k - i0 : 1024;
+      for (int i = i0; i < i0 + n; i++) {
+        float *d = (float *)dy + (size_t)(i / k) * C, *g = c->dye + (size_t)c->rowof[i] * C;
+        BK(ll_backend_copy(be, g, d, (size_t)C * sizeof(float)), "copy");
+        BK(ops->scale(be, g, c->w[i], C), "scale");
+        xs[i - i0] = d, ws[i - i0] = c->ye + (size_t)c->rowof[i] * C;
+      }
+      BK(row_dots(c, ops, c->dw + i0, xs, ws, n, C), "matmul dw");
+    }
+  }
+  for (int i = 0; c->host && i < T * k; i++) {
     const float *d = dy + (size_t)(i / k) * C, *ye = c->ye + (size_t)c->rowof[i] * C;
     float *g = c->dye + (size_t)c->rowof[i] * C;
     double s = 0;
@@ -586,7 +657,7 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
     c->dw[i] = (float)s;
   }
   // through the experts: dh = dye·down, (dg, du) = swiglu', dxg = dg·gate + du·up
-  memset(c->dh, 0, (size_t)T * k * Fe * sizeof(float));
+  BK(ll_backend_zero(be, c->dh, (size_t)T * k * Fe * sizeof(float)), "zero");
   for (int e = 0; e < E; e++) {
     if (!c->cnt[e]) continue;
     BK(ops->matmul_backward(be, c->dh + (size_t)c->off[e] * Fe, gr && gr->down ? gr->down + e * FC : NULL, c->dye + (size_t)c->off[e] * C,
@@ -595,7 +666,7 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
     if (lo && (rc = xlora_bwd(c, ops, lo, LL_LORA_DOWN_EXPS, e, c->dh, c->dye, c->h, Fe, C, c->off[e], c->cnt[e], err, errlen))) return rc;
   }
   BK(ops->swiglu_backward(be, c->h, c->d2, c->dh, c->g, c->u, (int64_t)T * k * Fe), "swiglu_backward"); // dg in h, du in d2
-  memset(c->dye, 0, (size_t)T * k * C * sizeof(float)); // now dxg
+  BK(ll_backend_zero(be, c->dye, (size_t)T * k * C * sizeof(float)), "zero"); // now dxg
   for (int e = 0; e < E; e++) {
     if (!c->cnt[e]) continue;
     const size_t r = (size_t)c->off[e];
@@ -607,7 +678,8 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
                (rc = xlora_bwd(c, ops, lo, LL_LORA_UP_EXPS, e, c->dye, c->d2, c->xg, C, Fe, c->off[e], c->cnt[e], err, errlen))))
       return rc;
   }
-  for (int r = 0; r < T * k; r++) { // scattered back to the tokens
+  for (int r = 0; !c->host && r < T * k; r++) BK(ops->axpy(be, dxn + (size_t)c->src[r] * C, c->dye + (size_t)r * C, 1.0f, C), "axpy");
+  for (int r = 0; c->host && r < T * k; r++) { // scattered back to the tokens
     float *d = dxn + (size_t)c->src[r] * C;
     const float *g = c->dye + (size_t)r * C;
     for (int j = 0; j < C; j++) d[j] += g[j];
@@ -651,14 +723,33 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
   BK(ops->swiglu(be, c->sh, c->sg, c->su, (int64_t)T * Fs), "swiglu");
   BK(ops->matmul(be, c->sy, c->sh, &y->sh_down, T, 0), "matmul shared down");
   BK(ops->matmul(be, c->sgate, xn, &y->sh_router, T, 0), "matmul shared gate logit");
-  for (int t = 0; t < T; t++) {
+  if (!c->host) { // the gate logits and ds = dy[t]·s[t] read back (2·T floats); dsy = σ dy[t] by copies and scales
+    BK(ll_backend_copy(be, c->hsg, c->sgate, (size_t)T * sizeof(float)), "copy");
+    float *xs[1024], *ws[1024];
+    for (int t0 = 0; t0 < T; t0 += 1024) {
+      const int n = T - t0 < 1024 ? T - t0 : 1024;
+      for (int t = t0; t < t0 + n; t++) {
+        const float v = c->hsg[t], sig = 1.0f / (1.0f + expf(-v));
+        float *d = (float *)dy + (size_t)t * C;
+        BK(ll_backend_copy(be, c->dsy + (size_t)t * C, d, (size_t)C * sizeof(float)), "copy");
+        BK(ops->scale(be, c->dsy + (size_t)t * C, sig, C), "scale");
+        xs[t - t0] = d, ws[t - t0] = c->sy + (size_t)t * C;
+      }
+      BK(row_dots(c, ops, c->dw + t0, xs, ws, n, C), "matmul dv");
+    }
+    for (int t = 0; t < T; t++) {
+      const float v = c->hsg[t], sig = 1.0f / (1.0f + expf(-v));
+      c->dv[t] = (float)((double)c->dw[t] * sig * (1.0f - sig));
+    }
+  }
+  for (int t = 0; c->host && t < T; t++) {
     const float v = c->sgate[t], sig = 1.0f / (1.0f + expf(-v));
     const float *d = dy + (size_t)t * C, *s = c->sy + (size_t)t * C;
     double ds = 0;
     for (int j = 0; j < C; j++) ds += (double)d[j] * s[j], c->dsy[(size_t)t * C + j] = sig * d[j];
     c->dv[t] = (float)(ds * sig * (1.0f - sig));
   }
-  memset(c->dsh, 0, (size_t)T * Fs * sizeof(float));
+  BK(ll_backend_zero(be, c->dsh, (size_t)T * Fs * sizeof(float)), "zero");
   BK(ops->matmul_backward(be, c->dsh, gr ? gr->sh_down : NULL, c->dsy, c->sh, &y->sh_down, T), "matmul_backward shared down");
   BK(ops->swiglu_backward(be, c->dsg, c->dsu, c->dsh, c->sg, c->su, (int64_t)T * Fs), "swiglu_backward");
   BK(ops->matmul_backward(be, dxn, gr ? gr->sh_gate : NULL, c->dsg, xn, &y->sh_gate, T), "matmul_backward shared gate");

@@ -96,6 +96,8 @@ struct ll_trainer {
   unsigned fused;              // LoRA: the target groups adapted as one module (phi3: ll_lora_fused)
   struct ll_model fmh;         // dev, full mode: the trained model over Ph (fm is over P)
   struct ll_layer *fhlayers;
+  struct ll_moe_layer *fhmoe;  // dev, full mode, (L): fmoe's layers over Ph
+  struct ll_weight *fhexp;     // (L, 3, E) their experts
   int64_t n_par, n_decay; // [0, n_decay) gets weight decay
   struct ptensor *pt;
   int n_pt;
@@ -302,7 +304,7 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");                     // n2 (T, C)
   if (y->moe) { // x' = m + moe(n2)
     BK(copy(tr, xout, a->m, (int64_t)T * C), "copy");
-    const struct ll_moe_lora lo = {NULL, tr->lora, l, tr->P, tr->G}; // the adapter's expert slots, if any
+    const struct ll_moe_lora lo = {NULL, tr->lora, l, tr->P, tr->G, tr->dpairs}; // the adapter's expert slots (on a device: dpairs name them)
     // the training kernels, the products kept per layer (one slot when layers are recomputed)
     // for the backward; evaluations too, so a loss is the same whether a backward follows or not
     return ll_moe_forward(tr->moe, y->moe, &lo, tr->n_acts > 1 ? l : 0, xout, a->n2, T, err, errlen);
@@ -336,7 +338,7 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   if (y->moe) { // x' = m + moe(n2): dn = moe'(n2)ᵀ dx
     BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");
     BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
-    const struct ll_moe_lora lo = {NULL, tr->lora, l, tr->P, tr->G};
+    const struct ll_moe_lora lo = {NULL, tr->lora, l, tr->P, tr->G, tr->dpairs};
     if ((rc = ll_moe_backward(tr->moe, B, y->moe, tr->mg ? &tr->mg[l] : NULL, &lo, tr->n_acts > 1 ? l : 0, tr->dn, a->n2, dx, T, err, errlen))) return rc;
     goto ffn_norm;
   }
@@ -852,6 +854,18 @@ static int setup_full(struct ll_trainer *tr, const struct ll_model *base, char *
   // The model the server serves: fm's layout over the host copy.
   if (!(tr->fhlayers = calloc((size_t)L, sizeof *tr->fhlayers))) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
   memcpy(tr->fhlayers, tr->flayers, (size_t)L * sizeof *tr->fhlayers);
+  if (E > 0) { // the MoE layers' own copies (fhlayers' moe would otherwise share fmoe's weights)
+    tr->fhmoe = calloc((size_t)L, sizeof *tr->fhmoe);
+    tr->fhexp = calloc((size_t)L * 3 * E, sizeof *tr->fhexp);
+    if (!tr->fhmoe || !tr->fhexp) return ll_errf(err, errlen, LL_ENOMEM, "trainer: out of memory");
+    memcpy(tr->fhexp, tr->fexp, (size_t)L * 3 * E * sizeof *tr->fhexp);
+    for (int l = 0; l < L; l++) {
+      if (!tr->flayers[l].moe) continue;
+      struct ll_moe_layer *x = &tr->fhmoe[l];
+      *x = tr->fmoe[l], tr->fhlayers[l].moe = x;
+      x->gate = tr->fhexp + (size_t)l * 3 * E, x->up = x->gate + E, x->down = x->up + E;
+    }
+  }
   tr->fmh = tr->fm;
   tr->fmh.layers = tr->fhlayers;
   ll_model_each_matrix(&tr->fmh, to_host, tr);
@@ -918,8 +932,8 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   tr->B = p->batch, tr->S = p->seq_len, tr->T = p->batch * p->seq_len;
   tr->comm.size = 1;
   if (m->n_expert > 0 && (rc = ll_moe_ctx_new(&tr->moe, be, m, tr->T, err, errlen))) goto fail;
-  if (m->n_expert > 0 && tr->dev) {
-    rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: mixture-of-experts models train on the CPU backend only (not on a device yet)");
+  if (m->n_expert > 0 && tr->dev && (!be->i->axpy || !be->i->scale || !be->i->matmul_backward || !be->i->swiglu_backward)) { // the references read host memory
+    rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: this device's backend lacks the training ops a mixture of experts needs: train on the CPU (train.device cpu)");
     goto fail;
   }
   if (p->mode == LL_TRAIN_LORA) {
@@ -1006,7 +1020,7 @@ void ll_trainer_free(struct ll_trainer *tr) {
   if (tr->dev && tr->p.mode == LL_TRAIN_FULL) free(tr->Ph);
   free(tr->dpairs), free(tr->fhlayers);
   ll_modelfile_free(&tr->meta);
-  free(tr->fmoe), free(tr->fexp), free(tr->mg);
+  free(tr->fmoe), free(tr->fexp), free(tr->mg), free(tr->fhmoe), free(tr->fhexp);
   free(tr->pt), free(tr->flayers), free(tr->lg), free(tr->xs), free(tr->acts), free(tr->pos), free(tr->ids), free(tr->tg), free(tr->xparts);
   free(tr->gh);
   free(tr);
