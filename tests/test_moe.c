@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -924,10 +925,11 @@ static void test_loss_falls(const char *dir, int layout, int mode, uint64_t *rs)
 
 // ---------------------------------------------------------------- training on a device
 
-static struct ll_engine *open_on(const char *path, const char *device, char *err, size_t errlen) {
+// An engine on device; cache: the OpenCL program binaries' directory (built once, not per engine).
+static struct ll_engine *open_on(const char *path, const char *device, const char *cache, char *err, size_t errlen) {
   struct ll_engine_params p;
   ll_engine_params_default(&p);
-  p.model_path = path, p.n_threads = 2, p.device = device, p.n_ctx = CTX, p.n_parallel = 1;
+  p.model_path = path, p.n_threads = 2, p.device = device, p.n_ctx = CTX, p.n_parallel = 1, p.cache_dir = cache;
   struct ll_engine *e = NULL;
   return ll_engine_open(&e, &p, err, errlen) == 0 ? e : NULL;
 }
@@ -941,7 +943,10 @@ static void test_device_train(const char *dir, const char *device, int layout, i
   char path[4200], err[512];
   snprintf(path, sizeof path, "%s/dev-%d-%d.gguf", dir, layout, mode);
   if (write_model(path, E, K, 0, ll_test_rand(rs), layout_what[layout])) return;
-  struct ll_engine *ec = open_on(path, "cpu", err, sizeof err), *ed = ec ? open_on(path, device, err, sizeof err) : NULL;
+  char cache[4300];
+  snprintf(cache, sizeof cache, "%s/ocl", dir);
+  mkdir(cache, 0700);
+  struct ll_engine *ec = open_on(path, "cpu", NULL, err, sizeof err), *ed = ec ? open_on(path, device, cache, err, sizeof err) : NULL;
   CHECKF(ec && ed, "open on %s: %s", device, err);
   struct ll_trainer *tc = NULL, *td = NULL;
   struct ll_trainer_params p;
@@ -1023,7 +1028,16 @@ int main(int argc, char **argv) {
       for (int layout = 0; layout < 4; layout++)
         for (int mode = LL_TRAIN_LORA; mode <= LL_TRAIN_FULL; mode++) test_device_train(dir, argv[1], layout, mode, tier ? 1e-5 : 1e-3, tier ? 1e-5 : 1e-3, &rs);
     }
-    rmdir(dir);
+    char cache[4300];
+    snprintf(cache, sizeof cache, "%s/ocl", dir);
+    DIR *d = opendir(cache);
+    for (struct dirent *de; d && (de = readdir(d));) {
+      char f[4600];
+      snprintf(f, sizeof f, "%s/%s", cache, de->d_name);
+      if (de->d_name[0] != '.') unlink(f);
+    }
+    if (d) closedir(d);
+    rmdir(cache), rmdir(dir);
     return ll_test_summary();
   }
   test_route(&rs);
