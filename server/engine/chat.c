@@ -307,27 +307,33 @@ void ll_chat_free_store(void *store, struct ll_chat_msg *msgs) {
 
 static int is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
-int ll_chat_reasoning_split(const char *t, size_t n, size_t *rs, size_t *re, size_t *cs) {
-  size_t i = 0;
-  while (i < n && is_ws(t[i])) i++;
-  *rs = *re = *cs = 0;
-  if (n - i < 7 || memcmp(t + i, "<think>", 7) != 0) return 0;
-  const char *end = memmem(t + i + 7, n - i - 7, "</think>", 8);
-  size_t a = i + 7, b = end ? (size_t)(end - t) : n, c = end ? b + 8 : n;
-  while (a < b && is_ws(t[a])) a++;
-  while (b > a && is_ws(t[b - 1])) b--;
-  while (c < n && is_ws(t[c])) c++;
-  *rs = a, *re = b, *cs = c;
-  return 1;
-}
-
-enum { R_START, R_THINK_WS, R_THINK, R_ANSWER_WS, R_ANSWER };
+// The states of a streamed split: before the output's first text; after "<think>" (its newline
+// to drop); in the reasoning; after "</think>" (two newlines to drop, one); in the answer.
+enum { R_START, R_THINK_NL, R_THINK, R_ANSWER_NL2, R_ANSWER_NL1, R_ANSWER };
 
 static size_t tag_prefix_tail(const char *p, size_t n, const char *tag) { // the longest suffix of p that begins tag
   size_t k = strlen(tag) - 1;
   for (k = k < n ? k : n; k > 0; k--)
     if (!memcmp(p + n - k, tag, k)) return k;
   return 0;
+}
+
+int ll_chat_reasoning_split(const char *t, size_t n, size_t *rs, size_t *re, size_t *cs) {
+  size_t i = 0;
+  while (i < n && is_ws(t[i])) i++;
+  *rs = *re = 0, *cs = i;
+  if (n - i < 7) {
+    if (!memcmp(t + i, "<think>", n - i)) *cs = n; // only the start of a tag: nothing yet
+    return 0;
+  }
+  if (memcmp(t + i, "<think>", 7) != 0) return 0;
+  size_t a = i + 7;
+  if (a < n && t[a] == '\n') a++; // the newline after "<think>"
+  const char *end = memmem(t + a, n - a, "</think>", 8);
+  size_t b = end ? (size_t)(end - t) : n - tag_prefix_tail(t + a, n - a, "</think>"), c = end ? b + 8 : n;
+  for (int k = 0; k < 2 && c < n && t[c] == '\n'; k++) c++; // "\n\n" after "</think>"
+  *rs = a, *re = b, *cs = c;
+  return 1;
 }
 
 int ll_chat_reasoning_feed(struct ll_chat_reasoning *r, const char *text, size_t n, int final, ll_chat_reasoning_emit emit, void *u) {
@@ -344,27 +350,31 @@ int ll_chat_reasoning_feed(struct ll_chat_reasoning *r, const char *text, size_t
   const char *p = r->hold;
   size_t len = r->n, i = 0;
   while (i < len) {
-    if (r->state == R_START) {
-      size_t j = i;
-      while (j < len && is_ws(p[j])) j++;
-      const size_t k = len - j < 7 ? len - j : 7;
-      if (!final && (j == len || (k < 7 && !memcmp(p + j, "<think>", k)))) break; // undecided
-      if (k == 7 && !memcmp(p + j, "<think>", 7)) i = j + 7, r->state = R_THINK_WS;
-      else r->state = R_ANSWER; // no reasoning: the text as it is
-    } else if (r->state == R_THINK_WS || r->state == R_ANSWER_WS) {
+    if (r->state == R_START) { // leading whitespace is dropped either way
       while (i < len && is_ws(p[i])) i++;
       if (i == len) break;
-      r->state = r->state == R_THINK_WS ? R_THINK : R_ANSWER;
-    } else if (r->state == R_THINK) {
-      const char *e = memmem(p + i, len - i, "</think>", 8);
-      size_t upto = e ? (size_t)(e - p) : final ? len : len - tag_prefix_tail(p + i, len - i, "</think>"), b = upto;
-      while (b > i && is_ws(p[b - 1])) b--;
-      if (b > i) emit(u, 1, p + i, b - i);
-      if (!e) {
-        i = final ? len : b; // the trailing whitespace may be the reasoning's end: it waits
+      const size_t k = len - i < 7 ? len - i : 7;
+      if (k < 7 && !memcmp(p + i, "<think>", k)) { // undecided; at the end, only a tag's start: dropped
+        if (final) i = len;
         break;
       }
-      i = upto + 8, r->state = R_ANSWER_WS;
+      if (k == 7 && !memcmp(p + i, "<think>", 7)) i += 7, r->state = R_THINK_NL;
+      else r->state = R_ANSWER;
+    } else if (r->state == R_THINK_NL) {
+      if (p[i] == '\n') i++;
+      r->state = R_THINK;
+    } else if (r->state == R_THINK) {
+      const char *e = memmem(p + i, len - i, "</think>", 8);
+      const size_t upto = e ? (size_t)(e - p) : len - tag_prefix_tail(p + i, len - i, "</think>");
+      if (upto > i) emit(u, 1, p + i, upto - i);
+      if (!e) {
+        i = final ? len : upto; // a tag's start waits (at the end: dropped)
+        break;
+      }
+      i = upto + 8, r->state = R_ANSWER_NL2;
+    } else if (r->state == R_ANSWER_NL2 || r->state == R_ANSWER_NL1) {
+      if (p[i] == '\n') i++, r->state = r->state == R_ANSWER_NL2 ? R_ANSWER_NL1 : R_ANSWER;
+      else r->state = R_ANSWER;
     } else {
       emit(u, 0, p + i, len - i);
       i = len;

@@ -52,15 +52,16 @@ int ll_chat_render_opts(const char *tmpl, const struct ll_chat_msg *msgs, int n,
                         struct ll_tok_span **marks, int *n_marks, char *err, size_t errlen);
 
 // A thinking model's answer, "<think>" reasoning "</think>" answer (Qwen3, DeepSeek-R1), split as
-// llama-server's reasoning_format deepseek and vLLM's qwen3 reasoning parser do: only an output
-// that starts (after whitespace) with "<think>" has reasoning; an unclosed block is all reasoning
-// (a length stop); the reasoning's surrounding whitespace and the answer's leading whitespace are
-// dropped. The reasoning is text[*rs, *re), the answer text[*cs, n); 1 when there is reasoning,
-// else 0 with *cs = 0 (all answer).
+// llama-server 0c1e5709 splits a Qwen3 answer with reasoning_format deepseek (its PEG parser, checked
+// case by case in test_proto): the output's leading whitespace is dropped; only an output that
+// then starts with "<think>" has reasoning, from after it and one newline to "</think>" (verbatim;
+// an unclosed block runs to the end, less a partial "</think>" there), and the answer follows it
+// less up to two newlines; an output that is only the start of "<think>" is empty. The reasoning
+// is text[*rs, *re), the answer text[*cs, n); returns 1 when there is a think block, else 0.
 int ll_chat_reasoning_split(const char *text, size_t n, size_t *rs, size_t *re, size_t *cs);
 // The same over text arriving in pieces (a stream): each call adds n bytes and emits what is
-// decided, reasoning (1) or answer (0), in order; a possible tag prefix and the reasoning's
-// trailing whitespace wait for more text, and final emits the rest. The pieces of each kind
+// decided, reasoning (1) or answer (0), in order; what may still become a tag or droppable
+// whitespace waits for more text, and final ends it. The pieces of each kind
 // joined equal ll_chat_reasoning_split's. Pieces split text only where it is ASCII (a tag, a
 // whitespace run), so UTF-8-complete input gives UTF-8-complete pieces. 0 or LL_ENOMEM.
 struct ll_chat_reasoning {

@@ -679,7 +679,7 @@ static void on_final_nonstream(struct hreq *hr, const struct ll_sched_ev *ev) {
     size_t rs = 0, re = 0, cs = 0;
     if (hr->reasoning) ll_chat_reasoning_split(t, hr->text.n, &rs, &re, &cs);
     json_object_set_new(m, "content", jstr(t + cs, hr->text.n - cs));
-    if (cs) json_object_set_new(m, "reasoning_content", jstr(t + rs, re - rs));
+    if (re > rs) json_object_set_new(m, "reasoning_content", jstr(t + rs, re - rs)); // none when empty, as llama-server
     json_object_set_new(c, "message", m);
   } else {
     json_object_set_new(c, "text", jstr(hr->text.p ? hr->text.p : "", hr->text.n));

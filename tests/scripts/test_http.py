@@ -512,15 +512,17 @@ raises(openai.BadRequestError, lambda: cq.chat.completions.create(model="demo", 
                                                                    extra_body={"reasoning_format": "deepseek-v9"}),
        "an unknown reasoning_format is refused")
 # reasoning_format deepseek on an answer without "<think>" (the demo model never writes one; the
-# split itself is test_proto's): all of it is content, streamed and not, and no reasoning_content.
+# split itself is test_proto's, against llama.cpp's): the content less its leading whitespace (as
+# llama-server), streamed and not, and no reasoning_content.
 plain = cq.chat.completions.create(model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0)
+want_c = plain.choices[0].message.content.lstrip(" \t\r\n")
 rf = cq.chat.completions.create(model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0,
                                 extra_body={"reasoning_format": "deepseek"})
-check(rf.choices[0].message.content == plain.choices[0].message.content and getattr(rf.choices[0].message, "reasoning_content", None) is None,
-      "reasoning_format deepseek without a think block: the content as it is")
+check(rf.choices[0].message.content == want_c and getattr(rf.choices[0].message, "reasoning_content", None) is None,
+      "reasoning_format deepseek without a think block: the content (%r vs %r)" % (rf.choices[0].message.content, want_c))
 sp = "".join(c.choices[0].delta.content or "" for c in cq.chat.completions.create(
     model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0, stream=True, extra_body={"reasoning_format": "deepseek"}) if c.choices)
-check(sp == plain.choices[0].message.content, "streamed with reasoning_format deepseek: %r vs %r" % (sp, plain.choices[0].message.content))
+check(sp == want_c, "streamed with reasoning_format deepseek: %r vs %r" % (sp, want_c))
 check(srvq.stop() == 0, "the qwen3 server exits 0")
 
 # ---- auth ----
