@@ -29,6 +29,8 @@ const struct ll_option ll_options[] = {
     {"adapter_dir_poll", LL_OPT_DURATION, 0.1, 3600, "2s", NULL, OFF(adapter_dir_poll), "TIME", "How often adapter_dir is scanned for changes."},
     {"chat_template", LL_OPT_STRING, 0, 0, NULL, NULL, OFF(chat_template), "NAME|FILE",
      "Chat template for CHAT requests and chat training records, over the model's own: chatml, llama2, llama3, zephyr, gemma, phi3, qwen3, or a template file (Jinja text of one of those formats); unset: the model's."},
+    {"reasoning_format", LL_OPT_ENUM, 0, 0, "none", "none|auto|deepseek", OFF(reasoning_format), "FMT",
+     "HTTP chat completions of a thinking model (Qwen3): none returns the answer as generated; auto or deepseek moves its <think>...</think> reasoning to reasoning_content, as llama-server splits it (a request's reasoning_format overrides)."},
     {"device", LL_OPT_STRING, 0, 0, "auto", NULL, OFF(device), "DEV", "Compute device: auto (the best OpenCL GPU that passes its self-test, else the CPU), cpu, opencl, opencl:P or opencl:P:D (llsrv(1), DEVICES)."},
     {"threads", LL_OPT_INT, 0, 256, "0", NULL, OFF(threads), "N", "Compute threads; 0 uses every online CPU."},
     {"ctx", LL_OPT_INT, 16, 131072, "2048", NULL, OFF(ctx), "N", "Context positions per sequence."},

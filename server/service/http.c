@@ -1241,6 +1241,8 @@ static void handle_generate(struct ll_http *h, h2o_req_t *req, enum hkind kind, 
     }
     if ((rc = member(b, "reasoning_effort", 's', &v)) < 0) goto bad;
     if (rc && !strcmp(json_string_value(v), "none")) r->enable_thinking = 0;
+    const char *dflt = h->srv->cfg->reasoning_format;
+    hr->reasoning = dflt && strcmp(dflt, "none") != 0; // the server's reasoning_format option
     if ((rc = member(b, "reasoning_format", 's', &v)) < 0) goto bad;
     if (rc) {
       const char *rf = json_string_value(v);

@@ -41,6 +41,7 @@ struct ll_config {
   char *adapter_dir;    // watched directory of adapters (hot-loaded); NULL: none
   double adapter_dir_poll; // seconds between scans of adapter_dir
   char *chat_template;  // built-in name or template file; NULL: the model's
+  char *reasoning_format; // none|auto|deepseek: HTTP chat's default (http.c; a request's overrides)
   char *device;         // auto|cpu|opencl[:P[:D]]
   int64_t threads;      // 0 = online CPUs
   int64_t ctx;          // positions per sequence

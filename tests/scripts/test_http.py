@@ -490,7 +490,7 @@ check(p5.wait(60) == 0, "the server that loaded slowly exits 0")
 print("-- Qwen3 thinking: enable_thinking, chat_template_kwargs, reasoning_format", flush=True)
 with open(os.path.join(os.path.dirname(__file__), "..", "ref", "qwen3_chat.json")) as f:
     q3ref = json.load(f)
-srvq = Server(tmp, ["--parallel", "2", "--ctx", "256", "--chat-template", "qwen3"], name="qwen3")
+srvq = Server(tmp, ["--parallel", "2", "--ctx", "256", "--chat-template", "qwen3", "--reasoning-format", "deepseek"], name="qwen3")
 cq = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srvq.http_port, api_key="unused", max_retries=0, timeout=120)
 q3n = {}
 for case in q3ref[:2]:  # system + user, thinking on and off
@@ -499,7 +499,8 @@ for case in q3ref[:2]:  # system + user, thinking on and off
     if not case["enable_thinking"]:
         ways.append({"reasoning_effort": "none"})
     for eb in ways:
-        got = cq.chat.completions.create(model="demo", messages=case["messages"], max_tokens=8, temperature=0, extra_body=eb)
+        got = cq.chat.completions.create(model="demo", messages=case["messages"], max_tokens=8, temperature=0,
+                                         extra_body=dict(eb, reasoning_format="none"))  # the text as generated
         check(got.usage.prompt_tokens == want.usage.prompt_tokens and got.choices[0].message.content == want.choices[0].text,
               "%r: the prompt is Qwen3's rendering (%d vs %d prompt tokens, %r vs %r)" % (eb, got.usage.prompt_tokens, want.usage.prompt_tokens,
                                                                                          got.choices[0].message.content, want.choices[0].text))
@@ -511,17 +512,18 @@ raises(openai.BadRequestError, lambda: cq.chat.completions.create(model="demo", 
 raises(openai.BadRequestError, lambda: cq.chat.completions.create(model="demo", messages=q3ref[0]["messages"], max_tokens=2,
                                                                    extra_body={"reasoning_format": "deepseek-v9"}),
        "an unknown reasoning_format is refused")
-# reasoning_format deepseek on an answer without "<think>" (the demo model never writes one; the
-# split itself is test_proto's, against llama.cpp's): the content less its leading whitespace (as
-# llama-server), streamed and not, and no reasoning_content.
-plain = cq.chat.completions.create(model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0)
+# reasoning_format deepseek (the server's option here; a request's "none" overrides it) on an answer
+# without "<think>" (the demo model never writes one; the split itself is test_proto's, against
+# llama.cpp's): the content less its leading whitespace (as llama-server), streamed and not, and
+# no reasoning_content.
+plain = cq.chat.completions.create(model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0,
+                                   extra_body={"reasoning_format": "none"})
 want_c = plain.choices[0].message.content.lstrip(" \t\r\n")
-rf = cq.chat.completions.create(model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0,
-                                extra_body={"reasoning_format": "deepseek"})
+rf = cq.chat.completions.create(model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0)
 check(rf.choices[0].message.content == want_c and getattr(rf.choices[0].message, "reasoning_content", None) is None,
       "reasoning_format deepseek without a think block: the content (%r vs %r)" % (rf.choices[0].message.content, want_c))
 sp = "".join(c.choices[0].delta.content or "" for c in cq.chat.completions.create(
-    model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0, stream=True, extra_body={"reasoning_format": "deepseek"}) if c.choices)
+    model="demo", messages=q3ref[1]["messages"], max_tokens=12, temperature=0, stream=True, extra_body={"reasoning_format": "auto"}) if c.choices)
 check(sp == want_c, "streamed with reasoning_format deepseek: %r vs %r" % (sp, want_c))
 check(srvq.stop() == 0, "the qwen3 server exits 0")
 
