@@ -16,9 +16,10 @@ ll_script_test(NAME lora_smollm2 COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/
   LABELS integration TIMEOUT 600 FIXTURES smollm2)
 # Mixture of experts: routing against a double-precision reference, experts that are all one
 # dense FFN against that dense model, prompt (grouped experts) against decode, batch invariance,
-# bad MoE files, LoRA gradients through the experts against finite differences.
+# bad MoE files, LoRA gradients through the experts against finite differences (with LoRA dropout
+# on the experts' adapters too).
 ll_test(NAME test_moe SOURCES test_moe.c LIBS ll_server LABELS unit TIMEOUT 120)
-# The same binary on the OpenCL device (PoCL): LoRA (attention + every expert) and full-parameter
+# The same binary on the OpenCL device (PoCL): LoRA (attention + every expert, dropout 0.1) and full-parameter
 # training of each MoE layout against the CPU's - one forward/backward's gradient (the routed
 # experts' backward, the router's, the shared expert's) within 1e-5 of max |g|, then 6 steps'
 # losses, aux losses and validation losses within 1e-5 relative on the reference tier

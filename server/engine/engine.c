@@ -869,7 +869,7 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     }
     if (y->moe) { // x += the routed experts' outputs (moe.c)
       BK(B->rmsnorm(be, e->xn, e->x, y->ffn_norm, T, C, m->eps), "rmsnorm");
-      const struct ll_moe_lora lo = {e->tok_lora, NULL, l, NULL, NULL, NULL};
+      const struct ll_moe_lora lo = {e->tok_lora, NULL, l, NULL, NULL, NULL, 0, 0};
       int rc = ll_moe_forward(e->moe, y->moe, any_lora ? &lo : NULL, -1, e->x, e->xn, T, err, errlen);
       if (rc) return rc;
       continue;

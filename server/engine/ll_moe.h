@@ -37,6 +37,13 @@ struct ll_moe_lora {
   // training (NULL: one's own): one's pairs (n_layer, LL_LORA_N_SLOTS) as ll_lora_at lays them
   // out, naming the values where the trainer keeps them (a device's copy of one's storage, P)
   const struct ll_lora_pair *pairs;
+  // training: LoRA dropout on the experts' adapters' inputs, as on the dense targets' (PEFT's
+  // lora_dropout): each adapter's input rows (gate/up: the token's xn, down: the expert's
+  // SwiGLU output) dropped with probability dropout (kept ones scaled by 1/(1 - dropout)) before
+  // A; the mask from seed (per layer), the expert slot and the expert, the same in the backward
+  // (0: none; serving and evaluation)
+  float dropout;
+  uint64_t seed;
 };
 
 // x (T, C) += the layer's mixture-of-experts FFN of xn (T, C), the normed x. Both backend

@@ -56,6 +56,7 @@ struct ll_moe_ctx {
   float *lr, *lo;             // backend buffers: (max_batch·k, lrank) A·x, (max_batch·k, max(F_exp, C)) B·(A·x)
   int trank;                  // training: rank of
   float *axs[3], *dax;        // backend buffers (max_batch·k, trank) scale·x·A_eᵀ of each expert slot's rows, its gradient
+  float *xdrop, *dxdrop;      // with LoRA dropout: (max_batch·k, max(C, F_exp)) an adapter's dropped input rows, their gradient
   // training's forward kept for the backward (ll_moe_forward's keep): one per layer slot
   struct moe_kept *kept;
   int n_kept;
@@ -118,7 +119,8 @@ void ll_moe_ctx_free(struct ll_moe_ctx *c) {
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ll_backend_free_buf(o, bufs[i]);
   free(c->hlog), free(c->hsg), free(c->probs), free(c->w), free(c->sel), free(c->rowof), free(c->src), free(c->cnt), free(c->off);
   ll_backend_free_buf(o, c->lr), ll_backend_free_buf(o, c->lo);
-  float *tb[] = {c->h, c->dh, c->d2, c->dye, c->sh, c->dsh, c->dsg, c->dsu, c->dsy, c->dwd, c->axs[0], c->axs[1], c->axs[2], c->dax};
+  float *tb[] = {c->h,  c->dh,     c->d2,     c->dye,    c->sh,  c->dsh,   c->dsg,    c->dsu,
+                 c->dsy, c->dwd, c->axs[0], c->axs[1], c->axs[2], c->dax, c->xdrop, c->dxdrop};
   for (size_t i = 0; i < sizeof tb / sizeof tb[0]; i++) ll_backend_free_buf(o, tb[i]);
   free(c->dv), free(c->dlog), free(c->dw);
   for (int i = 0; i < c->n_kept; i++) free(c->kept[i].mem), free(c->kept[i].imem), ll_backend_free_buf(o, c->kept[i].dmem);
@@ -431,7 +433,16 @@ static int row_dots(struct ll_moe_ctx *c, const struct ll_backend_i *ops, float 
   return ll_backend_copy(c->be, out, c->dwd, (size_t)m * sizeof(float));
 }
 
-// Training: the adapter's product on expert e's rows [r0, r0 + n): axs (rows, r) = scale·x·A_eᵀ,
+// The dropout mask's seed of (slot, expert e): splitmix64 of the layer's seed and both.
+static uint64_t drop_seed(const struct ll_moe_lora *lo, int slot, int e) {
+  uint64_t z = lo->seed ^ ((uint64_t)(unsigned)slot << 32 | (unsigned)e);
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Training: the adapter's product on expert e's rows [r0, r0 + n): axs (rows, r) = scale·drop(x)·A_eᵀ,
 // dst += axs·B_eᵀ (the trainer's order).
 static int xlora_fwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_lora *lo, int slot, int e, const float *x, int64_t in,
                      float *dst, int64_t out, int r0, int n, char *err, size_t errlen) {
@@ -441,7 +452,12 @@ static int xlora_fwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const
   struct ll_weight A, B;
   ll_lora_expert(a, p, e, &A, &B);
   float *axs = c->axs[slot - LL_LORA_GATE_EXPS] + (size_t)r0 * a->rank;
-  BK(ops->matmul(c->be, axs, x + (size_t)r0 * in, &A, n, 0), "matmul expert lora_a");
+  const float *xa = x + (size_t)r0 * in;
+  if (lo->dropout > 0) { // PEFT's lora_dropout on the adapter's input
+    BK(ops->dropout(c->be, c->xdrop, xa, lo->dropout, drop_seed(lo, slot, e), (int64_t)n * in), "dropout");
+    xa = c->xdrop;
+  }
+  BK(ops->matmul(c->be, axs, xa, &A, n, 0), "matmul expert lora_a");
   BK(ops->scale(c->be, axs, ll_lora_scale(a), (int64_t)n * a->rank), "scale");
   BK(ops->matmul(c->be, dst + (size_t)r0 * out, axs, &B, n, 1), "matmul expert lora_b");
   return 0;
@@ -462,6 +478,16 @@ static int xlora_bwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const
   BK(ll_backend_zero(c->be, dax, (size_t)n * r * sizeof(float)), "zero");
   BK(ops->matmul_backward(c->be, dax, dB, dy + (size_t)r0 * out, c->axs[slot - LL_LORA_GATE_EXPS] + (size_t)r0 * r, &B, n), "matmul_backward expert lora_b");
   BK(ops->scale(c->be, dax, ll_lora_scale(a), (int64_t)n * r), "scale");
+  if (lo->dropout > 0) { // through the same mask: dA from the dropped input, dx = drop'(dax·A)
+    const uint64_t seed = drop_seed(lo, slot, e);
+    const int64_t nin = (int64_t)n * in;
+    BK(ops->dropout(c->be, c->xdrop, x + (size_t)r0 * in, lo->dropout, seed, nin), "dropout");
+    BK(ll_backend_zero(c->be, c->dxdrop, (size_t)nin * sizeof(float)), "zero");
+    BK(ops->matmul_backward(c->be, c->dxdrop, dA, dax, c->xdrop, &A, n), "matmul_backward expert lora_a");
+    BK(ops->dropout(c->be, c->dxdrop, c->dxdrop, lo->dropout, seed, nin), "dropout backward");
+    BK(ops->axpy(c->be, dx + (size_t)r0 * in, c->dxdrop, 1.0f, nin), "axpy");
+    return 0;
+  }
   BK(ops->matmul_backward(c->be, dx + (size_t)r0 * in, dA, dax, x + (size_t)r0 * in, &A, n), "matmul_backward expert lora_a");
   return 0;
 }
@@ -488,6 +514,11 @@ static int train_scratch(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, cha
   if (lo)
     grab_b(c, &c->axs[0], Bk * c->trank, &ok), grab_b(c, &c->axs[1], Bk * c->trank, &ok), grab_b(c, &c->axs[2], Bk * c->trank, &ok),
         grab_b(c, &c->dax, Bk * c->trank, &ok);
+  if (lo && lo->dropout > 0) {
+    if (!c->be->i->dropout || !c->be->i->axpy) return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: the backend has no dropout for the experts' adapters");
+    const size_t w = (size_t)(C > Fe ? C : Fe);
+    grab_b(c, &c->xdrop, Bk * w, &ok), grab_b(c, &c->dxdrop, Bk * w, &ok);
+  }
   return ok ? 0 : ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for training's scratch");
 }
 

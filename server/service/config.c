@@ -79,7 +79,7 @@ const struct ll_option ll_options[] = {
     {"train.lora_experts", LL_OPT_LIST, 0, 0, NULL, "gate|up|down", OFF(train_lora_experts), "LIST",
      "Mixture-of-experts models: the experts' matrices that get adapters too, one pair per expert (ffn_gate_exps, ffn_up_exps, ffn_down_exps): "
      "a list of gate, up, down; unset: none. The router is never adapted."},
-    {"train.lora_dropout", LL_OPT_FLOAT, 0, 0.95, "0", NULL, OFF(train_lora_dropout), "P", "Dropout on the adapters' input (PEFT's lora_dropout)."},
+    {"train.lora_dropout", LL_OPT_FLOAT, 0, 0.95, "0", NULL, OFF(train_lora_dropout), "P", "Dropout on the adapters' input (PEFT's lora_dropout), the experts' adapters' too (each expert's rows, its own mask)."},
     {"train.mode", LL_OPT_ENUM, 0, 0, "lora", "lora|full", OFF(train_mode), "MODE",
      "lora: adapters on the frozen weights; full: every weight (float models only)."},
     {"train.lr", LL_OPT_FLOAT, 1e-7, 1, "1e-3", NULL, OFF(train_lr), "X", "AdamW learning rate."},

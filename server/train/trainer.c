@@ -195,6 +195,13 @@ static const struct ll_lora_pair *pair_of(const struct ll_trainer *tr, int l, in
   return pr->a.data ? pr : NULL;
 }
 static float *grad_of(const struct ll_trainer *tr, const void *param) { return param ? tr->G + ((const float *)param - tr->P) : NULL; }
+// Layer l's view of the adapter for moe.c: its expert slots (on a device: dpairs name them),
+// where their gradients go, and their dropout (training only) with the layer's mask seed.
+static struct ll_moe_lora moe_lora(const struct ll_trainer *tr, int l) {
+  const int drop = tr->train && tr->p.dropout > 0;
+  return (struct ll_moe_lora){NULL, tr->lora, l, tr->P, tr->G, tr->dpairs, drop ? tr->p.dropout : 0.0f,
+                              drop ? tr->seed_now ^ mix64(((uint64_t)1 << 40) | (uint64_t)l) : 0};
+}
 
 // ---------------------------------------------------------------- adapted linear layer
 
@@ -304,7 +311,7 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");                     // n2 (T, C)
   if (y->moe) { // x' = m + moe(n2)
     BK(copy(tr, xout, a->m, (int64_t)T * C), "copy");
-    const struct ll_moe_lora lo = {NULL, tr->lora, l, tr->P, tr->G, tr->dpairs}; // the adapter's expert slots (on a device: dpairs name them)
+    const struct ll_moe_lora lo = moe_lora(tr, l); // the adapter's expert slots, if any
     // the training kernels, the products kept per layer (one slot when layers are recomputed)
     // for the backward; evaluations too, so a loss is the same whether a backward follows or not
     return ll_moe_forward(tr->moe, y->moe, &lo, tr->n_acts > 1 ? l : 0, xout, a->n2, T, err, errlen);
@@ -338,7 +345,7 @@ static int layer_backward(struct ll_trainer *tr, int l, const float *x, struct l
   if (y->moe) { // x' = m + moe(n2): dn = moe'(n2)ᵀ dx
     BK(B->rmsnorm(be, a->n2, a->m, y->ffn_norm, T, C, m->eps), "rmsnorm");
     BK(zero(tr, tr->dn, (int64_t)T * C), "zero");
-    const struct ll_moe_lora lo = {NULL, tr->lora, l, tr->P, tr->G, tr->dpairs};
+    const struct ll_moe_lora lo = moe_lora(tr, l);
     if ((rc = ll_moe_backward(tr->moe, B, y->moe, tr->mg ? &tr->mg[l] : NULL, &lo, tr->n_acts > 1 ? l : 0, tr->dn, a->n2, dx, T, err, errlen))) return rc;
     goto ffn_norm;
   }
@@ -595,8 +602,6 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
                      "trainer: lora_targets names gate/up/down, but the model's FFN is a mixture of %d experts: use q,k,v,o (and train.lora_experts for "
                      "the experts' own adapters)",
                      m->n_expert);
-    if (p->mode == LL_TRAIN_LORA && (p->targets & LL_LORA_EXPERT_TARGETS) && p->dropout > 0)
-      return ll_errf(err, errlen, LL_EUNSUPPORTED, "trainer: lora_dropout with adapters on the experts (train.lora_experts) is not supported yet");
   } else if (p->mode == LL_TRAIN_LORA && (p->targets & LL_LORA_EXPERT_TARGETS)) {
     return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_experts names expert matrices, but the model has no mixture of experts");
   }
