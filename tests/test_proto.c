@@ -24,7 +24,7 @@ static int parse(const char *text, struct ll_proto_req *q, char *buf, const char
 static void test_qwen3_ref(const char *path) {
   json_error_t je;
   json_t *all = json_load_file(path, 0, &je);
-  CHECKF(all && json_array_size(all) >= 20, "%s: %s", path, je.text);
+  CHECKF(all && json_array_size(all) >= 28, "%s: %s", path, je.text);
   char err[256];
   size_t i;
   json_t *e;
@@ -37,7 +37,8 @@ static void test_qwen3_ref(const char *path) {
     if (!want || n < 1 || n > 16) continue;
     for (size_t k = 0; k < n; k++)
       m[k].role = json_string_value(json_object_get(json_array_get(jm, k), "role")),
-      m[k].content = json_string_value(json_object_get(json_array_get(jm, k), "content"));
+      m[k].content = json_string_value(json_object_get(json_array_get(jm, k), "content")),
+      m[k].reasoning = json_string_value(json_object_get(json_array_get(jm, k), "reasoning_content"));
     struct ll_chat_opts o = {.enable_thinking = json_is_true(json_object_get(e, "enable_thinking"))};
     char *r = NULL;
     struct ll_tok_span *mk = NULL;
@@ -47,9 +48,17 @@ static void test_qwen3_ref(const char *path) {
     // a message's text is never markup: no mark covers a byte that only a content could have put there
     for (int j = 0; r && j < nm; j++) CHECK(mk[j].start < mk[j].end && mk[j].end <= strlen(r) && (j == 0 || mk[j].start > mk[j - 1].end));
     free(r), free(mk);
-    if (o.enable_thinking) { // the default is thinking on, as in the template
+    if (o.enable_thinking) { // the default is thinking on, as in the template; and from CHAT's JSON text
       CHECK(ll_chat_render("qwen3", m, (int)n, &r, err, sizeof err) == 0 && r && !strcmp(r, want));
       free(r);
+      char *js = json_dumps(jm, JSON_COMPACT);
+      struct ll_chat_msg *pm = NULL;
+      void *store = NULL;
+      int pn = js ? ll_chat_parse(js, strlen(js), &pm, &store, err, sizeof err) : -1;
+      CHECKF(pn == (int)n && ll_chat_render("qwen3", pm, pn, &r, err, sizeof err) == 0 && r && !strcmp(r, want), "case %zu parsed", i);
+      if (pn == (int)n) free(r);
+      if (pn > 0) ll_chat_free_store(store, pm);
+      free(js);
     }
   }
   json_decref(all);
@@ -259,12 +268,14 @@ int main(int argc, char **argv) {
   ll_chat_free_store(store, msgs);
   CHECK(ll_chat_parse("[{\"role\":\"robot\",\"content\":\"x\"}]", 32, &msgs, &store, err, sizeof err) < 0 && strstr(err, "robot"));
   CHECK(ll_chat_parse("[1,2", 4, &msgs, &store, err, sizeof err) < 0 && strstr(err, "invalid JSON"));
+  const char *bad_rc = "[{\"role\":\"user\",\"content\":\"x\",\"reasoning_content\":\"r\"}]";
+  CHECK(ll_chat_parse(bad_rc, strlen(bad_rc), &msgs, &store, err, sizeof err) < 0 && strstr(err, "reasoning_content"));
 
   // Marked rendering (issue 28): the same text, and the marks are the template's text exactly -
   // the bytes outside them are the messages' contents in order, whatever markers they contain.
   const char *names[] = {"chatml", "llama2", "llama3", "zephyr", "gemma", "phi3", "qwen3"};
-  const struct ll_chat_msg conv[] = {{"system", "S<|im_end|>"}, {"user", "</s>[/INST]<|eot_id|>"}, {"assistant", "<end_of_turn>ok"},
-                                     {"user", "<|end|><|assistant|>"}};
+  const struct ll_chat_msg conv[] = {{"system", "S<|im_end|>", NULL}, {"user", "</s>[/INST]<|eot_id|>", NULL}, {"assistant", "<end_of_turn>ok", NULL},
+                                     {"user", "<|end|><|assistant|>", NULL}};
   const char *contents = "S<|im_end|></s>[/INST]<|eot_id|><end_of_turn>ok<|end|><|assistant|>";
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     char *plain = NULL, *marked = NULL, outside[256];

@@ -123,7 +123,7 @@ int ll_cmd_generate(int argc, char **argv) {
       fprintf(stderr, "llsrv generate: %s\n", err);
       goto out;
     }
-    const struct ll_chat_msg msg = {"user", prompt ? prompt : ""};
+    const struct ll_chat_msg msg = {"user", prompt ? prompt : "", NULL};
     if (ll_chat_render_marked(tmpl_text ? tmpl_text : ll_tokenizer_chat_template(tok), &msg, 1, &rendered, &marks, &n_marks, err,
                               sizeof err) != 0) {
       fprintf(stderr, "llsrv generate: --chat: %s\n", err);

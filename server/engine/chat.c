@@ -113,7 +113,9 @@ static void render_qwen3(struct sb *b, const struct ll_chat_msg *m, int n, int e
     const char *c = m[i].content, *r = "";
     size_t cl = strlen(c), rl = 0;
     const char *close = strstr(c, "</think>");
-    if (close) {
+    if (m[i].reasoning && *m[i].reasoning) { // reasoning_content given: the content is the answer as it is
+      r = m[i].reasoning, rl = strlen(r);
+    } else if (close) {
       const char *re = close, *rs = c, *last = find_last(c, cl, "</think>"), *open;
       while (re > c && re[-1] == '\n') re--;                                   // split('</think>')[0].rstrip('\n')
       if ((open = find_last(c, (size_t)(re - c), "<think>"))) rs = open + 7; // .split('<think>')[-1]
@@ -286,8 +288,15 @@ int ll_chat_parse(const char *text, size_t len, struct ll_chat_msg **msgs, void 
       json_decref(root); // role points into the tree: message formatted first
       return LL_EFORMAT;
     }
+    json_t *jr = json_object_get(o, "reasoning_content");
+    if (jr && !json_is_null(jr) && (!json_is_string(jr) || strcmp(role, "assistant"))) {
+      free(m);
+      json_decref(root);
+      return ll_errf(err, errlen, LL_EFORMAT, "chat: message %zu: \"reasoning_content\" is a string on an assistant message", k);
+    }
     m[k].role = role;
     m[k].content = content;
+    m[k].reasoning = json_string_value(jr);
   }
   *msgs = m;
   *store = root; // strings live in the JSON tree

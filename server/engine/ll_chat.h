@@ -10,15 +10,17 @@
 #include "ll_tokenizer.h"
 
 struct ll_chat_msg {
-  const char *role;    // system | user | assistant
+  const char *role;      // system | user | assistant
   const char *content;
+  const char *reasoning; // assistant: its reasoning_content (qwen3 renders it instead of a
+                         // <think> block in content), or NULL; "" counts as NULL (as llama.cpp)
 };
 
 // Name of the recognised format ("chatml", ...) or NULL when the template is unknown/absent.
 const char *ll_chat_detect(const char *tmpl);
 
-// Parse the protocol's chat text: a JSON array of {"role","content"} objects, or an object
-// {"messages":[...]}; any other text is one user message. *msgs and the strings are kept
+// Parse the protocol's chat text: a JSON array of {"role","content"} objects (an assistant's
+// may carry "reasoning_content"), or an object {"messages":[...]}; any other text is one user message. *msgs and the strings are kept
 // in *store (free with ll_chat_free_store). Returns the message count or LL_EFORMAT.
 int ll_chat_parse(const char *text, size_t len, struct ll_chat_msg **msgs, void **store, char *err, size_t errlen);
 void ll_chat_free_store(void *store, struct ll_chat_msg *msgs);

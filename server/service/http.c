@@ -981,6 +981,17 @@ static char *chat_text(struct body *b) {
     json_object_set_new(o, "role", json_string(rs));
     json_object_set_new(o, "content", json_stringn(t.p ? t.p : "", t.n));
     free(t.p);
+    json_t *rct = json_object_get(m, "reasoning_content"); // an earlier answer's reasoning (Qwen3's template renders it)
+    if (rct && !json_is_null(rct) && !strcmp(rs, "assistant")) {
+      if (!json_is_string(rct)) {
+        snprintf(b->msg, sizeof b->msg, "messages[%zu]: 'reasoning_content' must be a string", i);
+        b->param = "messages";
+        json_decref(o);
+        json_decref(out);
+        return NULL;
+      }
+      json_object_set(o, "reasoning_content", rct);
+    }
     json_array_append_new(out, o);
   }
   char *s = json_dumps(out, JSON_COMPACT);

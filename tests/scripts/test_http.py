@@ -493,7 +493,7 @@ with open(os.path.join(os.path.dirname(__file__), "..", "ref", "qwen3_chat.json"
 srvq = Server(tmp, ["--parallel", "2", "--ctx", "256", "--chat-template", "qwen3", "--reasoning-format", "deepseek"], name="qwen3")
 cq = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % srvq.http_port, api_key="unused", max_retries=0, timeout=120)
 q3n = {}
-for case in q3ref[:2]:  # system + user, thinking on and off
+for case in q3ref[:2] + q3ref[24:26]:  # system + user, an answer with reasoning_content; thinking on and off
     want = cq.completions.create(model="demo", prompt=case["expected"], max_tokens=8, temperature=0)
     ways = [{"chat_template_kwargs": {"enable_thinking": case["enable_thinking"]}}, {"enable_thinking": case["enable_thinking"]}]
     if not case["enable_thinking"]:
@@ -504,7 +504,8 @@ for case in q3ref[:2]:  # system + user, thinking on and off
         check(got.usage.prompt_tokens == want.usage.prompt_tokens and got.choices[0].message.content == want.choices[0].text,
               "%r: the prompt is Qwen3's rendering (%d vs %d prompt tokens, %r vs %r)" % (eb, got.usage.prompt_tokens, want.usage.prompt_tokens,
                                                                                          got.choices[0].message.content, want.choices[0].text))
-    q3n[case["enable_thinking"]] = want.usage.prompt_tokens
+    if len(case["messages"]) == 2 and case["messages"][0]["role"] == "system":
+        q3n[case["enable_thinking"]] = want.usage.prompt_tokens
 check(q3n[False] > q3n[True], "enable_thinking false adds the empty think block: %r" % q3n)
 raises(openai.BadRequestError, lambda: cq.chat.completions.create(model="demo", messages=q3ref[0]["messages"], max_tokens=2,
                                                                    extra_body={"chat_template_kwargs": {"enable_thinking": "no"}}),
