@@ -85,6 +85,7 @@ struct ll_backend_info {
   int64_t launches;             // kernels queued so far (0 on the CPU)
   int64_t arg_sets;             // kernel arguments set so far (clSetKernelArg; the fast tier's products keep theirs)
   int64_t fast_launches;        // of those, the fast tier's kernels (llsrv_fast.cl: products, rope_kv, attention)
+  int64_t train_fast_launches;  // of those, the fast tier's training kernels (train_fast.cl: tiled products, attention, LoRA forward)
   char tier[12];                // OpenCL: "reference" or "fast" (LL_OPENCL_REFERENCE); "" on the CPU
 };
 
@@ -223,6 +224,13 @@ struct ll_backend_i {
   //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g²;  p -= lr * (m/(1-b1^step) / (sqrt(v/(1-b2^step)) + eps) + wd * p)
   int (*adamw)(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n,
                float lr, float beta1, float beta2, float eps, float wd, int step);        // (optional)
+  // The adapted linear layer's forward (LoRA), a device's fast tier: axs (T, r) = scale · xa
+  // (T, K) · aᵀ (written: the backward keeps it); y (T, N) = (acc: +=) x (T, K) · wᵀ + axs · bwᵀ.
+  // w (N, K) any type, a (r, K) and bw (N, r) F32; xa is x or its dropout. NULL, or
+  // LL_EUNSUPPORTED for a case it does not cover: the trainer composes it from matmul and scale.
+  int (*matmul_lora)(struct ll_backend *b, float *y, float *axs, const float *x, const float *xa,
+                     const struct ll_weight *w, const struct ll_weight *a,
+                     const struct ll_weight *bw, float scale, int T, int acc);           // (optional)
 
   // ---- buffer contents (optional; NULL: backend buffers are host memory and memcpy /
   //      memset do, which ll_backend_copy / ll_backend_zero then call) ----

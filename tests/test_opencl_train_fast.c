@@ -8,7 +8,12 @@
 // or stride gives > 1e-3), for weights of every type the backend takes, shapes not multiples
 // of 16 (edge tiles), T = 1 .. 37, dx and dw together, and dx through several dequantized
 // chunks of W; the same tolerance for attention's forward (out and the kept probabilities) and
-// backward (dq, dk, dv), batched over heads with grouped kv heads. Also asserted: the backend says it runs the fast tier (ll_backend_info.tier), and
+// backward (dq, dk, dv), batched over heads with grouped kv heads; the backward never reads the
+// probabilities right of the causal diagonal (NaN there, results finite: the masked tiles are
+// skipped); dx through quantized W in one launch per product (tiles dequantized in local
+// memory); the fused LoRA forward (matmul_lora, two launches) against a double-precision
+// product of the dequantized weights. Each counts its launches (ll_backend_info.
+// train_fast_launches). Also asserted: the backend says it runs the fast tier (ll_backend_info.tier), and
 // the results are not the reference's bits (the reference tier's products give the CPU's bits
 // on an f64 device such as PoCL: an error of exactly 0 everywhere would mean they ran).
 #include <math.h>
@@ -17,6 +22,7 @@
 #include <string.h>
 
 #include "ll_backend.h"
+#include "ll_error.h"
 #include "ll_cpu_train.h"
 #include "ll_quant.h"
 #include "testutil.h"
@@ -90,7 +96,16 @@ static void test_matmul_backward(struct ll_backend *cl) {
       memcpy(b, a, nx * 4), memcpy(gb, ga, nw * 4); // dx and dw accumulate
       const int f32 = type == LL_TYPE_F32;
       CHECK(ref->matmul_backward(NULL, a, f32 ? ga : NULL, dout, x, &wc, T) == 0);
+      struct ll_backend_info i0, i1;
+      cl->i->get_info(cl, &i0);
       CHECK(cl->i->matmul_backward(cl, b, f32 ? gb : NULL, dout, x, &w, T) == 0);
+      cl->i->get_info(cl, &i1);
+      // one tiled launch for dx (a quantized or f16/bf16 W's tiles dequantized in local memory,
+      // no deq_rows pass), one more for dw
+      const int64_t want = f32 ? 2 : 1;
+      CHECKF(i1.launches - i0.launches == want && i1.train_fast_launches - i0.train_fast_launches == want,
+             "matmul_backward %s: %lld launches, %lld of train_fast.cl (want %lld)", ll_type_name(type), (long long)(i1.launches - i0.launches),
+             (long long)(i1.train_fast_launches - i0.train_fast_launches), (long long)want);
       const double e = nmse(b, a, nx);
       CHECKF(e < TOL, "matmul_backward dx %s K=%d N=%d T=%d: nmse %.3g", ll_type_name(type), K, N, T, e);
       if (e > worst_dx) worst_dx = e;
@@ -146,8 +161,23 @@ static void test_attention(struct ll_backend *cl) {
     }
     CHECK(ll_train_ref_attention_train(NULL, o[0], att[0], q, k, v, S, H, Hkv, hd, scale) == 0);
     CHECK(cl->i->attention_train(cl, o[1], att[1], q, k, v, S, H, Hkv, hd, scale) == 0);
-    CHECK(ll_train_ref_attention_backward(NULL, dq[0], dk[0], dv[0], dout, q, k, v, att[0], S, H, Hkv, hd, scale) == 0);
-    CHECK(cl->i->attention_backward(cl, dq[1], dk[1], dv[1], dout, q, k, v, att[0], S, H, Hkv, hd, scale) == 0);
+    // NaN right of the diagonal: the reference never reads there, nor may the fast tier's
+    // products (the masked tiles skipped, the diagonal tiles' masked elements loaded as 0)
+    float *attp = malloc(na * 4);
+    memcpy(attp, att[0], na * 4);
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < S; i++)
+        for (int j = i + 1; j < S; j++) attp[((size_t)h * S + i) * S + j] = NAN;
+    CHECK(ll_train_ref_attention_backward(NULL, dq[0], dk[0], dv[0], dout, q, k, v, attp, S, H, Hkv, hd, scale) == 0);
+    struct ll_backend_info i0, i1;
+    cl->i->get_info(cl, &i0);
+    CHECK(cl->i->attention_backward(cl, dq[1], dk[1], dv[1], dout, q, k, v, attp, S, H, Hkv, hd, scale) == 0);
+    free(attp);
+    cl->i->get_info(cl, &i1);
+    const int64_t want = 3 + 2 * (H / Hkv); // dp, the rows' ds, dq; dv and dk per query head of a group
+    CHECKF(i1.train_fast_launches - i0.train_fast_launches == want && i1.launches - i0.launches == want,
+           "attention_backward: %lld launches, %lld of train_fast.cl (want %lld)", (long long)(i1.launches - i0.launches),
+           (long long)(i1.train_fast_launches - i0.train_fast_launches), (long long)want);
     const double e[5] = {nmse(o[1], o[0], nq), nmse(att[1], att[0], na), nmse(dq[1], dq[0], nq), nmse(dk[1], dk[0], nk), nmse(dv[1], dv[0], nk)};
     CHECKF(e[0] < TOL && e[1] < TOL && e[2] < TOL && e[3] < TOL && e[4] < TOL,
            "attention S=%d H=%d/%d hd=%d: nmse out %.3g att %.3g dq %.3g dk %.3g dv %.3g", S, H, Hkv, hd, e[0], e[1], e[2], e[3], e[4]);
@@ -206,6 +236,72 @@ static void test_attention_window(struct ll_backend *cl) {
          worst[0], worst[1], worst[2], worst[3], worst[4], TOL);
 }
 
+// The fused LoRA forward: y (=, +=) x·Wᵀ + (scale xa·Aᵀ)·Bᵀ and axs against the same product
+// in double of the dequantized weights (the CPU's matmul quantizes activations for quantized W;
+// the fast tier does not, so the double product is the fair reference for both terms).
+static void test_matmul_lora(struct ll_backend *cl) {
+  static const struct {
+    int type, k, n, r;
+  } cases[] = {{LL_TYPE_Q4_0, 160, 37, 16}, {LL_TYPE_Q4_1, 160, 37, 8}, {LL_TYPE_Q5_0, 96, 20, 4}, {LL_TYPE_Q5_1, 96, 20, 4},
+               {LL_TYPE_Q8_0, 160, 37, 16}, {LL_TYPE_Q4_K, 256, 37, 16}, {LL_TYPE_Q5_K, 256, 19, 3}, {LL_TYPE_Q6_K, 256, 37, 16},
+               {LL_TYPE_F32, 77, 37, 5},    {LL_TYPE_F16, 77, 37, 16},   {LL_TYPE_BF16, 77, 21, 16}};
+  static const int Ts[] = {1, 19, 40};
+  double worst_y = 0, worst_a = 0;
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int K = cases[ci].k, N = cases[ci].n, R = cases[ci].r, type = cases[ci].type;
+    void *wd = make_weight(type, K, N);
+    float *wf = malloc((size_t)N * K * 4), *A = malloc((size_t)R * K * 4), *Bm = malloc((size_t)N * R * 4);
+    const size_t rsz = ll_row_size(type, K);
+    for (int n = 0; n < N; n++) CHECK(ll_dequantize_row(type, (const unsigned char *)wd + (size_t)n * rsz, wf + (size_t)n * K, K) == 0);
+    randf(A, (size_t)R * K, 0.1f), randf(Bm, (size_t)N * R, 0.1f);
+    struct ll_weight w = {type, K, N, wd, NULL, NULL}, wa = {LL_TYPE_F32, K, R, A, NULL, NULL}, wb = {LL_TYPE_F32, R, N, Bm, NULL, NULL};
+    CHECK(cl->i->weight_upload(cl, &w) == 0);
+    const float scale = 2.0f;
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+      const int T = Ts[ti], acc = (int)(ti & 1);
+      float *x = malloc((size_t)T * K * 4), *xa = malloc((size_t)T * K * 4), *y = malloc((size_t)T * N * 4), *yr = malloc((size_t)T * N * 4);
+      float *ax = malloc((size_t)T * R * 4), *axr = malloc((size_t)T * R * 4);
+      randf(x, (size_t)T * K, 1.0f), randf(xa, (size_t)T * K, 1.0f), randf(y, (size_t)T * N, 1.0f);
+      memcpy(yr, y, (size_t)T * N * 4);
+      memset(ax, 0x7f, (size_t)T * R * 4); // overwritten
+      for (int t = 0; t < T; t++) {
+        for (int j = 0; j < R; j++) {
+          double s = 0;
+          for (int k = 0; k < K; k++) s += (double)xa[(size_t)t * K + k] * A[(size_t)j * K + k];
+          axr[(size_t)t * R + j] = (float)(scale * s);
+        }
+        for (int n = 0; n < N; n++) {
+          double s = 0;
+          for (int k = 0; k < K; k++) s += (double)x[(size_t)t * K + k] * wf[(size_t)n * K + k];
+          for (int j = 0; j < R; j++) s += (double)axr[(size_t)t * R + j] * Bm[(size_t)n * R + j];
+          yr[(size_t)t * N + n] = (float)(acc ? yr[(size_t)t * N + n] + s : s);
+        }
+      }
+      struct ll_backend_info i0, i1;
+      cl->i->get_info(cl, &i0);
+      CHECK(cl->i->matmul_lora(cl, y, ax, x, xa, &w, &wa, &wb, scale, T, acc) == 0);
+      cl->i->get_info(cl, &i1);
+      CHECKF(i1.launches - i0.launches == 2 && i1.train_fast_launches - i0.train_fast_launches == 2, "matmul_lora %s: %lld launches, %lld of train_fast.cl (want 2)",
+             ll_type_name(type), (long long)(i1.launches - i0.launches), (long long)(i1.train_fast_launches - i0.train_fast_launches));
+      const double ey = nmse(y, yr, (size_t)T * N), ea = nmse(ax, axr, (size_t)T * R);
+      CHECKF(ey < TOL && ea < TOL, "matmul_lora %s K=%d N=%d r=%d T=%d acc=%d: nmse y %.3g, axs %.3g", ll_type_name(type), K, N, R, T, acc, ey, ea);
+      if (ey > worst_y) worst_y = ey;
+      if (ea > worst_a) worst_a = ea;
+      free(x), free(xa), free(y), free(yr), free(ax), free(axr);
+    }
+    cl->i->weight_release(cl, &w);
+    free(wd), free(wf), free(A), free(Bm);
+  }
+  { // bad shapes are refused before anything runs
+    float z[64] = {0};
+    struct ll_weight w = {LL_TYPE_F32, 8, 4, z, NULL, NULL}, wa = {LL_TYPE_F32, 8, 2, z, NULL, NULL}, wb = {LL_TYPE_F32, 3, 4, z, NULL, NULL};
+    CHECK(cl->i->matmul_lora(cl, z, z, z, z, &w, &wa, &wb, 1.0f, 1, 0) == LL_EINVAL); // B's rank 3, A's 2
+    wb.k = 2, wa.type = LL_TYPE_F16;
+    CHECK(cl->i->matmul_lora(cl, z, z, z, z, &w, &wa, &wb, 1.0f, 1, 0) == LL_EINVAL); // A not F32
+  }
+  printf("matmul_lora, fast tier vs double: worst nmse y %.3g, axs %.3g (tolerance %.0e)\n", worst_y, worst_a, TOL);
+}
+
 int main(void) {
   rs = ll_test_seed();
   const char *dev = getenv("LL_TEST_OPENCL_DEVICE");
@@ -227,6 +323,7 @@ int main(void) {
   test_matmul_backward(cl);
   test_attention(cl);
   test_attention_window(cl);
+  test_matmul_lora(cl);
   ll_backend_free(cl);
   return ll_test_summary();
 }

@@ -131,6 +131,7 @@ struct ocl_ctx {
   // training (train.cl)
   cl_kernel k_deq, k_mm_dx, k_mm_dw, k_mm_dx_t, k_mm_dw_t, // (_t: the fast tier's tiled ones, train_fast.cl)
       k_gemm_t, k_attn_rows_sm, k_attn_rows_ds, // (train_fast.cl: attention as batched tiled products)
+      k_mm_dx_qt, k_lora_fwd, // (train_fast.cl: dx through W's tiles dequantized in local memory; the LoRA forward)
        k_rms_bwd, k_rms_dg, k_rope_bwd, k_swiglu_bwd, k_attn_train, k_attn_bwd_q, k_attn_bwd_kv, k_xent,
       k_gr_bwd, k_dropout, k_sumsq, k_axpy, k_scale, k_adamw;
   // Gemma 3's (train_window.cl): GeGLU's backward, the windowed training attention (reference
@@ -154,7 +155,7 @@ struct ocl_ctx {
   // returns, without waiting for the device. Reset whenever the queue has drained.
   unsigned char *arena;
   size_t arena_cap, arena_used;
-  int64_t bytes_up, bytes_down, waits, launches, arg_sets, fast_launches;
+  int64_t bytes_up, bytes_down, waits, launches, arg_sets, fast_launches, train_fast_launches;
   struct pending_loss *pend; // completed by ocl_drained()
   int n_pend, cap_pend;
   int64_t mem_used, mem_total, max_alloc; // mem_used: this instance's
@@ -239,6 +240,8 @@ int ocl_dropout(struct ll_backend *b, float *out, const float *x, float p, uint6
 int ocl_sumsq(struct ll_backend *b, double *out, const float *x, int64_t n);
 int ocl_axpy(struct ll_backend *b, float *out, const float *x, float alpha, int64_t n);
 int ocl_scale(struct ll_backend *b, float *x, float alpha, int64_t n);
+int ocl_matmul_lora(struct ll_backend *b, float *y, float *axs, const float *x, const float *xa, const struct ll_weight *w,
+                    const struct ll_weight *a, const struct ll_weight *bw, float scale, int T, int acc);
 int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd, int step);
 int ocl_sync(struct ll_backend *b);
 void *ocl_alloc(struct ll_backend *b, size_t n);

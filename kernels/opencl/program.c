@@ -156,6 +156,8 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_gemm_t, "gemm_tiled");
   MK(c->k_attn_rows_sm, "attn_rows_softmax");
   MK(c->k_attn_rows_ds, "attn_rows_ds");
+  MK(c->k_mm_dx_qt, "mm_bwd_dx_qtiled");
+  MK(c->k_lora_fwd, "lora_fwd_tiled");
   MK(c->k_rms_bwd, "rmsnorm_bwd");
   MK(c->k_rms_dg, "rmsnorm_bwd_dg");
   MK(c->k_rope_bwd, "rope_bwd");
@@ -201,7 +203,7 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   }
   // The tiled training products take work-groups of 16 x 16: only where both kernels allow
   // 256 work items (else the fast tier keeps the reference's products).
-  const cl_kernel tiled[] = {c->k_mm_dx_t, c->k_mm_dw_t, c->k_gemm_t};
+  const cl_kernel tiled[] = {c->k_mm_dx_t, c->k_mm_dw_t, c->k_gemm_t, c->k_mm_dx_qt, c->k_lora_fwd};
   c->train_tiled = c->fast;
   for (size_t i = 0; i < sizeof tiled / sizeof tiled[0]; i++) {
     size_t kwg = 0;

@@ -30,7 +30,17 @@ int ocl_float_type(int type) { return type == LL_TYPE_F32 ? 0 : type == LL_TYPE_
 
 // The fast tier's tiled products (train_fast.cl): work-groups of 16 x 16, global sizes rounded up.
 #define RUP16(n) (((size_t)(n) + 15) / 16 * 16)
+// mm_bwd_dx_qtiled's and lora_fwd_tiled's second global size: 16 work items per 64 tokens (RT 4)
+#define TOK64(n) (((size_t)(n) + 63) / 64 * 16)
 static const size_t TILE16[2] = {16, 16};
+
+// A launch of one of train_fast.cl's kernels, counted (ll_backend_info.train_fast_launches: the
+// tests' proof that the fast tier's training kernels ran).
+static int tf_launch(struct ocl_ctx *c, cl_kernel k, cl_uint dims, const size_t *gl, const size_t *lo) {
+  const int rc = ocl_launch(c, k, dims, gl, lo);
+  if (rc == 0) c->train_fast_launches++;
+  return rc;
+}
 
 // Rows of W dequantized per chunk of dx's product (f32 scratch of at most this many bytes).
 #define DEQ_CHUNK_BYTES ((size_t)8 << 20)
@@ -53,6 +63,15 @@ int ocl_matmul_backward(struct ll_backend *b, float *dx, float *dw, const float 
     cl_mem wm;
     if ((rc = ocl_weight_dev(c, w, &wm)) || (rc = ocl_put(c, S_A, dx, xb))) return ocl_fail(c, rc); // dx (T, K) accumulates
     cl_ulong rb = ll_row_size(w->type, w->k);
+    if (c->train_tiled && fl != 0) { // the fast tier: W's tiles dequantized in local memory, one launch
+      const int wt = w->type;
+      cl_kernel k = c->k_mm_dx_qt;
+      e |= ARG(k, 0, c->s[S_A].use) | ARG(k, 1, c->s[S_B].use) | ARG(k, 2, wm) | ARG(k, 3, rb) | ARG(k, 4, T) | ARG(k, 5, N) | ARG(k, 6, K);
+      e |= ARG(k, 7, wt) | ARG(k, 8, fl);
+      const size_t gl[2] = {RUP16(K), TOK64(T)};
+      if (e || (rc = tf_launch(c, k, 2, gl, TILE16))) return ocl_fail(c, e ? LL_EIO : rc);
+      goto dx_done;
+    }
     // F32 rows are read in place (one chunk of all N); other types are dequantized nc rows at a
     // time into S_SCR, each chunk's product continuing the sums in dx (the reference's n order).
     int nc = N;
@@ -76,15 +95,16 @@ int ocl_matmul_backward(struct ll_backend *b, float *dx, float *dw, const float 
       e |= ARG(k, 0, c->s[S_A].use) | ARG(k, 1, c->s[S_B].use) | ARG(k, 2, wf) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K) | ARG(k, 6, n0);
       e |= ARG(k, 7, cnt);
       const size_t gl[2] = {c->train_tiled ? RUP16(K) : (size_t)K, c->train_tiled ? RUP16(T) : (size_t)T};
-      if (e || (rc = ocl_launch(c, k, 2, gl, c->train_tiled ? TILE16 : NULL))) return ocl_fail(c, e ? LL_EIO : rc);
+      if (e || (rc = c->train_tiled ? tf_launch(c, k, 2, gl, TILE16) : ocl_launch(c, k, 2, gl, NULL))) return ocl_fail(c, e ? LL_EIO : rc);
     }
   }
+dx_done:
   if (dw) {
     if ((rc = ocl_put(c, S_X, x, xb)) || (rc = ocl_put(c, S_C, dw, wb))) return ocl_fail(c, rc); // x (T, K), dw (N, K) accumulates
     cl_kernel k = c->train_tiled ? c->k_mm_dw_t : c->k_mm_dw;
     e |= ARG(k, 0, c->s[S_C].use) | ARG(k, 1, c->s[S_B].use) | ARG(k, 2, c->s[S_X].use) | ARG(k, 3, T) | ARG(k, 4, N) | ARG(k, 5, K);
     const size_t gl[2] = {c->train_tiled ? RUP16(K) : (size_t)K, c->train_tiled ? RUP16(N) : (size_t)N};
-    if (e || (rc = ocl_launch(c, k, 2, gl, c->train_tiled ? TILE16 : NULL))) return ocl_fail(c, e ? LL_EIO : rc);
+    if (e || (rc = c->train_tiled ? tf_launch(c, k, 2, gl, TILE16) : ocl_launch(c, k, 2, gl, NULL))) return ocl_fail(c, e ? LL_EIO : rc);
   }
   if (dx && (rc = ocl_get(c, S_A, dx, xb))) return ocl_fail(c, rc);
   if (dw && (rc = ocl_get(c, S_C, dw, wb))) return ocl_fail(c, rc);
@@ -186,15 +206,16 @@ struct gemm_op {
   cl_long offA, offB, offC, bsA, bsB, bsC;
   int divA, divB, ta, tb;
   float alpha, beta;
+  int causal; // train_fast.cl gemm_tiled's: 0 none, 1 skip tiles right of the diagonal, 2 k <= m, 3 k >= m
 };
 static int gemm_tiled(struct ocl_ctx *c, const struct gemm_op *g, int batch) {
   cl_kernel k = c->k_gemm_t;
   cl_int e = ARG(k, 0, g->C) | ARG(k, 1, g->A) | ARG(k, 2, g->B) | ARG(k, 3, g->M) | ARG(k, 4, g->N) | ARG(k, 5, g->K) | ARG(k, 6, g->lda);
   e |= ARG(k, 7, g->ldb) | ARG(k, 8, g->ldc) | ARG(k, 9, g->offA) | ARG(k, 10, g->offB) | ARG(k, 11, g->offC) | ARG(k, 12, g->bsA);
   e |= ARG(k, 13, g->bsB) | ARG(k, 14, g->bsC) | ARG(k, 15, g->divA) | ARG(k, 16, g->divB) | ARG(k, 17, g->ta) | ARG(k, 18, g->tb);
-  e |= ARG(k, 19, g->alpha) | ARG(k, 20, g->beta);
+  e |= ARG(k, 19, g->alpha) | ARG(k, 20, g->beta) | ARG(k, 21, g->causal);
   const size_t gl[3] = {RUP16(g->N), RUP16(g->M), (size_t)batch}, lo[3] = {16, 16, 1};
-  return e ? LL_EIO : ocl_launch(c, k, 3, gl, lo);
+  return e ? LL_EIO : tf_launch(c, k, 3, gl, lo);
 }
 // train_window.cl's attn_rows_softmax_swa over the (H S) rows of att
 static int attn_rows_window(struct ocl_ctx *c, cl_mem a, int S, int H, int window) {
@@ -208,7 +229,7 @@ static int attn_rows(struct ocl_ctx *c, cl_kernel k, cl_mem a, cl_mem b, int S, 
   if (b) e |= ARG(k, 1, b) | ARG(k, 2, S) | ARG(k, 3, scale);
   else e |= ARG(k, 1, S);
   const size_t gl = (size_t)H * S * WG, lo = WG;
-  return e ? LL_EIO : ocl_launch(c, k, 1, &gl, &lo);
+  return e ? LL_EIO : tf_launch(c, k, 1, &gl, &lo);
 }
 
 // window > 0 (attention_train_swa, a local layer's): query i sees keys (i - window, i] only, on
@@ -229,9 +250,9 @@ static int attention_train_win(struct ll_backend *b, float *out, float *att, con
     const int H = n_head, Hkv = n_head_kv, hd = head_dim, grp = H / Hkv;
     const cl_long SS = (cl_long)S * S;
     const struct gemm_op sc = {c->s[S_SCR].use, c->s[S_X].use, c->s[S_A].use, S, S, hd, H * hd, Hkv * hd, S, 0, 0, 0, hd, hd, SS, 1, grp, 0, 1,
-                               scale, 0.0f};
+                               scale, 0.0f, 1};
     const struct gemm_op pv = {c->s[S_OUT].use, c->s[S_SCR].use, c->s[S_B].use, S, hd, S, S, Hkv * hd, H * hd, 0, 0, 0, SS, hd, hd, 1, grp, 0, 0,
-                               1.0f, 0.0f};
+                               1.0f, 0.0f, 2};
     if ((rc = gemm_tiled(c, &sc, H)) || (rc = window > 0 ? attn_rows_window(c, c->s[S_SCR].use, S, H, window)
                                                           : attn_rows(c, c->k_attn_rows_sm, c->s[S_SCR].use, NULL, S, H, 0)) ||
         (rc = gemm_tiled(c, &pv, H)))
@@ -277,15 +298,15 @@ int ocl_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv
     const int H = n_head, Hkv = n_head_kv, hd = head_dim, grp = H / Hkv;
     const cl_long SS = (cl_long)S * S;
     const struct gemm_op dp = {c->s[S_D].use, c->s[S_C].use, c->s[S_B].use, S, S, hd, H * hd, Hkv * hd, S, 0, 0, 0, hd, hd, SS, 1, grp, 0, 1,
-                               1.0f, 0.0f};
+                               1.0f, 0.0f, 1};
     const struct gemm_op gq = {c->s[S_OUT].use, c->s[S_D].use, c->s[S_A].use, S, hd, S, S, Hkv * hd, H * hd, 0, 0, 0, SS, hd, hd, 1, grp, 0, 0,
-                               1.0f, 0.0f};
+                               1.0f, 0.0f, 2};
     if ((rc = gemm_tiled(c, &dp, H)) || (rc = attn_rows(c, c->k_attn_rows_ds, c->s[S_D].use, c->s[S_SCR].use, S, H, scale)) ||
         (rc = gemm_tiled(c, &gq, H)))
       return ocl_fail(c, rc);
     for (int g = 0; g < grp; g++) {
       const struct gemm_op gv = {c->s[S_F].use, c->s[S_SCR].use, c->s[S_C].use, S, hd, S, S, H * hd, Hkv * hd, g * SS, (cl_long)g * hd, 0,
-                                 grp * SS, (cl_long)grp * hd, hd, 1, 1, 1, 0, 1.0f, g ? 1.0f : 0.0f};
+                                 grp * SS, (cl_long)grp * hd, hd, 1, 1, 1, 0, 1.0f, g ? 1.0f : 0.0f, 3};
       struct gemm_op gk = gv;
       gk.C = c->s[S_E].use, gk.A = c->s[S_D].use, gk.B = c->s[S_X].use;
       if ((rc = gemm_tiled(c, &gv, Hkv)) || (rc = gemm_tiled(c, &gk, Hkv))) return ocl_fail(c, rc);
@@ -536,3 +557,40 @@ int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, float *v
 }
 
 int ocl_sync(struct ll_backend *b) { return ocl_finish(CTX(b)); }
+
+// The fast tier's adapted linear layer (train_fast.cl): axs = scale · x_a · Aᵀ (gemm_tiled), then
+// y (=, +=) x · Wᵀ + axs · Bᵀ in one kernel (lora_fwd_tiled): two launches where matmul, matmul,
+// scale and matmul took four. The reference tier answers LL_EUNSUPPORTED (the trainer composes it).
+int ocl_matmul_lora(struct ll_backend *b, float *y, float *axs, const float *x, const float *xa, const struct ll_weight *w,
+                    const struct ll_weight *a, const struct ll_weight *bw, float scale, int T, int acc) {
+  struct ocl_ctx *c = CTX(b);
+  if (!y || !axs || !x || !xa || !w || !a || !bw || !a->data || !bw->data || T < 0) return LL_EINVAL;
+  if (w->k <= 0 || w->n <= 0 || w->k > INT_MAX || w->n > INT_MAX || a->type != LL_TYPE_F32 || bw->type != LL_TYPE_F32 || a->k != w->k ||
+      bw->n != w->n || a->n != bw->k || a->n <= 0 || a->n > INT_MAX)
+    return LL_EINVAL;
+  if (!c->train_tiled) return LL_EUNSUPPORTED;
+  const int K = (int)w->k, N = (int)w->n, r = (int)a->n, fl = ocl_float_type(w->type), wt = w->type;
+  if (fl < 0 && (ocl_act_type_mode(w->type) < 0 || K % 32)) return LL_EUNSUPPORTED;
+  if (T == 0) return 0;
+  size_t xb, yb, ab, Ab, Bb;
+  int rc;
+  if ((rc = ocl_fbytes(c, T, K, &xb)) || (rc = ocl_fbytes(c, T, N, &yb)) || (rc = ocl_fbytes(c, T, r, &ab)) || (rc = ocl_fbytes(c, r, K, &Ab)) ||
+      (rc = ocl_fbytes(c, N, r, &Bb)))
+    return ocl_fail(c, rc);
+  cl_mem wm;
+  // x (T, K) in S_X, x_a (T, K) in S_A, A (r, K) in S_B, B (N, r) in S_C; axs (T, r) in S_D, y (T, N) in S_OUT
+  if ((rc = ocl_weight_dev(c, w, &wm)) || (rc = ocl_put(c, S_X, x, xb)) || (rc = ocl_put(c, S_A, xa, xb)) || (rc = ocl_put(c, S_B, a->data, Ab)) ||
+      (rc = ocl_put(c, S_C, bw->data, Bb)) || (rc = ocl_output(c, S_D, axs, ab)) ||
+      (rc = acc ? ocl_put(c, S_OUT, y, yb) : ocl_output(c, S_OUT, y, yb)))
+    return ocl_fail(c, rc);
+  const struct gemm_op ga = {c->s[S_D].use, c->s[S_A].use, c->s[S_B].use, T, r, K, K, K, r, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, scale, 0.0f, 0};
+  if ((rc = gemm_tiled(c, &ga, 1))) return ocl_fail(c, rc);
+  const cl_ulong rb = ll_row_size(w->type, w->k);
+  cl_kernel k = c->k_lora_fwd;
+  cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_X].use) | ARG(k, 2, wm) | ARG(k, 3, rb) | ARG(k, 4, c->s[S_D].use) | ARG(k, 5, c->s[S_C].use);
+  e |= ARG(k, 6, T) | ARG(k, 7, N) | ARG(k, 8, K) | ARG(k, 9, r) | ARG(k, 10, wt) | ARG(k, 11, fl) | ARG(k, 12, acc);
+  const size_t gl[2] = {RUP16(N), TOK64(T)};
+  if (e || (rc = tf_launch(c, k, 2, gl, TILE16))) return ocl_fail(c, e ? LL_EIO : rc);
+  if ((rc = ocl_get(c, S_D, axs, ab))) return ocl_fail(c, rc);
+  return ocl_get(c, S_OUT, y, yb);
+}

@@ -286,7 +286,7 @@ int ll_cmd_train(int argc, char **argv) {
   struct ll_trainer_state st;
   // Host <-> device traffic of the plain steps (those that neither evaluate nor save).
   struct ll_backend_info x0, x1;
-  int64_t up = 0, down = 0, waits = 0, plain = 0;
+  int64_t up = 0, down = 0, waits = 0, launches = 0, tf_launches = 0, plain = 0;
   if (n_ranks > 1)
     printf("data parallel: %d ranks x %d x %d sequences per step (%s gradient sum)\n", n_ranks, tp.grad_accum, tp.batch,
            reduce == LL_REDUCE_ORDERED ? "rank-ordered, bit-exact" : "MPI_Allreduce");
@@ -306,7 +306,8 @@ int ll_cmd_train(int argc, char **argv) {
               tty ? "\n" : "", g_who, ev.loss_mean, LL_TRAIN_DIVERGE_SMOOTH, (long long)ev.info.step, ev.loss_min, LL_TRAIN_DIVERGE_WINDOW);
     be->i->get_info(be, &x1);
     if (!ev.saved && !ev.evaluated && !ev.save_failed)
-      up += x1.bytes_up - x0.bytes_up, down += x1.bytes_down - x0.bytes_down, waits += x1.waits - x0.waits, plain++;
+      up += x1.bytes_up - x0.bytes_up, down += x1.bytes_down - x0.bytes_down, waits += x1.waits - x0.waits, plain++,
+      launches += x1.launches - x0.launches, tf_launches += x1.train_fast_launches - x0.train_fast_launches;
     tokens += ev.info.tokens, steps_done++;
     if (loss_f) {
       fprintf(loss_f, "%lld %.17g %.17g %.17g %.17g\n", (long long)ev.info.step, ev.info.loss, ev.evaluated ? ev.val_loss : NAN, ev.info.grad_norm,
@@ -332,8 +333,9 @@ int ll_cmd_train(int argc, char **argv) {
   }
   ll_trainer_state(tr, &st);
   if (plain > 0 && strcmp(x1.name, "cpu") != 0)
-    fprintf(stderr, "%s%s: device transfers per step: %.0f bytes up, %.0f bytes down, %.1f waits\n", tty ? "\n" : "", g_who,
-            (double)up / plain, (double)down / plain, (double)waits / plain);
+    fprintf(stderr, "%s%s: device transfers per step: %.0f bytes up, %.0f bytes down, %.1f waits, %.0f launches (%.0f of train_fast.cl)\n",
+            tty ? "\n" : "", g_who, (double)up / plain, (double)down / plain, (double)waits / plain, (double)launches / plain,
+            (double)tf_launches / plain);
   if (n_ranks > 1) {
     struct ll_train_world_stats ws;
     ll_train_world_stats(world, &ws);

@@ -211,14 +211,24 @@ static int lin_forward(struct ll_trainer *tr, float *y, const float *x, const st
   const struct ll_backend_i *B = &tr->ops;
   struct ll_backend *be = tr->be;
   const int T = tr->T;
-  BK(B->matmul(be, y, x, w, T, acc), "matmul");
   const struct ll_lora_pair *pr = pair_of(tr, l, t);
-  if (!pr) return 0;
+  if (!pr) {
+    BK(B->matmul(be, y, x, w, T, acc), "matmul");
+    return 0;
+  }
   const float *xd = x;
   if (tr->train && tr->p.dropout > 0) {
     BK(B->dropout(be, tr->xd, x, tr->p.dropout, tr->seed_now ^ mix64((uint64_t)(l * LL_LORA_N_TARGETS + t)), (int64_t)T * w->k), "dropout");
     xd = tr->xd;
   }
+  if (B->matmul_lora) { // a device's fast tier: the base product and the LoRA term in one pass
+    const int rc = B->matmul_lora(be, y, axs, x, xd, w, &pr->a, &pr->b, ll_lora_scale(tr->lora), T, acc);
+    if (rc != LL_EUNSUPPORTED) {
+      BK(rc, "matmul_lora");
+      return 0;
+    }
+  }
+  BK(B->matmul(be, y, x, w, T, acc), "matmul");
   BK(B->matmul(be, axs, xd, &pr->a, T, 0), "matmul lora_a");                 // (T, r)
   BK(B->scale(be, axs, ll_lora_scale(tr->lora), (int64_t)T * tr->lora->rank), "scale");
   BK(B->matmul(be, y, axs, &pr->b, T, 1), "matmul lora_b");                  // y += axs·B^T
