@@ -192,8 +192,8 @@ static void test_attention(struct ll_backend *cl) {
 // Gemma 3's local layers: attention_train_swa (scores and P·V as the causal case's batched tiled
 // products, train_window.cl's windowed row softmax between them) against the reference, windows
 // shorter than S (1, 17, 64) and one of S (the causal results), the same tolerance; the
-// probabilities outside each row's window written 0; three launches per call (two products
-// and the row softmax: the tiled path, not the reference kernel's one launch); and the backward
+// probabilities outside each row's window written 0; three launches per call, all counted as
+// the fast tier's (two products and the row softmax: not the reference kernel's one); and the backward
 // (attention_backward, reading the window from att's zeros) against the reference's.
 static void test_attention_window(struct ll_backend *cl) {
   static const struct {
@@ -226,7 +226,9 @@ static void test_attention_window(struct ll_backend *cl) {
     CHECKF(e[0] < TOL && e[1] < TOL && e[2] < TOL && e[3] < TOL && e[4] < TOL && outside_zero,
            "attention window %d S=%d H=%d/%d hd=%d: nmse out %.3g att %.3g dq %.3g dk %.3g dv %.3g, zeros outside %d", W, S, H, Hkv, hd, e[0], e[1],
            e[2], e[3], e[4], outside_zero);
-    CHECKF(i1.launches - i0.launches == 3, "attention_train_swa: %lld launches (the tiled path makes 3)", (long long)(i1.launches - i0.launches));
+    CHECKF(i1.launches - i0.launches == 3 && i1.train_fast_launches - i0.train_fast_launches == 3,
+           "attention_train_swa: %lld launches, %lld of the fast tier's (the tiled path makes 3)", (long long)(i1.launches - i0.launches),
+           (long long)(i1.train_fast_launches - i0.train_fast_launches));
     for (int i = 0; i < 5; i++) worst[i] = e[i] > worst[i] ? e[i] : worst[i];
     for (int i = 0; i < 2; i++) free(o[i]), free(att[i]), free(dq[i]), free(dk[i]), free(dv[i]);
     free(q), free(k), free(v), free(dout);

@@ -222,7 +222,7 @@ static int attn_rows_window(struct ocl_ctx *c, cl_mem a, int S, int H, int windo
   cl_kernel k = c->k_attn_rows_sm_swa;
   const cl_int e = ARG(k, 0, a) | ARG(k, 1, S) | ARG(k, 2, window);
   const size_t gl = (size_t)H * S * WG, lo = WG;
-  return e ? LL_EIO : ocl_launch(c, k, 1, &gl, &lo);
+  return e ? LL_EIO : tf_launch(c, k, 1, &gl, &lo);
 }
 static int attn_rows(struct ocl_ctx *c, cl_kernel k, cl_mem a, cl_mem b, int S, int H, float scale) {
   cl_int e = ARG(k, 0, a);
