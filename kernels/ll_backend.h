@@ -224,6 +224,12 @@ struct ll_backend_i {
   //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g²;  p -= lr * (m/(1-b1^step) / (sqrt(v/(1-b2^step)) + eps) + wd * p)
   int (*adamw)(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n,
                float lr, float beta1, float beta2, float eps, float wd, int step);        // (optional)
+  // adamw over all n trainable values in one call, weight decay wd on the first n_decay only
+  // (the trainer's packed arenas: decayed tensors first): adamw's expression per element.
+  // NULL: two adamw calls.
+  int (*adamw_split)(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n,
+                     int64_t n_decay, float lr, float beta1, float beta2, float eps, float wd,
+                     int step);                                                           // (optional)
   // The adapted linear layer's forward (LoRA), a device's fast tier: axs (T, r) = scale · xa
   // (T, K) · aᵀ (written: the backward keeps it); y (T, N) = (acc: +=) x (T, K) · wᵀ + axs · bwᵀ.
   // w (N, K) any type, a (r, K) and bw (N, r) F32; xa is x or its dropout. NULL, or

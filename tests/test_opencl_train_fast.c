@@ -12,7 +12,8 @@
 // probabilities right of the causal diagonal (NaN there, results finite: the masked tiles are
 // skipped); dx through quantized W in one launch per product (tiles dequantized in local
 // memory); the fused LoRA forward (matmul_lora, two launches) against a double-precision
-// product of the dequantized weights. Each counts its launches (ll_backend_info.
+// product of the dequantized weights; AdamW over a whole arena in one launch (adamw_split).
+// Each counts its launches (ll_backend_info.
 // train_fast_launches). Also asserted: the backend says it runs the fast tier (ll_backend_info.tier), and
 // the results are not the reference's bits (the reference tier's products give the CPU's bits
 // on an f64 device such as PoCL: an error of exactly 0 everywhere would mean they ran).
@@ -304,6 +305,35 @@ static void test_matmul_lora(struct ll_backend *cl) {
   printf("matmul_lora, fast tier vs double: worst nmse y %.3g, axs %.3g (tolerance %.0e)\n", worst_y, worst_a, TOL);
 }
 
+// AdamW over a whole arena in one launch (adamw_split: the weight decay on the first n_decay
+// values) against the reference's two calls, three steps.
+static void test_adamw_split(struct ll_backend *cl) {
+  const struct ll_backend_i *ref = ll_cpu_train_ref();
+  const int64_t n = 1000, nd = 613;
+  float *p[2], *m[2], *v[2], *g = malloc(n * 4);
+  for (int i = 0; i < 2; i++) p[i] = malloc(n * 4), m[i] = calloc(n, 4), v[i] = calloc(n, 4);
+  randf(p[0], n, 1.0f), memcpy(p[1], p[0], n * 4);
+  double worst = 0;
+  for (int step = 1; step <= 3; step++) {
+    randf(g, n, 1.0f);
+    CHECK(ref->adamw(NULL, p[0], g, m[0], v[0], nd, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, step) == 0);
+    CHECK(ref->adamw(NULL, p[0] + nd, g + nd, m[0] + nd, v[0] + nd, n - nd, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, step) == 0);
+    struct ll_backend_info i0, i1;
+    cl->i->get_info(cl, &i0);
+    CHECK(cl->i->adamw_split && cl->i->adamw_split(cl, p[1], g, m[1], v[1], n, nd, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, step) == 0);
+    cl->i->get_info(cl, &i1);
+    CHECKF(i1.launches - i0.launches == 1 && i1.train_fast_launches - i0.train_fast_launches == 1, "adamw_split: %lld launches (want 1)",
+           (long long)(i1.launches - i0.launches));
+    const double e[3] = {nmse(p[1], p[0], n), nmse(m[1], m[0], n), nmse(v[1], v[0], n)};
+    CHECKF(e[0] < TOL && e[1] < TOL && e[2] < TOL, "adamw_split step %d: nmse p %.3g m %.3g v %.3g", step, e[0], e[1], e[2]);
+    for (int i = 0; i < 3; i++) worst = e[i] > worst ? e[i] : worst;
+  }
+  CHECK(cl->i->adamw_split(cl, p[1], g, m[1], v[1], n, n + 1, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1) == LL_EINVAL); // n_decay > n
+  printf("adamw_split, fast tier vs the reference's two calls: worst nmse %.3g (tolerance %.0e)\n", worst, TOL);
+  for (int i = 0; i < 2; i++) free(p[i]), free(m[i]), free(v[i]);
+  free(g);
+}
+
 int main(void) {
   rs = ll_test_seed();
   const char *dev = getenv("LL_TEST_OPENCL_DEVICE");
@@ -326,6 +356,7 @@ int main(void) {
   test_attention(cl);
   test_attention_window(cl);
   test_matmul_lora(cl);
+  test_adamw_split(cl);
   ll_backend_free(cl);
   return ll_test_summary();
 }

@@ -131,7 +131,7 @@ struct ocl_ctx {
   // training (train.cl)
   cl_kernel k_deq, k_mm_dx, k_mm_dw, k_mm_dx_t, k_mm_dw_t, // (_t: the fast tier's tiled ones, train_fast.cl)
       k_gemm_t, k_attn_rows_sm, k_attn_rows_ds, // (train_fast.cl: attention as batched tiled products)
-      k_mm_dx_qt, k_lora_fwd, // (train_fast.cl: dx through W's tiles dequantized in local memory; the LoRA forward)
+      k_mm_dx_qt, k_lora_fwd, k_adamw_split, // (train_fast.cl: dx through W's tiles dequantized in local memory; the LoRA forward; AdamW in one launch)
        k_rms_bwd, k_rms_dg, k_rope_bwd, k_swiglu_bwd, k_attn_train, k_attn_bwd_q, k_attn_bwd_kv, k_xent,
       k_gr_bwd, k_dropout, k_sumsq, k_axpy, k_scale, k_adamw;
   // Gemma 3's (train_window.cl): GeGLU's backward, the windowed training attention (reference
@@ -242,6 +242,8 @@ int ocl_axpy(struct ll_backend *b, float *out, const float *x, float alpha, int6
 int ocl_scale(struct ll_backend *b, float *x, float alpha, int64_t n);
 int ocl_matmul_lora(struct ll_backend *b, float *y, float *axs, const float *x, const float *xa, const struct ll_weight *w,
                     const struct ll_weight *a, const struct ll_weight *bw, float scale, int T, int acc);
+int ocl_adamw_split(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay, float lr, float beta1,
+                    float beta2, float eps, float wd, int step);
 int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd, int step);
 int ocl_sync(struct ll_backend *b);
 void *ocl_alloc(struct ll_backend *b, size_t n);

@@ -158,6 +158,7 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_attn_rows_ds, "attn_rows_ds");
   MK(c->k_mm_dx_qt, "mm_bwd_dx_qtiled");
   MK(c->k_lora_fwd, "lora_fwd_tiled");
+  MK(c->k_adamw_split, "adamw_split");
   MK(c->k_rms_bwd, "rmsnorm_bwd");
   MK(c->k_rms_dg, "rmsnorm_bwd_dg");
   MK(c->k_rope_bwd, "rope_bwd");

@@ -152,6 +152,20 @@ kernel void lora_fwd_tiled(global float *y, global const float *x, global const 
   }
 }
 
+// AdamW over the trainer's whole arena in one launch: train.cl adamw's expression, the weight
+// decay on the first n_decay elements only (the decayed tensors come first).
+kernel void adamw_split(global float *p, global const float *g, global float *m, global float *v, long n, long n_decay, float lr, float b1,
+                        float b2, float eps, float wd, float bc1, float bc2) {
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  const float gi = g[i], wdi = i < n_decay ? wd : 0.0f;
+  const float mi = b1 * m[i] + (1.0f - b1) * gi;
+  const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+  m[i] = mi, v[i] = vi;
+  const float mh = fdiv(mi, bc1), vh = fdiv(vi, bc2);
+  p[i] -= lr * (fdiv(mh, fsqrt(vh) + eps) + wdi * p[i]);
+}
+
 // dw (N, K) += dout (T, N)ᵀ · x (T, K). Work-group (16, 16) over (k, n), t stepped 16 at a time.
 kernel void mm_bwd_dw_tiled(global float *dw, global const float *dout, global const float *x, int T, int N, int K) {
   local float ld[TT][TT + 1], lx[TT][TT + 1]; // dout tile (t, n), x tile (t, k)

@@ -556,6 +556,30 @@ int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, float *v
   return ocl_get(c, S_C, v, nb);
 }
 
+// The fast tier: one launch over the decayed and the undecayed parameters (train_fast.cl
+// adamw_split); the reference tier answers LL_EUNSUPPORTED (two adamw calls).
+int ocl_adamw_split(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay, float lr, float beta1,
+                    float beta2, float eps, float wd, int step) {
+  struct ocl_ctx *c = CTX(b);
+  if (!p || !g || !m || !v || n < 0 || n_decay < 0 || n_decay > n || step < 1) return LL_EINVAL;
+  if (!c->fast) return LL_EUNSUPPORTED;
+  if (n == 0) return 0;
+  size_t nb;
+  int rc;
+  if ((rc = ocl_fbytes(c, n, 1, &nb)) || (rc = ocl_put(c, S_X, p, nb)) || (rc = ocl_put(c, S_A, g, nb)) || (rc = ocl_put(c, S_B, m, nb)) ||
+      (rc = ocl_put(c, S_C, v, nb)))
+    return ocl_fail(c, rc);
+  const float bc1 = (float)(1.0 - pow(beta1, step)), bc2 = (float)(1.0 - pow(beta2, step)); // as ocl_adamw
+  cl_long ln = n, ld = n_decay;
+  cl_kernel k = c->k_adamw_split;
+  cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, c->s[S_C].use) | ARG(k, 4, ln) | ARG(k, 5, ld);
+  e |= ARG(k, 6, lr) | ARG(k, 7, beta1) | ARG(k, 8, beta2) | ARG(k, 9, eps) | ARG(k, 10, wd) | ARG(k, 11, bc1) | ARG(k, 12, bc2);
+  const size_t gs = (size_t)n;
+  if (e || (rc = tf_launch(c, k, 1, &gs, NULL))) return ocl_fail(c, e ? LL_EIO : rc);
+  if ((rc = ocl_get(c, S_X, p, nb)) || (rc = ocl_get(c, S_B, m, nb))) return ocl_fail(c, rc);
+  return ocl_get(c, S_C, v, nb);
+}
+
 int ocl_sync(struct ll_backend *b) { return ocl_finish(CTX(b)); }
 
 // The fast tier's adapted linear layer (train_fast.cl): axs = scale · x_a · Aᵀ (gemm_tiled), then

@@ -1115,7 +1115,8 @@ void ll_trainer_set_yield_hook(struct ll_trainer *tr, void (*fn)(void *user), vo
 }
 
 // The optimizer update of one step: AdamW over the decayed parameters, then the rest without
-// decay (elementwise: the same bits on whichever thread runs it).
+// decay (elementwise: the same bits on whichever thread runs it); one call (adamw_split) where
+// the backend has it.
 struct update_args {
   struct ll_trainer *tr;
   float lr;
@@ -1127,10 +1128,15 @@ static int update_run(void *arg) {
   const struct ll_backend_i *B = &tr->ops;
   struct ll_backend *be = tr->be;
   const float b1 = (float)tr->p.beta1, b2 = (float)tr->p.beta2, eps = (float)tr->p.adam_eps;
-  int rc = B->adamw(be, tr->P, tr->G, tr->M, tr->V, tr->n_decay, u->lr, b1, b2, eps, (float)tr->p.weight_decay, u->st);
-  if (rc == 0 && tr->n_par > tr->n_decay)
-    rc = B->adamw(be, tr->P + tr->n_decay, tr->G + tr->n_decay, tr->M + tr->n_decay, tr->V + tr->n_decay, tr->n_par - tr->n_decay, u->lr, b1,
-                  b2, eps, 0.0f, u->st);
+  // a device's one launch over the whole arena where it has one, else two calls
+  int rc = B->adamw_split ? B->adamw_split(be, tr->P, tr->G, tr->M, tr->V, tr->n_par, tr->n_decay, u->lr, b1, b2, eps, (float)tr->p.weight_decay, u->st)
+                          : LL_EUNSUPPORTED;
+  if (rc == LL_EUNSUPPORTED) {
+    rc = B->adamw(be, tr->P, tr->G, tr->M, tr->V, tr->n_decay, u->lr, b1, b2, eps, (float)tr->p.weight_decay, u->st);
+    if (rc == 0 && tr->n_par > tr->n_decay)
+      rc = B->adamw(be, tr->P + tr->n_decay, tr->G + tr->n_decay, tr->M + tr->n_decay, tr->V + tr->n_decay, tr->n_par - tr->n_decay, u->lr, b1,
+                    b2, eps, 0.0f, u->st);
+  }
   if (rc == 0 && tr->dev) {
     tr->host_stale = 1;
     // The server reads the host copy (it serves it) once the hook returns: refresh it here,
