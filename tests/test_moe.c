@@ -465,11 +465,14 @@ static void test_grads(const char *dir, int layout, int experts, uint64_t *rs) {
   unlink(path);
 }
 
-// LoRA dropout on the experts' adapters (only those adapted, so that what dropout changes is
-// theirs): a training forward's loss differs from the evaluation one's (the mask is applied),
-// and the gradient with dropout on equals central differences of the training loss (the same
-// mask every call: the trainer's seed does not move between them).
-static void test_dropout_grads(const char *dir, int layout, uint64_t *rs) {
+static void serve_shexp_adapter(struct ll_engine *e, struct ll_trainer *tr, const char *dir, uint64_t *rs);
+
+// LoRA dropout on the experts' adapters, or on qwen2moe's shared expert's (targets: only those
+// adapted, so that what dropout changes is theirs): a training forward's loss differs from the
+// evaluation one's (the mask is applied), and the gradient with dropout on equals central
+// differences of the training loss (the same mask every call: the trainer's seed does not move
+// between them). The shared expert's adapter is then served, exported and read back.
+static void test_dropout_grads(const char *dir, int layout, unsigned targets, uint64_t *rs) {
   char path[4200], err[256];
   snprintf(path, sizeof path, "%s/drop-%d.gguf", dir, layout);
   if (write_model(path, E, K, 0, ll_test_rand(rs), layout_what[layout])) return;
@@ -479,11 +482,12 @@ static void test_dropout_grads(const char *dir, int layout, uint64_t *rs) {
   struct ll_trainer_params p;
   ll_trainer_params_init(&p);
   p.rank = 4, p.alpha = 8, p.batch = 2, p.seq_len = 8, p.lr = 1e-2, p.steps = 10, p.seed = 7, p.dropout = 0.3f;
-  p.targets = LL_LORA_EXPERT_TARGETS;
+  p.targets = targets;
   p.arch = layout ? layout_name[layout] : "llama";
   struct ll_trainer *tr = NULL;
   int rc = ll_trainer_create(&tr, ll_engine_model(e), ll_engine_backend(e), &p, err, sizeof err);
   CHECKF(rc == 0, "trainer with dropout on expert adapters: %s", err);
+  const char *what = targets == LL_LORA_SHEXP_TARGETS ? "the shared expert's adapters" : "the expert adapters";
   if (rc == 0) {
     float *P, *G;
     int64_t n;
@@ -522,9 +526,9 @@ static void test_dropout_grads(const char *dir, int layout, uint64_t *rs) {
         max_err = fmax(max_err, d), max_g = fmax(max_g, fabs(fd));
         if (d > 2e-3 + 3e-2 * fabs(fd) && bad++ < 5) fprintf(stderr, "dropout: param %lld: analytic %.6g, finite differences %.6g\n", (long long)i, g[i], fd);
       }
-      printf("%s, dropout 0.3 on the expert adapters: batch %d, loss %.6f (evaluation, no dropout: %.6f); 60 gradients (%d at a routing kink), "
+      printf("%s, dropout 0.3 on %s: batch %d, loss %.6f (evaluation, no dropout: %.6f); 60 gradients (%d at a routing kink), "
              "max |g_fd| %.4g, max |error| %.3g\n",
-             layout_name[layout], attempt, l_train, l_eval, kinks, max_g, max_err);
+             layout_name[layout], what, attempt, l_train, l_eval, kinks, max_g, max_err);
       if (kinks <= 3) break;
     }
     CHECKF(rc == 0, "%s", err);
@@ -533,10 +537,73 @@ static void test_dropout_grads(const char *dir, int layout, uint64_t *rs) {
     CHECKF(bad == 0, "%d of 60 gradients with dropout off the finite differences", bad);
     CHECK(max_g > 1e-3);
     free(g);
+    if (targets == LL_LORA_SHEXP_TARGETS) serve_shexp_adapter(e, tr, dir, rs);
     ll_trainer_free(tr);
   }
   ll_engine_close(e);
   unlink(path);
+}
+
+// qwen2moe's shared expert's adapter served per sequence: a prompt's loss equals the trainer's
+// (no dropout), decoding one token at a time gives the prompt's logits, it changes the logits;
+// exported as GGUF (2-D blk.N.ffn_*_shexp.weight.lora_a/b, llama.cpp's names) it reads back to
+// the same logits, also without the base model's dimensions (the width from the tensors).
+static void serve_shexp_adapter(struct ll_engine *e, struct ll_trainer *tr, const char *dir, uint64_t *rs) {
+  char err[256], f[4200];
+  const struct ll_lora *lo = ll_trainer_lora(tr);
+  CHECK(lo->targets == LL_LORA_SHEXP_TARGETS && lo->n_params == (int64_t)L * lo->rank * 3 * (C + FS));
+  int32_t ids[16], tg[16];
+  for (int i = 0; i < 16; i++) ids[i] = (int32_t)(ll_test_rand(rs) % V), tg[i] = (int32_t)(ll_test_rand(rs) % V);
+  double ltr = 0, lsv = 0;
+  int rc = ll_trainer_forward_backward(tr, ids, tg, 2, 0, 1.0f, &ltr, NULL, err, sizeof err);
+  CHECKF(rc == 0, "trainer forward: %s", err);
+  float *lg = malloc(sizeof(float) * 8 * V * 4), *lg1 = lg + 8 * V, *lg2 = lg1 + 8 * V, *lg3 = lg2 + 8 * V;
+  double dmax = 0, amax = 0, emax = 0;
+  for (int b = 0; b < 2; b++) {
+    run_a(e, lo, ids + 8 * b, 8, 0, lg);
+    run_a(e, lo, ids + 8 * b, 8, 1, lg1);
+    run_a(e, NULL, ids + 8 * b, 8, 0, lg2);
+    lsv += xent_sum(lg, tg + 8 * b, 8);
+    dmax = fmax(dmax, max_diff(lg, lg1, 8 * V)), amax = fmax(amax, max_abs(lg, 8 * V)), emax = fmax(emax, max_diff(lg, lg2, 8 * V));
+  }
+  printf("shared expert's adapter served: loss %.6f (trainer %.6f); prompt vs decode max |diff| %.3g of max |logit| %.3g; it moves logits by up to %.3g\n",
+         lsv, ltr, dmax, amax, emax);
+  CHECKF(fabs(lsv - ltr) < 1e-4 * fabs(ltr), "served loss %.7g, trainer's %.7g", lsv, ltr);
+  CHECKF(emax > 1e-2 * amax, "the shared expert's adapter changes nothing (%.3g of %.3g)", emax, amax);
+  CHECKF(dmax <= 1e-5 * amax, "prompt vs one-by-one: %.3g", dmax);
+  snprintf(f, sizeof f, "%s/shexp.gguf", dir);
+  CHECKF(ll_lora_save_gguf(lo, f, err, sizeof err) == 0, "%s", err);
+  struct ll_modelfile mf;
+  ll_modelfile_init(&mf);
+  if (ll_gguf_open(f, &mf, err, sizeof err) == 0) {
+    const struct ll_tensor_info *ta = ll_mf_find_tensor(&mf, "blk.1.ffn_down_shexp.weight.lora_a"), *tb = ll_mf_find_tensor(&mf, "blk.0.ffn_up_shexp.weight.lora_b");
+    CHECK(ta && ta->n_dims == 2 && ta->ne[0] == FS && ta->ne[1] == lo->rank); // {in, r}
+    CHECK(tb && tb->n_dims == 2 && tb->ne[0] == lo->rank && tb->ne[1] == FS); // {r, out}
+    ll_modelfile_free(&mf);
+  } else {
+    CHECKF(0, "%s", err);
+  }
+  struct ll_lora_dims d;
+  ll_engine_lora_dims(e, &d);
+  struct ll_lora *back = NULL, *inferred = NULL;
+  CHECKF(ll_lora_load(&back, f, &d, NULL, err, sizeof err) == 0, "%s", err);
+  CHECKF(ll_lora_load(&inferred, f, NULL, NULL, err, sizeof err) == 0, "%s", err);
+  if (inferred) {
+    CHECK(inferred->n_params == lo->n_params && inferred->targets == lo->targets);
+    ll_lora_free(inferred);
+  }
+  if (back) {
+    CHECK(back->targets == lo->targets && back->n_params == lo->n_params);
+    run_a(e, lo, ids, 8, 0, lg);
+    run_a(e, back, ids, 8, 0, lg3);
+    CHECK(memcmp(lg, lg3, sizeof(float) * 8 * V) == 0);
+    ll_lora_free(back);
+  }
+  d.n_ff_sh = 0; // a base model without a shared expert refuses it
+  CHECKF(ll_lora_load(&back, f, &d, NULL, err, sizeof err) != 0 && strstr(err, "ffn_gate_shexp"), "%s", back ? "accepted" : err);
+  if (back) ll_lora_free(back);
+  unlink(f);
+  free(lg);
 }
 
 // ll_moe_backward with the forward kept (ll_moe_forward's keep) against the same backward
@@ -1020,7 +1087,7 @@ static void test_device_train(const char *dir, const char *device, int layout, i
   ll_trainer_params_init(&p);
   p.mode = mode, p.batch = 2, p.seq_len = 16, p.steps = 6, p.seed = 5, p.arch = layout ? layout_name[layout] : "llama", p.model_path = path;
   p.lr = mode == LL_TRAIN_FULL ? 3e-3 : 1e-2, p.rank = 4, p.alpha = 8, p.warmup = 0, p.dropout = mode == LL_TRAIN_FULL ? 0.0f : 0.1f;
-  p.targets = (1u << LL_LORA_Q) | (1u << LL_LORA_K) | (1u << LL_LORA_V) | (1u << LL_LORA_O) | LL_LORA_EXPERT_TARGETS;
+  p.targets = (1u << LL_LORA_Q) | (1u << LL_LORA_K) | (1u << LL_LORA_V) | (1u << LL_LORA_O) | LL_LORA_EXPERT_TARGETS | (layout == 1 ? LL_LORA_SHEXP_TARGETS : 0);
   int rc = ed ? ll_trainer_create(&tc, ll_engine_model(ec), ll_engine_backend(ec), &p, err, sizeof err) : -1;
   if (rc == 0) rc = ll_trainer_create(&td, ll_engine_model(ed), ll_engine_backend(ed), &p, err, sizeof err);
   CHECKF(!ed || rc == 0, "%s, %s trainer: %s", layout_name[layout], mode == LL_TRAIN_FULL ? "full" : "lora", err);
@@ -1113,7 +1180,8 @@ int main(int argc, char **argv) {
     test_grads(dir, 0, 0, &rs);
     test_grads(dir, 1, 0, &rs);
     for (int layout = 0; layout < 4; layout++) test_grads(dir, layout, 1, &rs);
-    test_dropout_grads(dir, 0, &rs), test_dropout_grads(dir, 1, &rs);
+    test_dropout_grads(dir, 0, LL_LORA_EXPERT_TARGETS, &rs), test_dropout_grads(dir, 1, LL_LORA_EXPERT_TARGETS, &rs);
+    test_dropout_grads(dir, 1, LL_LORA_SHEXP_TARGETS, &rs);
     test_full_grads(dir, 0, 0, &rs);
     test_full_grads(dir, 0, 1, &rs);
     for (int layout = 1; layout < 4; layout++) test_full_grads(dir, layout, 0, &rs);

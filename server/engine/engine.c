@@ -681,7 +681,7 @@ void ll_engine_lora_dims(const struct ll_engine *e, struct ll_lora_dims *d) {
   memset(d, 0, sizeof *d);
   snprintf(d->arch, sizeof d->arch, "%s", e->info.arch);
   d->n_layer = e->m.L, d->n_embd = e->m.C, d->n_embd_q = e->m.qd, d->n_embd_kv = e->m.kvd, d->n_ff = e->m.F, d->n_head = e->m.H, d->n_head_kv = e->m.Hkv;
-  d->n_expert = e->m.n_expert, d->n_ff_exp = e->m.F_exp;
+  d->n_expert = e->m.n_expert, d->n_ff_exp = e->m.F_exp, d->n_ff_sh = e->m.F_sh;
 }
 
 int ll_engine_seq_set_sample(struct ll_engine *e, int s, const struct ll_sample_dev *d) {

@@ -23,11 +23,15 @@ enum ll_lora_target {
   LL_LORA_Q, LL_LORA_K, LL_LORA_V, LL_LORA_O, LL_LORA_GATE, LL_LORA_UP, LL_LORA_DOWN,
   LL_LORA_N_TARGETS, // the dense targets end here; the experts' slots follow
   LL_LORA_GATE_EXPS = LL_LORA_N_TARGETS, LL_LORA_UP_EXPS, LL_LORA_DOWN_EXPS,
+  // qwen2moe's shared expert (ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp): one 2-D pair each,
+  // as llama.cpp's build_ffn adapts them (its gate_inp_shexp vector is not adapted here)
+  LL_LORA_GATE_SHEXP, LL_LORA_UP_SHEXP, LL_LORA_DOWN_SHEXP,
   LL_LORA_N_SLOTS
 };
-#define LL_LORA_ALL_TARGETS ((1u << LL_LORA_N_TARGETS) - 1)                             // the dense ones
-#define LL_LORA_EXPERT_TARGETS (((1u << LL_LORA_N_SLOTS) - 1) & ~LL_LORA_ALL_TARGETS) // gate_exps, up_exps, down_exps
-static inline int ll_lora_is_expert(int t) { return t >= LL_LORA_N_TARGETS && t < LL_LORA_N_SLOTS; }
+#define LL_LORA_ALL_TARGETS ((1u << LL_LORA_N_TARGETS) - 1) // the dense ones
+#define LL_LORA_EXPERT_TARGETS ((1u << LL_LORA_GATE_EXPS) | (1u << LL_LORA_UP_EXPS) | (1u << LL_LORA_DOWN_EXPS)) // gate_exps, up_exps, down_exps
+#define LL_LORA_SHEXP_TARGETS ((1u << LL_LORA_GATE_SHEXP) | (1u << LL_LORA_UP_SHEXP) | (1u << LL_LORA_DOWN_SHEXP)) // the shared expert's
+static inline int ll_lora_is_expert(int t) { return t >= LL_LORA_GATE_EXPS && t <= LL_LORA_DOWN_EXPS; }
 
 struct ll_lora_pair {
   struct ll_weight a; // F32 (r rows of in): data NULL when this target is not adapted
@@ -61,6 +65,7 @@ struct ll_lora_dims {
   int n_expert;           // > 0: a mixture-of-experts model, whose FFN has no dense gate/up/down
   int n_ff_exp;           // one expert's feed-forward width (the expert slots' widths)
   int n_embd_q;           // q's output and o's input width (head_dim * n_head); 0: n_embd
+  int n_ff_sh;            // qwen2moe: the shared expert's width (its slots'); 0: none
 };
 
 // Fused modules. Phi-3 keeps q, k, v in one matrix (attn_qkv) and gate, up in one (ffn_up,

@@ -11,9 +11,12 @@
 #include "ll_error.h"
 #include "ll_quant.h"
 
-static const char *const target_names[LL_LORA_N_SLOTS] = {"q", "k", "v", "o", "gate", "up", "down", "gate_exps", "up_exps", "down_exps"};
-static const char *const target_tensors[LL_LORA_N_SLOTS] = {"attn_q",   "attn_k", "attn_v",        "attn_output",   "ffn_gate",
-                                                            "ffn_up",   "ffn_down", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+static const char *const target_names[LL_LORA_N_SLOTS] = {"q",         "k",       "v",          "o",          "gate",       "up",         "down",
+                                                          "gate_exps", "up_exps", "down_exps", "gate_shexp", "up_shexp", "down_shexp"};
+static const char *const target_tensors[LL_LORA_N_SLOTS] = {"attn_q",        "attn_k",         "attn_v",       "attn_output",
+                                                            "ffn_gate",      "ffn_up",         "ffn_down",     "ffn_gate_exps",
+                                                            "ffn_up_exps",   "ffn_down_exps",  "ffn_gate_shexp", "ffn_up_shexp",
+                                                            "ffn_down_shexp"};
 static const char *const target_peft[LL_LORA_N_TARGETS] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
 const char *ll_lora_target_name(int t) { return t >= 0 && t < LL_LORA_N_SLOTS ? target_names[t] : "?"; }
@@ -51,6 +54,9 @@ void ll_lora_target_dims(const struct ll_lora_dims *d, int t, int64_t *in, int64
   case LL_LORA_GATE_EXPS:
   case LL_LORA_UP_EXPS: *in = d->n_embd, *out = d->n_ff_exp; break;
   case LL_LORA_DOWN_EXPS: *in = d->n_ff_exp, *out = d->n_embd; break;
+  case LL_LORA_GATE_SHEXP:
+  case LL_LORA_UP_SHEXP: *in = d->n_embd, *out = d->n_ff_sh; break;
+  case LL_LORA_DOWN_SHEXP: *in = d->n_ff_sh, *out = d->n_embd; break;
   default: *in = d->n_ff, *out = d->n_embd; break; // down
   }
 }
@@ -103,6 +109,10 @@ int ll_lora_alloc(struct ll_lora **out, int n_layer, int rank, float alpha, cons
         ll_lora_free(a);
         return ll_errf(err, errlen, LL_EINVAL, "lora: blk.%d.%s: the model has no experts to adapt", l, target_tensors[t]);
       }
+      if (((LL_LORA_SHEXP_TARGETS >> t) & 1) && d->n_ff_sh <= 0) {
+        ll_lora_free(a);
+        return ll_errf(err, errlen, LL_EINVAL, "lora: blk.%d.%s: the model has no shared expert to adapt", l, target_tensors[t]);
+      }
       total += (int64_t)rank * (in + o) * (ll_lora_is_expert(t) ? d->n_expert : 1);
       a->targets |= 1u << t;
     }
@@ -137,7 +147,7 @@ int ll_lora_alloc(struct ll_lora **out, int n_layer, int rank, float alpha, cons
 int ll_lora_create(struct ll_lora **out, const struct ll_lora_dims *d, int rank, float alpha, unsigned targets, uint64_t seed,
                    struct ll_backend *be, char *err, size_t errlen) {
   *out = NULL;
-  if (!targets || (targets & ~(LL_LORA_ALL_TARGETS | LL_LORA_EXPERT_TARGETS)))
+  if (!targets || (targets & ~(LL_LORA_ALL_TARGETS | LL_LORA_EXPERT_TARGETS | LL_LORA_SHEXP_TARGETS)))
     return ll_errf(err, errlen, LL_EINVAL, "lora: no or unknown targets (mask 0x%x)", targets);
   if (d->n_layer <= 0 || d->n_embd <= 0 || d->n_embd_kv <= 0 || d->n_ff <= 0) return ll_errf(err, errlen, LL_EINVAL, "lora: bad model dimensions");
   const unsigned fused = ll_lora_fused(d->arch);
@@ -162,7 +172,7 @@ int ll_lora_create(struct ll_lora **out, const struct ll_lora_dims *d, int rank,
       const int lead = ll_lora_group_lead(a, fused, l, t);
       // the dense targets' streams as before the expert slots existed; those past them their own
       const uint64_t stream =
-          ll_lora_is_expert(t) ? (UINT64_C(1) << 40) + (uint64_t)(l * LL_LORA_N_SLOTS + t) * 2 : (uint64_t)(l * LL_LORA_N_TARGETS + lead) * 2;
+          t >= LL_LORA_N_TARGETS ? (UINT64_C(1) << 40) + (uint64_t)(l * LL_LORA_N_SLOTS + t) * 2 : (uint64_t)(l * LL_LORA_N_TARGETS + lead) * 2;
       for (int64_t i = 0; i < n; i++) A[i] = bound * ll_lora_uniform(seed, stream, (uint64_t)i);
     }
   return 0;
@@ -192,6 +202,8 @@ static int check(const struct ll_lora *a, const struct ll_lora_dims *d, int valu
         return ll_errf(err, errlen, LL_EINVAL, "%s: blk.%d.%s: the model's FFN is a mixture of %d experts (their adapters are the ffn_*_exps ones)", nm, l,
                        target_tensors[t], d->n_expert);
       const int xe = ll_lora_is_expert(t);
+      if (((LL_LORA_SHEXP_TARGETS >> t) & 1) && d->n_ff_sh <= 0)
+        return ll_errf(err, errlen, LL_EINVAL, "%s: blk.%d.%s: the model has no shared expert (wrong base model?)", nm, l, target_tensors[t]);
       if (xe && d->n_expert <= 0) return ll_errf(err, errlen, LL_EINVAL, "%s: blk.%d.%s: the model has no experts (wrong base model?)", nm, l, target_tensors[t]);
       if (xe && a->n_expert != d->n_expert)
         return ll_errf(err, errlen, LL_EINVAL, "%s: blk.%d.%s: adapts %d experts, the model has %d (wrong base model?)", nm, l, target_tensors[t], a->n_expert,

@@ -332,10 +332,15 @@ int ll_lora_dims_from_mf(const struct ll_modelfile *mf, struct ll_lora_dims *d, 
       if (t->n_dims != 3 || t->ne[2] <= 0 || t->ne[2] > 4096) continue;
       if (!d->n_expert) d->n_expert = (int)t->ne[2];
     }
-    int *in_dim = tg == LL_LORA_DOWN ? &d->n_ff : tg == LL_LORA_DOWN_EXPS ? &d->n_ff_exp : tg == LL_LORA_O ? &d->n_embd_q : &d->n_embd;
-    int *out_dim = tg == LL_LORA_K || tg == LL_LORA_V               ? &d->n_embd_kv
-                   : tg == LL_LORA_GATE || tg == LL_LORA_UP         ? &d->n_ff
-                   : tg == LL_LORA_GATE_EXPS || tg == LL_LORA_UP_EXPS ? &d->n_ff_exp
+    int *in_dim = tg == LL_LORA_DOWN        ? &d->n_ff
+                  : tg == LL_LORA_DOWN_EXPS  ? &d->n_ff_exp
+                  : tg == LL_LORA_DOWN_SHEXP ? &d->n_ff_sh
+                  : tg == LL_LORA_O          ? &d->n_embd_q
+                                             : &d->n_embd;
+    int *out_dim = tg == LL_LORA_K || tg == LL_LORA_V                   ? &d->n_embd_kv
+                   : tg == LL_LORA_GATE || tg == LL_LORA_UP             ? &d->n_ff
+                   : tg == LL_LORA_GATE_EXPS || tg == LL_LORA_UP_EXPS   ? &d->n_ff_exp
+                   : tg == LL_LORA_GATE_SHEXP || tg == LL_LORA_UP_SHEXP ? &d->n_ff_sh
                    : tg == LL_LORA_Q                                ? &d->n_embd_q
                                                                     : &d->n_embd;
     int *dst = b ? out_dim : in_dim;

@@ -56,6 +56,7 @@ struct ll_moe_ctx {
   float *lr, *lo;             // backend buffers: (max_batch·k, lrank) A·x, (max_batch·k, max(F_exp, C)) B·(A·x)
   int trank;                  // training: rank of
   float *axs[3], *dax;        // backend buffers (max_batch·k, trank) scale·x·A_eᵀ of each expert slot's rows, its gradient
+  float *sax[3];              // backend buffers (max_batch, trank): the same of the shared expert's slots (gate, up, down)
   float *xdrop, *dxdrop;      // with LoRA dropout: (max_batch·k, max(C, F_exp)) an adapter's dropped input rows, their gradient
   // training's forward kept for the backward (ll_moe_forward's keep): one per layer slot
   struct moe_kept *kept;
@@ -120,7 +121,7 @@ void ll_moe_ctx_free(struct ll_moe_ctx *c) {
   free(c->hlog), free(c->hsg), free(c->probs), free(c->w), free(c->sel), free(c->rowof), free(c->src), free(c->cnt), free(c->off);
   ll_backend_free_buf(o, c->lr), ll_backend_free_buf(o, c->lo);
   float *tb[] = {c->h,  c->dh,     c->d2,     c->dye,    c->sh,  c->dsh,   c->dsg,    c->dsu,
-                 c->dsy, c->dwd, c->axs[0], c->axs[1], c->axs[2], c->dax, c->xdrop, c->dxdrop};
+                 c->dsy, c->dwd, c->axs[0], c->axs[1], c->axs[2], c->dax, c->xdrop, c->dxdrop, c->sax[0], c->sax[1], c->sax[2]};
   for (size_t i = 0; i < sizeof tb / sizeof tb[0]; i++) ll_backend_free_buf(o, tb[i]);
   free(c->dv), free(c->dlog), free(c->dw);
   for (int i = 0; i < c->n_kept; i++) free(c->kept[i].mem), free(c->kept[i].imem), ll_backend_free_buf(o, c->kept[i].dmem);
@@ -200,7 +201,7 @@ static int any_expert_lora(const struct ll_moe_lora *lo, int T) {
   if (!lo) return 0;
   for (int t = 0; t < (lo->tok ? T : 1); t++) {
     const struct ll_lora *a = lo->tok ? lo->tok[t] : lo->one;
-    if (a && (a->targets & LL_LORA_EXPERT_TARGETS)) return 1;
+    if (a && (a->targets & (LL_LORA_EXPERT_TARGETS | LL_LORA_SHEXP_TARGETS))) return 1;
   }
   return 0;
 }
@@ -248,11 +249,13 @@ static int lora_scratch(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, int 
   int rank = 0;
   for (int t = 0; t < (lo->tok ? T : 1); t++) {
     const struct ll_lora *a = lo->tok ? lo->tok[t] : lo->one;
-    if (a && (a->targets & LL_LORA_EXPERT_TARGETS) && a->rank > rank) rank = a->rank;
+    if (a && (a->targets & (LL_LORA_EXPERT_TARGETS | LL_LORA_SHEXP_TARGETS)) && a->rank > rank) rank = a->rank;
   }
   if (rank <= c->lrank) return 0;
   struct ll_backend *o = c->host ? NULL : c->be;
-  const size_t Bk = (size_t)c->max_batch * (size_t)c->m->n_expert_used, w = (size_t)(c->m->F_exp > c->m->C ? c->m->F_exp : c->m->C);
+  const size_t Bk = (size_t)c->max_batch * (size_t)c->m->n_expert_used;
+  size_t w = (size_t)(c->m->F_exp > c->m->C ? c->m->F_exp : c->m->C);
+  w = w > (size_t)c->m->F_sh ? w : (size_t)c->m->F_sh; // the shared expert's rows (T <= Bk of them)
   float *lr = ll_backend_alloc(o, Bk * (size_t)rank * sizeof(float)), *lb = c->lo ? c->lo : ll_backend_alloc(o, Bk * w * sizeof(float));
   if (!lr || !lb) {
     ll_backend_free_buf(o, lr);
@@ -317,16 +320,68 @@ static int experts(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const str
   return 0;
 }
 
+// Serving: dst (T, out) += scale · B·(A·x) of the shared expert's slot for the tokens whose
+// adapter has it (x (T, in)): runs of tokens with one adapter, ggml's order as expert_lora.
+static int shared_lora(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, int slot, const float *x, int64_t in, float *dst, int64_t out, int T,
+                       char *err, size_t errlen) {
+  struct ll_backend *be = c->be;
+  for (int t = 0; t < T;) {
+    const struct ll_lora *a = lo->tok ? lo->tok[t] : lo->one;
+    const struct ll_lora_pair *p = a && ((a->targets >> slot) & 1) ? ll_lora_at(a, lo->layer, slot) : NULL;
+    if (!p || !p->a.data) {
+      t++;
+      continue;
+    }
+    int len = 1;
+    while (t + len < T && (lo->tok ? lo->tok[t + len] : lo->one) == a) len++;
+    const int bi = be->batch_invariant;
+    be->batch_invariant = 1;
+    int rc = be->i->matmul(be, c->lr, x + (size_t)t * in, &p->a, len, 0); // (len, r)
+    if (rc == 0) rc = be->i->matmul(be, c->lo, c->lr, &p->b, len, 0);    // (len, out)
+    be->batch_invariant = bi;
+    if (rc) return fail(rc, err, errlen, "matmul shared expert lora");
+    float *d = dst + (size_t)t * out;
+    const float sc = ll_lora_scale(a);
+    if (c->host) {
+      for (int64_t j = 0; j < (int64_t)len * out; j++) d[j] += sc * c->lo[j];
+    } else if (be->i->axpy) {
+      BK(be->i->axpy(be, d, c->lo, sc, (int64_t)len * out), "axpy");
+    } else {
+      return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: the backend has no axpy for adapters on the shared expert");
+    }
+    t += len;
+  }
+  return 0;
+}
+
+static int xlora_fwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_lora *lo, int slot, int e, const float *x, int64_t in,
+                     float *dst, int64_t out, int r0, int n, char *err, size_t errlen);
+
 // qwen2moe's shared expert: sy (T, C) = sigmoid(xn · sh_routerᵀ) · down(silu(gate) * up) of
-// every token; the gate computed as ggml does, silu(v) / v.
-static int shared_expert(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const float *xn, int T, char *err, size_t errlen) {
+// every token; the gate computed as ggml does, silu(v) / v. lo: adapters on its gate, up and
+// down (the *_shexp slots), or NULL; train: lo->one's, in the training order (xlora_fwd).
+static int shared_expert(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const struct ll_moe_lora *lo, int train, const float *xn, int T, char *err,
+                         size_t errlen) {
   struct ll_backend *be = c->be;
   const int C = c->m->C, Fs = c->m->F_sh;
   float *const o[2] = {c->sg, c->su};
   const struct ll_weight *const w[2] = {&y->sh_gate, &y->sh_up};
   BK(ll_backend_matmul_n(be, 2, o, xn, w, T), "matmul shared gate, up");
+  int rc = 0;
+  if (lo && train) {
+    if ((rc = xlora_fwd(c, be->i, lo, LL_LORA_GATE_SHEXP, 0, xn, C, c->sg, Fs, 0, T, err, errlen)) ||
+        (rc = xlora_fwd(c, be->i, lo, LL_LORA_UP_SHEXP, 0, xn, C, c->su, Fs, 0, T, err, errlen)))
+      return rc;
+  } else if (lo) {
+    if ((rc = shared_lora(c, lo, LL_LORA_GATE_SHEXP, xn, C, c->sg, Fs, T, err, errlen)) ||
+        (rc = shared_lora(c, lo, LL_LORA_UP_SHEXP, xn, C, c->su, Fs, T, err, errlen)))
+      return rc;
+  }
   BK(be->i->swiglu(be, c->sg, c->sg, c->su, (int64_t)T * Fs), "swiglu");
   BK(be->i->matmul(be, c->sy, c->sg, &y->sh_down, T, 0), "matmul shared down");
+  if (lo && (rc = train ? xlora_fwd(c, be->i, lo, LL_LORA_DOWN_SHEXP, 0, c->sg, Fs, c->sy, C, 0, T, err, errlen)
+                        : shared_lora(c, lo, LL_LORA_DOWN_SHEXP, c->sg, Fs, c->sy, C, T, err, errlen)))
+    return rc;
   BK(be->i->matmul(be, c->sgate, xn, &y->sh_router, T, 0), "matmul shared gate logit");
   BK(ll_backend_copy(be, c->hsg, c->sgate, (size_t)T * sizeof(float)), "copy");
   for (int t = 0; t < T; t++) {
@@ -356,7 +411,7 @@ int ll_moe_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const str
   rc = experts(c, y, lo, xn, T, err, errlen);
   be->row_order = ro;
   if (rc) return rc;
-  if (y->sh_gate.data && (rc = shared_expert(c, y, xn, T, err, errlen))) return rc;
+  if (y->sh_gate.data && (rc = shared_expert(c, y, lo, 0, xn, T, err, errlen))) return rc;
   // Weighted, summed in slot order into the first slot's row, + shared, + the residual.
   for (int i = 0; i < T * k; i++) BK(row_scale(c, c->ye + (size_t)c->rowof[i] * C, c->w[i], C), "scale");
   for (int t = 0; t < T; t++) {
@@ -442,16 +497,26 @@ static uint64_t drop_seed(const struct ll_moe_lora *lo, int slot, int e) {
   return z ^ (z >> 31);
 }
 
+// Training: slot's A, B (expert e's of an expert slot; the shared expert's pair as it is) and
+// where its rows' scale·x·Aᵀ are saved; 0 when the adapter lacks the slot.
+static int train_pair(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, int slot, int e, struct ll_weight *A, struct ll_weight *B, float **axs) {
+  const struct ll_lora *a = lo->one;
+  const struct ll_lora_pair *p = lo->pairs ? &lo->pairs[lo->layer * LL_LORA_N_SLOTS + slot] : ll_lora_at(a, lo->layer, slot);
+  if (!p->a.data) return 0;
+  if (ll_lora_is_expert(slot)) ll_lora_expert(a, p, e, A, B), *axs = c->axs[slot - LL_LORA_GATE_EXPS];
+  else *A = p->a, *B = p->b, *axs = c->sax[slot - LL_LORA_GATE_SHEXP];
+  return 1;
+}
+
 // Training: the adapter's product on expert e's rows [r0, r0 + n): axs (rows, r) = scale·drop(x)·A_eᵀ,
 // dst += axs·B_eᵀ (the trainer's order).
 static int xlora_fwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_lora *lo, int slot, int e, const float *x, int64_t in,
                      float *dst, int64_t out, int r0, int n, char *err, size_t errlen) {
   const struct ll_lora *a = lo->one;
-  const struct ll_lora_pair *p = lo->pairs ? &lo->pairs[lo->layer * LL_LORA_N_SLOTS + slot] : ll_lora_at(a, lo->layer, slot);
-  if (!p->a.data) return 0;
   struct ll_weight A, B;
-  ll_lora_expert(a, p, e, &A, &B);
-  float *axs = c->axs[slot - LL_LORA_GATE_EXPS] + (size_t)r0 * a->rank;
+  float *axs;
+  if (!train_pair(c, lo, slot, e, &A, &B, &axs)) return 0;
+  axs += (size_t)r0 * a->rank;
   const float *xa = x + (size_t)r0 * in;
   if (lo->dropout > 0) { // PEFT's lora_dropout on the adapter's input
     BK(ops->dropout(c->be, c->xdrop, xa, lo->dropout, drop_seed(lo, slot, e), (int64_t)n * in), "dropout");
@@ -468,15 +533,14 @@ static int xlora_fwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const
 static int xlora_bwd(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const struct ll_moe_lora *lo, int slot, int e, float *dx, const float *dy,
                      const float *x, int64_t in, int64_t out, int r0, int n, char *err, size_t errlen) {
   const struct ll_lora *a = lo->one;
-  const struct ll_lora_pair *p = lo->pairs ? &lo->pairs[lo->layer * LL_LORA_N_SLOTS + slot] : ll_lora_at(a, lo->layer, slot);
-  if (!p->a.data) return 0;
   struct ll_weight A, B;
-  ll_lora_expert(a, p, e, &A, &B);
+  float *axs;
+  if (!train_pair(c, lo, slot, e, &A, &B, &axs)) return 0;
   const int r = a->rank;
   float *dA = lo->G ? lo->G + ((const float *)A.data - lo->P) : NULL, *dB = lo->G ? lo->G + ((const float *)B.data - lo->P) : NULL;
   float *dax = c->dax + (size_t)r0 * r;
   BK(ll_backend_zero(c->be, dax, (size_t)n * r * sizeof(float)), "zero");
-  BK(ops->matmul_backward(c->be, dax, dB, dy + (size_t)r0 * out, c->axs[slot - LL_LORA_GATE_EXPS] + (size_t)r0 * r, &B, n), "matmul_backward expert lora_b");
+  BK(ops->matmul_backward(c->be, dax, dB, dy + (size_t)r0 * out, axs + (size_t)r0 * r, &B, n), "matmul_backward expert lora_b");
   BK(ops->scale(c->be, dax, ll_lora_scale(a), (int64_t)n * r), "scale");
   if (lo->dropout > 0) { // through the same mask: dA from the dropped input, dx = drop'(dax·A)
     const uint64_t seed = drop_seed(lo, slot, e);
@@ -507,16 +571,19 @@ static int train_scratch(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, cha
     grab_b(c, &c->sh, B * Fs, &ok), grab_b(c, &c->dsh, B * Fs, &ok), grab_b(c, &c->dsg, B * Fs, &ok), grab_b(c, &c->dsu, B * Fs, &ok),
         grab_b(c, &c->dsy, B * C, &ok), grab(&c->dv, B, &ok);
   if (lo && lo->one->rank != c->trank) { // the adapter's saved products, per expert slot
-    for (int i = 0; i < 3; i++) ll_backend_free_buf(o, c->axs[i]), c->axs[i] = NULL;
+    for (int i = 0; i < 3; i++) ll_backend_free_buf(o, c->axs[i]), ll_backend_free_buf(o, c->sax[i]), c->axs[i] = c->sax[i] = NULL;
     ll_backend_free_buf(o, c->dax), c->dax = NULL;
     c->trank = lo->one->rank;
   }
   if (lo)
     grab_b(c, &c->axs[0], Bk * c->trank, &ok), grab_b(c, &c->axs[1], Bk * c->trank, &ok), grab_b(c, &c->axs[2], Bk * c->trank, &ok),
         grab_b(c, &c->dax, Bk * c->trank, &ok);
+  if (lo && Fs > 0)
+    grab_b(c, &c->sax[0], B * c->trank, &ok), grab_b(c, &c->sax[1], B * c->trank, &ok), grab_b(c, &c->sax[2], B * c->trank, &ok);
   if (lo && lo->dropout > 0) {
     if (!c->be->i->dropout || !c->be->i->axpy) return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: the backend has no dropout for the experts' adapters");
-    const size_t w = (size_t)(C > Fe ? C : Fe);
+    size_t w = (size_t)(C > Fe ? C : Fe);
+    w = w > (size_t)Fs ? w : (size_t)Fs; // the shared expert's T <= Bk rows
     grab_b(c, &c->xdrop, Bk * w, &ok), grab_b(c, &c->dxdrop, Bk * w, &ok);
   }
   return ok ? 0 : ll_errf(err, errlen, LL_ENOMEM, "moe: out of memory for training's scratch");
@@ -614,7 +681,7 @@ static int train_forward(struct ll_moe_ctx *c, const struct ll_moe_layer *y, con
   int rc = train_scratch(c, lo, err, errlen);
   if (rc == 0) rc = train_experts(c, c->be->i, y, lo, xn, T, err, errlen);
   if (rc == 0) rc = kept_io(c, keep, 0, y, T, lo ? lo->one->rank : 0, xn, err, errlen);
-  if (rc == 0 && y->sh_gate.data) rc = shared_expert(c, y, xn, T, err, errlen);
+  if (rc == 0 && y->sh_gate.data) rc = shared_expert(c, y, lo, 1, xn, T, err, errlen);
   if (rc) return rc;
   float *acc = c->dye; // (C) scratch: the backward's, free until then
   for (int t = 0; !c->host && t < T; t++) {
@@ -654,7 +721,7 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
   if (E > 1024) return ll_errf(err, errlen, LL_ELIMIT, "moe: %d experts exceed the backward's 1024", E);
   const size_t FC = (size_t)Fe * C;
   if (lo && lo->tok) return ll_errf(err, errlen, LL_EINVAL, "moe: the backward takes one adapter for the batch (lo->one)");
-  if (lo && (!lo->one || !(lo->one->targets & LL_LORA_EXPERT_TARGETS))) lo = NULL;
+  if (lo && (!lo->one || !(lo->one->targets & (LL_LORA_EXPERT_TARGETS | LL_LORA_SHEXP_TARGETS)))) lo = NULL;
   int rc = train_scratch(c, lo, err, errlen);
   if (rc) return rc;
   // The forward's routes and products: kept by ll_moe_forward for this layer and batch, or
@@ -751,8 +818,12 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
   float *const o[2] = {c->sg, c->su};
   const struct ll_weight *const w[2] = {&y->sh_gate, &y->sh_up};
   BK(ll_backend_matmul_n(be, 2, o, xn, w, T), "matmul shared gate, up");
+  if (lo && ((rc = xlora_fwd(c, ops, lo, LL_LORA_GATE_SHEXP, 0, xn, C, c->sg, Fs, 0, T, err, errlen)) ||
+             (rc = xlora_fwd(c, ops, lo, LL_LORA_UP_SHEXP, 0, xn, C, c->su, Fs, 0, T, err, errlen))))
+    return rc;
   BK(ops->swiglu(be, c->sh, c->sg, c->su, (int64_t)T * Fs), "swiglu");
   BK(ops->matmul(be, c->sy, c->sh, &y->sh_down, T, 0), "matmul shared down");
+  if (lo && (rc = xlora_fwd(c, ops, lo, LL_LORA_DOWN_SHEXP, 0, c->sh, Fs, c->sy, C, 0, T, err, errlen))) return rc;
   BK(ops->matmul(be, c->sgate, xn, &y->sh_router, T, 0), "matmul shared gate logit");
   if (!c->host) { // the gate logits and ds = dy[t]·s[t] read back (2·T floats); dsy = σ dy[t] by copies and scales
     BK(ll_backend_copy(be, c->hsg, c->sgate, (size_t)T * sizeof(float)), "copy");
@@ -782,9 +853,13 @@ int ll_moe_backward(struct ll_moe_ctx *c, const struct ll_backend_i *ops, const 
   }
   BK(ll_backend_zero(be, c->dsh, (size_t)T * Fs * sizeof(float)), "zero");
   BK(ops->matmul_backward(be, c->dsh, gr ? gr->sh_down : NULL, c->dsy, c->sh, &y->sh_down, T), "matmul_backward shared down");
+  if (lo && (rc = xlora_bwd(c, ops, lo, LL_LORA_DOWN_SHEXP, 0, c->dsh, c->dsy, c->sh, Fs, C, 0, T, err, errlen))) return rc;
   BK(ops->swiglu_backward(be, c->dsg, c->dsu, c->dsh, c->sg, c->su, (int64_t)T * Fs), "swiglu_backward");
   BK(ops->matmul_backward(be, dxn, gr ? gr->sh_gate : NULL, c->dsg, xn, &y->sh_gate, T), "matmul_backward shared gate");
   BK(ops->matmul_backward(be, dxn, gr ? gr->sh_up : NULL, c->dsu, xn, &y->sh_up, T), "matmul_backward shared up");
+  if (lo && ((rc = xlora_bwd(c, ops, lo, LL_LORA_GATE_SHEXP, 0, dxn, c->dsg, xn, C, Fs, 0, T, err, errlen)) ||
+             (rc = xlora_bwd(c, ops, lo, LL_LORA_UP_SHEXP, 0, dxn, c->dsu, xn, C, Fs, 0, T, err, errlen))))
+    return rc;
   BK(ops->matmul_backward(be, dxn, gr ? gr->sh_router : NULL, c->dv, xn, &y->sh_router, T), "matmul_backward shared gate logit");
   return 0;
 }

@@ -76,9 +76,10 @@ const struct ll_option ll_options[] = {
     {"train.lora_alpha", LL_OPT_FLOAT, 0.01, 1e4, "32", NULL, OFF(train_lora_alpha), "X", "LoRA alpha (scale alpha/rank)."},
     {"train.lora_targets", LL_OPT_LIST, 0, 0, "q,k,v,o,gate,up,down", "q|k|v|o|gate|up|down", OFF(train_lora_targets), "LIST",
      "Matrices that get adapters: a list of q, k, v, o, gate, up, down."},
-    {"train.lora_experts", LL_OPT_LIST, 0, 0, NULL, "gate|up|down", OFF(train_lora_experts), "LIST",
-     "Mixture-of-experts models: the experts' matrices that get adapters too, one pair per expert (ffn_gate_exps, ffn_up_exps, ffn_down_exps): "
-     "a list of gate, up, down; unset: none. The router is never adapted."},
+    {"train.lora_experts", LL_OPT_LIST, 0, 0, NULL, "gate|up|down|gate_shexp|up_shexp|down_shexp", OFF(train_lora_experts), "LIST",
+     "Mixture-of-experts models: the experts' matrices that get adapters too, one pair per expert (ffn_gate_exps, ffn_up_exps, ffn_down_exps), "
+     "and qwen2moe's shared expert's (ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp): a list of gate, up, down, gate_shexp, up_shexp, down_shexp; "
+     "unset: none. The router is never adapted."},
     {"train.lora_dropout", LL_OPT_FLOAT, 0, 0.95, "0", NULL, OFF(train_lora_dropout), "P", "Dropout on the adapters' input (PEFT's lora_dropout), the experts' adapters' too (each expert's rows, its own mask)."},
     {"train.mode", LL_OPT_ENUM, 0, 0, "lora", "lora|full", OFF(train_mode), "MODE",
      "lora: adapters on the frozen weights; full: every weight (float models only)."},

@@ -63,13 +63,15 @@ int ll_train_params_from_config(const struct ll_config *c, struct ll_trainer_par
     s += n + (s[n] == ',');
   }
   if (p->mode == LL_TRAIN_LORA && !p->targets) return ll_errf(err, errlen, LL_EINVAL, "train.lora_targets: no target given");
-  for (s = c->train_lora_experts ? c->train_lora_experts : ""; *s;) { // "gate,up,down": the experts' slots
-    static const char *const xs[3] = {"gate", "up", "down"};
+  for (s = c->train_lora_experts ? c->train_lora_experts : ""; *s;) { // "gate,up,down": the experts' slots; *_shexp: the shared expert's
+    static const char *const xs[6] = {"gate", "up", "down", "gate_shexp", "up_shexp", "down_shexp"};
     const size_t n = strcspn(s, ",");
     int x = 0;
-    while (x < 3 && !(strlen(xs[x]) == n && strncmp(s, xs[x], n) == 0)) x++;
-    if (x == 3) return ll_errf(err, errlen, LL_EINVAL, "train.lora_experts: unknown matrix '%.*s' (gate, up, down)", (int)(n < 32 ? n : 32), s);
-    p->targets |= 1u << (LL_LORA_GATE_EXPS + x);
+    while (x < 6 && !(strlen(xs[x]) == n && strncmp(s, xs[x], n) == 0)) x++;
+    if (x == 6)
+      return ll_errf(err, errlen, LL_EINVAL, "train.lora_experts: unknown matrix '%.*s' (gate, up, down, gate_shexp, up_shexp, down_shexp)",
+                     (int)(n < 32 ? n : 32), s);
+    p->targets |= 1u << (x < 3 ? LL_LORA_GATE_EXPS + x : LL_LORA_GATE_SHEXP + x - 3);
     s += n + (s[n] == ',');
   }
   p->batch = (int)c->train_batch;

@@ -529,7 +529,7 @@ static int64_t act_floats(const struct ll_model *m, const struct ll_trainer_para
   if (m->n_expert > 0) { // moe.c's kept forward: routes, g, u, ye of the T·k routed rows (and the experts' adapters' x·Aᵀ)
     const int64_t Tk = T * m->n_expert_used;
     int nx = 0;
-    for (int t = LL_LORA_GATE_EXPS; t < LL_LORA_N_SLOTS; t++) nx += p->mode == LL_TRAIN_LORA && ((p->targets >> t) & 1);
+    for (int t = LL_LORA_GATE_EXPS; t <= LL_LORA_DOWN_EXPS; t++) nx += p->mode == LL_TRAIN_LORA && ((p->targets >> t) & 1);
     *per_layer += T * m->n_expert + Tk * (1 + 2 * (int64_t)m->F_exp + C + (nx ? 3 * r : 0));
   }
   int64_t maxin = C > F ? C : F;
@@ -565,8 +565,10 @@ static int64_t n_trainable(const struct ll_model *m, const struct ll_trainer_par
     const int64_t out[LL_LORA_N_TARGETS] = {qd, m->kvd, m->kvd, m->C, m->F, m->F, m->C};
     for (int t = 0; t < LL_LORA_N_TARGETS; t++)
       if ((p->targets >> t) & 1) n += (int64_t)p->rank * (in[t] + out[t]);
-    for (int t = LL_LORA_GATE_EXPS; t < LL_LORA_N_SLOTS; t++) // one pair per expert: in + out = C + F_exp for each
+    for (int t = LL_LORA_GATE_EXPS; t <= LL_LORA_DOWN_EXPS; t++) // one pair per expert: in + out = C + F_exp for each
       if ((p->targets >> t) & 1) n += (int64_t)p->rank * (m->C + m->F_exp) * m->n_expert;
+    for (int t = LL_LORA_GATE_SHEXP; t <= LL_LORA_DOWN_SHEXP; t++) // the shared expert's: in + out = C + F_sh
+      if ((p->targets >> t) & 1) n += (int64_t)p->rank * (m->C + m->F_sh);
     return n * m->L;
   }
   n = (int64_t)m->n_vocab * m->C * (m->tied ? 1 : 2) + m->C;
@@ -612,13 +614,15 @@ static int check_params(const struct ll_model *m, const struct ll_trainer_params
                      "trainer: lora_targets names gate/up/down, but the model's FFN is a mixture of %d experts: use q,k,v,o (and train.lora_experts for "
                      "the experts' own adapters)",
                      m->n_expert);
-  } else if (p->mode == LL_TRAIN_LORA && (p->targets & LL_LORA_EXPERT_TARGETS)) {
+  } else if (p->mode == LL_TRAIN_LORA && (p->targets & (LL_LORA_EXPERT_TARGETS | LL_LORA_SHEXP_TARGETS))) {
     return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_experts names expert matrices, but the model has no mixture of experts");
   }
+  if (p->mode == LL_TRAIN_LORA && (p->targets & LL_LORA_SHEXP_TARGETS) && m->F_sh <= 0)
+    return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_experts names the shared expert's matrices (*_shexp), but the model has no shared expert");
   if (p->mode == LL_TRAIN_LORA) {
     if (p->rank < 1 || p->rank > 4096) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_rank %d must be 1..4096", p->rank);
     if (!(p->alpha > 0) || !isfinite(p->alpha)) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_alpha must be positive");
-    if (!p->targets || (p->targets & ~(LL_LORA_ALL_TARGETS | LL_LORA_EXPERT_TARGETS)))
+    if (!p->targets || (p->targets & ~(LL_LORA_ALL_TARGETS | LL_LORA_EXPERT_TARGETS | LL_LORA_SHEXP_TARGETS)))
       return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_targets names no known target");
   }
   if (!(p->dropout >= 0 && p->dropout < 1)) return ll_errf(err, errlen, LL_EINVAL, "trainer: lora_dropout %g must be in [0, 1)", p->dropout);
@@ -671,7 +675,7 @@ static int setup_lora(struct ll_trainer *tr, char *err, size_t errlen) {
   memset(&d, 0, sizeof d);
   snprintf(d.arch, sizeof d.arch, "%s", tr->arch);
   d.n_layer = m->L, d.n_embd = m->C, d.n_embd_q = m->qd != m->C ? m->qd : 0, d.n_embd_kv = m->kvd, d.n_ff = m->F, d.n_head = m->H, d.n_head_kv = m->Hkv;
-  d.n_expert = m->n_expert, d.n_ff_exp = m->F_exp;
+  d.n_expert = m->n_expert, d.n_ff_exp = m->F_exp, d.n_ff_sh = m->F_sh;
   int rc = ll_lora_create(&tr->lora, &d, tr->p.rank, tr->p.alpha, tr->p.targets, tr->p.seed, tr->be, err, errlen);
   if (rc) return rc;
   tr->fused = ll_lora_fused(d.arch);
