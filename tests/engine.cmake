@@ -30,6 +30,7 @@ set_tests_properties(test_moe_opencl PROPERTIES TIMEOUT 1200 LABELS unit ENVIRON
 # Mixture-of-experts layouts (Mixtral's llama, qwen2moe, qwen3moe, olmoe) written by the gguf
 # package: 32 greedy ids on 4 prompts equal llama.cpp's (tests/ref/moe_greedy32.tsv), top-5
 # logits within 1e-3, the OpenCL device's ids (PoCL, reference tier) equal the CPU's; the same
-# with a LoRA adapter on attention and every expert (tests/ref/moe_lora_greedy32.tsv).
+# with a LoRA adapter on attention and every expert, and on qwen2moe's shared expert
+# (tests/ref/moe_lora_greedy32.tsv).
 ll_script_test(NAME moe_ref COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_moe_ref.py
   LABELS integration TIMEOUT 600)

@@ -9,7 +9,8 @@
 # so the same seed writes the same bytes; tests/ref/README.md records each file's sha256.
 # Beside each model, moe-<layout>-lora.gguf: a random LoRA adapter on attn_q, attn_v and every
 # expert's gate, up and down (the 3-D ffn_*_exps lora_a / lora_b tensors of llama.cpp's GGUF
-# LoRA layout), rank 4, alpha 8.
+# LoRA layout) - qwen2moe's also on its shared expert's ffn_{gate,up,down}_shexp (2-D) -, rank 4,
+# alpha 8.
 #
 #   make_moe_gguf.py OUTDIR [layout...]     (layouts: mixtral qwen2moe qwen3moe olmoe; default all)
 import os
@@ -131,6 +132,14 @@ def write_lora(path, name):
             a, b = ab(n_in, n_out, e)
             w.add_tensor(p + stem + ".weight.lora_a", a)
             w.add_tensor(p + stem + ".weight.lora_b", b)
+    if c["arch"] == "qwen2moe":  # the shared expert's gate, up, down too (2-D pairs), drawn after the others
+        Fs = c["Fs"]
+        for l in range(L):
+            p = "blk.%d." % l
+            for stem, n_in, n_out in (("ffn_gate_shexp", C, Fs), ("ffn_up_shexp", C, Fs), ("ffn_down_shexp", Fs, C)):
+                a, b = ab(n_in, n_out)
+                w.add_tensor(p + stem + ".weight.lora_a", a)
+                w.add_tensor(p + stem + ".weight.lora_b", b)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
