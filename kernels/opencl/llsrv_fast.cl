@@ -448,14 +448,10 @@ kernel void attn_fast(global float *out, global const float *q, global const uch
   }
 }
 
-// ids (R) = the argmax of each row of logits (R, V), the lowest id on ties (the CPU sampler's
-// greedy choice; rows with NaNs may choose differently). One work-group per row. Part of both
-// tiers: it compares, it does not sum.
-kernel void argmax_rows(global const float *l, global int *ids, int V) {
-  local float bv[WG];
-  local int bi[WG];
+// The work-group's argmax of row r (V): the lowest id on ties, V for a row of NaNs only; left in
+// bv[0], bi[0] (local, WG each) for every work item. Called by all the work-group's items.
+inline void wg_argmax(global const float *r, int V, local float *bv, local int *bi) {
   const int lid = get_local_id(0);
-  global const float *r = l + (size_t)get_group_id(0) * V;
   float best = -INFINITY;
   int at = V;
   for (int i = lid; i < V; i += WG)
@@ -470,7 +466,16 @@ kernel void argmax_rows(global const float *l, global int *ids, int V) {
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  if (lid == 0) ids[get_group_id(0)] = bi[0] == V ? 0 : bi[0];
+}
+
+// ids (R) = the argmax of each row of logits (R, V), the lowest id on ties (the CPU sampler's
+// greedy choice; rows with NaNs may choose differently). One work-group per row. Part of both
+// tiers: it compares, it does not sum.
+kernel void argmax_rows(global const float *l, global int *ids, int V) {
+  local float bv[WG];
+  local int bi[WG];
+  wg_argmax(l + (size_t)get_group_id(0) * V, V, bv, bi);
+  if (get_local_id(0) == 0) ids[get_group_id(0)] = bi[0] == V ? 0 : bi[0];
 }
 
 // ids (R) = each row's choice by its sampling step prm (R, 8 words: ll_sample_dev - temperature,
@@ -613,20 +618,7 @@ kernel void sample_rows(global const float *l, global int *ids, global const uin
   global const float *r = l + (size_t)row * V;
   global const uint *pp = prm + (size_t)row * 8;
   const float temp = as_float(pp[0]);
-  float best = -INFINITY;
-  int at = V;
-  for (int i = lid; i < V; i += WG)
-    if (at == V || r[i] > best) best = r[i], at = i;
-  bv[lid] = best, bi[lid] = at;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = WG / 2; s > 0; s >>= 1) {
-    if (lid < s) {
-      const float ov = bv[lid + s];
-      const int oi = bi[lid + s];
-      if (oi < V && (bi[lid] == V || ov > bv[lid] || (ov == bv[lid] && oi < bi[lid]))) bv[lid] = ov, bi[lid] = oi;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
+  wg_argmax(r, V, bv, bi);
   if (temp <= 0.0f) { // uniform over the work-group
     if (lid == 0) ids[row] = bi[0] == V ? 0 : bi[0];
   } else {
