@@ -7,20 +7,23 @@
 // position on both backends. Exactness is not asserted (that is the reference tier's on PoCL,
 // tests/scripts/test_opencl_generate.sh).
 //
-// How close is close: SmolLM2's activations have outlier channels (|x| of several hundred), so
-// a Q8 activation block's step is large and a last-bit difference anywhere upstream moves some
-// activations a whole step. Any backend that is not bit-exact with the CPU therefore lands
-// about 1% away in perplexity over this text: the control below - the reference tier built
-// without f64 (LL_OPENCL_NO_FP64=1), whose only change is f32 instead of f64 in a few sums -
-// measures 1.36% and 91.6% top-1 agreement on PoCL; the fast tier 1.47% and 94.4% (1.06% and
-// 93.0% before its prompt kernels shared weight units among 16 tokens instead of 4: another
-// order of the same sums; f32 activations instead, no quantization at all: 1.34%, 94.4%). Issue 29's targets (0.1%, 99%)
-// are below that floor on SmolLM2, so what is asserted is that the fast tier is no farther from
-// the CPU than the control: perplexity deviation <= max(0.1%, 1.5 x the control's),
-// disagreeing positions <= max(1%, 1.5 x the control's). Also asserted: the device's argmax is
-// its logits' argmax at every decode step; a decode step queues at most 6 kernels per layer
-// (plus the embedding, the output product and the argmax) and, with greedy sampling on the
-// device and no logits asked for, reads back at most 64 bytes. Slow on two cores (~2.5 min).
+// How close is close: no closer than two CPU implementations of the same model are to each
+// other. Any order of the sums other than the CPU backend's moves SmolLM2's logits by ~0.15 rms
+// (its activations have outlier channels, so a Q8 activation block's step is large and a
+// last-bit difference upstream moves some activations a whole step), and the top two of ~9% of
+// rows lie within 0.1 of each other. Measured (docs/PERFORMANCE.md): llama.cpp 0c1e5709's CPU
+// backend against llsrv's agrees in 95.1% of this text's rows (perplexity +0.80%), 95.0% of a
+// 1219-token text and 96.9% of tests/ref/ppl.txt (1841 rows); llama.cpp with flash attention
+// against itself without, 95.0 .. 96.8%; llsrv's CPU with a 1172-token prompt in a batch
+// against the same tokens one at a time, 95.7%. Issue 29's targets (0.1%, 99%) are below that
+// floor. The control here is llama.cpp's CPU (tests/ref/smollm2_lighthouse_llamacpp.tsv, its
+// argmax and -log p per row) against llsrv's CPU backend; asserted: the fast tier's perplexity
+// no farther from the CPU's than max(0.1%, 1.5 x the control's), its disagreeing rows at most
+// max(1%, the control's + 3 standard deviations of a count that size (Poisson)). Also asserted:
+// the device's argmax is its logits' argmax at every decode step; a decode step queues at most
+// 6 kernels per layer (plus the embedding, the output product and the argmax) and, with greedy
+// sampling on the device and no logits asked for, reads back at most 64 bytes. Slow on two
+// cores (~3.5 min at load 10).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,36 +144,49 @@ int main(void) {
   CHECK(lc && lf);
   CHECK(run(path, "cpu", ids, lc, ic, V, &lps_c, &down_c, &L) == 0);
   CHECK(run(path, dev, ids, lf, idf, V, &lps_f, &down_f, &L) == 0);
-  // the control: the reference tier built without f64 (see the top)
-  float *lx = malloc((size_t)(P + D) * V * sizeof(float));
-  int32_t idx[P + D];
-  double lps_x, down_x;
-  setenv("LL_OPENCL_REFERENCE", "1", 1), setenv("LL_OPENCL_NO_FP64", "1", 1);
-  CHECK(lx && run(path, dev, ids, lx, idx, V, &lps_x, &down_x, &L) == 0);
-  unsetenv("LL_OPENCL_NO_FP64");
+  // the control: llama.cpp's CPU backend, per row its argmax and -log p of the next token
+  char ref[4096];
+  snprintf(ref, sizeof ref, "%s/tests/ref/smollm2_lighthouse_llamacpp.tsv", getenv("LL_SOURCE_DIR") ? getenv("LL_SOURCE_DIR") : ".");
+  size_t rlen = 0;
+  char *rt = (char *)ll_test_read_file(ref, &rlen);
+  CHECKF(rt != NULL, "%s unreadable", ref);
+  int32_t amx[P + D];
+  double nlx[P + D];
+  int nref = 0;
+  for (char *line = rt ? strtok(rt, "\n") : NULL; line && nref < P + D - 1; line = strtok(NULL, "\n")) {
+    int row, next, am;
+    double nl;
+    if (line[0] == '#') continue;
+    if (sscanf(line, "%d %d %d %lf", &row, &next, &am, &nl) != 4 || row != nref) break;
+    CHECKF(next == ids[row + 1], "row %d: llama.cpp's text has %d next, this tokenizer %d", row, next, ids[row + 1]);
+    amx[nref] = am, nlx[nref] = nl, nref++;
+  }
+  free(rt);
+  const int rows = P + D - 1;
+  CHECKF(nref == rows, "%s: %d rows of %d", ref, nref, rows);
   double nll_c = 0, nll_f = 0, nll_x = 0;
-  int agree = 0, agree_x = 0, agree_dev = 0, rows = P + D - 1;
-  for (int i = 0; i < rows; i++) {
-    const float *a = lc + (size_t)i * V, *b = lf + (size_t)i * V, *x = lx + (size_t)i * V;
-    nll_c += nll_of(a, V, ids[i + 1]), nll_f += nll_of(b, V, ids[i + 1]), nll_x += nll_of(x, V, ids[i + 1]);
+  int agree = 0, agree_x = 0, agree_dev = 0;
+  for (int i = 0; i < rows && nref == rows; i++) {
+    const float *a = lc + (size_t)i * V, *b = lf + (size_t)i * V;
+    nll_c += nll_of(a, V, ids[i + 1]), nll_f += nll_of(b, V, ids[i + 1]), nll_x += nlx[i];
     const int top = argmax_of(a, V);
     agree += top == argmax_of(b, V);
-    agree_x += top == argmax_of(x, V);
+    agree_x += top == amx[i];
     if (i >= P) agree_dev += idf[i] == argmax_of(b, V); // the device's argmax is its logits' argmax
   }
   const double ppl_c = exp(nll_c / rows), ppl_f = exp(nll_f / rows), ppl_x = exp(nll_x / rows);
   const double rel = fabs(ppl_f / ppl_c - 1), rel_x = fabs(ppl_x / ppl_c - 1);
-  printf("perplexity: cpu %.4f, opencl fast tier %.4f (%.4f%%), control (reference tier without f64) %.4f (%.4f%%)\n", ppl_c, ppl_f, 100 * rel,
-         ppl_x, 100 * rel_x);
+  printf("perplexity: cpu %.4f, opencl fast tier %.4f (%.4f%%), control (llama.cpp's cpu) %.4f (%.4f%%)\n", ppl_c, ppl_f, 100 * rel, ppl_x,
+         100 * rel_x);
   printf("top-1 agreement with the cpu: fast tier %d / %d (%.2f%%), control %d / %d (%.2f%%); the device's argmax in decode steps: %d / %d\n",
          agree, rows, 100.0 * agree / rows, agree_x, rows, 100.0 * agree_x / rows, agree_dev, D - 1);
-  const double rel_lim = fmax(1e-3, 1.5 * rel_x), dis_lim = fmax(0.01 * rows, 1.5 * (rows - agree_x));
+  const double dis_x = rows - agree_x, rel_lim = fmax(1e-3, 1.5 * rel_x), dis_lim = fmax(0.01 * rows, dis_x + 3 * sqrt(dis_x));
   CHECKF(rel <= rel_lim, "perplexity differs by %.4f%% (limit %.4f%%)", 100 * rel, 100 * rel_lim);
   CHECKF(rows - agree <= dis_lim, "top-1 disagreements %d of %d (limit %.1f)", rows - agree, rows, dis_lim);
   CHECKF(agree_dev == D - 1, "the device's argmax is its logits' argmax in %d of %d steps", agree_dev, D - 1);
   // 6 per layer, and per step the embedding, the output product and the argmax
   CHECKF(lps_f <= 6.0 * L + 3, "%.1f launches per decode step (at most 6 per layer + 3: %d)", lps_f, 6 * L + 3);
   CHECKF(down_f <= 64, "%.0f bytes down per decode step (at most 64)", down_f);
-  free(lc), free(lf), free(lx);
+  free(lc), free(lf);
   return ll_test_summary();
 }
