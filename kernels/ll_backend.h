@@ -99,7 +99,15 @@ struct ll_sample_dev {
   float log_min_p;      // logf(min_p), as the host computes it
   int top_k;            // 1 .. LL_SAMPLE_DEV_K
   uint32_t u_hi, u_lo;  // the draw: u = (u_hi << 32 | u_lo) / 2^53, in [0, 1)
+  // Penalties before the chain (the host's order: repetition, frequency, presence), applied to
+  // the row's logits in place, as the host sampler does; none where n_pen is 0. pen (n_pen, 2):
+  // each token of the window once, with its count in the window (the caller's memory, valid
+  // until the step has run; n_pen <= LL_SAMPLE_DEV_PEN).
+  float repeat_penalty, frequency_penalty, presence_penalty;
+  int n_pen;
+  const int32_t *pen;
 };
+#define LL_SAMPLE_DEV_PEN 4096
 
 // fused_matmul's op: how the product meets out
 enum ll_fuse_op { LL_FUSE_SET = 0, LL_FUSE_ADD = 1, LL_FUSE_SWIGLU = 2 };
@@ -265,10 +273,11 @@ struct ll_backend_i {
   // ids (rows) = the argmax of each row of logits (rows, V), the lowest id on ties: greedy
   // sampling's choice, made where the logits are (a device reads back only the ids).
   int (*argmax)(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V);  // (optional)
-  // ids (rows) = each row's choice by d[row] (rows): the argmax where d's temperature is <= 0,
-  // else the host sampler's chain for those settings and draw (server/engine/sample.c
-  // ll_sample_dev_choose), so only the ids come back.
-  int (*sample)(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V, const struct ll_sample_dev *d); // (optional)
+  // ids (rows) = each row's choice by d[row] (rows): d's penalties applied to the row (logits
+  // changed in place), then the argmax where d's temperature is <= 0, else the host sampler's
+  // chain for those settings and draw (server/engine/sample.c ll_sample_dev_choose), so only the
+  // ids come back.
+  int (*sample)(struct ll_backend *b, int32_t *ids, float *logits, int rows, int V, const struct ll_sample_dev *d); // (optional)
 };
 
 #define LL_BLAS_MIN_T 32

@@ -196,36 +196,42 @@ static void test_sampler(void) {
   CHECK(distinct > 50); // and it does sample
   ll_sampler_free(a), ll_sampler_free(b);
   { // the step a device takes (ll_sampler_dev_next + the chain from the logits) chooses as
-    // ll_sampler_sample does, draw for draw, over the top-k settings it takes; penalties,
-    // reported probabilities and top-k off (or beyond LL_SAMPLE_DEV_K) stay on the host
+    // ll_sampler_sample does, draw for draw, over the top-k settings it takes, with penalties
+    // (and greedy with penalties); reported probabilities and top-k off (or beyond
+    // LL_SAMPLE_DEV_K) stay on the host
     struct ll_token_prob *cand = malloc(sizeof *cand * V);
     static const int ks[] = {1, 7, 40, 64};
-    int agree = 0, n = 0;
-    for (int c = 0; c < 8; c++) {
+    int agree = 0, n = 0, pen = 0;
+    for (int c = 0; c < 14; c++) {
       struct ll_sampler_params q = p;
       q.top_k = ks[c % 4], q.temperature = c < 4 ? 0.8f : 1.7f, q.top_p = c & 1 ? 0.9f : 1.0f, q.min_p = c & 2 ? 0.05f : 0.0f, q.seed = 99 + c;
+      if (c >= 8) // penalties over a short window (tokens repeat in it), the last two greedy
+        q.repeat_penalty = c & 1 ? 1.3f : 1.0f, q.frequency_penalty = c % 3 ? 0.2f : 0.0f, q.presence_penalty = c % 3 != 1 ? 0.4f : 0.0f,
+        q.repeat_last_n = 8 + c, q.temperature = c >= 12 ? 0.0f : q.temperature;
       struct ll_sampler *h = ll_sampler_new(&q, V), *dv = ll_sampler_new(&q, V);
       CHECK(ll_sampler_dev_ok(dv));
       for (int i = 0; i < 50; i++, n++) {
         for (int j = 0; j < V; j++) l[j] = l2[j] = ll_test_randf(&rs) * 4;
         struct ll_sample_dev d;
         CHECK(ll_sampler_dev_next(dv, &d) == 1);
+        pen += d.n_pen > 0;
+        for (int j = 0; j < d.n_pen; j++) l[d.pen[2 * j]] = l2[d.pen[2 * j]] += 3; // make the penalized tokens contenders
         const int x = ll_sampler_sample(h, l, NULL), y = ll_sample_dev_choose(&d, cand, l2, V);
         agree += x == y;
         ll_sampler_accept(h, x), ll_sampler_accept(dv, y);
       }
       ll_sampler_free(h), ll_sampler_free(dv);
     }
-    CHECKF(agree == n, "device-step sampling: %d / %d as the host's", agree, n);
+    CHECKF(agree == n && pen >= 6 * 49, "device-step sampling: %d / %d as the host's (%d steps with penalties)", agree, n, pen);
     struct ll_sampler_params q = p;
     struct ll_sample_dev d;
     q.top_k = 0;
     struct ll_sampler *h = ll_sampler_new(&q, V);
     CHECK(!ll_sampler_dev_ok(h) && ll_sampler_dev_next(h, &d) == 0);
     ll_sampler_free(h);
-    q.top_k = 40, q.repeat_penalty = 1.1f;
+    q.top_k = 40, q.repeat_penalty = 1.1f; // penalties: on the device too
     h = ll_sampler_new(&q, V);
-    CHECK(!ll_sampler_dev_ok(h));
+    CHECK(ll_sampler_dev_ok(h));
     ll_sampler_free(h);
     q.repeat_penalty = 1.0f, q.n_probs = 2;
     h = ll_sampler_new(&q, V);

@@ -857,15 +857,17 @@ static void test_fast_attention(struct ll_backend *cpu, struct ll_backend *cl) {
 // Sampling on the device (the sample member, both tiers) against the host sampler's chain for
 // the same step (server/engine/sample.c ll_sample_dev_choose): random logits with ties, top-k
 // 1 .. 64 (and more than the vocabulary), top-p, min-p, temperatures, rows of argmax among
-// them; the same ids where the device has f64 (its sums differ from the host's only in order,
+// them, and in half the trials repetition / frequency / presence penalties over up to 24 tokens
+// (the row's top pair among them); the same ids where the device has f64 (its sums differ from the host's only in order,
 // which moves a choice only if a draw lands within ~1e-16 of a boundary), 90% of them without
 // (f32 sums and a 24-bit draw: 96.9-97.5% on PoCL built so). One launch, 4 bytes back per row.
 static void test_sample(struct ll_backend *cl) {
   const int R = 8;
   struct ll_token_prob *cand = malloc(1000 * sizeof *cand);
-  float *l = malloc((size_t)R * 1000 * 4);
+  float *l = malloc((size_t)R * 1000 * 4), *l0 = malloc((size_t)R * 1000 * 4);
+  int32_t pen[8 * 48];
   struct ll_sample_dev d[8];
-  int same = 0, total = 0;
+  int same = 0, total = 0, same_pen = 0, total_pen = 0;
   for (int trial = 0; trial < 40; trial++) {
     const int V = trial % 5 == 4 ? 40 : 1000;
     randf(l, (size_t)R * V, 1.0f + (float)(trial % 4) * 2.0f);
@@ -876,8 +878,19 @@ static void test_sample(struct ll_backend *cl) {
       static const int ks[] = {1, 5, 40, 64};
       const float mp = mins[ll_test_rand(&rs) % 3];
       d[r] = (struct ll_sample_dev){temps[ll_test_rand(&rs) % 4], tops[ll_test_rand(&rs) % 3], mp, mp > 0 ? logf(mp) : 0.0f,
-                                    ks[ll_test_rand(&rs) % 4], (uint32_t)(u >> 32), (uint32_t)u};
+                                    ks[ll_test_rand(&rs) % 4], (uint32_t)(u >> 32), (uint32_t)u, 1.0f, 0.0f, 0.0f, 0, NULL};
+      if (trial >= 20) { // penalties: up to 24 distinct tokens (the tied top pair among them), counts 1 .. 4
+        static const float reps[] = {1.0f, 1.1f, 1.5f}, freqs[] = {0.0f, 0.1f}, pres[] = {0.0f, 0.5f};
+        int32_t *pl = pen + (size_t)r * 48;
+        const int n = 1 + (int)(ll_test_rand(&rs) % 24);
+        for (int j = 0; j < n; j++) pl[2 * j] = j < 2 ? 7 + 2 * j : (int32_t)(10 + j * 37 % (V - 10)), pl[2 * j + 1] = 1 + (int32_t)(ll_test_rand(&rs) % 4);
+        for (int j = 2; j < n; j++) // distinct: 37 is prime to V - 10 (990, 30)
+          for (int m = 0; m < j; m++) CHECK(pl[2 * j] != pl[2 * m]);
+        d[r].repeat_penalty = reps[ll_test_rand(&rs) % 3], d[r].frequency_penalty = freqs[ll_test_rand(&rs) % 2];
+        d[r].presence_penalty = pres[ll_test_rand(&rs) % 2], d[r].n_pen = n, d[r].pen = pl;
+      }
     }
+    memcpy(l0, l, (size_t)R * V * 4);
     int32_t ids[8];
     struct ll_backend_info i0, i1;
     cl->i->get_info(cl, &i0);
@@ -885,13 +898,15 @@ static void test_sample(struct ll_backend *cl) {
     cl->i->get_info(cl, &i1);
     CHECK(i1.launches - i0.launches == 1 && i1.bytes_down - i0.bytes_down == R * 4);
     for (int r = 0; r < R; r++) {
-      const int32_t want = ll_sample_dev_choose(&d[r], cand, l + (size_t)r * V, V);
+      const int32_t want = ll_sample_dev_choose(&d[r], cand, l0 + (size_t)r * V, V); // penalties applied to the copy
       same += ids[r] == want, total++;
+      if (d[r].n_pen) same_pen += ids[r] == want, total_pen++;
     }
   }
-  printf("sample on the device: %d / %d ids as the host's\n", same, total);
+  printf("sample on the device: %d / %d ids as the host's (with penalties: %d / %d)\n", same, total, same_pen, total_pen);
   CHECKF(exact ? same == total : same >= total * 90 / 100, "sample: %d / %d ids as the host's", same, total);
-  free(cand), free(l);
+  CHECKF(exact ? same_pen == total_pen : same_pen >= total_pen * 90 / 100, "sample with penalties: %d / %d ids as the host's", same_pen, total_pen);
+  free(cand), free(l), free(l0);
 }
 
 static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_backend *ref) {

@@ -478,9 +478,10 @@ kernel void argmax_rows(global const float *l, global int *ids, int V) {
   if (get_local_id(0) == 0) ids[get_group_id(0)] = bi[0] == V ? 0 : bi[0];
 }
 
-// ids (R) = each row's choice by its sampling step prm (R, 8 words: ll_sample_dev - temperature,
-// top_p, min_p, log_min_p as floats, top_k, the draw's high and low words): temperature <= 0
-// the argmax (argmax_rows' rule), else server/engine/sample.c's chain step for step - the row's
+// ids (R) = each row's choice by its sampling step prm (R, SMP_W words: ll_sample_dev -
+// temperature, top_p, min_p, log_min_p as floats, top_k, the draw's high and low words, then the
+// penalties, below sample_chain): after the penalties, temperature <= 0 the argmax (argmax_rows'
+// rule), else server/engine/sample.c's chain step for step - the row's
 // log-softmax (the sum in acc_t), the top_k candidates by (log-probability down, id up) in k
 // rounds of a work-group maximum (over each work item's SMP_P best, the whole row only once one
 // item's are used up: a pass over the row, not k), then top-p, min-p, temperature and the draw over them by one
@@ -608,7 +609,21 @@ inline void sample_chain(global const float *r, global int *id, global const uin
   }
 }
 
-kernel void sample_rows(global const float *l, global int *ids, global const uint *prm, int V) {
+// A penalized logit (count n > 0 in the window): server/engine/sample.c penalty_apply's
+// operations one by one, unfused, the division rounded as the host's.
+inline float smp_penalty(float l, int n, float rep, float freq, float pres) {
+#pragma OPENCL FP_CONTRACT OFF
+  if (rep != 1.0f) l = l <= 0.0f ? l * rep : smp_div(l, rep);
+  const float f = (float)n * freq, g = f + (n > 0 ? pres : 0.0f);
+  return l - g;
+}
+
+// prm: SMP_W words a row (ops.c ocl_sample): the chain's 8 (above), then repetition, frequency
+// and presence penalties (floats), the number of the row's penalized tokens and where their
+// (id, count) pairs start in prm. The penalties change the row of l in place first (each token
+// listed once: no two work items write one element).
+#define SMP_W 16
+kernel void sample_rows(global float *l, global int *ids, global const uint *prm, int V) {
   local float bv[WG];
   local int bi[WG];
   local acc_t zs[WG];
@@ -616,8 +631,18 @@ kernel void sample_rows(global const float *l, global int *ids, global const uin
   local int ci[64];
   const int lid = get_local_id(0), row = get_group_id(0);
   global const float *r = l + (size_t)row * V;
-  global const uint *pp = prm + (size_t)row * 8;
+  global const uint *pp = prm + (size_t)row * SMP_W;
   const float temp = as_float(pp[0]);
+  const int np = (int)pp[11];
+  if (np > 0) {
+    global const int *pl = (global const int *)(prm + pp[12]);
+    const float rep = as_float(pp[8]), freq = as_float(pp[9]), pres = as_float(pp[10]);
+    for (int i = lid; i < np; i += WG) {
+      const int t = pl[2 * i];
+      if (t >= 0 && t < V) l[(size_t)row * V + t] = smp_penalty(l[(size_t)row * V + t], pl[2 * i + 1], rep, freq, pres);
+    }
+    barrier(CLK_GLOBAL_MEM_FENCE);
+  }
   wg_argmax(r, V, bv, bi);
   if (temp <= 0.0f) { // uniform over the work-group
     if (lid == 0) ids[row] = bi[0] == V ? 0 : bi[0];

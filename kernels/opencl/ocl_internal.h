@@ -218,7 +218,7 @@ int ocl_seq_tables(const struct ll_kv_view *kv, const int32_t *pos, const int *t
 int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, const int *t0, const int *nt, int n_seq, int n_head, float scale);
 int ocl_rope_kv_store(struct ll_backend *b, float *q, const float *k, const float *v, const struct ll_kv_view *kv, const int32_t *pos, const int *t0, const int *nt, int n_seq, int n_head, const struct ll_rope_params *p);
 int ocl_argmax(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V);
-int ocl_sample(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V, const struct ll_sample_dev *d);
+int ocl_sample(struct ll_backend *b, int32_t *ids, float *logits, int rows, int V, const struct ll_sample_dev *d);
 int ocl_attention(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, int T, int n_head, float scale);
 int ocl_fail(struct ocl_ctx *c, int rc);
 int ocl_fbytes(const struct ocl_ctx *c, int64_t a, int64_t b, size_t *out);

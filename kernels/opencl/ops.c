@@ -485,21 +485,35 @@ int ocl_argmax(struct ll_backend *b, int32_t *ids, const float *logits, int rows
   return ocl_get(c, S_OUT, ids, ib);
 }
 
-// Sampling where the logits are (both tiers, llsrv_fast.cl sample_rows): each row's step as 8
-// words, rows x 4 bytes back.
-int ocl_sample(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V, const struct ll_sample_dev *d) {
+// Sampling where the logits are (both tiers, llsrv_fast.cl sample_rows): each row's step as
+// SMP_W words (the chain's 8, then the penalties and where the row's penalty list starts), the
+// penalty lists after them in the same upload; rows x 4 bytes back.
+#define SMP_W 16
+int ocl_sample(struct ll_backend *b, int32_t *ids, float *logits, int rows, int V, const struct ll_sample_dev *d) {
   struct ocl_ctx *c = CTX(b);
   if (rows < 0 || V <= 0) return LL_EINVAL;
   if (rows == 0) return 0;
-  const size_t lb = (size_t)rows * (size_t)V * sizeof(float), ib = (size_t)rows * sizeof(int32_t), pb = (size_t)rows * 8 * sizeof(uint32_t);
+  size_t npen = 0;
+  for (int r = 0; r < rows; r++) {
+    if (d[r].n_pen < 0 || d[r].n_pen > LL_SAMPLE_DEV_PEN || (d[r].n_pen && !d[r].pen)) return LL_EINVAL;
+    npen += (size_t)d[r].n_pen;
+  }
+  const size_t lb = (size_t)rows * (size_t)V * sizeof(float), ib = (size_t)rows * sizeof(int32_t);
+  const size_t pw = (size_t)rows * SMP_W, pb = (pw + 2 * npen) * sizeof(uint32_t);
   uint32_t *prm = malloc(pb);
   if (!prm) return LL_ENOMEM;
+  size_t at = pw;
   for (int r = 0; r < rows; r++) {
-    uint32_t *w = prm + (size_t)r * 8;
-    const float f[4] = {d[r].temperature, d[r].top_p, d[r].min_p, d[r].log_min_p};
+    uint32_t *w = prm + (size_t)r * SMP_W;
+    const float f[4] = {d[r].temperature, d[r].top_p, d[r].min_p, d[r].log_min_p}, pf[3] = {d[r].repeat_penalty, d[r].frequency_penalty,
+                                                                                          d[r].presence_penalty};
     memcpy(w, f, sizeof f);
     w[4] = (uint32_t)(d[r].top_k < 1 ? 1 : d[r].top_k > LL_SAMPLE_DEV_K ? LL_SAMPLE_DEV_K : d[r].top_k);
     w[5] = d[r].u_hi, w[6] = d[r].u_lo, w[7] = 0;
+    memcpy(w + 8, pf, sizeof pf);
+    w[11] = (uint32_t)d[r].n_pen, w[12] = (uint32_t)at, w[13] = w[14] = w[15] = 0;
+    if (d[r].n_pen) memcpy(prm + at, d[r].pen, (size_t)d[r].n_pen * 2 * sizeof(uint32_t));
+    at += 2 * (size_t)d[r].n_pen;
   }
   int rc = ocl_put(c, S_X, logits, lb);
   if (!rc) rc = ocl_put(c, S_A, prm, pb);

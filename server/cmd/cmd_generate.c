@@ -160,8 +160,9 @@ int ll_cmd_generate(int argc, char **argv) {
   }
   // Plain greedy: the argmax is taken where the logits are (on a device, only the id comes back).
   const int greedy = ll_sampler_is_greedy(smp) && dump_logits <= 0;
-  // Top-k sampling without penalties: the sampler's chain where the logits are too, its draw made
-  // here before the step (ll_sampler_dev_next); the same ids as sampling from the logits.
+  // Top-k sampling and penalties (ll_sampler_dev_ok): the sampler's chain where the logits are too,
+  // its draw and penalty list made here before the step (ll_sampler_dev_next); the same ids as
+  // sampling from the logits.
   const int devs = !greedy && dump_logits <= 0 && ll_sampler_dev_ok(smp), by_id = greedy || devs;
   struct ll_sample_dev sd;
   int32_t am = 0;
@@ -239,7 +240,7 @@ int ll_cmd_generate(int argc, char **argv) {
             (double)(x2.bytes_up - x1.bytes_up) / (generated - 1), (double)(x2.bytes_down - x1.bytes_down) / (generated - 1),
             (double)(x2.waits - x1.waits) / (generated - 1), (double)(x2.launches - x1.launches) / (generated - 1),
             (double)(x2.launches - x1.launches) / (generated - 1) / (info.n_layer > 0 ? info.n_layer : 1), x2.tier,
-            greedy ? "greedy on the device" : devs ? "top-k on the device" : "on the host", (double)(x2.arg_sets - x1.arg_sets) / (generated - 1));
+            greedy ? "greedy on the device" : devs ? "by the chain on the device" : "on the host", (double)(x2.arg_sets - x1.arg_sets) / (generated - 1));
   rc = 0;
 out:
   free(rendered);

@@ -962,7 +962,7 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
       if (smp ? B->sample != NULL : B->argmax != NULL) {
         *items[i].argmax = e->amax[r + nr - 1];
       } else { // the CPU sampler's rules, on the host
-        const float *lr = ll_backend_host_buffers(be) ? e->logits_buf + (size_t)(r + nr - 1) * V
+        float *lr = ll_backend_host_buffers(be) ? e->logits_buf + (size_t)(r + nr - 1) * V
                           : items[i].logits         ? items[i].logits + (size_t)(nr - 1) * V
                                                     : NULL;
         if (!lr) { // a device without the member: the row comes back

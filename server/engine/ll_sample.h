@@ -38,16 +38,18 @@ struct ll_token_prob { int32_t id; float logprob; };
 int ll_sampler_is_greedy(const struct ll_sampler *s);
 // Samples from logits (modified in place). probs (if n_probs > 0) receives n_probs entries.
 int32_t ll_sampler_sample(struct ll_sampler *s, float *logits, struct ll_token_prob *probs);
-// 1 when the next choice can be made from the logits alone where they are (a device:
-// ll_engine_seq_set_sample): temperature > 0 with top-k in 1..LL_SAMPLE_DEV_K, top-p, min-p; no
-// penalties, no reported probabilities. Then ll_sampler_dev_next takes the step's draw from the
-// RNG (as ll_sampler_sample would) into *d, and the choice is ll_sampler_sample's for the same
-// logits; it returns 0 and changes nothing otherwise.
+// 1 when the next choice can be made where the logits are (a device: ll_engine_seq_set_sample),
+// with only the id coming back: no reported probabilities, and temperature > 0 with top-k in
+// 1..LL_SAMPLE_DEV_K, top-p, min-p, or greedy with penalties (plain greedy is
+// ll_sampler_is_greedy's); penalties either way. Then ll_sampler_dev_next takes the step's draw
+// from the RNG (as ll_sampler_sample would) and the window's penalty list into *d (d->pen points
+// into the sampler: valid until the next accept), and the choice is ll_sampler_sample's for the
+// same logits; it returns 0 and changes nothing otherwise.
 int ll_sampler_dev_ok(const struct ll_sampler *s);
 int ll_sampler_dev_next(struct ll_sampler *s, struct ll_sample_dev *d);
-// The host's choice for *d (cand: n_vocab scratch): the reference of a device's sample member.
-int32_t ll_sample_dev_choose(const struct ll_sample_dev *d, struct ll_token_prob *cand, const float *logits, int V);
-
+// The host's choice for *d (cand: n_vocab scratch; d's penalties are applied to logits in place):
+// the reference of a device's sample member.
+int32_t ll_sample_dev_choose(const struct ll_sample_dev *d, struct ll_token_prob *cand, float *logits, int V);
 // Stop strings: feed generated text; reports how much of it is safe to emit now (text that
 // cannot be the start of a stop string) and whether a stop string has matched.
 #define LL_MAX_STOP 8

@@ -14,6 +14,7 @@ struct ll_sampler {
   uint64_t rng;
   struct ll_token_prob *cand; // (n_vocab) working set
   int32_t *count;             // (n_vocab) occurrences in the window
+  int32_t *pen;               // (repeat_last_n, 2) ll_sampler_dev_next's penalty list: id, count
 };
 
 void ll_sampler_params_default(struct ll_sampler_params *p) {
@@ -40,8 +41,9 @@ struct ll_sampler *ll_sampler_new(const struct ll_sampler_params *p, int n_vocab
   s->hist = calloc((size_t)(s->p.repeat_last_n ? s->p.repeat_last_n : 1), sizeof *s->hist);
   s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
   s->count = calloc((size_t)n_vocab, sizeof *s->count);
+  s->pen = malloc((size_t)(s->p.repeat_last_n ? s->p.repeat_last_n : 1) * 2 * sizeof *s->pen);
   s->rng = p->seed ? p->seed : 0x9E3779B97F4A7C15ULL;
-  if (!s->hist || !s->cand || !s->count) {
+  if (!s->hist || !s->cand || !s->count || !s->pen) {
     ll_sampler_free(s);
     return NULL;
   }
@@ -53,6 +55,7 @@ void ll_sampler_free(struct ll_sampler *s) {
   free(s->hist);
   free(s->cand);
   free(s->count);
+  free(s->pen);
   free(s);
 }
 
@@ -174,16 +177,25 @@ static int32_t sample_chain(const struct ll_sampler_params *p, struct ll_token_p
 
 static double draw_u(struct ll_sampler *s) { return (double)(next_u64(&s->rng) >> 11) * (1.0 / 9007199254740992.0); }
 
+// A penalized logit: the host's arithmetic, which the device's (llsrv_fast.cl smp_penalty)
+// repeats operation for operation (count > 0: the token's occurrences in the window).
+static float penalty_apply(float l, int32_t count, float rep, float freq, float pres) {
+  if (rep != 1.0f) l = l <= 0 ? l * rep : l / rep;
+  l -= (float)count * freq + (count > 0 ? pres : 0.0f);
+  return l;
+}
+
+static int has_penalties(const struct ll_sampler_params *p) {
+  return p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+}
+
 int32_t ll_sampler_sample(struct ll_sampler *s, float *logits, struct ll_token_prob *probs) {
   // Penalties over the recent window (llama.cpp's order: repetition, frequency, presence).
-  if (s->hist_n && (s->p.repeat_penalty != 1.0f || s->p.frequency_penalty != 0.0f || s->p.presence_penalty != 0.0f)) {
+  if (s->hist_n && has_penalties(&s->p)) {
     for (int i = 0; i < s->hist_n; i++) {
       const int32_t t = s->hist[i];
       if (s->count[t] <= 0) continue;
-      float l = logits[t];
-      if (s->p.repeat_penalty != 1.0f) l = l <= 0 ? l * s->p.repeat_penalty : l / s->p.repeat_penalty;
-      l -= (float)s->count[t] * s->p.frequency_penalty + (s->count[t] > 0 ? s->p.presence_penalty : 0.0f);
-      logits[t] = l;
+      logits[t] = penalty_apply(logits[t], s->count[t], s->p.repeat_penalty, s->p.frequency_penalty, s->p.presence_penalty);
       s->count[t] = -s->count[t]; // mark applied (a token repeated in the window counts once)
     }
     for (int i = 0; i < s->hist_n; i++)
@@ -194,22 +206,38 @@ int32_t ll_sampler_sample(struct ll_sampler *s, float *logits, struct ll_token_p
 }
 
 int ll_sampler_dev_ok(const struct ll_sampler *s) {
-  return s->p.temperature > 0.0f && s->p.top_k >= 1 && s->p.top_k <= LL_SAMPLE_DEV_K && s->p.n_probs <= 0 &&
-         s->p.repeat_penalty == 1.0f && s->p.frequency_penalty == 0.0f && s->p.presence_penalty == 0.0f;
+  if (s->p.n_probs > 0) return 0;
+  if (s->p.temperature <= 0.0f) return has_penalties(&s->p); // greedy with penalties (plain greedy: ll_sampler_is_greedy)
+  return s->p.top_k >= 1 && s->p.top_k <= LL_SAMPLE_DEV_K;
 }
 
 int ll_sampler_dev_next(struct ll_sampler *s, struct ll_sample_dev *d) {
   if (!ll_sampler_dev_ok(s)) return 0;
-  const uint64_t r = next_u64(&s->rng) >> 11; // as draw_u
+  const uint64_t r = s->p.temperature > 0.0f ? next_u64(&s->rng) >> 11 : 0; // as draw_u
   *d = (struct ll_sample_dev){s->p.temperature, s->p.top_p, s->p.min_p, s->p.min_p > 0.0f ? logf(s->p.min_p) : 0.0f, s->p.top_k,
-                              (uint32_t)(r >> 32), (uint32_t)r};
+                              (uint32_t)(r >> 32), (uint32_t)r, s->p.repeat_penalty, s->p.frequency_penalty, s->p.presence_penalty,
+                              0, s->pen};
+  if (s->hist_n && has_penalties(&s->p)) { // each token of the window once, with its count
+    for (int i = 0; i < s->hist_n; i++) {
+      const int32_t t = s->hist[i];
+      if (s->count[t] <= 0) continue;
+      s->pen[2 * d->n_pen] = t, s->pen[2 * d->n_pen + 1] = s->count[t], d->n_pen++;
+      s->count[t] = -s->count[t];
+    }
+    for (int i = 0; i < s->hist_n; i++)
+      if (s->count[s->hist[i]] < 0) s->count[s->hist[i]] = -s->count[s->hist[i]];
+  }
   return 1;
 }
 
-int32_t ll_sample_dev_choose(const struct ll_sample_dev *d, struct ll_token_prob *cand, const float *logits, int V) {
+int32_t ll_sample_dev_choose(const struct ll_sample_dev *d, struct ll_token_prob *cand, float *logits, int V) {
   struct ll_sampler_params p;
   ll_sampler_params_default(&p);
   p.temperature = d->temperature, p.top_k = d->top_k, p.top_p = d->top_p, p.min_p = d->min_p, p.n_probs = 0;
+  for (int i = 0; i < d->n_pen && d->pen; i++) {
+    const int32_t t = d->pen[2 * i];
+    if (t >= 0 && t < V) logits[t] = penalty_apply(logits[t], d->pen[2 * i + 1], d->repeat_penalty, d->frequency_penalty, d->presence_penalty);
+  }
   const double u = (double)(((uint64_t)d->u_hi << 32) | d->u_lo) * (1.0 / 9007199254740992.0);
   return sample_chain(&p, cand, logits, V, u, NULL);
 }

@@ -44,7 +44,7 @@ struct slot {
   float *logits;          // (V)
   int greedy;             // plain greedy sampling: the engine takes the argmax (on a device, only it comes back)
   int32_t amax;           // ... into here
-  int devs;               // top-k sampling without penalties: the engine takes the sampler's step too (ll_sampler_dev_next), into amax
+  int devs;               // sampling the device can take (ll_sampler_dev_ok: top-k, penalties): the engine takes the sampler's step too (ll_sampler_dev_next), into amax
   struct ll_sample_dev sd; // ... this step's
   struct ll_sampler *smp;
   struct ll_stop_matcher *stop;

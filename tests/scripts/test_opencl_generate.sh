@@ -64,19 +64,24 @@ done
 # Top-k sampling (the default chain: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05) runs on
 # the device too: the id alone comes back, and with the same seed the sampled ids are the CPU's
 # (the default tier on PoCL gives the CPU's logits; the device's sums of the chain's
-# softmax differ from the host's in order only). With a repetition penalty the logits come back
-# and the host samples.
+# softmax differ from the host's in order only). Repetition / frequency / presence penalties
+# too: the sampler's window goes up as (id, count) pairs, the id alone comes back.
 line=$("$LLSRV" generate --model "$SMOL" -n 8 --temp 0.8 --seed 1 --ignore-eos -p "Hello" --device "$DEV" 2>&1 >/dev/null | grep "device transfers per decode step")
 echo "$line"
-echo "$line" | awk '{ exit !($11 == 4 && $14 == 1) }' && echo "$line" | grep -q "sampling top-k on the device"
+echo "$line" | awk '{ exit !($11 == 4 && $14 == 1) }' && echo "$line" | grep -q "sampling by the chain on the device"
 check $? "decode step traffic, top-k sampling on the device: ${line:-no transfer line}"
 a=$(run "$SMOL" cpu -n 24 --temp 0.8 --seed 7 -p "Once upon a time"); b=$(run "$SMOL" "$DEV" -n 24 --temp 0.8 --seed 7 -p "Once upon a time")
 echo "sampled (seed 7) cpu:    $a"; echo "sampled (seed 7) opencl: $b"
 [ -n "$a" ] && [ "$a" = "$b" ]; check $? "sampled ids: OpenCL (sampling on the device) differ from the CPU's"
 line=$("$LLSRV" generate --model "$SMOL" -n 8 --temp 0.8 --seed 1 --repeat-penalty 1.1 --ignore-eos -p "Hello" --device "$DEV" 2>&1 >/dev/null | grep "device transfers per decode step")
 echo "$line"
-echo "$line" | awk '{ exit !($11 == 196608 && $14 == 1) }' && echo "$line" | grep -q "sampling on the host"
-check $? "decode step traffic, sampling on the host: ${line:-no transfer line}"
+echo "$line" | awk '{ exit !($11 == 4 && $14 == 1) }' && echo "$line" | grep -q "sampling by the chain on the device"
+check $? "decode step traffic, penalties on the device: ${line:-no transfer line}"
+for pen in "--temp 0.8 --repeat-penalty 1.3" "--temp 0 --repeat-penalty 1.5 --repeat-last-n 16"; do
+  a=$(run "$SMOL" cpu -n 24 $pen --seed 7 -p "Once upon a time"); b=$(run "$SMOL" "$DEV" -n 24 $pen --seed 7 -p "Once upon a time")
+  echo "penalties ($pen) cpu:    $a"; echo "penalties ($pen) opencl: $b"
+  [ -n "$a" ] && [ "$a" = "$b" ]; check $? "ids with penalties ($pen): OpenCL (on the device) differ from the CPU's"
+done
 # The second start loads the kernels from the binary cache.
 "$LLSRV" generate --model "$SMOL" --ids -n 1 --temp 0 --device "$DEV" 2>&1 | grep -q "kernels from the binary cache"
 check $? "second start did not use the binary cache"
