@@ -24,12 +24,9 @@ ll_test(NAME test_moe SOURCES test_moe.c LIBS ll_server LABELS unit TIMEOUT 120)
 # experts' backward, the router's, the shared expert's) within 1e-5 of max |g|, then 6 steps'
 # losses, aux losses and validation losses within 1e-5 relative on the reference tier
 # (LL_OPENCL_REFERENCE=1; observed <= 1e-7) and 1e-3 on the fast tier (observed <= 4e-7); ~12 s,
-# more when PoCL compiles the programs first (TIMEOUT as test_opencl's). Under ASan, PoCL's own
-# compiler state (LLVM, kept after it JIT-compiles a kernel variant its cache lacks) is not
-# reported as a leak (tests/lsan_pocl.supp); llsrv's allocations still are.
+# more when PoCL compiles the programs first (TIMEOUT as test_opencl's).
 add_test(NAME test_moe_opencl COMMAND test_moe opencl:0:0)
-set_tests_properties(test_moe_opencl PROPERTIES TIMEOUT 1200 LABELS unit
-  ENVIRONMENT "${LL_TEST_ENV};LSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/lsan_pocl.supp")
+set_tests_properties(test_moe_opencl PROPERTIES TIMEOUT 1200 LABELS unit ENVIRONMENT "${LL_TEST_ENV}")
 # Mixture-of-experts layouts (Mixtral's llama, qwen2moe, qwen3moe, olmoe) written by the gguf
 # package: 32 greedy ids on 4 prompts equal llama.cpp's (tests/ref/moe_greedy32.tsv), top-5
 # logits within 1e-3, the OpenCL device's ids (PoCL, reference tier) equal the CPU's; the same
