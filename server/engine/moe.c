@@ -206,13 +206,33 @@ static int any_expert_lora(const struct ll_moe_lora *lo, int T) {
   return 0;
 }
 
+// d (len, out) += sc · B·(A·x) for len rows x (len, in): ggml's order (B·(A·x), scaled, added)
+// with the batch-invariant kernels, through c->lr (len, r) and c->lo (len, out).
+static int lora_rows_add(struct ll_moe_ctx *c, const float *x, const struct ll_weight *A, const struct ll_weight *B, float sc, float *d, int64_t out,
+                         int len, const char *what, char *err, size_t errlen) {
+  struct ll_backend *be = c->be;
+  const int bi = be->batch_invariant;
+  be->batch_invariant = 1;
+  int rc = be->i->matmul(be, c->lr, x, A, len, 0);          // (len, r)
+  if (rc == 0) rc = be->i->matmul(be, c->lo, c->lr, B, len, 0); // (len, out)
+  be->batch_invariant = bi;
+  if (rc) return fail(rc, err, errlen, "matmul lora");
+  if (c->host) {
+    for (int64_t j = 0; j < (int64_t)len * out; j++) d[j] += sc * c->lo[j];
+  } else if (be->i->axpy) {
+    BK(be->i->axpy(be, d, c->lo, sc, (int64_t)len * out), "axpy");
+  } else {
+    return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: the backend has no axpy for adapters on %s", what);
+  }
+  return 0;
+}
+
 // Serving: dst's grouped rows [r0, r0 + n) (of out floats) += scale · B_e·(A_e·x) for the rows
 // whose token's adapter has the slot; x the same rows (of in floats). Runs of rows with the same
 // adapter (a sequence's tokens are consecutive within an expert's block) are one pair of
 // products each, in ggml's order (B·(A·x), scaled, added) with the batch-invariant kernels.
 static int expert_lora(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, int slot, int e, const float *x, int64_t in, float *dst, int64_t out, int r0,
                        int n, char *err, size_t errlen) {
-  struct ll_backend *be = c->be;
   for (int r = r0; r < r0 + n;) {
     const struct ll_lora *a;
     const struct ll_lora_pair *p = row_pair(c, lo, r, slot, &a);
@@ -224,21 +244,8 @@ static int expert_lora(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, int s
     for (const struct ll_lora *b; r + len < r0 + n && row_pair(c, lo, r + len, slot, &b) == p; len++) {}
     struct ll_weight A, B;
     ll_lora_expert(a, p, e, &A, &B);
-    const int bi = be->batch_invariant;
-    be->batch_invariant = 1;
-    int rc = be->i->matmul(be, c->lr, x + (size_t)r * in, &A, len, 0); // (len, r)
-    if (rc == 0) rc = be->i->matmul(be, c->lo, c->lr, &B, len, 0);    // (len, out)
-    be->batch_invariant = bi;
-    if (rc) return fail(rc, err, errlen, "matmul expert lora");
-    float *d = dst + (size_t)r * out;
-    const float sc = ll_lora_scale(a);
-    if (c->host) {
-      for (int64_t j = 0; j < (int64_t)len * out; j++) d[j] += sc * c->lo[j];
-    } else if (be->i->axpy) {
-      BK(be->i->axpy(be, d, c->lo, sc, (int64_t)len * out), "axpy");
-    } else {
-      return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: the backend has no axpy for adapters on experts");
-    }
+    int rc = lora_rows_add(c, x + (size_t)r * in, &A, &B, ll_lora_scale(a), dst + (size_t)r * out, out, len, "experts", err, errlen);
+    if (rc) return rc;
     r += len;
   }
   return 0;
@@ -324,7 +331,6 @@ static int experts(struct ll_moe_ctx *c, const struct ll_moe_layer *y, const str
 // adapter has it (x (T, in)): runs of tokens with one adapter, ggml's order as expert_lora.
 static int shared_lora(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, int slot, const float *x, int64_t in, float *dst, int64_t out, int T,
                        char *err, size_t errlen) {
-  struct ll_backend *be = c->be;
   for (int t = 0; t < T;) {
     const struct ll_lora *a = lo->tok ? lo->tok[t] : lo->one;
     const struct ll_lora_pair *p = a && ((a->targets >> slot) & 1) ? ll_lora_at(a, lo->layer, slot) : NULL;
@@ -334,21 +340,8 @@ static int shared_lora(struct ll_moe_ctx *c, const struct ll_moe_lora *lo, int s
     }
     int len = 1;
     while (t + len < T && (lo->tok ? lo->tok[t + len] : lo->one) == a) len++;
-    const int bi = be->batch_invariant;
-    be->batch_invariant = 1;
-    int rc = be->i->matmul(be, c->lr, x + (size_t)t * in, &p->a, len, 0); // (len, r)
-    if (rc == 0) rc = be->i->matmul(be, c->lo, c->lr, &p->b, len, 0);    // (len, out)
-    be->batch_invariant = bi;
-    if (rc) return fail(rc, err, errlen, "matmul shared expert lora");
-    float *d = dst + (size_t)t * out;
-    const float sc = ll_lora_scale(a);
-    if (c->host) {
-      for (int64_t j = 0; j < (int64_t)len * out; j++) d[j] += sc * c->lo[j];
-    } else if (be->i->axpy) {
-      BK(be->i->axpy(be, d, c->lo, sc, (int64_t)len * out), "axpy");
-    } else {
-      return ll_errf(err, errlen, LL_EUNSUPPORTED, "moe: the backend has no axpy for adapters on the shared expert");
-    }
+    int rc = lora_rows_add(c, x + (size_t)t * in, &p->a, &p->b, ll_lora_scale(a), dst + (size_t)t * out, out, len, "the shared expert", err, errlen);
+    if (rc) return rc;
     t += len;
   }
   return 0;
