@@ -532,7 +532,10 @@ static void test_dropout_grads(const char *dir, int layout, unsigned targets, ui
       if (kinks <= 3) break;
     }
     CHECKF(rc == 0, "%s", err);
-    CHECKF(fabs(l_train - l_eval) > 1e-4 * fabs(l_eval), "dropout did not change the training loss (%.9g vs %.9g)", l_train, l_eval);
+    // Without dropout the two losses are the same bits; with it they differ by ~1e-2 relative for
+    // most seeds but by as little as 9e-5 for some (LL_TEST_SEED=1795775076303264), so the bound
+    // only asks that they differ by more than rounding.
+    CHECKF(fabs(l_train - l_eval) > 1e-7 * fabs(l_eval), "dropout did not change the training loss (%.9g vs %.9g)", l_train, l_eval);
     CHECKF(kinks <= 3, "%d of 60 parameters at routing kinks", kinks);
     CHECKF(bad == 0, "%d of 60 gradients with dropout off the finite differences", bad);
     CHECK(max_g > 1e-3);
