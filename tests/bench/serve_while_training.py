@@ -9,7 +9,7 @@
 # alone (target >= 0.9).
 #
 #   python3 tests/bench/serve_while_training.py --build build --model SmolLM2-135M-Instruct.Q4_1.gguf \
-#       [--requests 15] [--max-tokens 32] [--threads 2] [--seq-len 256] [--window 60] [--share 0.25]
+#       [--requests 15] [--max-tokens 32] [--threads 2] [--seq-len 256] [--window 60] [--share 0.25] [--device opencl:0:0]
 import argparse
 import os
 import shutil
@@ -35,6 +35,7 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--seq-len", type=int, default=256)
 ap.add_argument("--window", type=float, default=60.0, help="seconds of training measured without requests")
 ap.add_argument("--share", type=float, default=None, help="train.share (default: the config's default)")
+ap.add_argument("--device", default=None, help="the engine's device for serving and training (default: the server's choice)")
 a = ap.parse_args()
 os.environ["LL_BINARY_DIR"] = os.path.abspath(a.build)
 from llsrv_client import Monitor, Server, escape, wait_until  # noqa: E402
@@ -81,7 +82,8 @@ if a.share is not None:
 cpu, flags = machine()
 print("# %s UTC, %s (%s), %d threads; load %s; read bandwidth %s GB/s" % (time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), cpu, flags, T,
                                                                          load(), readbw()), flush=True)
-srv = Server(tmp, ["--model", a.model, "--parallel", "4", "--threads", str(T)] + train)
+DEV = ["--device", a.device] if a.device else []
+srv = Server(tmp, ["--model", a.model, "--parallel", "4", "--threads", str(T)] + DEV + train)
 try:
     latencies(srv, 2)  # warm-up
     idle = latencies(srv, a.requests)
@@ -109,7 +111,7 @@ rd = os.path.join(tmp, "run")
 steps = max(5, int(a.window * srv_tps / S) + 3)
 out = subprocess.run([LLSRV, "train", "--model", a.model, "--data", corpus, "--seq-len", str(S), "--batch", "1", "--steps", str(steps),
                       "--lora-rank", "16", "--lora-alpha", "32", "--lr", "1e-4", "--eval-every", "0", "--checkpoint-every", "0", "-t", str(T),
-                      "--log-every", "1", "--restart", "-o", rd], capture_output=True, text=True)
+                      "--log-every", "1", "--restart", "-o", rd] + DEV, capture_output=True, text=True)
 k0, k1 = 2, steps - 1
 alone_tps = benchlib.train_tps(out.stdout, S, k0, k1)
 if out.returncode != 0 or alone_tps is None:
