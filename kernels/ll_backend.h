@@ -22,6 +22,9 @@
 //   too: for it a KV pool pointer (ll_kv_view.k/v) only names a device pool, whose contents
 //   never return to the host.
 // - Every op returns 0 or a negative LL_E* code; ops are synchronous unless `sync` is provided.
+//   An op may also take index arrays (get_rows' ids) in a backend buffer, and argmax / sample
+//   may write their ids into one: then nothing is read back, and a decode step can take its
+//   input ids from the previous step's choice on the device (read_async, ll_engine_decode_queue).
 // - Members marked (optional) may be NULL; callers check and fall back to the CPU backend.
 #ifndef LL_BACKEND_H
 #define LL_BACKEND_H
@@ -82,6 +85,11 @@ struct ll_backend_info {
   int cl_platform, cl_device; // OpenCL: P and D of opencl:P:D (another instance on the same device)
   int64_t bytes_up, bytes_down; // host -> device and device -> host bytes moved so far (0 on the CPU)
   int64_t waits;                // times the host waited for the device (blocking reads, finishes)
+  int64_t idle_waits;           // of those, waits with no kernel queued behind what they waited for: the
+                                // device ran dry while the host waited (every blocking read; a read_wait
+                                // whose step had no next step queued behind it)
+  int queue_ahead;              // 1: read_async / read_wait serve (a decode step may be queued behind the
+                                // previous one before its ids reach the host); 0: off (LL_OPENCL_QUEUE_AHEAD=0)
   int64_t launches;             // kernels queued so far (0 on the CPU)
   int64_t arg_sets;             // kernel arguments set so far (clSetKernelArg; the fast tier's products keep theirs)
   int64_t fast_launches;        // of those, the fast tier's kernels (llsrv_fast.cl: products, rope_kv, attention)
@@ -278,7 +286,18 @@ struct ll_backend_i {
   // chain for those settings and draw (server/engine/sample.c ll_sample_dev_choose), so only the
   // ids come back.
   int (*sample)(struct ll_backend *b, int32_t *ids, float *logits, int rows, int V, const struct ll_sample_dev *d); // (optional)
+
+  // ---- reading results one step behind (optional: a device backend; NULL, or LL_EUNSUPPORTED
+  //      where turned off (info.queue_ahead 0), and the engine decodes step by step) ----
+  // Queue a read of n bytes of backend buffer src into host memory dst and return at once: a
+  // ticket >= 0 (at most LL_READ_TICKETS outstanding: LL_EBUSY beyond), or LL_E*. dst must stay
+  // valid and unread until read_wait(ticket) returns; work queued after it runs behind it.
+  int (*read_async)(struct ll_backend *b, void *dst, const void *src, size_t n);                // (optional)
+  // Wait for ticket's read (and all work queued before it): 0 or LL_E*. Tickets are waited in
+  // the order read_async gave them (LL_EINVAL otherwise).
+  int (*read_wait)(struct ll_backend *b, int ticket);                                          // (optional)
 };
+#define LL_READ_TICKETS 8
 
 #define LL_BLAS_MIN_T 32
 

@@ -103,7 +103,7 @@ double ocl_xent_loss(const float *rs, const int32_t *targets, int T) {
 // The queue has drained (a blocking read or a finish returned): the arena's bytes are free,
 // and the deferred losses' statistics have arrived.
 void ocl_drained(struct ocl_ctx *c) {
-  c->arena_used = 0;
+  c->arena_used = c->arena_tail = c->arena_end = 0, c->arena_wrap = 0, c->arena_lap++;
   for (int i = 0; i < c->n_pend; i++) {
     *c->pend[i].loss = ocl_xent_loss(c->pend[i].rs, c->pend[i].tg, c->pend[i].T);
     free(c->pend[i].rs), free(c->pend[i].tg);
@@ -112,7 +112,7 @@ void ocl_drained(struct ocl_ctx *c) {
 }
 
 int ocl_finish(struct ocl_ctx *c) {
-  c->waits++;
+  c->waits++, c->idle_waits++;
   cl_int e = clFinish(c->q);
   ocl_drained(c);
   return ocl_cl_rc(e);
@@ -126,7 +126,15 @@ int ocl_upload(struct ocl_ctx *c, cl_mem dst, size_t off, const void *src, size_
   c->bytes_up += (int64_t)bytes;
   if (bytes > ARENA_MAX) return ocl_cl_rc(clEnqueueWriteBuffer(c->q, dst, CL_TRUE, off, bytes, src, 0, NULL, NULL));
   const size_t need = (bytes + 63) & ~(size_t)63;
-  if (c->arena_used + need > c->arena_cap) {
+  size_t at;
+  if (!c->arena_wrap && c->arena_used + need <= c->arena_cap) {
+    at = c->arena_used;
+  } else if (!c->arena_wrap && need < c->arena_tail) { // wrap: [0, tail) was read by waited work
+    c->arena_end = c->arena_used, c->arena_wrap = 1, c->arena_lap++;
+    at = 0;
+  } else if (c->arena_wrap && c->arena_used + need < c->arena_tail) {
+    at = c->arena_used;
+  } else {
     int rc = ocl_finish(c); // the queued uploads have read their bytes: the arena may move
     if (rc) return rc;
     if (need > c->arena_cap) {
@@ -136,10 +144,11 @@ int ocl_upload(struct ocl_ctx *c, cl_mem dst, size_t off, const void *src, size_
       if (!na) return LL_ENOMEM;
       c->arena = na, c->arena_cap = cap;
     }
+    at = 0;
   }
-  unsigned char *h = c->arena + c->arena_used;
+  unsigned char *h = c->arena + at;
   memcpy(h, src, bytes);
-  c->arena_used += need;
+  c->arena_used = at + need;
   return ocl_cl_rc(clEnqueueWriteBuffer(c->q, dst, CL_FALSE, off, bytes, h, 0, NULL, NULL));
 }
 
@@ -147,7 +156,7 @@ int ocl_upload(struct ocl_ctx *c, cl_mem dst, size_t off, const void *src, size_
 int ocl_download(struct ocl_ctx *c, void *dst, cl_mem src, size_t off, size_t bytes) {
   if (!bytes) return 0;
   c->bytes_down += (int64_t)bytes;
-  c->waits++;
+  c->waits++, c->idle_waits++;
   cl_int e = clEnqueueReadBuffer(c->q, src, CL_TRUE, off, bytes, dst, 0, NULL, NULL);
   ocl_drained(c);
   return ocl_cl_rc(e);
@@ -507,6 +516,7 @@ void ocl_get_info(struct ll_backend *b, struct ll_backend_info *info) {
   *info = c->info;
   info->mem_used = c->mem_used;
   info->bytes_up = c->bytes_up, info->bytes_down = c->bytes_down, info->waits = c->waits;
+  info->idle_waits = c->idle_waits, info->queue_ahead = c->queue_ahead;
   info->launches = c->launches, info->arg_sets = c->arg_sets, info->fast_launches = c->fast_launches;
   info->train_fast_launches = c->train_fast_launches;
   snprintf(info->tier, sizeof info->tier, "%s", c->fast ? "fast" : "reference");
@@ -517,6 +527,7 @@ void ocl_free(struct ll_backend *b) {
   struct ocl_ctx *c = CTX(b);
   if (c) {
     if (c->q) clFinish(c->q);
+    for (int t = c->tk_first; t < c->tk_next; t++) clReleaseEvent(c->tk[t % LL_READ_TICKETS].ev);
     for (int i = 0; i < c->n_w; i++) {
       ocl_release_mem(c->w[i]->m);
       if (c->w[i]->fk.k) clReleaseKernel(c->w[i]->fk.k);
@@ -609,6 +620,8 @@ static const struct ll_backend_i ocl_iface = {
     .rope_kv_store = ocl_rope_kv_store,
     .argmax = ocl_argmax,
     .sample = ocl_sample,
+    .read_async = ocl_read_async,
+    .read_wait = ocl_read_wait,
 };
 
 // A device string, truncated to cap (drivers' version strings can be long: PoCL's names its
@@ -700,6 +713,10 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
   clGetDeviceInfo(c->dev, CL_DEVICE_TYPE, sizeof dtype, &dtype, NULL);
   const char *tier = getenv("LL_OPENCL_REFERENCE");
   c->fast = tier && *tier ? strcmp(tier, "0") == 0 : (dtype & (CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR)) != 0;
+  // LL_OPENCL_QUEUE_AHEAD=0: no read one step behind (read_async answers LL_EUNSUPPORTED), so
+  // every decode step waits for its ids before the next is queued (the comparison's baseline).
+  const char *qa = getenv("LL_OPENCL_QUEUE_AHEAD");
+  c->queue_ahead = !(qa && strcmp(qa, "0") == 0);
   int rc = 0;
   if (strncmp(in->version, "OpenCL ", 7) != 0 || (in->version[7] == '1' && in->version[9] < '2'))
     rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "opencl: %s reports '%s'; OpenCL 1.2 or later is needed", in->device, in->version);
@@ -736,7 +753,7 @@ int ll_backend_opencl_create_beside(struct ll_backend **out, struct ll_backend *
   // arguments are per object), staging and buffers of its own.
   c->plat = pc->plat, c->dev = pc->dev, c->info = pc->info, c->info.mem_used = 0;
   c->mem_total = pc->mem_total, c->max_alloc = pc->max_alloc, c->addr_align = pc->addr_align;
-  c->no_fp64 = pc->no_fp64, c->cache_hit = pc->cache_hit, c->fast = pc->fast;
+  c->no_fp64 = pc->no_fp64, c->cache_hit = pc->cache_hit, c->fast = pc->fast, c->queue_ahead = pc->queue_ahead;
   // Testing aid: the server's trainer instance out of memory for its buffers (the weights fit).
   const char *fault = getenv("LL_OPENCL_FAULT");
   c->no_alloc = fault && strcmp(fault, "train_alloc") == 0;

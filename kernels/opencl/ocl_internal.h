@@ -153,8 +153,22 @@ struct ocl_ctx {
   size_t addr_align; // CL_DEVICE_MEM_BASE_ADDR_ALIGN in bytes: where a sub-buffer may start
   // Host bytes of queued uploads: copied here so the caller's memory may change once an op
   // returns, without waiting for the device. Reset whenever the queue has drained.
+  // A ring once reads are waited one step behind (ocl_read_wait): live bytes [tail, used), or
+  // after a wrap [tail, end) and [0, used); a waited read frees what was queued before it.
   unsigned char *arena;
-  size_t arena_cap, arena_used;
+  size_t arena_cap, arena_used, arena_tail, arena_end;
+  int arena_wrap;
+  uint64_t arena_lap; // wraps and drains so far (a read's mark names its lap)
+  // Reads queued by read_async (ll_backend.h), waited in order: ticket t in slot t % LL_READ_TICKETS.
+  struct ocl_ticket {
+    cl_event ev;
+    size_t mark;       // arena_used when it was queued ...
+    uint64_t lap;      // ... in this lap
+    int64_t launches;  // launches when it was queued: none since at its wait = the device ran dry
+  } tk[LL_READ_TICKETS];
+  int tk_first, tk_next; // oldest outstanding ticket, next to give
+  int queue_ahead;       // 0: LL_OPENCL_QUEUE_AHEAD=0 (read_async answers LL_EUNSUPPORTED)
+  int64_t idle_waits;
   int64_t bytes_up, bytes_down, waits, launches, arg_sets, fast_launches, train_fast_launches;
   struct pending_loss *pend; // completed by ocl_drained()
   int n_pend, cap_pend;
@@ -219,6 +233,8 @@ int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const 
 int ocl_rope_kv_store(struct ll_backend *b, float *q, const float *k, const float *v, const struct ll_kv_view *kv, const int32_t *pos, const int *t0, const int *nt, int n_seq, int n_head, const struct ll_rope_params *p);
 int ocl_argmax(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V);
 int ocl_sample(struct ll_backend *b, int32_t *ids, float *logits, int rows, int V, const struct ll_sample_dev *d);
+int ocl_read_async(struct ll_backend *b, void *dst, const void *src, size_t n);
+int ocl_read_wait(struct ll_backend *b, int ticket);
 int ocl_attention(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, int T, int n_head, float scale);
 int ocl_fail(struct ocl_ctx *c, int rc);
 int ocl_fbytes(const struct ocl_ctx *c, int64_t a, int64_t b, size_t *out);

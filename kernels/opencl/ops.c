@@ -147,11 +147,18 @@ int ocl_matmul(struct ll_backend *b, float *out, const float *x, const struct ll
   return ocl_get(c, S_OUT, out, ob);
 }
 
+// ids may be a backend buffer (a decode step's input: the previous step's choice, made on the
+// device): read where they are, not checked here - the caller vouches for them (the engine: ids
+// an argmax or sample over at most w->n rows wrote).
 int ocl_get_rows(struct ll_backend *b, float *out, const struct ll_weight *w, const int32_t *ids, int T) {
   struct ocl_ctx *c = CTX(b);
-  for (int t = 0; t < T; t++)
-    if (ids[t] < 0 || ids[t] >= w->n) return LL_EINVAL;
   if (T <= 0) return 0;
+  const struct rbuf *ir;
+  size_t ioff;
+  const int dev_ids = ocl_resident(c, ids, (size_t)T * sizeof *ids, &ir, &ioff);
+  if (dev_ids < 0) return dev_ids;
+  for (int t = 0; !dev_ids && t < T; t++)
+    if (ids[t] < 0 || ids[t] >= w->n) return LL_EINVAL;
   cl_mem wm;
   int rc = ocl_weight_dev(c, w, &wm);
   if (rc) return rc;
@@ -530,4 +537,48 @@ int ocl_attention(struct ll_backend *b, float *out, const float *q, const struct
                          float scale) {
   const int t0 = 0;
   return ocl_attention_multi(b, out, q, kv, pos, &t0, &T, 1, n_head, scale);
+}
+
+// ---------------------------------------------------------------- reads one step behind
+
+// A decode step's ids read without waiting (ll_backend.h read_async): an event per read, waited
+// in order; its wait frees the upload arena up to where the read was queued (everything before
+// it has run), so a run of queued steps never drains the queue to reuse the arena.
+int ocl_read_async(struct ll_backend *b, void *dst, const void *src, size_t n) {
+  struct ocl_ctx *c = CTX(b);
+  if (!c->queue_ahead) return LL_EUNSUPPORTED;
+  const struct rbuf *r, *hr;
+  size_t off, hoff;
+  if (!n || !dst || ocl_resident(c, src, n, &r, &off) != 1 || ocl_resident(c, dst, n, &hr, &hoff) != 0) return LL_EINVAL;
+  if (c->tk_next - c->tk_first >= LL_READ_TICKETS) return LL_EBUSY;
+  if (c->tk_next == INT_MAX) return LL_ELIMIT;
+  struct ocl_ticket *t = &c->tk[c->tk_next % LL_READ_TICKETS];
+  cl_int e = clEnqueueReadBuffer(c->q, r->m, CL_FALSE, off, n, dst, 0, NULL, &t->ev);
+  if (e != CL_SUCCESS) return ocl_cl_rc(e);
+  c->bytes_down += (int64_t)n;
+  t->mark = c->arena_used, t->lap = c->arena_lap, t->launches = c->launches;
+  clFlush(c->q); // the device starts on what is queued while the host goes on
+  return c->tk_next++;
+}
+
+int ocl_read_wait(struct ll_backend *b, int ticket) {
+  struct ocl_ctx *c = CTX(b);
+  if (ticket != c->tk_first || ticket >= c->tk_next) return LL_EINVAL;
+  struct ocl_ticket *t = &c->tk[ticket % LL_READ_TICKETS];
+  c->waits++;
+  if (c->launches == t->launches) c->idle_waits++; // nothing queued behind it: the device runs dry
+  cl_int e = clWaitForEvents(1, &t->ev);
+  cl_int st = CL_COMPLETE;
+  if (e == CL_SUCCESS) e = clGetEventInfo(t->ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL);
+  clReleaseEvent(t->ev);
+  c->tk_first++;
+  if (e == CL_SUCCESS && st < 0) e = st;
+  if (e != CL_SUCCESS) return ocl_cl_rc(e);
+  if (t->lap == c->arena_lap) { // the arena's bytes queued before the read have been read
+    c->arena_tail = t->mark, c->arena_wrap = 0;
+  } else if (t->lap + 1 == c->arena_lap && c->arena_wrap) {
+    c->arena_tail = t->mark;
+    if (c->arena_tail >= c->arena_end) c->arena_tail = 0, c->arena_wrap = 0;
+  }
+  return 0;
 }
