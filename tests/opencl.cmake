@@ -15,6 +15,10 @@ ll_test(NAME test_opencl_train_fast SOURCES test_opencl_train_fast.c LIBS ll_ker
 # without f64: issue 29's 0.1% / 99% are below SmolLM2's noise floor, see the test), a decode
 # step at most 6 launches per layer and 64 bytes back (about 1 min on two cores: slow).
 ll_test(NAME test_opencl_fast SOURCES test_opencl_fast.c LIBS ll_server LABELS "integration;slow" TIMEOUT 600 FIXTURES smollm2)
+# Decode steps queued one behind the other (ll_engine_decode_queue) on stories260K: the same greedy
+# and seeded sampled ids as step by step, no wait with the device idle but the last, a stop's
+# queued step undone (length, KV blocks, continuation), refusals, LL_OPENCL_QUEUE_AHEAD=0 (seconds).
+ll_test(NAME test_opencl_queue SOURCES test_opencl_queue.c LIBS ll_server LABELS unit TIMEOUT 300)
 ll_script_test(NAME opencl_generate COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_opencl_generate.sh
   LABELS integration TIMEOUT 600 FIXTURES smollm2)
 # The server on the OpenCL device (PoCL): 16 concurrent clients' greedy outputs equal the

@@ -200,7 +200,54 @@ int ll_cmd_generate(int argc, char **argv) {
   ll_detok_stream_init(&ds);
   int generated = 0;
   char piece[1024];
-  for (; generated < n_predict; generated++) {
+  // Decode steps queued one behind the other (ll_engine_decode_queue, a device backend): step g
+  // takes token g from the device, where step g - 1 chose it, so step g + 1 is queued before step
+  // g's id reaches the host and the device never waits for the host between steps. The host
+  // handles each id one step behind: a stop (EOS) leaves one step queued past it, undone
+  // (ll_engine_seq_truncate). Not with penalties (the next step's window needs this step's id).
+  const int ahead = by_id && (greedy || ll_sampler_dev_ahead(smp)) && ll_engine_queue_ok(e);
+  int32_t cur = am;
+  if (ahead && n_predict > 1) {
+    if ((devs && (!ll_sampler_dev_next(smp, &sd) || ll_engine_seq_set_sample(e, seq, &sd) != 0)) || ll_engine_decode_queue(e, &seq, &cur, 1, err, sizeof err) != 0) {
+      fprintf(stderr, "llsrv generate: %s\n", err);
+      goto out;
+    }
+  }
+  for (; ahead && generated < n_predict; generated++) { // step `generated` is queued (unless it is the last token)
+    const int32_t next = cur;
+    ll_sampler_accept(smp, next);
+    if (!ignore_eos && tok && ll_tokenizer_is_eog(tok, next)) break;
+    if (print_ids || !tok) {
+      printf(generated ? " %d" : "%d", next);
+    } else {
+      int k = ll_detok_stream_push(tok, &ds, next, piece, sizeof piece);
+      if (k > 0) fwrite(piece, 1, (size_t)k, stdout);
+    }
+    fflush(stdout);
+    if (generated + 1 == n_predict) {
+      generated++;
+      break;
+    }
+    if (generated + 2 < n_predict) { // the step after, behind this one (not for the last token)
+      if (devs && (!ll_sampler_dev_next(smp, &sd) || ll_engine_seq_set_sample(e, seq, &sd) != 0)) goto out;
+      if (ll_engine_decode_queue(e, &seq, NULL, 1, err, sizeof err) != 0) {
+        fprintf(stderr, "\nllsrv generate: %s\n", err);
+        goto out;
+      }
+    }
+    if (ll_engine_decode_collect(e, &cur, 1, err, sizeof err) != 1) {
+      fprintf(stderr, "\nllsrv generate: %s\n", err);
+      goto out;
+    }
+  }
+  if (ahead && ll_engine_decode_pending(e) > 0) { // the step queued past the stop: undone
+    int32_t drop;
+    if (ll_engine_decode_collect(e, &drop, 1, err, sizeof err) != 1 || ll_engine_seq_truncate(e, seq, ll_engine_seq_len(e, seq) - 1) != 0) {
+      fprintf(stderr, "\nllsrv generate: %s\n", err);
+      goto out;
+    }
+  }
+  for (; !ahead && generated < n_predict; generated++) {
     int32_t next = by_id ? am : ll_sampler_sample(smp, logits, NULL);
     ll_sampler_accept(smp, next);
     if (!ignore_eos && tok && ll_tokenizer_is_eog(tok, next)) break;
@@ -236,11 +283,12 @@ int ll_cmd_generate(int argc, char **argv) {
   if (generated > 1 && strcmp(x2.name, "cpu") != 0) // a decode step's traffic between host and device
     fprintf(stderr,
             "llsrv generate: device transfers per decode step: %.0f bytes up, %.0f bytes down, %.1f waits, %.1f launches (%.2f per layer; %s tier, "
-            "sampling %s), %.0f kernel arguments set\n",
+            "sampling %s), %.0f kernel arguments set, %.2f idle waits (steps %s)\n",
             (double)(x2.bytes_up - x1.bytes_up) / (generated - 1), (double)(x2.bytes_down - x1.bytes_down) / (generated - 1),
             (double)(x2.waits - x1.waits) / (generated - 1), (double)(x2.launches - x1.launches) / (generated - 1),
             (double)(x2.launches - x1.launches) / (generated - 1) / (info.n_layer > 0 ? info.n_layer : 1), x2.tier,
-            greedy ? "greedy on the device" : devs ? "by the chain on the device" : "on the host", (double)(x2.arg_sets - x1.arg_sets) / (generated - 1));
+            greedy ? "greedy on the device" : devs ? "by the chain on the device" : "on the host", (double)(x2.arg_sets - x1.arg_sets) / (generated - 1),
+            (double)(x2.idle_waits - x1.idle_waits) / (generated - 1), ahead ? "queued ahead" : "one at a time");
   rc = 0;
 out:
   free(rendered);

@@ -70,6 +70,14 @@ struct ll_engine {
   struct ll_weight *experts;       // (L, 3, E): each layer's gate, up, down slices
   struct ll_moe_ctx *moe;
   const struct ll_lora **tok_lora; // (max_batch) each row's adapter, for adapters on experts
+  // Decode steps queued one behind the other (ll_engine_decode_queue): step s writes its ids to
+  // dq_dev[s % 2] on the device (the next step's input, read there) and reads them back into
+  // dq_host[s % 2] without waiting; dq_done of dq_steps collected. dq_seqs (n_seqs): the last
+  // queued step's sequences, in order (dq_last of them; 0: the next step's ids come from the host).
+  int32_t *dq_dev[2], *dq_host[2];
+  int dq_ticket[2], dq_n[2];
+  int64_t dq_steps, dq_done;
+  int *dq_seqs, dq_last;
 };
 
 void ll_engine_params_default(struct ll_engine_params *p) {
@@ -462,6 +470,8 @@ static int alloc_index(struct ll_engine *e, char *err, size_t errlen) {
 void ll_engine_close(struct ll_engine *e) {
   if (!e) return;
   free_scratch(e);
+  for (int i = 0; i < 2; i++) ll_backend_free_buf(buf_owner(e), e->dq_dev[i]), free(e->dq_host[i]);
+  free(e->dq_seqs);
   ll_moe_ctx_free(e->moe); // its buffers are the backend's
   e->moe = NULL;
   ll_backend_free(e->be);
@@ -667,6 +677,7 @@ int ll_engine_seq_new(struct ll_engine *e) {
 void ll_engine_seq_free(struct ll_engine *e, int s) {
   if (s < 0 || s >= e->n_seqs || !e->seqs[s].used) return;
   struct seq *q = &e->seqs[s];
+  e->dq_last = 0; // the next queued step's ids come from the host
   for (int i = q->n_blocks - 1; i >= 0; i--) e->free_list[e->n_free++] = q->blocks[i];
   q->used = 0;
   q->len = 0;
@@ -676,6 +687,16 @@ void ll_engine_seq_free(struct ll_engine *e, int s) {
 }
 
 int ll_engine_seq_len(const struct ll_engine *e, int s) { return s >= 0 && s < e->n_seqs && e->seqs[s].used ? e->seqs[s].len : LL_EINVAL; }
+
+int ll_engine_seq_truncate(struct ll_engine *e, int s, int len) {
+  if (s < 0 || s >= e->n_seqs || !e->seqs[s].used || len < 0 || len > e->seqs[s].len) return LL_EINVAL;
+  struct seq *q = &e->seqs[s];
+  q->len = len;
+  const int keep = (len + LL_KV_BLOCK - 1) / LL_KV_BLOCK; // the positions past len are written again before any query reads them
+  while (q->n_blocks > keep) e->free_list[e->n_free++] = q->blocks[--q->n_blocks];
+  e->dq_last = 0;
+  return 0;
+}
 
 void ll_engine_lora_dims(const struct ll_engine *e, struct ll_lora_dims *d) {
   memset(d, 0, sizeof *d);
@@ -753,7 +774,12 @@ static int lora_apply(struct ll_engine *e, const struct ll_batch_item *items, in
 }
 #define LORA(t, x, in, y, out) do { int rc_ = lora_apply(e, items, n_items, l, t, x, in, y, out, err, errlen); if (rc_) return rc_; } while (0)
 
-int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_items, char *err, size_t errlen) {
+// One forward step. dev_in (a backend buffer, or NULL): the items' token ids (one per item) as
+// the previous queued step chose them, read on the device instead of items' tokens. dev_out (a
+// backend buffer, or NULL): where each item's choice goes (one logits row per item), left on
+// the device (ll_engine_decode_queue reads it back one step behind).
+static int decode_step(struct ll_engine *e, struct ll_batch_item *items, int n_items, const int32_t *dev_in, int32_t *dev_out, char *err,
+                       size_t errlen) {
   const struct ll_backend_i *B = e->be->i;
   struct ll_backend *be = e->be;
   int T = 0, rows = 0;
@@ -763,10 +789,10 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
     if (it->seq < 0 || it->seq >= e->n_seqs || !e->seqs[it->seq].used) return ll_errf(err, errlen, LL_EINVAL, "engine: item %d: bad sequence %d", i, it->seq);
     for (int j = 0; j < i; j++)
       if (items[j].seq == it->seq) return ll_errf(err, errlen, LL_EINVAL, "engine: sequence %d appears twice in one batch", it->seq);
-    if (it->n_tokens <= 0 || !it->tokens) return ll_errf(err, errlen, LL_EINVAL, "engine: item %d has no tokens", i);
+    if (it->n_tokens <= 0 || (!it->tokens && !dev_in)) return ll_errf(err, errlen, LL_EINVAL, "engine: item %d has no tokens", i);
     if (e->seqs[it->seq].len + it->n_tokens > e->n_ctx)
       return ll_errf(err, errlen, LL_ELIMIT, "engine: sequence %d would reach %d positions (context %d)", it->seq, e->seqs[it->seq].len + it->n_tokens, e->n_ctx);
-    for (int t = 0; t < it->n_tokens; t++)
+    for (int t = 0; !dev_in && t < it->n_tokens; t++)
       if (it->tokens[t] < 0 || it->tokens[t] >= e->m.n_vocab) return ll_errf(err, errlen, LL_EINVAL, "engine: token id %d out of range (vocabulary %d)", it->tokens[t], e->m.n_vocab);
     T += it->n_tokens;
     rows += it->logits_mode == 2 ? it->n_tokens : it->logits_mode == 1 ? 1 : 0;
@@ -786,7 +812,7 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
   // Token ids and positions of the whole batch.
   for (int i = 0, t = 0; i < n_items; i++)
     for (int j = 0; j < items[i].n_tokens; j++, t++) {
-      e->ids[t] = items[i].tokens[j];
+      e->ids[t] = dev_in ? 0 : items[i].tokens[j];
       e->pos[t] = e->seqs[items[i].seq].len + j;
     }
   const struct ll_model *m = &e->m;
@@ -803,7 +829,7 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
   // Adapters read the normed input and add to the products: with one, nothing is fused.
   const int fuse = !any_lora && B->fused_matmul;
 #define FUSED(call) (fuse ? (call) : LL_EUNSUPPORTED)
-  BK(B->get_rows(be, e->x, &m->tok_embd, e->ids, T), "get_rows"); // x (T, C)
+  BK(B->get_rows(be, e->x, &m->tok_embd, dev_in ? dev_in : e->ids, T), "get_rows"); // x (T, C)
   if (m->embd_scale != 1.0f) { // Gemma: x *= sqrt(C)
     if (!B->scale) return ll_errf(err, errlen, LL_EUNSUPPORTED, "engine: the %s backend has no scale op (%s needs it)", e->info.backend, m->arch->name);
     BK(B->scale(be, e->x, m->embd_scale, (int64_t)T * C), "scale");
@@ -946,9 +972,13 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
       if (nr && items[i].argmax && e->seqs[items[i].seq].has_smp) e->sdev[rr + nr - 1] = e->seqs[items[i].seq].smp;
       rr += nr;
     }
-    BK(B->sample(be, e->amax, e->logits_buf, rows, e->m.n_vocab, e->sdev), "sample");
+    BK(B->sample(be, dev_out ? dev_out : e->amax, e->logits_buf, rows, e->m.n_vocab, e->sdev), "sample");
   } else if (any_amax && B->argmax) {
-    BK(B->argmax(be, e->amax, e->logits_buf, rows, e->m.n_vocab), "argmax");
+    BK(B->argmax(be, dev_out ? dev_out : e->amax, e->logits_buf, rows, e->m.n_vocab), "argmax");
+  }
+  if (dev_out) { // the ids stay on the device (ll_engine_decode_queue): each sampling step is spent
+    for (int i = 0; i < n_items; i++) e->seqs[items[i].seq].has_smp = 0;
+    return 0;
   }
   r = 0;
   for (int i = 0; i < n_items; i++) {
@@ -985,3 +1015,76 @@ int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_ite
   }
   return 0;
 }
+
+int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_items, char *err, size_t errlen) {
+  e->dq_last = 0; // a queued step after this one takes its ids from the host
+  return decode_step(e, items, n_items, NULL, NULL, err, errlen);
+}
+
+// ---------------------------------------------------------------- decode steps queued ahead
+
+int ll_engine_queue_ok(const struct ll_engine *e) {
+  const struct ll_backend_i *B = e->be->i;
+  if (!B->read_async || !B->read_wait || !B->argmax || ll_backend_host_buffers(e->be) || e->m.n_expert > 0) return 0;
+  if (e->m.output.n > e->m.tok_embd.n) return 0; // a chosen id must name an embedding row
+  struct ll_backend_info bi;
+  B->get_info(e->be, &bi);
+  return bi.queue_ahead != 0;
+}
+
+int ll_engine_decode_queue(struct ll_engine *e, const int *seqs, const int32_t *tokens, int n, char *err, size_t errlen) {
+  const struct ll_backend_i *B = e->be->i;
+  if (!ll_engine_queue_ok(e)) return ll_errf(err, errlen, LL_EUNSUPPORTED, "engine: this backend decodes step by step");
+  if (n < 1 || n > e->n_seqs || !seqs) return ll_errf(err, errlen, LL_EINVAL, "engine: a queued step of %d sequences", n);
+  if (e->dq_steps - e->dq_done >= 2) return ll_errf(err, errlen, LL_EBUSY, "engine: two queued steps not collected");
+  for (int i = 0; i < n; i++) {
+    if (seqs[i] < 0 || seqs[i] >= e->n_seqs || !e->seqs[seqs[i]].used) return ll_errf(err, errlen, LL_EINVAL, "engine: bad sequence %d", seqs[i]);
+    if (e->seqs[seqs[i]].has_smp && !B->sample) return ll_errf(err, errlen, LL_EUNSUPPORTED, "engine: this backend samples on the host");
+  }
+  if (!tokens) { // the ids the previous queued step chose: the same sequences, in the same order
+    int same = e->dq_last == n && e->dq_steps > 0;
+    for (int i = 0; same && i < n; i++) same = e->dq_seqs[i] == seqs[i];
+    if (!same) return ll_errf(err, errlen, LL_EINVAL, "engine: a step taking the previous step's ids must follow a queued step of the same sequences");
+  }
+  if (!e->dq_seqs && !(e->dq_seqs = malloc((size_t)e->n_seqs * sizeof *e->dq_seqs)))
+    return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  for (int i = 0; i < 2; i++) {
+    if (!e->dq_dev[i] && !(e->dq_dev[i] = ll_backend_alloc(e->be, (size_t)e->n_seqs * sizeof(int32_t))))
+      return ll_errf(err, errlen, LL_ENOMEM, "engine: out of device memory for queued ids");
+    if (!e->dq_host[i] && !(e->dq_host[i] = malloc((size_t)e->n_seqs * sizeof(int32_t)))) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  }
+  struct ll_batch_item *items = malloc((size_t)n * sizeof *items);
+  if (!items) return ll_errf(err, errlen, LL_ENOMEM, "engine: out of memory");
+  int32_t dummy = 0;
+  for (int i = 0; i < n; i++) items[i] = (struct ll_batch_item){seqs[i], 1, tokens ? tokens + i : NULL, 1, NULL, &dummy};
+  const int slot = (int)(e->dq_steps % 2);
+  int rc = decode_step(e, items, n, tokens ? NULL : e->dq_dev[1 - slot], e->dq_dev[slot], err, errlen);
+  free(items);
+  if (rc) {
+    e->dq_last = 0;
+    return rc;
+  }
+  const int t = B->read_async(e->be, e->dq_host[slot], e->dq_dev[slot], (size_t)n * sizeof(int32_t));
+  if (t < 0) {
+    e->dq_last = 0;
+    return ll_errf(err, errlen, t, "engine: backend read_async failed: %s", ll_strerror(t));
+  }
+  e->dq_ticket[slot] = t, e->dq_n[slot] = n;
+  memcpy(e->dq_seqs, seqs, (size_t)n * sizeof *seqs);
+  e->dq_last = n;
+  e->dq_steps++;
+  return 0;
+}
+
+int ll_engine_decode_collect(struct ll_engine *e, int32_t *ids, int cap, char *err, size_t errlen) {
+  if (e->dq_done == e->dq_steps) return ll_errf(err, errlen, LL_EINVAL, "engine: no queued step to collect");
+  const int slot = (int)(e->dq_done % 2), n = e->dq_n[slot];
+  if (cap < n) return ll_errf(err, errlen, LL_EINVAL, "engine: %d ids do not fit %d", n, cap);
+  int rc = e->be->i->read_wait(e->be, e->dq_ticket[slot]);
+  e->dq_done++;
+  if (rc) return ll_errf(err, errlen, rc, "engine: backend read_wait failed: %s", ll_strerror(rc));
+  memcpy(ids, e->dq_host[slot], (size_t)n * sizeof *ids);
+  return n;
+}
+
+int ll_engine_decode_pending(const struct ll_engine *e) { return (int)(e->dq_steps - e->dq_done); }

@@ -111,4 +111,26 @@ struct ll_batch_item {
 };
 int ll_engine_decode(struct ll_engine *e, struct ll_batch_item *items, int n_items, char *err, size_t errlen);
 
+// ---- decode steps queued one behind the other (a device backend: no wait between steps) ----
+// 1 when this engine can queue a decode step before the previous one's ids reach the host: a
+// device backend with read_async whose info.queue_ahead is 1 (LL_OPENCL_QUEUE_AHEAD unset or not
+// 0), a dense model (a mixture of experts routes on the host), an output no wider than the embedding.
+int ll_engine_queue_ok(const struct ll_engine *e);
+// Queue one decode step of one token for each of seqs[0..n) (distinct sequences) whose only
+// output is each sequence's choice: the argmax of its logits, or the sampling step given by
+// ll_engine_seq_set_sample (then spent). Sequence seqs[i]'s token is tokens[i], or, with tokens
+// NULL, the id the previous queued step chose for it, read on the device (that step must have
+// had the same sequences in the same order, with no ll_engine_decode, seq_free or seq_truncate
+// since). Returns without waiting for the device; each sequence's length grows by 1 at once. At
+// most 2 steps outstanding (LL_EBUSY). LL_EUNSUPPORTED where ll_engine_queue_ok is 0: decode with
+// ll_engine_decode instead. Other errors as ll_engine_decode's.
+int ll_engine_decode_queue(struct ll_engine *e, const int *seqs, const int32_t *tokens, int n, char *err, size_t errlen);
+// Wait for the oldest queued step's ids (n of them, in its order) into ids (cap): returns n or LL_E*.
+int ll_engine_decode_collect(struct ll_engine *e, int32_t *ids, int cap, char *err, size_t errlen);
+int ll_engine_decode_pending(const struct ll_engine *e); // queued steps not collected
+// Keep the first len positions of seq (len <= its length): a step queued past a stop condition
+// is undone - its positions are written again before anything reads them, and blocks past len
+// go back to the pool. May be called with steps outstanding. LL_EINVAL: bad sequence or len.
+int ll_engine_seq_truncate(struct ll_engine *e, int seq, int len);
+
 #endif

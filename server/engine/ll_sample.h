@@ -47,6 +47,10 @@ int32_t ll_sampler_sample(struct ll_sampler *s, float *logits, struct ll_token_p
 // same logits; it returns 0 and changes nothing otherwise.
 int ll_sampler_dev_ok(const struct ll_sampler *s);
 int ll_sampler_dev_next(struct ll_sampler *s, struct ll_sample_dev *d);
+// 1 when the sampler's steps do not depend on the tokens accepted since (no penalties: the draw
+// alone changes), so a step may be prepared before the previous step's id is known (a decode
+// step queued behind the previous one, ll_engine_decode_queue): the same draws, the same ids.
+int ll_sampler_dev_ahead(const struct ll_sampler *s);
 // The host's choice for *d (cand: n_vocab scratch; d's penalties are applied to logits in place):
 // the reference of a device's sample member.
 int32_t ll_sample_dev_choose(const struct ll_sample_dev *d, struct ll_token_prob *cand, float *logits, int V);

@@ -211,6 +211,8 @@ int ll_sampler_dev_ok(const struct ll_sampler *s) {
   return s->p.top_k >= 1 && s->p.top_k <= LL_SAMPLE_DEV_K;
 }
 
+int ll_sampler_dev_ahead(const struct ll_sampler *s) { return !has_penalties(&s->p); }
+
 int ll_sampler_dev_next(struct ll_sampler *s, struct ll_sample_dev *d) {
   if (!ll_sampler_dev_ok(s)) return 0;
   const uint64_t r = s->p.temperature > 0.0f ? next_u64(&s->rng) >> 11 : 0; // as draw_u

@@ -61,6 +61,30 @@ for tier in 1 0; do
   echo "$line" | grep -q "$tiername tier"; check $? "tier $tiername not named: $line"
   if [ $tier = 0 ]; then awk -v n="$per_layer" 'BEGIN { exit !(n + 0 > 0 && n <= 6.2) }'; check $? "fast tier: $per_layer launches per layer (at most 6, plus 3 a step)"; fi
 done
+# Decode steps queued one behind the other (the default; LL_OPENCL_QUEUE_AHEAD=0 steps one at a
+# time): the host waits for step n's id with step n + 1 already queued, so only the last step's
+# wait leaves the device idle (1 in 7 here, 0.14 a step); one at a time, every wait does. The
+# same 4 bytes down and one wait a step.
+for qa in 1 0; do
+  line=$(LL_OPENCL_QUEUE_AHEAD=$qa "$LLSRV" generate --model "$SMOL" -n 8 --temp 0 --ignore-eos -p "Hello" --device "$DEV" 2>&1 >/dev/null | grep "device transfers per decode step")
+  echo "$line"
+  idle=$(echo "$line" | sed -n 's/.* \([0-9.]*\) idle waits.*/\1/p')
+  if [ $qa = 1 ]; then
+    echo "$line" | grep -q "steps queued ahead" && awk -v n="$idle" 'BEGIN { exit !(n != "" && n + 0 < 0.2) }'
+  else
+    echo "$line" | grep -q "steps one at a time" && awk -v n="$idle" 'BEGIN { exit !(n + 0 == 1) }'
+  fi
+  check $? "idle waits per step (LL_OPENCL_QUEUE_AHEAD=$qa): ${line:-no transfer line}"
+  echo "$line" | awk '{ exit !($11 == 4 && $14 == 1) }'; check $? "decode step traffic (LL_OPENCL_QUEUE_AHEAD=$qa): $line"
+done
+# A stop (EOS after two tokens) with steps queued ahead: the same tokens as the CPU's and as one
+# step at a time, the step queued past the EOS undone (ll_engine_seq_truncate; test_opencl_queue
+# checks the cache after it).
+q="Reply with one word: yes or no?"
+stop_run() { "$LLSRV" generate --model "$SMOL" --ids -n 40 --temp 0 --chat -p "$q" --device "$1" 2>/dev/null | tr -s ' \n' ' '; } # EOS ends it
+a=$(stop_run cpu); b=$(stop_run "$DEV"); c=$(LL_OPENCL_QUEUE_AHEAD=0 stop_run "$DEV")
+echo "stop: cpu '$a', queued '$b', one at a time '$c'"
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && [ $(echo $a | wc -w) -lt 40 ]; check $? "stop at EOS: ids differ or no stop ('$a' / '$b' / '$c')"
 # Top-k sampling (the default chain: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05) runs on
 # the device too: the id alone comes back, and with the same seed the sampled ids are the CPU's
 # (the default tier on PoCL gives the CPU's logits; the device's sums of the chain's
