@@ -196,6 +196,9 @@ int main(void) {
     CHECK(ll_engine_decode_collect(e, got, 2, err, sizeof err) == LL_EINVAL);
     CHECK(ll_engine_seq_truncate(e, s, ll_engine_seq_len(e, s) + 1) == LL_EINVAL);
     ll_engine_seq_free(e, s), ll_engine_seq_free(e, t);
+    CHECK(ll_engine_decode_queue(e, &s, bos, 1, err, sizeof err) == LL_EINVAL); // a freed sequence
+    s = ll_engine_seq_new(e);
+    CHECK(ll_engine_decode_queue(e, &s, bos, 1, err, sizeof err) == 0); // left queued: close waits for its read
   }
   ll_engine_close(e);
 

@@ -469,6 +469,8 @@ static int alloc_index(struct ll_engine *e, char *err, size_t errlen) {
 
 void ll_engine_close(struct ll_engine *e) {
   if (!e) return;
+  for (; e->dq_done < e->dq_steps; e->dq_done++) // queued reads still to land in dq_host
+    e->be->i->read_wait(e->be, e->dq_ticket[e->dq_done % 2]);
   free_scratch(e);
   for (int i = 0; i < 2; i++) ll_backend_free_buf(buf_owner(e), e->dq_dev[i]), free(e->dq_host[i]);
   free(e->dq_seqs);
