@@ -215,6 +215,22 @@ struct ll_backend_i {
                             const float *dout, const float *q, const float *k, const float *v,
                             const float *att, int S, int n_head, int n_head_kv, int head_dim,
                             float scale);                                                   // (optional)
+  // Flash-style training attention (optional; a device's fast tier): as attention_train_swa
+  // (window <= 0 or >= S: causal over 0..i), but instead of the probabilities it keeps
+  // lse (n_head, S), each row's logsumexp of its scaled scores (log Σ_j exp(scale q_i·k_j) over
+  // the keys it sees): S floats per head where att took S x S. The backward recomputes the
+  // probabilities from q, k and lse, with out (the forward's) for D_i = Σ dout_i·out_i; dq, dk,
+  // dv as attention_backward's. Both answer LL_EUNSUPPORTED where the backend cannot run the
+  // shape (the OpenCL reference tier, head_dim past the kernels' limit), also for S = 0, which
+  // reads no pointer: the trainer's probe before it sizes its saved activations.
+  int (*attention_train_flash)(struct ll_backend *b, float *out, float *lse, const float *q,
+                               const float *k, const float *v, int S, int n_head, int n_head_kv,
+                               int head_dim, float scale, int window);                      // (optional)
+  int (*attention_backward_flash)(struct ll_backend *b, float *dq, float *dk, float *dv,
+                                  const float *dout, const float *q, const float *k,
+                                  const float *v, const float *out, const float *lse, int S,
+                                  int n_head, int n_head_kv, int head_dim, float scale,
+                                  int window);                                              // (optional)
   // Cross-entropy with a mask: rows t with targets[t] < 0 do not count.
   //   *loss = Σ_counted -log softmax(logits[t])[targets[t]]   (a sum, in double), written by
   //   the time sync returns: a device backend computing dlogits in its own buffer may finish

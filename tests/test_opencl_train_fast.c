@@ -239,6 +239,76 @@ static void test_attention_window(struct ll_backend *cl) {
          worst[0], worst[1], worst[2], worst[3], worst[4], TOL);
 }
 
+// The flash-style members (train_flash.cl): out and lse from attention_train_flash, dq, dk, dv
+// from attention_backward_flash (the probabilities recomputed from q, k and lse) against the
+// references' attention_train_swa + attention_backward (which keep the probabilities), within
+// TOL; lse against the logsumexp of the scaled scores in double. S not a multiple of the 16-wide
+// tiles, grouped kv heads, windows 0 (causal), 1, 17, 70 and the widest head (256); one launch
+// forward and two backward, all the fast tier's; S = 0 with no buffers answers 0 (the
+// trainer's probe), a head past 256 LL_EUNSUPPORTED.
+static void test_attention_flash(struct ll_backend *cl) {
+  static const struct {
+    int S, H, Hkv, hd, window;
+  } cases[] = {{1, 2, 1, 8, 0}, {37, 4, 2, 20, 0}, {129, 3, 3, 64, 0}, {37, 4, 2, 20, 1}, {70, 6, 2, 16, 17},
+               {150, 4, 1, 24, 70}, {45, 2, 1, 256, 17}, {33, 9, 3, 64, 0}};
+  CHECK(cl->i->attention_train_flash && cl->i->attention_backward_flash);
+  if (!cl->i->attention_train_flash || !cl->i->attention_backward_flash) return;
+  CHECK(cl->i->attention_train_flash(cl, NULL, NULL, NULL, NULL, NULL, 0, 9, 3, 64, 0.125f, 0) == 0);
+  CHECK(cl->i->attention_backward_flash(cl, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 9, 3, 64, 0.125f, 0) == 0);
+  CHECK(cl->i->attention_train_flash(cl, NULL, NULL, NULL, NULL, NULL, 0, 2, 1, 512, 0.125f, 0) == LL_EUNSUPPORTED);
+  CHECK(cl->i->attention_train_flash(cl, NULL, NULL, NULL, NULL, NULL, 0, 3, 2, 64, 0.125f, 0) == LL_EINVAL); // 3 heads over 2
+  double worst[5] = {0};
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int S = cases[ci].S, H = cases[ci].H, Hkv = cases[ci].Hkv, hd = cases[ci].hd, W = cases[ci].window;
+    const size_t nq = (size_t)S * H * hd, nk = (size_t)S * Hkv * hd, na = (size_t)H * S * S;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4), *att = malloc(na * 4);
+    float *lse = malloc((size_t)H * S * 4), *lref = malloc((size_t)H * S * 4);
+    float *o[2], *dq[2], *dk[2], *dv[2];
+    randf(q, nq, 2.0f), randf(k, nk, 2.0f), randf(v, nk, 1.0f), randf(dout, nq, 1.0f);
+    for (int i = 0; i < 2; i++) {
+      o[i] = malloc(nq * 4), dq[i] = malloc(nq * 4), dk[i] = malloc(nk * 4), dv[i] = malloc(nk * 4);
+      memset(o[i], 0x7f, nq * 4), memset(dq[i], 0x7f, nq * 4), memset(dk[i], 0x7f, nk * 4), memset(dv[i], 0x7f, nk * 4); // overwritten
+    }
+    memset(lse, 0x7f, (size_t)H * S * 4);
+    for (int h = 0; h < H; h++) // lse in double: log Σ_j exp(scale q_i·k_j) over the keys row i sees
+      for (int i = 0; i < S; i++) {
+        const int lo = W > 0 && i + 1 > W ? i + 1 - W : 0, kh = h / (H / Hkv);
+        double mx = -INFINITY, sc[150];
+        for (int j = lo; j <= i; j++) {
+          double d = 0;
+          for (int e = 0; e < hd; e++) d += (double)q[((size_t)i * H + h) * hd + e] * k[((size_t)j * Hkv + kh) * hd + e];
+          sc[j] = d * scale, mx = sc[j] > mx ? sc[j] : mx;
+        }
+        double sum = 0;
+        for (int j = lo; j <= i; j++) sum += exp(sc[j] - mx);
+        lref[(size_t)h * S + i] = (float)(mx + log(sum));
+      }
+    CHECK(ll_train_ref_attention_train_swa(NULL, o[0], att, q, k, v, S, H, Hkv, hd, scale, W) == 0);
+    CHECK(ll_train_ref_attention_backward(NULL, dq[0], dk[0], dv[0], dout, q, k, v, att, S, H, Hkv, hd, scale) == 0);
+    struct ll_backend_info i0, i1, i2;
+    cl->i->get_info(cl, &i0);
+    CHECK(cl->i->attention_train_flash(cl, o[1], lse, q, k, v, S, H, Hkv, hd, scale, W) == 0);
+    cl->i->get_info(cl, &i1);
+    CHECK(cl->i->attention_backward_flash(cl, dq[1], dk[1], dv[1], dout, q, k, v, o[1], lse, S, H, Hkv, hd, scale, W) == 0);
+    cl->i->get_info(cl, &i2);
+    CHECKF(i1.launches - i0.launches == 1 && i1.train_fast_launches - i0.train_fast_launches == 1 && i2.launches - i1.launches == 2 &&
+               i2.train_fast_launches - i1.train_fast_launches == 2,
+           "flash attention: %lld + %lld launches, %lld + %lld of the fast tier's (want 1 + 2)", (long long)(i1.launches - i0.launches),
+           (long long)(i2.launches - i1.launches), (long long)(i1.train_fast_launches - i0.train_fast_launches),
+           (long long)(i2.train_fast_launches - i1.train_fast_launches));
+    const double e[5] = {nmse(o[1], o[0], nq), nmse(lse, lref, (size_t)H * S), nmse(dq[1], dq[0], nq), nmse(dk[1], dk[0], nk), nmse(dv[1], dv[0], nk)};
+    CHECKF(e[0] < TOL && e[1] < TOL && e[2] < TOL && e[3] < TOL && e[4] < TOL,
+           "flash attention window %d S=%d H=%d/%d hd=%d: nmse out %.3g lse %.3g dq %.3g dk %.3g dv %.3g", W, S, H, Hkv, hd, e[0], e[1], e[2], e[3], e[4]);
+    for (int i = 0; i < 5; i++) worst[i] = e[i] > worst[i] ? e[i] : worst[i];
+    for (int i = 0; i < 2; i++) free(o[i]), free(dq[i]), free(dk[i]), free(dv[i]);
+    free(q), free(k), free(v), free(dout), free(att), free(lse), free(lref);
+  }
+  CHECKF(worst[0] > 0 && worst[2] > 0, "the flash kernels ran (out nmse %.3g, dq %.3g: 0 would be the reference's bits)", worst[0], worst[2]);
+  printf("flash attention, fast tier vs the CPU's reference: worst nmse out %.3g lse %.3g dq %.3g dk %.3g dv %.3g (tolerance %.0e)\n", worst[0],
+         worst[1], worst[2], worst[3], worst[4], TOL);
+}
+
 // The fused LoRA forward: y (=, +=) x·Wᵀ + (scale xa·Aᵀ)·Bᵀ and axs against the same product
 // in double of the dequantized weights (the CPU's matmul quantizes activations for quantized W;
 // the fast tier does not, so the double product is the fair reference for both terms).
@@ -355,6 +425,7 @@ int main(void) {
   test_matmul_backward(cl);
   test_attention(cl);
   test_attention_window(cl);
+  test_attention_flash(cl);
   test_matmul_lora(cl);
   test_adamw_split(cl);
   ll_backend_free(cl);

@@ -557,7 +557,8 @@ void ocl_free(struct ll_backend *b) {
                       c->k_attention, c->k_deq, c->k_mm_dx, c->k_mm_dw, c->k_mm_dx_t, c->k_mm_dw_t, c->k_gemm_t, c->k_attn_rows_sm, c->k_attn_rows_ds, c->k_mm_dx_qt, c->k_lora_fwd, c->k_adamw_split,
                       c->k_rms_bwd, c->k_rms_dg, c->k_rope_bwd, c->k_swiglu_bwd,
                       c->k_attn_train, c->k_attn_bwd_q, c->k_attn_bwd_kv, c->k_xent, c->k_gr_bwd, c->k_dropout, c->k_sumsq, c->k_axpy,
-                      c->k_scale, c->k_adamw, c->k_geglu_bwd, c->k_attn_train_swa, c->k_attn_rows_sm_swa};
+                      c->k_scale, c->k_adamw, c->k_geglu_bwd, c->k_attn_train_swa, c->k_attn_rows_sm_swa,
+                      c->k_flash_fwd, c->k_flash_dq, c->k_flash_dkv};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
       if (ks[i]) clReleaseKernel(ks[i]);
     for (int t = 0; t < LL_TYPE_COUNT; t++) {
@@ -602,6 +603,8 @@ static const struct ll_backend_i ocl_iface = {
     .geglu_backward = ocl_geglu_backward,
     .attention_train_swa = ocl_attention_train_swa,
     .attention_backward = ocl_attention_backward,
+    .attention_train_flash = ocl_attention_train_flash,
+    .attention_backward_flash = ocl_attention_backward_flash,
     .softmax_xent = ocl_softmax_xent,
     .get_rows_backward = ocl_get_rows_backward,
     .dropout = ocl_dropout,

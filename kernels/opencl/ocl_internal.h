@@ -137,6 +137,10 @@ struct ocl_ctx {
   // Gemma 3's (train_window.cl): GeGLU's backward, the windowed training attention (reference
   // tier) and the fast tier's windowed row softmax
   cl_kernel k_geglu_bwd, k_attn_train_swa, k_attn_rows_sm_swa;
+  // flash-style training attention (train_flash.cl, the fast tier's): NULL where the device's
+  // local memory cannot hold their tiles or its work-groups 256 items (attention_train_flash
+  // then answers LL_EUNSUPPORTED)
+  cl_kernel k_flash_fwd, k_flash_dq, k_flash_dkv;
   struct sbuf s[S_COUNT];
   struct ocl_weight **w; // every device weight (uploaded or copied on first use)
   int n_w, cap_w;
@@ -249,6 +253,8 @@ int ocl_attn_check(int S, int H, int Hkv, int hd);
 int ocl_attn_bytes(const struct ocl_ctx *c, int S, int H, int Hkv, int hd, size_t *qb, size_t *kb, size_t *ab);
 int ocl_attention_train(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S, int n_head, int n_head_kv, int head_dim, float scale);
 int ocl_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v, const float *att, int S, int n_head, int n_head_kv, int head_dim, float scale);
+int ocl_attention_train_flash(struct ll_backend *b, float *out, float *lse, const float *q, const float *k, const float *v, int S, int n_head, int n_head_kv, int head_dim, float scale, int window);
+int ocl_attention_backward_flash(struct ll_backend *b, float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v, const float *out, const float *lse, int S, int n_head, int n_head_kv, int head_dim, float scale, int window);
 int ocl_softmax_xent(struct ll_backend *b, double *loss, float *dlogits, const float *logits, const int32_t *targets, int T, int V, float grad_scale);
 int ocl_cmp_pair(const void *a, const void *b);
 int ocl_get_rows_backward(struct ll_backend *b, float *dw, const float *dout, const int32_t *ids, int T, int C);

@@ -176,6 +176,9 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_geglu_bwd, "geglu_bwd");
   MK(c->k_attn_train_swa, "attn_train_swa");
   MK(c->k_attn_rows_sm_swa, "attn_rows_softmax_swa");
+  MK(c->k_flash_fwd, "attn_flash_fwd");
+  MK(c->k_flash_dq, "attn_flash_bwd_dq");
+  MK(c->k_flash_dkv, "attn_flash_bwd_dkv");
   static const struct {
     int type;
     const char *name;
@@ -209,6 +212,22 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   for (size_t i = 0; i < sizeof tiled / sizeof tiled[0]; i++) {
     size_t kwg = 0;
     if (clGetKernelWorkGroupInfo(tiled[i], c->dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) != CL_SUCCESS || kwg < 256) c->train_tiled = 0;
+  }
+  { // the flash-style training attention's: 16 x 16 work-groups and up to ~37 KB of local
+    // memory (two 16 x 256 row blocks); else the fast tier's attention keeps the probabilities
+    cl_ulong lm = 0;
+    int ok = c->train_tiled && clGetDeviceInfo(c->dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof lm, &lm, NULL) == CL_SUCCESS;
+    cl_kernel *fl[] = {&c->k_flash_fwd, &c->k_flash_dq, &c->k_flash_dkv};
+    for (size_t i = 0; ok && i < sizeof fl / sizeof fl[0]; i++) {
+      cl_ulong klm = 0;
+      size_t kwg = 0;
+      ok = clGetKernelWorkGroupInfo(*fl[i], c->dev, CL_KERNEL_LOCAL_MEM_SIZE, sizeof klm, &klm, NULL) == CL_SUCCESS && klm <= lm &&
+           clGetKernelWorkGroupInfo(*fl[i], c->dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) == CL_SUCCESS && kwg >= 256;
+    }
+    for (size_t i = 0; !ok && i < sizeof fl / sizeof fl[0]; i++) {
+      clReleaseKernel(*fl[i]);
+      *fl[i] = NULL;
+    }
   }
   return 0;
 }

@@ -329,6 +329,73 @@ int ocl_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv
   return ocl_get(c, S_F, dv, kb);
 }
 
+// Flash-style training attention (train_flash.cl): one launch forward, two backward; the
+// probabilities never reach memory. window <= 0 or >= S: causal over 0..i.
+#define FLASH_HD_MAX 256 // train_flash.cl's FD_MAX
+static int flash_check(const struct ocl_ctx *c, int S, int H, int Hkv, int hd) {
+  if (ocl_attn_check(S, H, Hkv, hd)) return LL_EINVAL;
+  return !c->train_tiled || !c->k_flash_fwd || hd > FLASH_HD_MAX ? LL_EUNSUPPORTED : 0;
+}
+// the kernels' common tail: S, H, Hkv, hd, scale, window from argument i0 on
+static cl_int flash_args(struct ocl_ctx *c, cl_kernel k, cl_uint i0, int S, int H, int Hkv, int hd, float scale, int window) {
+  return ARG(k, i0, S) | ARG(k, i0 + 1, H) | ARG(k, i0 + 2, Hkv) | ARG(k, i0 + 3, hd) | ARG(k, i0 + 4, scale) | ARG(k, i0 + 5, window);
+}
+
+int ocl_attention_train_flash(struct ll_backend *b, float *out, float *lse, const float *q, const float *k, const float *v, int S, int n_head,
+                              int n_head_kv, int head_dim, float scale, int window) {
+  struct ocl_ctx *c = CTX(b);
+  int rc = flash_check(c, S, n_head, n_head_kv, head_dim);
+  if (rc || S == 0) return rc;
+  if (!out || !lse || !q || !k || !v) return LL_EINVAL;
+  window = window > 0 && window < S ? window : 0;
+  size_t qb, kb, lb;
+  if ((rc = ocl_fbytes(c, (int64_t)S * n_head, head_dim, &qb)) || (rc = ocl_fbytes(c, (int64_t)S * n_head_kv, head_dim, &kb)) ||
+      (rc = ocl_fbytes(c, n_head, S, &lb)))
+    return ocl_fail(c, rc);
+  // q (S, H, hd) in S_X, k, v (S, Hkv, hd) in S_A, S_B; out in S_OUT, lse (H, S) in S_SCR
+  if ((rc = ocl_put(c, S_X, q, qb)) || (rc = ocl_put(c, S_A, k, kb)) || (rc = ocl_put(c, S_B, v, kb)) || (rc = ocl_output(c, S_OUT, out, qb)) ||
+      (rc = ocl_output(c, S_SCR, lse, lb)))
+    return ocl_fail(c, rc);
+  cl_kernel kk = c->k_flash_fwd;
+  cl_int e = ARG(kk, 0, c->s[S_OUT].use) | ARG(kk, 1, c->s[S_SCR].use) | ARG(kk, 2, c->s[S_X].use) | ARG(kk, 3, c->s[S_A].use) | ARG(kk, 4, c->s[S_B].use);
+  e |= flash_args(c, kk, 5, S, n_head, n_head_kv, head_dim, scale, window);
+  const size_t gl[2] = {RUP16(S), (size_t)16 * n_head};
+  if (e || (rc = tf_launch(c, kk, 2, gl, TILE16))) return ocl_fail(c, e ? LL_EIO : rc);
+  if ((rc = ocl_get(c, S_OUT, out, qb))) return ocl_fail(c, rc);
+  return ocl_get(c, S_SCR, lse, lb);
+}
+
+int ocl_attention_backward_flash(struct ll_backend *b, float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                                 const float *v, const float *out, const float *lse, int S, int n_head, int n_head_kv, int head_dim, float scale,
+                                 int window) {
+  struct ocl_ctx *c = CTX(b);
+  int rc = flash_check(c, S, n_head, n_head_kv, head_dim);
+  if (rc || S == 0) return rc;
+  if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse) return LL_EINVAL;
+  window = window > 0 && window < S ? window : 0;
+  size_t qb, kb, lb;
+  if ((rc = ocl_fbytes(c, (int64_t)S * n_head, head_dim, &qb)) || (rc = ocl_fbytes(c, (int64_t)S * n_head_kv, head_dim, &kb)) ||
+      (rc = ocl_fbytes(c, n_head, S, &lb)))
+    return ocl_fail(c, rc);
+  // dout, out (S, H, hd) in S_C, S_D, q in S_X, k, v (S, Hkv, hd) in S_A, S_B, lse (H, S) in
+  // S_SCR; D (H, S) scratch in S_TAB; dq, dk, dv (all overwritten) in S_OUT, S_E, S_F.
+  if ((rc = ocl_put(c, S_C, dout, qb)) || (rc = ocl_put(c, S_D, out, qb)) || (rc = ocl_put(c, S_X, q, qb)) || (rc = ocl_put(c, S_A, k, kb)) ||
+      (rc = ocl_put(c, S_B, v, kb)) || (rc = ocl_put(c, S_SCR, lse, lb)) || (rc = ocl_stage(c, S_TAB, lb)) || (rc = ocl_output(c, S_OUT, dq, qb)) ||
+      (rc = ocl_output(c, S_E, dk, kb)) || (rc = ocl_output(c, S_F, dv, kb)))
+    return ocl_fail(c, rc);
+  cl_kernel kk = c->k_flash_dq;
+  cl_int e = ARG(kk, 0, c->s[S_OUT].use) | ARG(kk, 1, c->s[S_TAB].use) | ARG(kk, 2, c->s[S_C].use) | ARG(kk, 3, c->s[S_D].use) | ARG(kk, 4, c->s[S_X].use);
+  e |= ARG(kk, 5, c->s[S_A].use) | ARG(kk, 6, c->s[S_B].use) | ARG(kk, 7, c->s[S_SCR].use) | flash_args(c, kk, 8, S, n_head, n_head_kv, head_dim, scale, window);
+  const size_t gq[2] = {RUP16(S), (size_t)16 * n_head}, gk[2] = {RUP16(S), (size_t)16 * n_head_kv};
+  if (e || (rc = tf_launch(c, kk, 2, gq, TILE16))) return ocl_fail(c, e ? LL_EIO : rc);
+  kk = c->k_flash_dkv; // after dq's: reads its D
+  e = ARG(kk, 0, c->s[S_E].use) | ARG(kk, 1, c->s[S_F].use) | ARG(kk, 2, c->s[S_C].use) | ARG(kk, 3, c->s[S_X].use) | ARG(kk, 4, c->s[S_A].use);
+  e |= ARG(kk, 5, c->s[S_B].use) | ARG(kk, 6, c->s[S_SCR].use) | ARG(kk, 7, c->s[S_TAB].use) | flash_args(c, kk, 8, S, n_head, n_head_kv, head_dim, scale, window);
+  if (e || (rc = tf_launch(c, kk, 2, gk, TILE16))) return ocl_fail(c, e ? LL_EIO : rc);
+  if ((rc = ocl_get(c, S_OUT, dq, qb)) || (rc = ocl_get(c, S_E, dk, kb))) return ocl_fail(c, rc);
+  return ocl_get(c, S_F, dv, kb);
+}
+
 int ocl_softmax_xent(struct ll_backend *b, double *loss, float *dlogits, const float *logits, const int32_t *targets, int T, int V,
                             float grad_scale) {
   struct ocl_ctx *c = CTX(b);

@@ -109,7 +109,8 @@ void ll_trainer_free(struct ll_trainer *tr); // accepts NULL
 // server's training job).
 int ll_trainer_cpu_backend(struct ll_backend **out, const struct ll_backend *like, int n_threads, char *err, size_t errlen);
 
-// Computes what ll_trainer_create would allocate (no allocation).
+// Computes what ll_trainer_create would allocate (no allocation; the activations as without a
+// backend's flash-style attention, which keeps one float per head and query instead of S).
 void ll_trainer_estimate(const struct ll_model *m, const struct ll_trainer_params *p, struct ll_train_memory *mem);
 void ll_trainer_memory(const struct ll_trainer *tr, struct ll_train_memory *mem);
 

@@ -50,6 +50,7 @@ struct ptensor {
 // One layer's saved activations (all layers, or one with recomputation).
 struct lacts {
   float *n1, *q, *k, *v, *att, *a, *m, *n2, *g, *u, *h; // see the forward above (n1, n2, h: all tr->nh, recomputed)
+  float *lse;                                           // (B, H, S) with flash-style attention (tr->flash; att is NULL), else NULL
   float *qp, *kp;                                        // q, k before their norms (LL_ARCH_QK_NORM), else NULL
   float *po, *pf;                                        // (T, C) attention and FFN outputs before their post-norms (LL_ARCH_POST_NORMS), else NULL
   float *axs[LL_LORA_N_TARGETS];                         // (T, r) scale·drop(x)·A^T
@@ -92,6 +93,7 @@ struct ll_trainer {
   // update when an update hook is set (the server), else on demand (host_stale).
   float *Ph;
   int dev, host_stale;
+  int flash; // the backend's flash-style attention runs this model: each layer keeps lse (B, H, S), not the probabilities (B, H, S, S)
   struct ll_lora_pair *dpairs; // dev, LoRA: the adapter's pairs over P (the host's are over Ph)
   unsigned fused;              // LoRA: the target groups adapted as one module (phi3: ll_lora_fused)
   struct ll_model fmh;         // dev, full mode: the trained model over Ph (fm is over P)
@@ -305,8 +307,13 @@ static int layer_forward(struct ll_trainer *tr, int l, const float *x, float *xo
   BK(B->rope(be, a->q, tr->pos, T, m->H, m->hd, rope), "rope q");
   BK(B->rope(be, a->k, tr->pos, T, m->Hkv, m->hd, rope), "rope k");
   for (int b = 0; b < tr->B; b++) { // per sequence: a (S, qd), probabilities (H, S, S) (0 outside a window: the backward needs no window)
-    float *ao = a->a + (size_t)b * S * qd, *att = a->att + (size_t)b * m->H * S * S;
+    float *ao = a->a + (size_t)b * S * qd;
     const float *q = a->q + (size_t)b * S * qd, *k = a->k + (size_t)b * S * kvd, *v = a->v + (size_t)b * S * kvd;
+    if (tr->flash) { // or only the rows' logsumexps (H, S)
+      BK(B->attention_train_flash(be, ao, a->lse + (size_t)b * m->H * S, q, k, v, S, m->H, m->Hkv, m->hd, scale, window), "attention_train_flash");
+      continue;
+    }
+    float *att = a->att + (size_t)b * m->H * S * S;
     if (window) BK(B->attention_train_swa(be, ao, att, q, k, v, S, m->H, m->Hkv, m->hd, scale, window), "attention_train_swa");
     else BK(B->attention_train(be, ao, att, q, k, v, S, m->H, m->Hkv, m->hd, scale), "attention_train");
   }
@@ -390,7 +397,13 @@ ffn_norm: // n2 = rmsnorm(m): dx becomes dm (the residual path plus the norm's)
   BK(zero(tr, tr->da, (int64_t)T * qd), "zero");
   if ((rc = lin_backward(tr, tr->da, dpo, a->a, &y->wo, gw->wo, l, LL_LORA_O, a->axs[LL_LORA_O], err, errlen))) return rc;
   // a = attention(q, k, v) per sequence
-  for (int b = 0; b < tr->B; b++)
+  const int window = y->swa && m->window > 0 && m->window < S ? m->window : 0; // as the forward's
+  for (int b = 0; b < tr->B && tr->flash; b++) // the probabilities recomputed from q, k and the rows' logsumexps
+    BK(B->attention_backward_flash(be, tr->dq + (size_t)b * S * qd, tr->dk + (size_t)b * S * kvd, tr->dv + (size_t)b * S * kvd,
+                                   tr->da + (size_t)b * S * qd, a->q + (size_t)b * S * qd, a->k + (size_t)b * S * kvd, a->v + (size_t)b * S * kvd,
+                                   a->a + (size_t)b * S * qd, a->lse + (size_t)b * m->H * S, S, m->H, m->Hkv, m->hd, scale, window),
+       "attention_backward_flash");
+  for (int b = 0; b < tr->B && !tr->flash; b++)
     BK(B->attention_backward(be, tr->dq + (size_t)b * S * qd, tr->dk + (size_t)b * S * kvd, tr->dv + (size_t)b * S * kvd, tr->da + (size_t)b * S * qd,
                              a->q + (size_t)b * S * qd, a->k + (size_t)b * S * kvd, a->v + (size_t)b * S * kvd, a->att + (size_t)b * m->H * S * S, S,
                              m->H, m->Hkv, m->hd, scale),
@@ -518,14 +531,15 @@ static int fb(struct ll_trainer *tr, const int32_t *ids, const int32_t *targets,
 
 // ---------------------------------------------------------------- creation
 
-static int64_t act_floats(const struct ll_model *m, const struct ll_trainer_params *p, int64_t *per_layer, int64_t *fixed) {
+static int64_t act_floats(const struct ll_model *m, const struct ll_trainer_params *p, int flash, int64_t *per_layer, int64_t *fixed) {
   const int64_t T = (int64_t)p->batch * p->seq_len, C = m->C, kvd = m->kvd, F = m->F, S = p->seq_len, qd = m->qd > 0 ? m->qd : m->C;
   const int qkn = m->layers && m->L > 0 && m->layers[0].q_norm, pn = m->layers && m->L > 0 && m->layers[0].post_attn_norm;
   int64_t r = p->mode == LL_TRAIN_LORA ? p->rank : 0, nt = 0;
   for (int t = 0; t < LL_LORA_N_TARGETS; t++) nt += p->mode == LL_TRAIN_LORA && ((p->targets >> t) & 1);
-  // saved per layer: q, a (T, qd), m (T, C), k, v (T, kvd), g, u (T, F), probabilities, LoRA x·A^T;
-  // with q/k norms q and k before them too
-  *per_layer = T * (2 * qd + C + 2 * kvd + 2 * F) + (int64_t)p->batch * m->H * S * S + nt * T * r + (qkn ? T * (qd + kvd) : 0) + (pn ? 2 * T * C : 0); // + po, pf
+  // saved per layer: q, a (T, qd), m (T, C), k, v (T, kvd), g, u (T, F), probabilities (B, H, S, S)
+  // or with flash-style attention the rows' logsumexps (B, H, S), LoRA x·A^T; with q/k norms q
+  // and k before them too
+  *per_layer = T * (2 * qd + C + 2 * kvd + 2 * F) + (int64_t)p->batch * m->H * S * (flash ? 1 : S) + nt * T * r + (qkn ? T * (qd + kvd) : 0) + (pn ? 2 * T * C : 0); // + po, pf
   if (m->n_expert > 0) { // moe.c's kept forward: routes, g, u, ye of the T·k routed rows (and the experts' adapters' x·Aᵀ)
     const int64_t Tk = T * m->n_expert_used;
     int nx = 0;
@@ -596,7 +610,7 @@ void ll_trainer_estimate(const struct ll_model *m, const struct ll_trainer_param
   mem->adapters = np * 4;
   mem->grads = np * 4;
   mem->optimizer = np * 8;
-  mem->activations = act_floats(m, p, &pl, &fx) * 4;
+  mem->activations = act_floats(m, p, 0, &pl, &fx) * 4; // an upper bound: without flash-style attention
 }
 
 void ll_trainer_memory(const struct ll_trainer *tr, struct ll_train_memory *mem) {
@@ -949,6 +963,11 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
     goto fail;
   }
   tr->B = p->batch, tr->S = p->seq_len, tr->T = p->batch * p->seq_len;
+  // Flash-style attention where the backend runs this shape (its S = 0 probe; the OpenCL
+  // reference tier and the CPU have none): a layer keeps lse (B, H, S), not (B, H, S, S).
+  tr->flash = tr->ops.attention_train_flash && tr->ops.attention_backward_flash &&
+              tr->ops.attention_train_flash(be, NULL, NULL, NULL, NULL, NULL, 0, m->H, m->Hkv, m->hd, 1.0f, 0) == 0 &&
+              tr->ops.attention_backward_flash(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, m->H, m->Hkv, m->hd, 1.0f, 0) == 0;
   tr->comm.size = 1;
   if (m->n_expert > 0 && (rc = ll_moe_ctx_new(&tr->moe, be, m, tr->T, err, errlen))) goto fail;
   if (m->n_expert > 0 && tr->dev && (!be->i->axpy || !be->i->scale || !be->i->matmul_backward || !be->i->swiglu_backward)) { // the references read host memory
@@ -988,7 +1007,7 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
   for (int64_t t = 0; t < T; t++) tr->pos[t] = (int32_t)(t % tr->S);
   // One allocation for the layer inputs and one per layer of saved activations (MAX_BUFS).
   int64_t pl, fx;
-  act_floats(mm, p, &pl, &fx);
+  act_floats(mm, p, tr->flash, &pl, &fx);
   float *xs = balloc(tr, T * C * (mm->L + 1));
   if (!xs) goto oom;
   for (int l = 0; l <= mm->L; l++) tr->xs[l] = xs + (size_t)l * T * C;
@@ -1009,7 +1028,10 @@ int ll_trainer_create(struct ll_trainer **out, const struct ll_model *m, struct 
     s = blk;
     struct lacts *a = &tr->acts[l];
     a->n1 = a->n2 = a->h = tr->nh;
-    TAKE(a->q, T * qd); TAKE(a->k, T * kvd); TAKE(a->v, T * kvd); TAKE(a->att, (int64_t)p->batch * mm->H * tr->S * tr->S);
+    TAKE(a->q, T * qd); TAKE(a->k, T * kvd); TAKE(a->v, T * kvd);
+    a->att = a->lse = NULL;
+    if (tr->flash) TAKE(a->lse, (int64_t)p->batch * mm->H * tr->S);
+    else TAKE(a->att, (int64_t)p->batch * mm->H * tr->S * tr->S);
     TAKE(a->a, T * qd); TAKE(a->m, T * C); TAKE(a->g, T * F); TAKE(a->u, T * F);
     a->qp = a->kp = NULL;
     if (qkn) { TAKE(a->qp, T * qd); TAKE(a->kp, T * kvd); }
