@@ -677,8 +677,9 @@ static void gemma_full_checks(struct ll_engine *e, const char *model) {
 // steps) and full-parameter (batch 2, 4 steps): each step's training loss and the validation
 // loss after, relative to the CPU's: the reference tier within 1e-5 (observed 4.7e-7: not the
 // same bits, the CPU backend's training products are sgemm's and its exp ggml's), the fast tier
-// within 1e-4 (observed 8.2e-6; 6.4e-7 with the fused LoRA forward). The window ignored would be 5e-4 off (window_checks). The
-// device-trained full model, saved, serves the device trainer's loss on the CPU (same tolerance).
+// within 1e-4 (observed 8.2e-6; 6.4e-7 with the fused LoRA forward; 5.0e-6 with flash-style attention, whose
+// saved logsumexps instead of the probabilities are asserted in the trainer's memory). The window ignored would be 5e-4 off
+// (window_checks). The device-trained full model, saved, serves the device trainer's loss on the CPU (same tolerance).
 static void gemma_device_checks(struct ll_engine *ce, struct ll_engine *de, const char *model, const char *tier, double tol) {
   char err[512];
   for (int mode = 0; mode < 2; mode++) {
@@ -695,6 +696,14 @@ static void gemma_device_checks(struct ll_engine *ce, struct ll_engine *de, cons
       struct pat ps = {0, 0};
       struct ll_train_source src = {&ps, rule_next, rule_val_next, pat_val_reset, NULL, NULL};
       struct ll_train_step_info info = {0};
+      if (k && !strcmp(tier, "fast")) { // flash-style attention: lse (B, H, S) per layer where the estimate counts (B, H, S, S)
+        struct ll_train_memory mu, me;
+        ll_trainer_memory(tr[k], &mu), ll_trainer_estimate(ll_engine_model(e), &p, &me);
+        const struct ll_model *mm = ll_engine_model(e);
+        const int64_t saved = (int64_t)4 * (p.recompute ? 1 : mm->L) * p.batch * mm->H * SW * (SW - 1);
+        CHECKF(me.activations - mu.activations == saved, "the fast tier's trainer keeps %lld bytes of activations, the probabilities' %lld: %lld less, want %lld",
+               (long long)mu.activations, (long long)me.activations, (long long)(me.activations - mu.activations), (long long)saved);
+      }
       for (int st = 0; st < p.steps; st++) {
         CHECKF(ll_trainer_step(tr[k], &src, &info, err, sizeof err) == 0, "%s", err);
         l[k][st] = info.loss;

@@ -554,10 +554,10 @@ void ocl_free(struct ll_backend *b) {
     for (int i = 0; i < c->n_pend; i++) free(c->pend[i].rs), free(c->pend[i].tg); // never read: the queue failed
     free(c->pend);
     cl_kernel ks[] = {c->k_quant, c->k_round, c->k_mm_f, c->k_gr_f, c->k_gr_q, c->k_rmsnorm, c->k_rope, c->k_swiglu, c->k_geglu, c->k_add, c->k_kv_store,
-                      c->k_attention, c->k_deq, c->k_mm_dx, c->k_mm_dw, c->k_mm_dx_t, c->k_mm_dw_t, c->k_gemm_t, c->k_attn_rows_sm, c->k_attn_rows_ds, c->k_mm_dx_qt, c->k_lora_fwd, c->k_adamw_split,
+                      c->k_attention, c->k_deq, c->k_mm_dx, c->k_mm_dw, c->k_mm_dx_t, c->k_mm_dw_t, c->k_gemm_t, c->k_attn_rows_sm, c->k_attn_rows_ds, c->k_mm_dx_qt, c->k_lora_fwd,
                       c->k_rms_bwd, c->k_rms_dg, c->k_rope_bwd, c->k_swiglu_bwd,
                       c->k_attn_train, c->k_attn_bwd_q, c->k_attn_bwd_kv, c->k_xent, c->k_gr_bwd, c->k_dropout, c->k_sumsq, c->k_axpy,
-                      c->k_scale, c->k_adamw, c->k_geglu_bwd, c->k_attn_train_swa, c->k_attn_rows_sm_swa,
+                      c->k_scale, c->k_adamw, c->k_geglu_bwd,
                       c->k_flash_fwd, c->k_flash_dq, c->k_flash_dkv};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
       if (ks[i]) clReleaseKernel(ks[i]);

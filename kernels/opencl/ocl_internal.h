@@ -131,12 +131,12 @@ struct ocl_ctx {
   // training (train.cl)
   cl_kernel k_deq, k_mm_dx, k_mm_dw, k_mm_dx_t, k_mm_dw_t, // (_t: the fast tier's tiled ones, train_fast.cl)
       k_gemm_t, k_attn_rows_sm, k_attn_rows_ds, // (train_fast.cl: attention as batched tiled products)
-      k_mm_dx_qt, k_lora_fwd, k_adamw_split, // (train_fast.cl: dx through W's tiles dequantized in local memory; the LoRA forward; AdamW in one launch)
+      k_mm_dx_qt, k_lora_fwd, // (train_fast.cl: dx through W's tiles dequantized in local memory; the LoRA forward)
        k_rms_bwd, k_rms_dg, k_rope_bwd, k_swiglu_bwd, k_attn_train, k_attn_bwd_q, k_attn_bwd_kv, k_xent,
       k_gr_bwd, k_dropout, k_sumsq, k_axpy, k_scale, k_adamw;
-  // Gemma 3's (train_window.cl): GeGLU's backward, the windowed training attention (reference
-  // tier) and the fast tier's windowed row softmax
-  cl_kernel k_geglu_bwd, k_attn_train_swa, k_attn_rows_sm_swa;
+  // Gemma 3's (train_window.cl): GeGLU's backward (the window is attn_train's and
+  // attn_rows_softmax's parameter)
+  cl_kernel k_geglu_bwd;
   // flash-style training attention (train_flash.cl, the fast tier's): NULL where the device's
   // local memory cannot hold their tiles or its work-groups 256 items (attention_train_flash
   // then answers LL_EUNSUPPORTED)

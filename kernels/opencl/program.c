@@ -158,7 +158,6 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_attn_rows_ds, "attn_rows_ds");
   MK(c->k_mm_dx_qt, "mm_bwd_dx_qtiled");
   MK(c->k_lora_fwd, "lora_fwd_tiled");
-  MK(c->k_adamw_split, "adamw_split");
   MK(c->k_rms_bwd, "rmsnorm_bwd");
   MK(c->k_rms_dg, "rmsnorm_bwd_dg");
   MK(c->k_rope_bwd, "rope_bwd");
@@ -174,8 +173,6 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_scale, "scale");
   MK(c->k_adamw, "adamw");
   MK(c->k_geglu_bwd, "geglu_bwd");
-  MK(c->k_attn_train_swa, "attn_train_swa");
-  MK(c->k_attn_rows_sm_swa, "attn_rows_softmax_swa");
   MK(c->k_flash_fwd, "attn_flash_fwd");
   MK(c->k_flash_dq, "attn_flash_bwd_dq");
   MK(c->k_flash_dkv, "attn_flash_bwd_dkv");

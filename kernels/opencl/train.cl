@@ -116,18 +116,19 @@ kernel void swiglu_bwd(global float *dgate, global float *dup, global const floa
 }
 
 // ---------------------------------------------------------------- attention (training)
-// q (S, H, hd), k, v (S, Hkv, hd); att (H, S, S). One work-group per (query i, head h):
-// scores j <= i (one work item each, e in order), softmax by one work item (max, then the
-// f64 sum in j order), out_i[e] (one work item each, j in order).
+// q (S, H, hd), k, v (S, Hkv, hd); att (H, S, S). Query i sees keys lo..i, lo = max(0, i + 1 -
+// window) (window <= 0: lo = 0, causal; a local layer's window: ll_train_ref_attention_train_swa's
+// order); att is 0 outside them. One work-group per (query i, head h): scores (one work item
+// each, e in order), softmax by one work item (max, then the f64 sum in j order), out_i[e] (one
+// work item each, j in order).
 kernel void attn_train(global float *out, global float *att, global const float *q, global const float *k, global const float *v, int S,
-                       int H, int Hkv, int hd, float scale) {
-  local float inv_l;
+                       int H, int Hkv, int hd, float scale, int window) {
   const int i = get_group_id(0) / H, h = get_group_id(0) % H, lid = get_local_id(0);
-  const int kh = h / (H / Hkv);
+  const int kh = h / (H / Hkv), lo = window > 0 && i + 1 > window ? i + 1 - window : 0;
   global const float *qi = q + ((size_t)i * H + h) * hd;
   global float *p = att + ((size_t)h * S + i) * S; // (S) row i of head h
   for (int j = lid; j < S; j += WG) {
-    if (j > i) {
+    if (j < lo || j > i) {
       p[j] = 0;
       continue;
     }
@@ -139,22 +140,21 @@ kernel void attn_train(global float *out, global float *att, global const float 
   barrier(CLK_GLOBAL_MEM_FENCE);
   if (lid == 0) {
     float mx = -INFINITY;
-    for (int j = 0; j <= i; j++)
+    for (int j = lo; j <= i; j++)
       if (p[j] > mx) mx = p[j];
     acc_t sum = 0;
-    for (int j = 0; j <= i; j++) {
+    for (int j = lo; j <= i; j++) {
       p[j] = exp(p[j] - mx);
       sum += p[j];
     }
     const float inv = inv_sum(sum);
-    for (int j = 0; j <= i; j++) p[j] *= inv;
-    inv_l = inv;
+    for (int j = lo; j <= i; j++) p[j] *= inv;
   }
-  barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+  barrier(CLK_GLOBAL_MEM_FENCE);
   global float *oi = out + ((size_t)i * H + h) * hd;
   for (int e = lid; e < hd; e += WG) {
     float acc = 0;
-    for (int j = 0; j <= i; j++) acc += p[j] * v[((size_t)j * Hkv + kh) * hd + e];
+    for (int j = lo; j <= i; j++) acc += p[j] * v[((size_t)j * Hkv + kh) * hd + e];
     oi[e] = acc;
   }
 }
@@ -312,15 +312,17 @@ kernel void scale(global float *x, float alpha, long n) {
   if (i < n) x[i] *= alpha;
 }
 
-// AdamW, the reference's expression (bc1, bc2 from the host as it computes them).
-kernel void adamw(global float *p, global const float *g, global float *m, global float *v, long n, float lr, float b1, float b2, float eps,
-                  float wd, float bc1, float bc2) {
+// AdamW, the reference's expression (bc1, bc2 from the host as it computes them), the weight
+// decay on the first n_decay elements only (n_decay = n: one tensor's update; the fast tier's
+// adamw_split: the trainer's whole arena in one launch, its decayed tensors first).
+kernel void adamw(global float *p, global const float *g, global float *m, global float *v, long n, long n_decay, float lr, float b1,
+                  float b2, float eps, float wd, float bc1, float bc2) {
   const long i = get_global_id(0);
   if (i >= n) return;
-  const float gi = g[i];
+  const float gi = g[i], wdi = i < n_decay ? wd : 0.0f;
   const float mi = b1 * m[i] + (1.0f - b1) * gi;
   const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
   m[i] = mi, v[i] = vi;
   const float mh = fdiv(mi, bc1), vh = fdiv(vi, bc2);
-  p[i] -= lr * (fdiv(mh, fsqrt(vh) + eps) + wd * p[i]);
+  p[i] -= lr * (fdiv(mh, fsqrt(vh) + eps) + wdi * p[i]);
 }

@@ -152,20 +152,6 @@ kernel void lora_fwd_tiled(global float *y, global const float *x, global const 
   }
 }
 
-// AdamW over the trainer's whole arena in one launch: train.cl adamw's expression, the weight
-// decay on the first n_decay elements only (the decayed tensors come first).
-kernel void adamw_split(global float *p, global const float *g, global float *m, global float *v, long n, long n_decay, float lr, float b1,
-                        float b2, float eps, float wd, float bc1, float bc2) {
-  const long i = get_global_id(0);
-  if (i >= n) return;
-  const float gi = g[i], wdi = i < n_decay ? wd : 0.0f;
-  const float mi = b1 * m[i] + (1.0f - b1) * gi;
-  const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-  m[i] = mi, v[i] = vi;
-  const float mh = fdiv(mi, bc1), vh = fdiv(vi, bc2);
-  p[i] -= lr * (fdiv(mh, fsqrt(vh) + eps) + wdi * p[i]);
-}
-
 // dw (N, K) += dout (T, N)ᵀ · x (T, K). Work-group (16, 16) over (k, n), t stepped 16 at a time.
 kernel void mm_bwd_dw_tiled(global float *dw, global const float *dout, global const float *x, int T, int N, int K) {
   local float ld[TT][TT + 1], lx[TT][TT + 1]; // dout tile (t, n), x tile (t, k)
@@ -227,14 +213,17 @@ kernel void gemm_tiled(global float *C, global const float *A, global const floa
   }
 }
 
-// Row i of head h (one work-group of WG each, (H S) groups): p (S) holds the scaled scores;
-// the causal softmax over j <= i in place, 0 right of the diagonal.
-kernel void attn_rows_softmax(global float *att, int S) {
+// Row i of head h (one work-group of WG each, (H S) groups): p (S) holds the scaled scores of
+// keys 0..S-1; the softmax over lo..i in place (lo = max(0, i + 1 - window), window <= 0: 0, the
+// causal softmax), 0 outside them. With a window P·V then sums the zeros (the products are not
+// narrowed to it).
+kernel void attn_rows_softmax(global float *att, int S, int window) {
   local float lr[WG];
   const int row = get_group_id(0), i = row % S, lid = get_local_id(0);
+  const int lo = window > 0 && i + 1 > window ? i + 1 - window : 0;
   global float *p = att + (long)row * S;
   float m = -INFINITY;
-  for (int j = lid; j <= i; j += WG) m = fmax(m, p[j]);
+  for (int j = lo + lid; j <= i; j += WG) m = fmax(m, p[j]);
   lr[lid] = m;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int st = WG / 2; st > 0; st >>= 1) {
@@ -244,7 +233,7 @@ kernel void attn_rows_softmax(global float *att, int S) {
   m = lr[0];
   barrier(CLK_LOCAL_MEM_FENCE);
   float s = 0.0f;
-  for (int j = lid; j <= i; j += WG) s += exp(p[j] - m);
+  for (int j = lo + lid; j <= i; j += WG) s += exp(p[j] - m);
   lr[lid] = s;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int st = WG / 2; st > 0; st >>= 1) {
@@ -252,7 +241,7 @@ kernel void attn_rows_softmax(global float *att, int S) {
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   const float inv = 1.0f / lr[0];
-  for (int j = lid; j < S; j += WG) p[j] = j <= i ? exp(p[j] - m) * inv : 0.0f;
+  for (int j = lid; j < S; j += WG) p[j] = j >= lo && j <= i ? exp(p[j] - m) * inv : 0.0f;
 }
 
 // Row i of head h: ds (S) holds dp = dout_i · v_j; with D = Σ_{j<=i} p dp,

@@ -217,23 +217,17 @@ static int gemm_tiled(struct ocl_ctx *c, const struct gemm_op *g, int batch) {
   const size_t gl[3] = {RUP16(g->N), RUP16(g->M), (size_t)batch}, lo[3] = {16, 16, 1};
   return e ? LL_EIO : tf_launch(c, k, 3, gl, lo);
 }
-// train_window.cl's attn_rows_softmax_swa over the (H S) rows of att
-static int attn_rows_window(struct ocl_ctx *c, cl_mem a, int S, int H, int window) {
-  cl_kernel k = c->k_attn_rows_sm_swa;
-  const cl_int e = ARG(k, 0, a) | ARG(k, 1, S) | ARG(k, 2, window);
-  const size_t gl = (size_t)H * S * WG, lo = WG;
-  return e ? LL_EIO : tf_launch(c, k, 1, &gl, &lo);
-}
-static int attn_rows(struct ocl_ctx *c, cl_kernel k, cl_mem a, cl_mem b, int S, int H, float scale) {
+// attn_rows_softmax (window: 0 causal) or attn_rows_ds (b: the probabilities) over the (H S) rows of a
+static int attn_rows(struct ocl_ctx *c, cl_kernel k, cl_mem a, cl_mem b, int S, int H, float scale, int window) {
   cl_int e = ARG(k, 0, a);
   if (b) e |= ARG(k, 1, b) | ARG(k, 2, S) | ARG(k, 3, scale);
-  else e |= ARG(k, 1, S);
+  else e |= ARG(k, 1, S) | ARG(k, 2, window);
   const size_t gl = (size_t)H * S * WG, lo = WG;
   return e ? LL_EIO : tf_launch(c, k, 1, &gl, &lo);
 }
 
 // window > 0 (attention_train_swa, a local layer's): query i sees keys (i - window, i] only, on
-// both tiers (train_window.cl's kernels); else causal over 0..i.
+// both tiers (a parameter of attn_train and attn_rows_softmax); else causal over 0..i.
 static int attention_train_win(struct ll_backend *b, float *out, float *att, const float *q, const float *k, const float *v, int S, int n_head,
                                int n_head_kv, int head_dim, float scale, int window) {
   struct ocl_ctx *c = CTX(b);
@@ -253,17 +247,15 @@ static int attention_train_win(struct ll_backend *b, float *out, float *att, con
                                scale, 0.0f, 1};
     const struct gemm_op pv = {c->s[S_OUT].use, c->s[S_SCR].use, c->s[S_B].use, S, hd, S, S, Hkv * hd, H * hd, 0, 0, 0, SS, hd, hd, 1, grp, 0, 0,
                                1.0f, 0.0f, 2};
-    if ((rc = gemm_tiled(c, &sc, H)) || (rc = window > 0 ? attn_rows_window(c, c->s[S_SCR].use, S, H, window)
-                                                          : attn_rows(c, c->k_attn_rows_sm, c->s[S_SCR].use, NULL, S, H, 0)) ||
+    if ((rc = gemm_tiled(c, &sc, H)) || (rc = attn_rows(c, c->k_attn_rows_sm, c->s[S_SCR].use, NULL, S, H, 0, window)) ||
         (rc = gemm_tiled(c, &pv, H)))
       return ocl_fail(c, rc);
     if ((rc = ocl_get(c, S_OUT, out, qb))) return ocl_fail(c, rc);
     return ocl_get(c, S_SCR, att, ab);
   }
-  cl_kernel kk = window > 0 ? c->k_attn_train_swa : c->k_attn_train;
+  cl_kernel kk = c->k_attn_train;
   cl_int e = ARG(kk, 0, c->s[S_OUT].use) | ARG(kk, 1, c->s[S_SCR].use) | ARG(kk, 2, c->s[S_X].use) | ARG(kk, 3, c->s[S_A].use) | ARG(kk, 4, c->s[S_B].use);
-  e |= ARG(kk, 5, S) | ARG(kk, 6, n_head) | ARG(kk, 7, n_head_kv) | ARG(kk, 8, head_dim) | ARG(kk, 9, scale);
-  if (window > 0) e |= ARG(kk, 10, window);
+  e |= ARG(kk, 5, S) | ARG(kk, 6, n_head) | ARG(kk, 7, n_head_kv) | ARG(kk, 8, head_dim) | ARG(kk, 9, scale) | ARG(kk, 10, window);
   const size_t gl = (size_t)S * n_head * WG, lo = WG;
   if (e || (rc = ocl_launch(c, kk, 1, &gl, &lo))) return ocl_fail(c, e ? LL_EIO : rc);
   if ((rc = ocl_get(c, S_OUT, out, qb))) return ocl_fail(c, rc);
@@ -301,7 +293,7 @@ int ocl_attention_backward(struct ll_backend *b, float *dq, float *dk, float *dv
                                1.0f, 0.0f, 1};
     const struct gemm_op gq = {c->s[S_OUT].use, c->s[S_D].use, c->s[S_A].use, S, hd, S, S, Hkv * hd, H * hd, 0, 0, 0, SS, hd, hd, 1, grp, 0, 0,
                                1.0f, 0.0f, 2};
-    if ((rc = gemm_tiled(c, &dp, H)) || (rc = attn_rows(c, c->k_attn_rows_ds, c->s[S_D].use, c->s[S_SCR].use, S, H, scale)) ||
+    if ((rc = gemm_tiled(c, &dp, H)) || (rc = attn_rows(c, c->k_attn_rows_ds, c->s[S_D].use, c->s[S_SCR].use, S, H, scale, 0)) ||
         (rc = gemm_tiled(c, &gq, H)))
       return ocl_fail(c, rc);
     for (int g = 0; g < grp; g++) {
@@ -601,10 +593,10 @@ int ocl_scale(struct ll_backend *b, float *x, float alpha, int64_t n) {
   return ocl_get(c, S_OUT, x, nb);
 }
 
-int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
-                     float eps, float wd, int step) {
-  struct ocl_ctx *c = CTX(b);
-  if (!p || !g || !m || !v || n < 0 || step < 1) return LL_EINVAL;
+// AdamW (train.cl adamw) over n values, the weight decay on the first n_decay; fast: counted
+// as the fast tier's launch (adamw_split's, the whole arena at once)
+static int adamw_run(struct ocl_ctx *c, int fast, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay, float lr, float beta1,
+                     float beta2, float eps, float wd, int step) {
   if (n == 0) return 0;
   size_t nb;
   int rc;
@@ -613,38 +605,30 @@ int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, float *v
     return ocl_fail(c, rc);
   // Bias corrections on the host, as the reference computes them (pow in double).
   const float bc1 = (float)(1.0 - pow(beta1, step)), bc2 = (float)(1.0 - pow(beta2, step));
-  cl_long ln = n;
+  cl_long ln = n, ld = n_decay;
   cl_kernel k = c->k_adamw;
-  cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, c->s[S_C].use) | ARG(k, 4, ln);
-  e |= ARG(k, 5, lr) | ARG(k, 6, beta1) | ARG(k, 7, beta2) | ARG(k, 8, eps) | ARG(k, 9, wd) | ARG(k, 10, bc1) | ARG(k, 11, bc2);
+  cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, c->s[S_C].use) | ARG(k, 4, ln) | ARG(k, 5, ld);
+  e |= ARG(k, 6, lr) | ARG(k, 7, beta1) | ARG(k, 8, beta2) | ARG(k, 9, eps) | ARG(k, 10, wd) | ARG(k, 11, bc1) | ARG(k, 12, bc2);
   const size_t gs = (size_t)n;
-  if (e || (rc = ocl_launch(c, k, 1, &gs, NULL))) return ocl_fail(c, e ? LL_EIO : rc);
+  if (e || (rc = fast ? tf_launch(c, k, 1, &gs, NULL) : ocl_launch(c, k, 1, &gs, NULL))) return ocl_fail(c, e ? LL_EIO : rc);
   if ((rc = ocl_get(c, S_X, p, nb)) || (rc = ocl_get(c, S_B, m, nb))) return ocl_fail(c, rc);
   return ocl_get(c, S_C, v, nb);
 }
 
-// The fast tier: one launch over the decayed and the undecayed parameters (train_fast.cl
-// adamw_split); the reference tier answers LL_EUNSUPPORTED (two adamw calls).
+int ocl_adamw(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
+                     float eps, float wd, int step) {
+  if (!p || !g || !m || !v || n < 0 || step < 1) return LL_EINVAL;
+  return adamw_run(CTX(b), 0, p, g, m, v, n, n, lr, beta1, beta2, eps, wd, step);
+}
+
+// The fast tier: one launch over the decayed and the undecayed parameters; the reference tier
+// answers LL_EUNSUPPORTED (two adamw calls).
 int ocl_adamw_split(struct ll_backend *b, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay, float lr, float beta1,
                     float beta2, float eps, float wd, int step) {
   struct ocl_ctx *c = CTX(b);
   if (!p || !g || !m || !v || n < 0 || n_decay < 0 || n_decay > n || step < 1) return LL_EINVAL;
   if (!c->fast) return LL_EUNSUPPORTED;
-  if (n == 0) return 0;
-  size_t nb;
-  int rc;
-  if ((rc = ocl_fbytes(c, n, 1, &nb)) || (rc = ocl_put(c, S_X, p, nb)) || (rc = ocl_put(c, S_A, g, nb)) || (rc = ocl_put(c, S_B, m, nb)) ||
-      (rc = ocl_put(c, S_C, v, nb)))
-    return ocl_fail(c, rc);
-  const float bc1 = (float)(1.0 - pow(beta1, step)), bc2 = (float)(1.0 - pow(beta2, step)); // as ocl_adamw
-  cl_long ln = n, ld = n_decay;
-  cl_kernel k = c->k_adamw_split;
-  cl_int e = ARG(k, 0, c->s[S_X].use) | ARG(k, 1, c->s[S_A].use) | ARG(k, 2, c->s[S_B].use) | ARG(k, 3, c->s[S_C].use) | ARG(k, 4, ln) | ARG(k, 5, ld);
-  e |= ARG(k, 6, lr) | ARG(k, 7, beta1) | ARG(k, 8, beta2) | ARG(k, 9, eps) | ARG(k, 10, wd) | ARG(k, 11, bc1) | ARG(k, 12, bc2);
-  const size_t gs = (size_t)n;
-  if (e || (rc = tf_launch(c, k, 1, &gs, NULL))) return ocl_fail(c, e ? LL_EIO : rc);
-  if ((rc = ocl_get(c, S_X, p, nb)) || (rc = ocl_get(c, S_B, m, nb))) return ocl_fail(c, rc);
-  return ocl_get(c, S_C, v, nb);
+  return adamw_run(c, 1, p, g, m, v, n, n_decay, lr, beta1, beta2, eps, wd, step);
 }
 
 int ocl_sync(struct ll_backend *b) { return ocl_finish(CTX(b)); }
