@@ -12,8 +12,9 @@
 // probabilities right of the causal diagonal (NaN there, results finite: the masked tiles are
 // skipped); dx through quantized W in one launch per product (tiles dequantized in local
 // memory); the fused LoRA forward (matmul_lora, two launches) against a double-precision
-// product of the dequantized weights; AdamW over a whole arena in one launch (adamw_split).
-// Each counts its launches (ll_backend_info.
+// product of the dequantized weights; AdamW over a whole arena in one launch (adamw_split); the
+// flash-style attention (train_flash.cl: lse kept, P recomputed per tile) against the references,
+// windows included. Each counts its launches (ll_backend_info.
 // train_fast_launches). Also asserted: the backend says it runs the fast tier (ll_backend_info.tier), and
 // the results are not the reference's bits (the reference tier's products give the CPU's bits
 // on an f64 device such as PoCL: an error of exactly 0 everywhere would mean they ran).
@@ -191,7 +192,7 @@ static void test_attention(struct ll_backend *cl) {
 }
 
 // Gemma 3's local layers: attention_train_swa (scores and P·V as the causal case's batched tiled
-// products, train_window.cl's windowed row softmax between them) against the reference, windows
+// products, attn_rows_softmax with the window between them) against the reference, windows
 // shorter than S (1, 17, 64) and one of S (the causal results), the same tolerance; the
 // probabilities outside each row's window written 0; three launches per call, all counted as
 // the fast tier's (two products and the row softmax: not the reference kernel's one); and the backward
