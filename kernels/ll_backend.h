@@ -94,6 +94,7 @@ struct ll_backend_info {
   int64_t arg_sets;             // kernel arguments set so far (clSetKernelArg; the fast tier's products keep theirs)
   int64_t fast_launches;        // of those, the fast tier's kernels (llsrv_fast.cl: products, rope_kv, attention)
   int64_t train_fast_launches;  // of those, the fast tier's training kernels (train_fast.cl: tiled products, attention, LoRA forward)
+  int64_t split_launches;       // of the fast ones, split-K decode attention (llsrv_split.cl attn_split)
   char tier[12];                // OpenCL: "reference" or "fast" (LL_OPENCL_REFERENCE); "" on the CPU
 };
 

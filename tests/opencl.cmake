@@ -39,3 +39,7 @@ ll_script_test(NAME opencl_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/script
 # (LL_OPENCL_FAULT=train_alloc) trains on the CPU; full-parameter training on the device too (~10 s).
 ll_script_test(NAME opencl_server_train COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_opencl_server_train.py
   LABELS integration TIMEOUT 300)
+# The fast tier's split-K decode attention (llsrv_split.cl) against the CPU: caches of 1 .. 2900
+# positions in one batch, grouped-query heads, windows, f16 and f32 caches; one launch, the
+# split path taken where it should be, attn_fast's bits where a block does not split (seconds).
+ll_test(NAME test_opencl_splitk SOURCES test_opencl_splitk.c LIBS ll_kernels LABELS unit TIMEOUT 1200)

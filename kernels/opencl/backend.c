@@ -518,7 +518,7 @@ void ocl_get_info(struct ll_backend *b, struct ll_backend_info *info) {
   info->bytes_up = c->bytes_up, info->bytes_down = c->bytes_down, info->waits = c->waits;
   info->idle_waits = c->idle_waits, info->queue_ahead = c->queue_ahead;
   info->launches = c->launches, info->arg_sets = c->arg_sets, info->fast_launches = c->fast_launches;
-  info->train_fast_launches = c->train_fast_launches;
+  info->train_fast_launches = c->train_fast_launches, info->split_launches = c->split_launches;
   snprintf(info->tier, sizeof info->tier, "%s", c->fast ? "fast" : "reference");
 }
 
@@ -569,6 +569,9 @@ void ocl_free(struct ll_backend *b) {
     if (c->k_rope_kv) clReleaseKernel(c->k_rope_kv);
     if (c->k_argmax) clReleaseKernel(c->k_argmax);
     if (c->k_attn_fast) clReleaseKernel(c->k_attn_fast);
+    if (c->k_attn_split) clReleaseKernel(c->k_attn_split);
+    if (c->split_part) ocl_release_mem(c->split_part);
+    if (c->split_cnt) ocl_release_mem(c->split_cnt);
     if (c->k_sample) clReleaseKernel(c->k_sample);
     if (c->prog) clReleaseProgram(c->prog);
     if (c->q) clReleaseCommandQueue(c->q);

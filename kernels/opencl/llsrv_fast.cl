@@ -21,7 +21,8 @@
 // - RoPE of q and k with the KV store in one kernel; greedy sampling (argmax) on the device, so
 //   a decode step reads back one id per sequence;
 // - attention in one pass over the cache (attn_fast): K and V tiles in local memory shared by a
-//   work-group's (token, head) rows, an online softmax, no scores in global memory.
+//   work-group's (token, head) rows, an online softmax, no scores in global memory; at a long
+//   context a decode token's pass split over the cache (attn_split, llsrv_split.cl).
 // Sums are f32 trees, so results differ from the CPU's in the last bits and vary with the
 // device; they do not vary with batch composition (each row's sums depend on the row alone).
 
@@ -362,28 +363,31 @@ kernel void rope_kv(global float *q, global const float *k, global const float *
 #define AKT 4160  // floats of the K tile (ATP rows of hd + 1: the padding spreads a score's lanes over banks)
 #define AVT 4096  // floats of the V tile (ATP rows of hd)
 #define AACC (AQ * 256 / WG) // output elements per work item (hd <= 256)
-kernel void attn_fast(global float *out, global const float *q, global const uchar *K, global const uchar *V, global const int *pos,
-                      global const int *tab, global const int *seq_of, global const int *tab_off, global const int *blk, int H, int Hkv,
-                      int hd, int block, int f16, float scale, int window) {
-  local float qs[AQ * 256], ks[AKT], vs[AVT], ps[AQ * 64];
-  local float m_run[AQ], l_run[AQ], m_new[AQ], alpha[AQ];
-  local int lo_r[AQ], hi_r[AQ];
-  const int lid = get_local_id(0), b = get_group_id(0) / Hkv, kvh = get_group_id(0) % Hkv, G = H / Hkv;
-  const int t0 = blk[3 * b], k0 = blk[3 * b + 1], nq = blk[3 * b + 2];
+// The pass itself, over the positions clo .. chi of the rows' ranges (attn_fast: all of them;
+// attn_split, llsrv_split.cl: one split's): leaves each row's running max and sum in m_run,
+// l_run and the unnormalized sums of its probabilities times V in acc (element lid + jj * WG of
+// the (nq, hd) block); a row with no position there has max -inf, sum 0. Called by all the
+// work-group's items; the local arrays are the kernel's (OpenCL 1.2 declares them there).
+inline void attn_pass(global const float *q, global const uchar *K, global const uchar *V, global const int *pos, global const int *tab,
+                      global const int *seq_of, global const int *tab_off, int t0, int k0, int nq, int kvh, int clo, int chi, int H,
+                      int Hkv, int hd, int block, int f16, float scale, int window, local float *qs, local float *ks, local float *vs,
+                      local float *ps, local float *m_run, local float *l_run, local float *m_new, local float *alpha, local int *lo_r,
+                      local int *hi_r, float *acc) {
+  const int lid = get_local_id(0), G = H / Hkv;
   const int atp = min(64, min(AKT / (hd + 1), AVT / hd)), n = Hkv * hd;
   global const int *tb = tab + tab_off[seq_of[t0]];
-  int plo = INT_MAX, phi = -1; // the union of the rows' position ranges
+  int plo = INT_MAX, phi = -1; // the union of the rows' position ranges (within clo .. chi)
   for (int i = 0; i < nq; i++) {
     const int p = pos[t0 + (k0 + i) / G], lo = window > 0 && p + 1 > window ? p + 1 - window : 0;
     plo = min(plo, lo), phi = max(phi, p);
     if (lid == i) lo_r[i] = lo, hi_r[i] = p, m_run[i] = -INFINITY, l_run[i] = 0;
   }
+  plo = max(plo, clo), phi = min(phi, chi);
   for (int e = lid; e < nq * hd; e += WG) {
     const int i = e / hd, d = e % hd, t = t0 + (k0 + i) / G, h = kvh * G + (k0 + i) % G;
     const float x = q[((size_t)t * H + h) * hd + d];
     qs[e] = f16 ? round_f16(x) : x;
   }
-  float acc[AACC];
   for (int j = 0; j < AACC; j++) acc[j] = 0;
   for (int base = plo; base <= phi; base += atp) {
     const int nt = min(atp, phi + 1 - base);
@@ -439,6 +443,19 @@ kernel void attn_fast(global float *out, global const float *q, global const uch
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+kernel void attn_fast(global float *out, global const float *q, global const uchar *K, global const uchar *V, global const int *pos,
+                      global const int *tab, global const int *seq_of, global const int *tab_off, global const int *blk, int H, int Hkv,
+                      int hd, int block, int f16, float scale, int window) {
+  local float qs[AQ * 256], ks[AKT], vs[AVT], ps[AQ * 64];
+  local float m_run[AQ], l_run[AQ], m_new[AQ], alpha[AQ];
+  local int lo_r[AQ], hi_r[AQ];
+  const int lid = get_local_id(0), b = get_group_id(0) / Hkv, kvh = get_group_id(0) % Hkv, G = H / Hkv;
+  const int t0 = blk[3 * b], k0 = blk[3 * b + 1], nq = blk[3 * b + 2];
+  float acc[AACC];
+  attn_pass(q, K, V, pos, tab, seq_of, tab_off, t0, k0, nq, kvh, 0, INT_MAX, H, Hkv, hd, block, f16, scale, window, qs, ks, vs, ps, m_run,
+            l_run, m_new, alpha, lo_r, hi_r, acc);
   for (int jj = 0; jj < AACC; jj++) {
     const int e = lid + jj * WG;
     if (e < nq * hd) {

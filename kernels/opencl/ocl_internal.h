@@ -125,7 +125,14 @@ struct ocl_ctx {
   // the fast tier (llsrv_fast.cl); k_argmax serves both tiers
   cl_kernel k_fmm[LL_TYPE_COUNT], k_fmmt[LL_TYPE_COUNT], k_rope_kv, k_argmax,
       k_sample, // sampling on the device (both tiers)
-      k_attn_fast; // NULL where the device's local memory cannot hold its tiles (the reference's attention then)
+      k_attn_fast, // NULL where the device's local memory cannot hold its tiles (the reference's attention then)
+      k_attn_split; // split-K decode attention (llsrv_split.cl); NULL with k_attn_fast
+  // attn_split's state: partials (m, l, acc) and the blocks' counters (zero between launches),
+  // grown as needed; split_min: positions per chunk at least (0: never split), split_max:
+  // chunks per block at most (0: from the compute units); LL_OPENCL_SPLIT_KV (ops.c ocl_split_params)
+  cl_mem split_part, split_cnt;
+  size_t split_part_cap, split_cnt_cap;
+  int split_min, split_max;
   int fast; // 1: the fast tier's kernels (fused ops, f32 activations); 0: the reference tier
   int train_tiled; // fast, and the device runs train_fast.cl's 16 x 16 work-groups (ocl_make_kernels)
   // training (train.cl)
@@ -173,7 +180,7 @@ struct ocl_ctx {
   int tk_first, tk_next; // oldest outstanding ticket, next to give
   int queue_ahead;       // 0: LL_OPENCL_QUEUE_AHEAD=0 (read_async answers LL_EUNSUPPORTED)
   int64_t idle_waits;
-  int64_t bytes_up, bytes_down, waits, launches, arg_sets, fast_launches, train_fast_launches;
+  int64_t bytes_up, bytes_down, waits, launches, arg_sets, fast_launches, train_fast_launches, split_launches;
   struct pending_loss *pend; // completed by ocl_drained()
   int n_pend, cap_pend;
   int64_t mem_used, mem_total, max_alloc; // mem_used: this instance's
@@ -233,6 +240,7 @@ size_t ocl_kv_elem(const struct ll_kv_view *kv);
 size_t ocl_kv_block_bytes(const struct ll_kv_view *kv);
 int ocl_kv_store(struct ll_backend *b, const struct ll_kv_view *kv, const float *k, const float *v, const int32_t *pos, int T);
 int ocl_seq_tables(const struct ll_kv_view *kv, const int32_t *pos, const int *t0, const int *nt, int n_seq, int32_t **idx, int *rows_out, int *n_tab_out, int *max_pos_out, int *max_blk_out);
+void ocl_split_params(struct ocl_ctx *c);
 int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const struct ll_kv_view *kv, const int32_t *pos, const int *t0, const int *nt, int n_seq, int n_head, float scale);
 int ocl_rope_kv_store(struct ll_backend *b, float *q, const float *k, const float *v, const struct ll_kv_view *kv, const int32_t *pos, const int *t0, const int *nt, int n_seq, int n_head, const struct ll_rope_params *p);
 int ocl_argmax(struct ll_backend *b, int32_t *ids, const float *logits, int rows, int V);

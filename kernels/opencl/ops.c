@@ -371,32 +371,135 @@ int ocl_seq_tables(const struct ll_kv_view *kv, const int32_t *pos, const int *t
 
 // The fast tier's attention (llsrv_fast.cl attn_fast): the rows' pairs of (token, head) that
 // share a KV head, AQ a work-group (blocks never span sequences), the operands staged as the
-// reference's are.
+// reference's are. At a long context a decode step's blocks are split over the KV range
+// (llsrv_split.cl attn_split, one launch still): see attention_split.
 #define OCL_AQ 8 // as llsrv_fast.cl AQ
-static int attention_fast(struct ocl_ctx *c, float *out, cl_mem K, cl_mem V, const struct ll_kv_view *k0, int n_seq,
-                          const int *t0, const int *nt, int n_head, float scale, size_t qb) {
-  const int Hkv = k0->n_head_kv, G = n_head / Hkv, hd = k0->head_dim;
-  int n_blk = 0;
-  for (int i = 0; i < n_seq; i++) n_blk += (nt[i] * G + OCL_AQ - 1) / OCL_AQ;
-  if (n_blk == 0) return 0;
-  int32_t *blk = malloc((size_t)n_blk * 3 * sizeof *blk);
-  if (!blk) return LL_ENOMEM;
-  for (int i = 0, o = 0; i < n_seq; i++)
-    for (int k = 0; k < nt[i] * G; k += OCL_AQ, o++) {
-      blk[3 * o] = t0[i], blk[3 * o + 1] = k;
-      blk[3 * o + 2] = nt[i] * G - k < OCL_AQ ? nt[i] * G - k : OCL_AQ;
+#define OCL_AW 8 // ints per work item of attn_split (llsrv_split.cl AW)
+
+// Split-K's parameters (LL_OPENCL_SPLIT_KV=MIN[:MAX]): a block is split into chunks of at least
+// MIN positions (default 128: the ~2 KB partial a chunk writes and its combine are then a few
+// percent of the 32 KB of f16 K and V it reads at hd 64), at most MAX of them (2 .. 64; default
+// 0: enough for 2 work-groups per compute unit from one sequence's KV heads, see split_count).
+// MIN 0: never split. A malformed value leaves the defaults.
+#define OCL_SPLIT_MIN 128
+void ocl_split_params(struct ocl_ctx *c) {
+  c->split_min = c->k_attn_split ? OCL_SPLIT_MIN : 0, c->split_max = 0;
+  const char *e = getenv("LL_OPENCL_SPLIT_KV");
+  if (c->k_attn_split && e && *e) {
+    char *end;
+    long mn = strtol(e, &end, 10), mx = 0;
+    if (*end == ':') mx = strtol(end + 1, &end, 10);
+    if (*end == 0 && mn >= 0 && mn <= (1 << 20) && (mx == 0 || (mx >= 2 && mx <= 64))) c->split_min = (int)mn, c->split_max = (int)mx;
+  }
+}
+
+// How many chunks a block of a decode-like sequence (its rows in one block: a decode token's
+// grouped-query heads) takes over its span of positions: 1 below 2 * split_min (the one-pass
+// kernel's work), else up to split_max chunks (default: 2 * compute units / Hkv, at least 2, at
+// most 64) of at least split_min positions, rounded to whole 64-position tiles. A function of
+// the sequence's own span and the device alone, so a row's result does not depend on the batch
+// it came in. *chunk: the chunk's positions.
+static int split_count(const struct ocl_ctx *c, int span, int Hkv, int *chunk) {
+  *chunk = span;
+  if (c->split_min <= 0 || span < 2 * c->split_min) return 1;
+  const int cu = c->info.compute_units > 0 ? c->info.compute_units : 1;
+  int mx = c->split_max ? c->split_max : (2 * cu + Hkv - 1) / Hkv;
+  mx = mx < 2 ? 2 : mx > 64 ? 64 : mx;
+  int ns = span / c->split_min;
+  ns = ns > mx ? mx : ns;
+  int ch = (span + ns - 1) / ns;
+  ch = (ch + 63) / 64 * 64;
+  *chunk = ch;
+  return (span + ch - 1) / ch;
+}
+
+// The union of n rows' position ranges (each row at p sees lo .. p, lo = p + 1 - window with a
+// sliding window): its first position in *lo, its length returned.
+static int seq_span(const int32_t *pos, int n, int window, int *lo) {
+  int l0 = INT_MAX, hi = -1;
+  for (int t = 0; t < n; t++) {
+    const int p = pos[t], l = window > 0 && p + 1 > window ? p + 1 - window : 0;
+    l0 = l < l0 ? l : l0, hi = p > hi ? p : hi;
+  }
+  *lo = l0;
+  return hi - l0 + 1;
+}
+
+// A buffer of attn_split's state, grown (and, for the counters, zeroed: zero = no work-group of
+// the block has finished) to hold bytes.
+static int split_buf(struct ocl_ctx *c, cl_mem *m, size_t *cap, size_t bytes, int zero) {
+  if (*cap >= bytes) return 0;
+  size_t nc = *cap ? *cap : 4096;
+  while (nc < bytes) nc *= 2;
+  cl_int e;
+  cl_mem nm = ocl_dev_alloc(c, nc, &e);
+  if (!nm) return ocl_cl_rc(e) ? ocl_cl_rc(e) : LL_ENOMEM;
+  if (zero) {
+    const cl_uint z = 0;
+    e = clEnqueueFillBuffer(c->q, nm, &z, sizeof z, 0, nc, 0, NULL, NULL);
+    if (e != CL_SUCCESS) {
+      ocl_dev_release(c, nm, nc);
+      return ocl_cl_rc(e);
     }
-  int rc = ocl_put(c, S_SCR, blk, (size_t)n_blk * 3 * sizeof *blk);
+  }
+  if (*m) ocl_dev_release(c, *m, *cap); // the queue runs in order: its last users are done first
+  *m = nm, *cap = nc;
+  return 0;
+}
+
+static int attention_fast(struct ocl_ctx *c, float *out, cl_mem K, cl_mem V, const struct ll_kv_view *k0, int n_seq, const int32_t *pos,
+                          const int *t0, const int *nt, int n_head, float scale, size_t qb) {
+  const int Hkv = k0->n_head_kv, G = n_head / Hkv, hd = k0->head_dim, window = k0->window;
+  // Work items of attn_split (AW ints each): t0, k0, nq, the chunk's positions clo .. chi, the
+  // block's chunk count ns, its first partial slot and the chunk's index. attn_fast reads the
+  // first 3 of a row of 3 (the blocks, when none splits).
+  int n_blk = 0, n_item = 0, n_slot = 0;
+  for (int i = 0; i < n_seq; i++) {
+    const int nb = (nt[i] * G + OCL_AQ - 1) / OCL_AQ;
+    n_blk += nb;
+    if (nb == 1 && nt[i] > 0) { // decode-like: the sequence's rows are one block
+      int lo, ch;
+      const int ns = split_count(c, seq_span(pos + t0[i], nt[i], window, &lo), Hkv, &ch);
+      n_item += ns, n_slot += ns > 1 ? ns : 0;
+    } else {
+      n_item += nb;
+    }
+  }
+  if (n_blk == 0) return 0;
+  const int split = n_slot > 0;
+  const int aw = split ? OCL_AW : 3, nw = split ? n_item : n_blk;
+  int32_t *blk = malloc((size_t)nw * aw * sizeof *blk);
+  if (!blk) return LL_ENOMEM;
+  for (int i = 0, o = 0, slot = 0; i < n_seq; i++)
+    for (int k = 0; k < nt[i] * G; k += OCL_AQ) {
+      const int nq = nt[i] * G - k < OCL_AQ ? nt[i] * G - k : OCL_AQ;
+      int ns = 1, ch = 0, lo = 0;
+      if (split && k == 0 && nt[i] * G <= OCL_AQ) ns = split_count(c, seq_span(pos + t0[i], nt[i], window, &lo), Hkv, &ch);
+      for (int s = 0; s < ns; s++, o++) {
+        int32_t *w = blk + (size_t)o * aw;
+        w[0] = t0[i], w[1] = k, w[2] = nq;
+        if (!split) continue;
+        w[3] = ns > 1 ? lo + s * ch : 0, w[4] = ns > 1 ? lo + (s + 1) * ch - 1 : INT_MAX;
+        w[5] = ns, w[6] = ns > 1 ? slot : 0, w[7] = s;
+      }
+      slot += ns > 1 ? ns : 0;
+    }
+  int rc = ocl_put(c, S_SCR, blk, (size_t)nw * aw * sizeof *blk);
   free(blk);
   if (rc || (rc = ocl_output(c, S_OUT, out, qb))) return rc;
-  cl_kernel k = c->k_attn_fast;
-  const int f16 = k0->kv_type == LL_TYPE_F16, block = k0->block, window = k0->window;
+  const size_t pw = (size_t)OCL_AQ * (hd + 2) * sizeof(float);
+  if (split && ((rc = split_buf(c, &c->split_part, &c->split_part_cap, (size_t)n_slot * Hkv * pw, 0)) ||
+                (rc = split_buf(c, &c->split_cnt, &c->split_cnt_cap, (size_t)n_slot * Hkv * sizeof(cl_uint), 1))))
+    return rc;
+  cl_kernel k = split ? c->k_attn_split : c->k_attn_fast;
+  const int f16 = k0->kv_type == LL_TYPE_F16, block = k0->block;
   cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_X].use) | ARG(k, 2, K) | ARG(k, 3, V) | ARG(k, 4, c->s[S_POS].use);
   e |= ARG(k, 5, c->s[S_TAB].use) | ARG(k, 6, c->s[S_SEQ].use) | ARG(k, 7, c->s[S_TOFF].use) | ARG(k, 8, c->s[S_SCR].use);
   e |= ARG(k, 9, n_head) | ARG(k, 10, Hkv) | ARG(k, 11, hd) | ARG(k, 12, block) | ARG(k, 13, f16) | ARG(k, 14, scale) | ARG(k, 15, window);
-  const size_t gl = (size_t)n_blk * Hkv * WG, lo = WG;
+  if (split) e |= ARG(k, 16, c->split_part) | ARG(k, 17, c->split_cnt);
+  const size_t gl = (size_t)nw * Hkv * WG, lo = WG;
   if (e || (rc = ocl_launch(c, k, 1, &gl, &lo))) return e ? LL_EIO : rc;
-  c->fast_launches++;
+  c->fast_launches++, c->split_launches += split;
   return ocl_get(c, S_OUT, out, qb);
 }
 
@@ -424,7 +527,7 @@ int ocl_attention_multi(struct ll_backend *b, float *out, const float *q, const 
     return rc;
   }
   free(tab); // the uploads copied it
-  if (fast) return attention_fast(c, out, K, V, k0, n_seq, t0, nt, n_head, scale, qb);
+  if (fast) return attention_fast(c, out, K, V, k0, n_seq, pos, t0, nt, n_head, scale, qb);
   cl_kernel k = c->k_attention;
   const int f16 = k0->kv_type == LL_TYPE_F16, ggml = b->ggml_math;
   cl_int e = ARG(k, 0, c->s[S_OUT].use) | ARG(k, 1, c->s[S_X].use) | ARG(k, 2, K) | ARG(k, 3, V) | ARG(k, 4, c->s[S_POS].use);

@@ -192,16 +192,19 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
   MK(c->k_argmax, "argmax_rows");
   MK(c->k_sample, "sample_rows");
   MK(c->k_attn_fast, "attn_fast");
+  MK(c->k_attn_split, "attn_split");
 #undef MK
-  { // attn_fast's tiles (about 43 KB of local memory): where the device's cannot hold them, the
-    // fast tier keeps the reference's attention
-    cl_ulong lm = 0, klm = 0;
+  { // attn_fast's and attn_split's tiles (about 43 KB of local memory): where the device's cannot
+    // hold them, the fast tier keeps the reference's attention
+    cl_ulong lm = 0, klm = 0, slm = 0;
     if (clGetDeviceInfo(c->dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof lm, &lm, NULL) != CL_SUCCESS ||
-        clGetKernelWorkGroupInfo(c->k_attn_fast, c->dev, CL_KERNEL_LOCAL_MEM_SIZE, sizeof klm, &klm, NULL) != CL_SUCCESS || klm > lm) {
-      clReleaseKernel(c->k_attn_fast);
-      c->k_attn_fast = NULL;
+        clGetKernelWorkGroupInfo(c->k_attn_fast, c->dev, CL_KERNEL_LOCAL_MEM_SIZE, sizeof klm, &klm, NULL) != CL_SUCCESS || klm > lm ||
+        clGetKernelWorkGroupInfo(c->k_attn_split, c->dev, CL_KERNEL_LOCAL_MEM_SIZE, sizeof slm, &slm, NULL) != CL_SUCCESS || slm > lm) {
+      clReleaseKernel(c->k_attn_fast), clReleaseKernel(c->k_attn_split);
+      c->k_attn_fast = c->k_attn_split = NULL;
     }
   }
+  ocl_split_params(c);
   // The tiled training products take work-groups of 16 x 16: only where both kernels allow
   // 256 work items (else the fast tier keeps the reference's products).
   const cl_kernel tiled[] = {c->k_mm_dx_t, c->k_mm_dw_t, c->k_gemm_t, c->k_mm_dx_qt, c->k_lora_fwd};
