@@ -13,11 +13,14 @@
 #          (SmolLM2-135M's shape in Q4_1, a 1B Llama shape in Q4_0: random weights, real shapes)
 #          with `llsrv init --dims` + `convert`, runs test_opencl on the GPU, llsrv bench
 #          (pp512, tg128, 8 streams) on both tiers, llsrv generate's launches and bytes per
-#          step, then llama-bench -ngl 99 (pp512, tg128); everything into $OUT (results.md,
-#          logs). About 8-10 minutes on an H100; each part has its own time limit so the table
-#          is written whatever fails.
+#          step, then llama-bench -ngl 99 (pp512, tg128); then decode at long contexts (tg64 at
+#          depths $DEPTHS, default 4096: `llsrv bench -d` on the fast tier with split-K attention
+#          as chosen and with it off, LL_OPENCL_SPLIT_KV=0, and llama-bench -d); everything into
+#          $OUT (results.md, logs). About 10-12 minutes on an H100; each part has its own time
+#          limit so the table is written whatever fails.
 # A dry run where there is no NVIDIA driver (PoCL here): P=64 N=16 REPS=1 MODELS=smol TESTS=0
-# tests/bench/opencl_vs_cuda.sh run .device - the same steps on whatever OpenCL device is found.
+# DEPTHS=256 tests/bench/opencl_vs_cuda.sh run .device - the same steps on whatever OpenCL device
+# is found.
 # The llama.cpp build has no flash-attention kernels (GGML_CUDA_FA=OFF, as the gpu tools build
 # it: minutes instead of tens), so its column is -fa 0. Compare only figures of one run.
 set -uo pipefail
@@ -63,8 +66,8 @@ mk() { # name dims quant
     timeout 120 $L convert "$1.f.ckpt" "$1.q.ckpt" --quant "$3" >>"$OUT/models.log" 2>&1 &&
     timeout 120 $L convert "$1.q.ckpt" "$1.gguf" >>"$OUT/models.log" 2>&1 && rm -f "$1.f.ckpt" "$1.q.ckpt"
 }
-case " $MODELS " in *" smol "*) mk smol 576,30,9,3,1536,2048 q4_1 || echo "models: smol failed (models.log)" >>"$R" ;; esac
-case " $MODELS " in *" llama1b "*) mk llama1b 2048,16,32,8,8192,2048 q4_0 || echo "models: 1B failed (models.log)" >>"$R" ;; esac
+case " $MODELS " in *" smol "*) mk smol 576,30,9,3,1536,8192 q4_1 || echo "models: smol failed (models.log)" >>"$R" ;; esac
+case " $MODELS " in *" llama1b "*) mk llama1b 2048,16,32,8,8192,8192 q4_0 || echo "models: 1B failed (models.log)" >>"$R" ;; esac
 # test_opencl on the GPU: the reference tier exact where the device is, the fast tier's tolerances
 if [ "${TESTS:-1}" = 1 ]; then # TESTS=0: not (a dry run)
   ( export LL_TEST_OPENCL_DEVICE=opencl:0:0; timeout 240 "$BIN/test_opencl" >"$OUT/test_opencl.log" 2>&1; echo "rc=$?" >>"$OUT/test_opencl.log" )
@@ -102,6 +105,33 @@ done
   echo "launches and bytes per decode step (llsrv generate -n 16 --temp 0):"
   for f in "$OUT"/generate_*.log; do echo "- $(basename "$f" .log): $(grep -iE 'launch' "$f" | tail -n 1)"; done
 } >>"$R"
+# Decode at long contexts: split-K attention (llsrv_split.cl) as chosen, and off, against llama.cpp
+# at the same depth (one prompt of D tokens, untimed, then tg64; DEPTHS=0 skips this part).
+DEPTHS=${DEPTHS:-4096}
+if [ "$DEPTHS" != 0 ]; then
+  {
+    echo
+    echo "| model | engine | depth | tg64 tok/s |"
+    echo "|---|---|---:|---:|"
+  } >>"$R"
+  for m in $MODELS; do
+    [ -f $m.gguf ] || continue
+    for d in $DEPTHS; do
+      for sk in on off; do
+        log="$OUT/bench_${m}_d${d}_split$sk.log"
+        if [ $sk = on ]; then LL_OPENCL_REFERENCE=0 timeout 150 $L bench --model $m.gguf --device opencl:0:0 -p 0 -n 64 -d "$d" -r $REPS >"$log" 2>&1
+        else LL_OPENCL_SPLIT_KV=0 LL_OPENCL_REFERENCE=0 timeout 150 $L bench --model $m.gguf --device opencl:0:0 -p 0 -n 64 -d "$d" -r $REPS >"$log" 2>&1; fi
+        tg=$(awk -F'|' "/tg64 @ d$d /{print \$(NF-1)}" "$log" | head -n 1)
+        echo "| $m | llsrv OpenCL fast, split-K $sk | $d | ${tg:-?} |" >>"$R"
+      done
+      if [ -x "$LB" ]; then
+        timeout 150 "$LB" -m $m.gguf -ngl 99 -p 0 -n 64 -d "$d" -r $REPS -fa 0 >"$OUT/llama_bench_${m}_d$d.log" 2>&1
+        tg=$(awk -F'|' "/tg64 @ d$d /{print \$(NF-1)}" "$OUT/llama_bench_${m}_d$d.log" | head -n 1)
+        echo "| $m | llama.cpp CUDA -fa 0 | $d | ${tg:-?} |" >>"$R"
+      fi
+    done
+  done
+fi
 cp "$W/llama-build.log" "$OUT/" 2>/dev/null
 tar czf "$OUTD/logs.tar.gz" -C "$OUT" .
 cat "$R"
