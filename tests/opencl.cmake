@@ -21,6 +21,11 @@ ll_test(NAME test_opencl_fast SOURCES test_opencl_fast.c LIBS ll_server LABELS "
 ll_test(NAME test_opencl_queue SOURCES test_opencl_queue.c LIBS ll_server LABELS unit TIMEOUT 300)
 ll_script_test(NAME opencl_generate COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_opencl_generate.sh
   LABELS integration TIMEOUT 600 FIXTURES smollm2)
+# The server with decode steps queued one behind the other against one at a time
+# (LL_OPENCL_QUEUE_AHEAD=0): seeded sampled texts of two requests sharing a batch, a stop
+# string's end, a request after sequences freed with a step queued past their end (~1 min).
+ll_script_test(NAME opencl_server_queue COMMAND python3 -u ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_opencl_server_queue.py
+  LABELS integration TIMEOUT 600 FIXTURES smollm2)
 # The server on the OpenCL device (PoCL): 16 concurrent clients' greedy outputs equal the
 # single-client ones and `llsrv generate --device cpu` (about 1 min on two cores: slow).
 ll_script_test(NAME server_smollm2_opencl COMMAND ${CMAKE_COMMAND} -E env LL_TEST_DEVICE=opencl:0:0

@@ -107,6 +107,11 @@ struct ll_sched {
   struct slot **active; // (parallel)
   struct ll_sched_ev *pend_head, *pend_tail; // events of this step, published at its end
   struct ll_batch_item *items;
+  // A decode step queued behind the previous one (ll_engine_decode_queue) and not yet collected:
+  // its sequences in slot order (q_n of them; 0: none queued). Compute thread only.
+  int *q_seqs, q_n, *q_next;
+  int32_t *q_ids;
+  uint64_t q_behind, q_first; // steps queued behind a queued one; queued from the host's ids
   uint64_t tok_gen, tok_prefill, req_total, req_done;
   double win_t0;
   uint64_t win_gen, win_prefill;
@@ -723,6 +728,49 @@ static void update_stats(struct ll_sched *s, int publish_now) {
   pthread_mutex_unlock(&s->mu);
 }
 
+// A slot whose next step may be queued before its previous token reaches the host: its choice
+// is made on the device (greedy, or a sampler step that needs no window of recent tokens) and
+// nothing else comes back (no probabilities).
+static int slot_ahead(const struct slot *a) {
+  return a->n_prefilled >= a->n_prompt && (a->greedy || (a->devs && ll_sampler_dev_ahead(a->smp))) && !a->r->want_logprob && a->r->sp.n_probs == 0;
+}
+
+// The queued step's ids, waited for, to the slots still active that it decoded (a slot that
+// ended since - its sequence freed - gets nothing: the step past its end is dropped with it).
+static void queued_collect(struct ll_sched *s, char *err, size_t errlen) {
+  const int n = s->q_n;
+  s->q_n = 0;
+  const int rc = ll_engine_decode_collect(s->e, s->q_ids, s->parallel, err, errlen);
+  for (int k = 0; k < n; k++)
+    for (int i = 0; i < s->parallel; i++) {
+      struct slot *a = s->active[i];
+      if (!a || a->seq != s->q_seqs[k]) continue;
+      if (rc < 0) {
+        s->active[i] = NULL;
+        slot_end(s, a, "error", err);
+      } else {
+        a->amax = s->q_ids[k];
+        if (slot_sample(s, a)) s->active[i] = NULL;
+      }
+      break;
+    }
+}
+
+// One step of the generating slots queued behind the one still queued (ids from the device),
+// when the batch is that step's: the same slots, all generating and slot_ahead, no prefill.
+// seqs: the sequences in slot order, n of them. Returns 1 when it queued, else 0.
+static int queue_behind(struct ll_sched *s, int *seqs, int *n_out) {
+  int n = 0;
+  for (int i = 0; i < s->parallel; i++) {
+    struct slot *a = s->active[i];
+    if (!a) continue;
+    if (!slot_ahead(a) || n >= s->q_n || s->q_seqs[n] != a->seq) return 0;
+    seqs[n++] = a->seq;
+  }
+  *n_out = n;
+  return n == s->q_n && n > 0;
+}
+
 static void *compute_main(void *arg) {
   struct ll_sched *s = arg;
   char err[512];
@@ -779,6 +827,42 @@ static void *compute_main(void *arg) {
     int shutdown = s->shutdown;
     pthread_mutex_unlock(&s->mu);
 
+    // A step queued in the last round: while nothing changes (no request in, no cancel, no one
+    // waiting for a free slot), the next one is queued behind it before its ids are waited for,
+    // so the device goes from step to step without waiting for the host; else it is collected
+    // first, before any slot changes.
+    int queued_now = 0;
+    if (s->q_n > 0) {
+      int free_slot = 0, n_next = 0;
+      for (int i = 0; i < s->parallel; i++) free_slot |= s->active[i] == NULL;
+      const double t_fg = now_ms();
+      if (n_in == 0 && !cancels && !(s->wait_head && free_slot) && queue_behind(s, s->q_next, &n_next)) {
+        for (int k = 0; k < n_next; k++)
+          for (int i = 0; i < s->parallel; i++) {
+            struct slot *a = s->active[i];
+            if (a && a->seq == s->q_next[k] && a->devs && ll_sampler_dev_next(a->smp, &a->sd)) ll_engine_seq_set_sample(s->e, a->seq, &a->sd);
+          }
+        if (ll_engine_decode_queue(s->e, s->q_next, NULL, n_next, err, sizeof err) == 0) {
+          queued_now = 1;
+          s->q_behind++;
+          queued_collect(s, err, sizeof err); // the older step's ids, the new step running meanwhile
+          memcpy(s->q_seqs, s->q_next, (size_t)n_next * sizeof *s->q_next);
+          s->q_n = n_next;
+          int ended = 0;
+          for (int k = 0; k < n_next; k++) {
+            int live = 0;
+            for (int i = 0; i < s->parallel; i++) live |= s->active[i] && s->active[i]->seq == s->q_next[k];
+            ended |= !live;
+          }
+          // A slot ended on the older step's id: the new step is collected now (its step for that
+          // sequence dropped with it), before a new request may take the freed sequence.
+          if (ended) queued_collect(s, err, sizeof err);
+        }
+      }
+      if (!queued_now) queued_collect(s, err, sizeof err);
+      s->fg_ms += now_ms() - t_fg;
+    }
+
     // New requests: utility ones are answered at once, generations queue in order.
     for (int i = 0; i < n_in; i++) {
       struct ll_sched_req *r = in[i];
@@ -823,7 +907,7 @@ static void *compute_main(void *arg) {
 
     // One batch: generating slots first (1 token each), then prefill chunks in slot order.
     int n_items = 0, budget = MAX_BATCH_TOKENS;
-    for (int i = 0; i < s->parallel; i++) {
+    for (int i = 0; !queued_now && i < s->parallel; i++) { // (none when this round queued a step above)
       struct slot *a = s->active[i];
       if (!a || a->n_prefilled < a->n_prompt) continue;
       const int by_id = a->greedy || a->devs;
@@ -831,7 +915,7 @@ static void *compute_main(void *arg) {
       s->items[n_items++] = (struct ll_batch_item){a->seq, 1, &a->last, 1, by_id ? NULL : a->logits, by_id ? &a->amax : NULL};
       budget--;
     }
-    for (int i = 0; i < s->parallel && budget > 0; i++) {
+    for (int i = 0; !queued_now && i < s->parallel && budget > 0; i++) {
       struct slot *a = s->active[i];
       if (!a || a->n_prefilled >= a->n_prompt) continue;
       int n = a->n_prompt - a->n_prefilled;
@@ -845,6 +929,20 @@ static void *compute_main(void *arg) {
       budget -= n;
     }
     const double t_fg = now_ms();
+    // Only generating slots, each slot_ahead: the step is queued (its ids collected in the next
+    // round, with the step after it queued first) instead of decoded here.
+    int ahead = !queued_now && n_items > 0 && s->q_ids && ll_engine_queue_ok(s->e);
+    for (int i = 0; ahead && i < s->parallel; i++) ahead = !s->active[i] || slot_ahead(s->active[i]);
+    for (int k = 0; ahead && k < n_items; k++) ahead = s->items[k].n_tokens == 1 && s->items[k].logits_mode == 1;
+    if (ahead) {
+      for (int k = 0; k < n_items; k++) s->q_seqs[k] = s->items[k].seq, s->q_ids[k] = *s->items[k].tokens;
+      if (ll_engine_decode_queue(s->e, s->q_seqs, s->q_ids, n_items, err, sizeof err) == 0) {
+        s->q_n = n_items;
+        s->q_first++;
+        n_items = 0; // collected next round
+        s->fg_ms += now_ms() - t_fg;
+      }
+    }
     if (n_items > 0) {
       int rc = ll_engine_decode(s->e, s->items, n_items, err, sizeof err);
       // Map items back to slots (items name distinct sequences).
@@ -937,7 +1035,10 @@ int ll_sched_create(struct ll_sched **out, struct ll_engine *e, const struct ll_
   s->user = user;
   s->active = calloc((size_t)s->parallel, sizeof *s->active);
   s->items = calloc((size_t)s->parallel, sizeof *s->items);
-  if (!s->active || !s->items) {
+  s->q_seqs = calloc((size_t)s->parallel, sizeof *s->q_seqs);
+  s->q_ids = calloc((size_t)s->parallel, sizeof *s->q_ids);
+  s->q_next = calloc((size_t)s->parallel, sizeof *s->q_next);
+  if (!s->active || !s->items || !s->q_seqs || !s->q_ids || !s->q_next) {
     ll_sched_destroy(s);
     return ll_errf(err, errlen, LL_ENOMEM, "scheduler: out of memory");
   }
@@ -962,6 +1063,9 @@ void ll_sched_destroy(struct ll_sched *s) {
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
   }
+  if (s->q_behind + s->q_first)
+    ll_log(LL_LOG_INFO, "scheduler: %llu decode steps queued behind the previous one before its ids came back, %llu queued after a change of batch",
+           (unsigned long long)s->q_behind, (unsigned long long)s->q_first);
   for (int i = 0; i < s->n_in; i++) ll_sched_req_free(s->in[i]);
   free(s->in);
   while (s->cancels) {
@@ -980,6 +1084,7 @@ void ll_sched_destroy(struct ll_sched *s) {
   for (struct ll_sched_ev *o = s->pend_head, *n; o; o = n) n = o->next, free(o);
   free(s->active);
   free(s->items);
+  free(s->q_seqs), free(s->q_ids), free(s->q_next);
   free(s->chat_template);
   free(s->esc);
   for (int i = 0; i < s->n_adapters; i++)
