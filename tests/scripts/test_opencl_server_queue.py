@@ -14,13 +14,17 @@ import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(__file__))
-from llsrv_client import Checker, Server, escape  # noqa: E402
+from llsrv_client import BIN, Checker, Server, escape  # noqa: E402
 
 model = sys.argv[1] if len(sys.argv) > 1 else subprocess.run(
     ["bash", os.path.join(os.environ["LL_SOURCE_DIR"], "tests", "fetch-smollm2.sh")], capture_output=True, text=True,
     check=True).stdout.strip()
 check = Checker()
 DEV = os.environ.get("LL_TEST_OPENCL_DEVICE") or "opencl:0:0"
+# A cold PoCL cache (new kernels) builds the program for minutes: once here, with no time limit
+# but the test's, so that the servers start within the client's 120 s.
+subprocess.run([BIN, "generate", "--model", model, "-n", "1", "--device", DEV],
+               capture_output=True, check=False)
 
 
 def run(qa):
