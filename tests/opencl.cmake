@@ -10,6 +10,9 @@ ll_test(NAME test_opencl SOURCES test_opencl.c LIBS ll_server LABELS unit TIMEOU
 # The fast tier's training kernels (train_fast.cl) against the CPU's scalar references, stated
 # tolerances (issue 30).
 ll_test(NAME test_opencl_train_fast SOURCES test_opencl_train_fast.c LIBS ll_kernels LABELS unit TIMEOUT 1200)
+# not a test: the fast tier's training attention, probabilities kept vs flash-style (ms per call)
+add_executable(opencl_attn_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/opencl_attn_bench.c)
+target_link_libraries(opencl_attn_bench PRIVATE ll_kernels)
 # The fast tier (LL_OPENCL_REFERENCE=0) end to end on SmolLM2 against the CPU, teacher-forced:
 # perplexity and top-1 agreement no farther from the CPU's than a control's (the reference tier
 # without f64: issue 29's 0.1% / 99% are below SmolLM2's noise floor, see the test), a decode
