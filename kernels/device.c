@@ -240,6 +240,11 @@ int ll_backend_create(struct ll_backend **out, const struct ll_backend_params *p
         snprintf(reason, reason_len, "opencl:%d:%d: %s (%s, %.1f GiB, %u CUs); kernels %s%s%s", c->p, c->d, how,
                  c->gpu ? (c->discrete ? "discrete GPU" : "integrated GPU") : "CPU device", (double)c->mem / (1 << 30), c->cu,
                  ll_backend_opencl_cache_hit(*out) ? "from the binary cache" : "built", why[0] ? "; " : "", why);
+        struct ll_backend_info bi; // the fast tier's integer dots, and why not the ones asked for
+        (*out)->i->get_info(*out, &bi);
+        size_t l = strlen(reason);
+        if (strcmp(bi.tier, "fast") == 0 && l < reason_len)
+          snprintf(reason + l, reason_len - l, "; integer dots %s%s%s", bi.dot, bi.dot_note[0] ? ": " : "", bi.dot_note);
       }
       return 0;
     }

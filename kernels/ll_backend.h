@@ -96,6 +96,8 @@ struct ll_backend_info {
   int64_t train_fast_launches;  // of those, the fast tier's training kernels (train_fast.cl: tiled products, attention, LoRA forward)
   int64_t split_launches;       // of the fast ones, split-K decode attention (llsrv_split.cl attn_split)
   char tier[12];                // OpenCL: "reference" or "fast" (LL_OPENCL_REFERENCE); "" on the CPU
+  char dot[12];                 // OpenCL: the fast tier's integer dots - "ptx", "khr", "portable" or "off" (LL_OPENCL_DOT); "" on the CPU
+  char dot_note[512];           // why dot is not what was asked for or what the device offers ("" when it is)
 };
 
 // A sampling step a device takes where the logits are (ll_backend_i.sample): top-k (1 ..

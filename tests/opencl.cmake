@@ -7,6 +7,11 @@
 # kernels change: about 2.5 min on two busy cores, 9.3 min at load average 26 with train_fast.cl
 # added (2026-11-27); seconds once its cache has them.)
 ll_test(NAME test_opencl SOURCES test_opencl.c LIBS ll_server LABELS unit TIMEOUT 1200) # ll_server: the host sampler, sample's reference
+# The fast tier's integer-dot decode products (llsrv_dot.cl) against the CPU backend (its bits
+# where a block a work item keeps them, on PoCL), and LL_OPENCL_DOT's choice behind the probe:
+# forced ptx / khr on a device without them fall back to the portable dots, saying why (seconds
+# once PoCL's cache holds the main program).
+ll_test(NAME test_opencl_dot SOURCES test_opencl_dot.c LIBS ll_kernels LABELS unit TIMEOUT 600)
 # The fast tier's training kernels (train_fast.cl) against the CPU's scalar references, stated
 # tolerances (issue 30).
 ll_test(NAME test_opencl_train_fast SOURCES test_opencl_train_fast.c LIBS ll_kernels LABELS unit TIMEOUT 1200)

@@ -573,6 +573,10 @@ void ocl_free(struct ll_backend *b) {
     if (c->split_part) ocl_release_mem(c->split_part);
     if (c->split_cnt) ocl_release_mem(c->split_cnt);
     if (c->k_sample) clReleaseKernel(c->k_sample);
+    for (int t = 0; t < LL_TYPE_COUNT; t++)
+      if (c->k_fmmi[t]) clReleaseKernel(c->k_fmmi[t]);
+    if (c->k_dot_probe) clReleaseKernel(c->k_dot_probe);
+    if (c->dprog) clReleaseProgram(c->dprog);
     if (c->prog) clReleaseProgram(c->prog);
     if (c->q) clReleaseCommandQueue(c->q);
     if (c->cx) clReleaseContext(c->cx);
@@ -739,6 +743,7 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
     rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "opencl: %s allows work-groups of %zu, %d are needed", in->device, wg, WG);
   if (rc == 0) rc = ocl_build_program(c, cache_dir, err, errlen);
   if (rc == 0) rc = ocl_make_kernels(c, err, errlen);
+  if (rc == 0) ocl_dot_setup(c, cache_dir); // never fails: falls back to portable dots, or none
   if (rc == 0) rc = ocl_self_test(b, err, errlen);
   if (rc) {
     ocl_free(b);
@@ -765,6 +770,8 @@ int ll_backend_opencl_create_beside(struct ll_backend **out, struct ll_backend *
   c->no_alloc = fault && strcmp(fault, "train_alloc") == 0;
   c->cx = pc->cx, clRetainContext(c->cx);
   c->prog = pc->prog, clRetainProgram(c->prog);
+  c->dot = pc->dot, c->dprog = pc->dprog; // the integer-dot program the peer chose (its kernels: ocl_make_kernels)
+  if (c->dprog) clRetainProgram(c->dprog);
   cl_int e;
   int rc = 0;
   c->q = clCreateCommandQueue(c->cx, c->dev, 0, &e);

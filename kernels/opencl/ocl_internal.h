@@ -25,6 +25,10 @@
 extern const char ll_opencl_source[]; // kernels/opencl/*.cl, embedded by cmake/embed_cl.cmake
 
 #define WG 64 // as llsrv.cl
+
+// How the integer-dot program makes ll_dot4 (llsrv_dot.cl LL_DOT); OFF: no integer dots (the
+// reference tier, LL_OPENCL_DOT=off, or no variant passed its probe).
+enum { OCL_DOT_OFF = -1, OCL_DOT_PORTABLE, OCL_DOT_KHR, OCL_DOT_PTX };
 #define TT 8
 
 // Staging buffers (device memory reused across calls; each op names what it puts where).
@@ -133,6 +137,11 @@ struct ocl_ctx {
   cl_mem split_part, split_cnt;
   size_t split_part_cap, split_cnt_cap;
   int split_min, split_max;
+  // The fast tier's integer-dot decode products (llsrv_dot.cl, a program of its own: dprog),
+  // NULL for the types without one and where dot is OCL_DOT_OFF; k_dot_probe its self-check.
+  cl_program dprog;
+  cl_kernel k_fmmi[LL_TYPE_COUNT], k_dot_probe;
+  int dot; // OCL_DOT_*: how ll_dot4 is made (program.c ocl_dot_setup, LL_OPENCL_DOT)
   int fast; // 1: the fast tier's kernels (fused ops, f32 activations); 0: the reference tier
   int train_tiled; // fast, and the device runs train_fast.cl's 16 x 16 work-groups (ocl_make_kernels)
   // training (train.cl)
@@ -283,9 +292,11 @@ int ocl_zero(struct ll_backend *b, void *dst, size_t n);
 void ocl_get_info(struct ll_backend *b, struct ll_backend_info *info);
 void ocl_free(struct ll_backend *b);
 const char *ocl_build_opts(const struct ocl_ctx *c);
-void ocl_cache_path(struct ocl_ctx *c, const char *dir, const char *src, char *out, size_t cap);
+void ocl_cache_path(struct ocl_ctx *c, const char *dir, const char *src, const char *opts, char *out, size_t cap);
 unsigned char *ocl_read_file(const char *path, size_t *len);
-void ocl_cache_store(struct ocl_ctx *c, const char *path);
+void ocl_cache_store(cl_program prog, const char *path);
+void ocl_dot_setup(struct ocl_ctx *c, const char *cache_dir);
+int ocl_dot_kernels(struct ocl_ctx *c);
 int ocl_build_program(struct ocl_ctx *c, const char *cache_dir, char *err, size_t errlen);
 int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen);
 int ocl_self_test(struct ll_backend *b, char *err, size_t errlen);

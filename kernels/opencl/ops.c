@@ -58,12 +58,17 @@ int ocl_fused_matmul(struct ll_backend *b, int n, float *const out[], const floa
   struct ocl_kargs shared = {0};
   struct ocl_kargs *ka = &shared;
   struct ocl_weight *ow = w[0]->dev;
-  shared.k = tile ? c->k_fmmt[type] : c->k_fmm[type];
+  // Decode with a quantized type that has them: the integer-dot products (llsrv_dot.cl, the
+  // program LL_OPENCL_DOT and the probe chose), else the float ones.
+  const cl_kernel dk = c->k_fmmi[type] ? c->k_fmmi[type] : c->k_fmm[type];
+  shared.k = tile ? c->k_fmmt[type] : dk;
   if (!tile && ow && ow->owner == c && ow->cx == c->cx) {
     if (!ow->fk.k) {
       char name[64];
-      cl_int e0 = clGetKernelInfo(c->k_fmm[type], CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL);
-      if (e0 == CL_SUCCESS) ow->fk.k = clCreateKernel(c->prog, name, &e0);
+      cl_program pg = NULL;
+      cl_int e0 = clGetKernelInfo(dk, CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL);
+      if (e0 == CL_SUCCESS) e0 = clGetKernelInfo(dk, CL_KERNEL_PROGRAM, sizeof pg, &pg, NULL);
+      if (e0 == CL_SUCCESS) ow->fk.k = clCreateKernel(pg, name, &e0);
       if (!ow->fk.k) ow->fk.k = NULL;
     }
     if (ow->fk.k) ka = &ow->fk;

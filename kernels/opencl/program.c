@@ -14,7 +14,7 @@ const char *ocl_build_opts(const struct ocl_ctx *c) { return c->no_fp64 ? BUILD_
 
 // Cache key: sha256 of device name, vendor, driver and platform versions, build options and
 // source, so a new driver or changed kernels rebuild.
-void ocl_cache_path(struct ocl_ctx *c, const char *dir, const char *src, char *out, size_t cap) {
+void ocl_cache_path(struct ocl_ctx *c, const char *dir, const char *src, const char *opts, char *out, size_t cap) {
   char plat[256] = "";
   clGetPlatformInfo(c->plat, CL_PLATFORM_VERSION, sizeof plat, plat, NULL);
   EVP_MD_CTX *h = EVP_MD_CTX_new();
@@ -22,7 +22,7 @@ void ocl_cache_path(struct ocl_ctx *c, const char *dir, const char *src, char *o
   unsigned int dn = 0;
   out[0] = 0;
   if (!h) return;
-  const char *parts[] = {c->info.device, c->info.vendor, c->info.driver, c->info.version, plat, ocl_build_opts(c), src};
+  const char *parts[] = {c->info.device, c->info.vendor, c->info.driver, c->info.version, plat, opts, src};
   int ok = EVP_DigestInit_ex(h, EVP_sha256(), NULL) == 1;
   for (size_t i = 0; ok && i < sizeof parts / sizeof parts[0]; i++) ok = EVP_DigestUpdate(h, parts[i], strlen(parts[i]) + 1) == 1;
   ok = ok && EVP_DigestFinal_ex(h, d, &dn) == 1;
@@ -53,16 +53,16 @@ unsigned char *ocl_read_file(const char *path, size_t *len) {
 // up for ever (the newest OCL_CACHE_KEEP stay: enough for every device of a machine). Failures
 // only cost the next start a rebuild, so they are ignored.
 #define OCL_CACHE_KEEP 8
-void ocl_cache_store(struct ocl_ctx *c, const char *path) {
+void ocl_cache_store(cl_program prog, const char *path) {
   size_t n = 0;
-  if (clGetProgramInfo(c->prog, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL) != CL_SUCCESS || n == 0) return;
+  if (clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL) != CL_SUCCESS || n == 0) return;
   unsigned char *bin = malloc(n);
   if (!bin) return;
   unsigned char *bins[1] = {bin};
   char tmp[1100];
   snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
   int fd = -1, hold = -1;
-  if (clGetProgramInfo(c->prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS && (fd = mkstemp(tmp)) >= 0) {
+  if (clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS && (fd = mkstemp(tmp)) >= 0) {
     hold = ll_tmp_hold(fd); // a concurrent prune leaves a temp file someone is writing
     int ok = ll_write_all(fd, bin, n) == 0 && fchmod(fd, 0644) == 0;
     ok = fsync(fd) == 0 && ok;
@@ -77,11 +77,15 @@ void ocl_cache_store(struct ocl_ctx *c, const char *path) {
   if (slash) *slash = 0, ll_cache_prune(dir, "opencl-", ".bin", OCL_CACHE_KEEP);
 }
 
-int ocl_build_program(struct ocl_ctx *c, const char *cache_dir, char *err, size_t errlen) {
+// Build src with opts into *out, from the binary cache in cache_dir when it holds it (*hit = 1),
+// else from source (and stored there). A failed build leaves its log, one line, in log.
+static int build_src(struct ocl_ctx *c, const char *cache_dir, const char *src, const char *opts, cl_program *out, int *hit, char *log,
+                     size_t loglen) {
   char path[1024] = "";
+  *out = NULL, *hit = 0, log[0] = 0;
   if (cache_dir && *cache_dir) {
     mkdir(cache_dir, 0755); // one level; an existing directory is fine
-    ocl_cache_path(c, cache_dir, ll_opencl_source, path, sizeof path);
+    ocl_cache_path(c, cache_dir, src, opts, path, sizeof path);
   }
   cl_int e;
   if (path[0]) {
@@ -90,32 +94,45 @@ int ocl_build_program(struct ocl_ctx *c, const char *cache_dir, char *err, size_
     if (bin) {
       const unsigned char *bins[1] = {bin};
       cl_int st;
-      c->prog = clCreateProgramWithBinary(c->cx, 1, &c->dev, &len, bins, &st, &e);
+      cl_program p = clCreateProgramWithBinary(c->cx, 1, &c->dev, &len, bins, &st, &e);
       free(bin);
-      if (c->prog && (e != CL_SUCCESS || st != CL_SUCCESS || clBuildProgram(c->prog, 1, &c->dev, ocl_build_opts(c), NULL, NULL) != CL_SUCCESS)) {
-        clReleaseProgram(c->prog); // a stale or foreign binary: rebuild from source
-        c->prog = NULL;
+      if (p && (e != CL_SUCCESS || st != CL_SUCCESS || clBuildProgram(p, 1, &c->dev, opts, NULL, NULL) != CL_SUCCESS)) {
+        clReleaseProgram(p); // a stale or foreign binary: rebuild from source
+        p = NULL;
       }
-      if (c->prog) {
-        c->cache_hit = 1;
+      if (p) {
+        *out = p, *hit = 1;
         return 0;
       }
     }
   }
-  const char *src = ll_opencl_source;
-  c->prog = clCreateProgramWithSource(c->cx, 1, &src, NULL, &e);
-  if (!c->prog) return ll_errf(err, errlen, ocl_cl_rc(e), "opencl: clCreateProgramWithSource: %s (%d)", ocl_cl_errname(e), e);
-  e = clBuildProgram(c->prog, 1, &c->dev, ocl_build_opts(c), NULL, NULL);
-  if (e != CL_SUCCESS) {
-    char log[1500] = "";
-    size_t n = 0;
-    clGetProgramBuildInfo(c->prog, c->dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, &n);
-    log[sizeof log - 1] = 0;
-    for (char *p = log; *p; p++)
-      if (*p == '\n') *p = ' ';
-    return ll_errf(err, errlen, LL_EUNSUPPORTED, "opencl: building the kernels failed (%s): %s", ocl_cl_errname(e), log);
+  cl_program p = clCreateProgramWithSource(c->cx, 1, &src, NULL, &e);
+  if (!p) {
+    snprintf(log, loglen, "clCreateProgramWithSource: %s (%d)", ocl_cl_errname(e), e);
+    return ocl_cl_rc(e) ? ocl_cl_rc(e) : LL_EIO;
   }
-  if (path[0]) ocl_cache_store(c, path);
+  e = clBuildProgram(p, 1, &c->dev, opts, NULL, NULL);
+  if (e != CL_SUCCESS) {
+    size_t n = 0;
+    int k = snprintf(log, loglen, "%s: ", ocl_cl_errname(e));
+    if (k > 0 && (size_t)k < loglen) {
+      clGetProgramBuildInfo(p, c->dev, CL_PROGRAM_BUILD_LOG, loglen - (size_t)k - 1, log + k, &n);
+      log[loglen - 1] = 0;
+      for (char *q = log; *q; q++)
+        if (*q == '\n' || *q == '\r') *q = ' ';
+    }
+    clReleaseProgram(p);
+    return LL_EUNSUPPORTED;
+  }
+  if (path[0]) ocl_cache_store(p, path);
+  *out = p;
+  return 0;
+}
+
+int ocl_build_program(struct ocl_ctx *c, const char *cache_dir, char *err, size_t errlen) {
+  char log[1500];
+  const int rc = build_src(c, cache_dir, ll_opencl_source, ocl_build_opts(c), &c->prog, &c->cache_hit, log, sizeof log);
+  if (rc) return ll_errf(err, errlen, rc, "opencl: building the kernels failed (%s)", log);
   return 0;
 }
 
@@ -229,7 +246,167 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
       *fl[i] = NULL;
     }
   }
+  // An instance opened beside another has the integer-dot program its peer chose (dprog).
+  if (c->dprog && (e = ocl_dot_kernels(c)) != 0) return ll_errf(err, errlen, e, "opencl: the integer-dot kernels: %s", ll_strerror(e));
   return 0;
+}
+
+// ---------------------------------------------------------------- integer dots (llsrv_dot.cl)
+
+static const char *const dot_names[] = {"portable", "khr", "ptx"};
+
+// llsrv_dot.cl's text (between its #ifdef LL_DOT_PROGRAM and #endif // LL_DOT_PROGRAM) out of
+// the embedded sources, NUL-terminated (malloc'd); NULL if the markers are missing.
+static char *dot_source(void) {
+  static const char b[] = "#ifdef LL_DOT_PROGRAM\n", e[] = "#endif // LL_DOT_PROGRAM\n";
+  const char *p = strstr(ll_opencl_source, b), *q = p ? strstr(p, e) : NULL;
+  if (!q) return NULL;
+  const size_t n = (size_t)(q - p) + sizeof e - 1;
+  char *s = malloc(n + 1);
+  if (s) memcpy(s, p, n), s[n] = 0;
+  return s;
+}
+
+int ocl_dot_kernels(struct ocl_ctx *c) {
+  static const struct {
+    int type;
+    const char *name;
+  } k[] = {{LL_TYPE_Q4_0, "fmmi_q4_0"}, {LL_TYPE_Q4_1, "fmmi_q4_1"}, {LL_TYPE_Q5_0, "fmmi_q5_0"}, {LL_TYPE_Q5_1, "fmmi_q5_1"}, {LL_TYPE_Q8_0, "fmmi_q8_0"},
+           {LL_TYPE_Q4_K, "fmmi_q4_K"}, {LL_TYPE_Q5_K, "fmmi_q5_K"}, {LL_TYPE_Q6_K, "fmmi_q6_K"}};
+  if (!c->dprog) return 0;
+  cl_int e;
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+    if (!(c->k_fmmi[k[i].type] = clCreateKernel(c->dprog, k[i].name, &e))) return ocl_cl_rc(e) ? ocl_cl_rc(e) : LL_EIO;
+  if (!(c->k_dot_probe = clCreateKernel(c->dprog, "dot_probe", &e))) return ocl_cl_rc(e) ? ocl_cl_rc(e) : LL_EIO;
+  return 0;
+}
+
+static void dot_release(struct ocl_ctx *c) {
+  for (int t = 0; t < LL_TYPE_COUNT; t++)
+    if (c->k_fmmi[t]) clReleaseKernel(c->k_fmmi[t]), c->k_fmmi[t] = NULL;
+  if (c->k_dot_probe) clReleaseKernel(c->k_dot_probe), c->k_dot_probe = NULL;
+  if (c->dprog) clReleaseProgram(c->dprog), c->dprog = NULL;
+}
+
+// The probe: 64 rows of 8 words (random bytes, and rows of the extremes -128 and 127, where a
+// wrong sign extension shows) dotted by ll_dot4 and by the portable form on the device, both
+// compared with the host's byte-wise sums: integer sums are exact, so any difference fails.
+// LL_OPENCL_FAULT=dotcheck: the tests' way to see the probe fail.
+static int dot_probe(struct ocl_ctx *c, char *why, size_t cap) {
+  enum { N = 64 };
+  uint32_t a[N * 8], b[N * 8];
+  int32_t out[2 * N], want[N];
+  uint32_t s = 2463534242u;
+  for (int i = 0; i < N * 8; i++) {
+    s ^= s << 13, s ^= s >> 17, s ^= s << 5, a[i] = s;
+    s ^= s << 13, s ^= s >> 17, s ^= s << 5, b[i] = s;
+  }
+  for (int j = 0; j < 8; j++) a[j] = b[j] = 0x80808080u, a[8 + j] = 0x80808080u, b[8 + j] = 0x7f7f7f7fu, a[16 + j] = b[16 + j] = 0x7f7f7f7fu;
+  for (int i = 0; i < N; i++) {
+    int32_t acc = i - N / 2;
+    for (int j = 0; j < 32; j++) {
+      const int8_t x = (int8_t)(uint8_t)(a[i * 8 + j / 4] >> (8 * (j % 4))), y = (int8_t)(uint8_t)(b[i * 8 + j / 4] >> (8 * (j % 4)));
+      acc += (int32_t)x * y;
+    }
+    want[i] = acc;
+  }
+  cl_int e = CL_SUCCESS;
+  cl_mem ma = clCreateBuffer(c->cx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof a, a, &e);
+  cl_mem mb = ma ? clCreateBuffer(c->cx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof b, b, &e) : NULL;
+  cl_mem mo = mb ? clCreateBuffer(c->cx, CL_MEM_WRITE_ONLY, sizeof out, NULL, &e) : NULL;
+  const int n = N;
+  const size_t gl = N;
+  if (mo) {
+    cl_kernel k = c->k_dot_probe;
+    e = clSetKernelArg(k, 0, sizeof ma, &ma) | clSetKernelArg(k, 1, sizeof mb, &mb) | clSetKernelArg(k, 2, sizeof mo, &mo) | clSetKernelArg(k, 3, sizeof n, &n);
+    if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(c->q, k, 1, NULL, &gl, NULL, 0, NULL, NULL);
+    if (e == CL_SUCCESS) e = clEnqueueReadBuffer(c->q, mo, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL);
+  }
+  if (ma) clReleaseMemObject(ma);
+  if (mb) clReleaseMemObject(mb);
+  if (mo) clReleaseMemObject(mo);
+  if (e != CL_SUCCESS) return snprintf(why, cap, "its self-check did not run (%s)", ocl_cl_errname(e)), -1;
+  const char *fault = getenv("LL_OPENCL_FAULT");
+  if (fault && strcmp(fault, "dotcheck") == 0) out[3] += 1;
+  for (int i = 0; i < N; i++)
+    if (out[i] != want[i] || out[N + i] != want[i])
+      return snprintf(why, cap, "its self-check gave %d (portable form %d) where the sum is %d (row %d)", out[i], out[N + i], want[i], i), -1;
+  return 0;
+}
+
+// Build the integer-dot program for path (OCL_DOT_*) and check it; 0, or -1 with why.
+static int dot_try(struct ocl_ctx *c, const char *cache_dir, const char *src, int path, char *why, size_t cap) {
+  char opts[256], log[400];
+  // cl_khr_integer_dot_product's built-ins are OpenCL C 3.0 features: that language where the
+  // device has it.
+  char cv[64] = "";
+  clGetDeviceInfo(c->dev, CL_DEVICE_OPENCL_C_VERSION, sizeof cv - 1, cv, NULL);
+  const int cl3 = path == OCL_DOT_KHR && strncmp(cv, "OpenCL C 3", 10) == 0;
+  snprintf(opts, sizeof opts, "%s%s -DLL_DOT_PROGRAM -DLL_DOT=%d", cl3 ? "-cl-std=CL3.0" : ocl_build_opts(c), cl3 && c->no_fp64 ? " -DLL_NO_FP64" : "", path);
+  int hit = 0;
+  if (build_src(c, cache_dir, src, opts, &c->dprog, &hit, log, sizeof log)) return snprintf(why, cap, "its program did not build (%.240s)", log), -1;
+  if (ocl_dot_kernels(c)) {
+    dot_release(c);
+    return snprintf(why, cap, "its kernels could not be made"), -1;
+  }
+  if (dot_probe(c, why, cap)) {
+    dot_release(c);
+    return -1;
+  }
+  c->dot = path;
+  return 0;
+}
+
+// The fast tier's integer dots: LL_OPENCL_DOT=auto (unset) takes dp4a through PTX on NVIDIA's
+// devices, cl_khr_integer_dot_product's built-ins where the device advertises it, else the
+// portable byte-wise form; =portable|khr|ptx asks for one (tried even where the device does
+// not advertise it: the build and the probe decide), =off keeps the float products (fmm_*).
+// A variant that fails to build or to pass the probe falls back to the portable one, the
+// portable one to off; info.dot_note says why, in one line. Never fails the device.
+void ocl_dot_setup(struct ocl_ctx *c, const char *cache_dir) {
+  static const char *const vals[] = {"auto", "portable", "khr", "ptx", "off"};
+  struct ll_backend_info *in = &c->info;
+  c->dot = OCL_DOT_OFF, in->dot_note[0] = 0;
+  snprintf(in->dot, sizeof in->dot, "off");
+  if (!c->fast) return; // the reference tier's products have integer sums of their own
+  const char *env = getenv("LL_OPENCL_DOT");
+  int want = 0; // index in vals
+  if (env && *env) {
+    want = -1;
+    for (int i = 0; i < (int)(sizeof vals / sizeof vals[0]); i++)
+      if (strcmp(env, vals[i]) == 0) want = i;
+    if (want < 0) {
+      snprintf(in->dot_note, sizeof in->dot_note, "LL_OPENCL_DOT='%.40s' is not auto, portable, khr, ptx or off: auto", env);
+      want = 0;
+    }
+  }
+  if (want == 4) return;
+  char plat[128] = "", ext[4096] = "";
+  clGetPlatformInfo(c->plat, CL_PLATFORM_NAME, sizeof plat - 1, plat, NULL);
+  clGetDeviceInfo(c->dev, CL_DEVICE_EXTENSIONS, sizeof ext - 1, ext, NULL);
+  const int nvidia = strstr(in->vendor, "NVIDIA") != NULL || strstr(plat, "NVIDIA") != NULL;
+  const int khr = strstr(ext, "cl_khr_integer_dot_product") != NULL;
+  const int path = want == 0 ? (nvidia ? OCL_DOT_PTX : khr ? OCL_DOT_KHR : OCL_DOT_PORTABLE) : want - 1;
+  char *src = dot_source();
+  if (!src) {
+    snprintf(in->dot_note, sizeof in->dot_note, "integer dots off: llsrv_dot.cl's text is missing from the embedded sources");
+    return;
+  }
+  char why[300] = "";
+  int rc = dot_try(c, cache_dir, src, path, why, sizeof why);
+  if (rc && path != OCL_DOT_PORTABLE) {
+    const char *lacks = path == OCL_DOT_PTX && !nvidia ? " (the device is not NVIDIA's)"
+                        : path == OCL_DOT_KHR && !khr ? " (the device does not advertise cl_khr_integer_dot_product)"
+                                                      : "";
+    char w2[300] = "";
+    rc = dot_try(c, cache_dir, src, OCL_DOT_PORTABLE, w2, sizeof w2);
+    snprintf(in->dot_note, sizeof in->dot_note, "%s%s dots%s: %.300s; %s%.60s%s", want ? "LL_OPENCL_DOT=" : "integer dots: ", dot_names[path], lacks,
+             why, rc ? "the portable ones failed too (" : "the portable ones instead", rc ? w2 : "", rc ? "): integer dots off" : "");
+  } else if (rc) {
+    snprintf(in->dot_note, sizeof in->dot_note, "portable integer dots: %.300s; integer dots off", why);
+  }
+  free(src);
+  if (c->dot != OCL_DOT_OFF) snprintf(in->dot, sizeof in->dot, "%s", dot_names[c->dot]);
 }
 
 // Warm-up and self-test: a small Q8_0 product (3 tokens, 5 rows of 64, two unit groups) and

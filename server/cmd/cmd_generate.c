@@ -282,11 +282,11 @@ int ll_cmd_generate(int argc, char **argv) {
   ll_engine_backend(e)->i->get_info(ll_engine_backend(e), &x2);
   if (generated > 1 && strcmp(x2.name, "cpu") != 0) // a decode step's traffic between host and device
     fprintf(stderr,
-            "llsrv generate: device transfers per decode step: %.0f bytes up, %.0f bytes down, %.1f waits, %.1f launches (%.2f per layer; %s tier, "
+            "llsrv generate: device transfers per decode step: %.0f bytes up, %.0f bytes down, %.1f waits, %.1f launches (%.2f per layer; %s tier, integer dots %s, "
             "sampling %s), %.0f kernel arguments set, %.2f idle waits (steps %s)\n",
             (double)(x2.bytes_up - x1.bytes_up) / (generated - 1), (double)(x2.bytes_down - x1.bytes_down) / (generated - 1),
             (double)(x2.waits - x1.waits) / (generated - 1), (double)(x2.launches - x1.launches) / (generated - 1),
-            (double)(x2.launches - x1.launches) / (generated - 1) / (info.n_layer > 0 ? info.n_layer : 1), x2.tier,
+            (double)(x2.launches - x1.launches) / (generated - 1) / (info.n_layer > 0 ? info.n_layer : 1), x2.tier, x2.dot,
             greedy ? "greedy on the device" : devs ? "by the chain on the device" : "on the host", (double)(x2.arg_sets - x1.arg_sets) / (generated - 1),
             (double)(x2.idle_waits - x1.idle_waits) / (generated - 1), ahead ? "queued ahead" : "one at a time");
   rc = 0;

@@ -284,10 +284,10 @@ int ll_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "  repack    off: no memory for the interleaved copies; decode reads the matrices as they are (slower)\n");
   }
   if (strcmp(in->backend, "cpu") != 0)
-    fprintf(stderr, "  opencl    %s, driver %s, %s; %d compute units, %.1f GiB global (max buffer %.1f GiB), fp16 %s, subgroups %s;"
-                    " %.1f MiB allocated (weights resident)\n",
+    fprintf(stderr, "  opencl    %s, driver %s, %s; %d compute units, %.1f GiB global (max buffer %.1f GiB), fp16 %s, subgroups %s,"
+                    " integer dots %s; %.1f MiB allocated (weights resident)\n",
             in->device_vendor, in->device_driver, in->device_version, in->n_threads, in->device_mem_total / 1073741824.0,
-            in->device_max_alloc / 1073741824.0, in->device_fp16 ? "yes" : "no", in->device_subgroups ? "yes" : "no",
+            in->device_max_alloc / 1073741824.0, in->device_fp16 ? "yes" : "no", in->device_subgroups ? "yes" : "no", in->device_dot,
             in->device_mem_used / 1048576.0);
   if (srv.job && cfg.train_enabled)
     fprintf(stderr, "  training  %s %s on %s, %lld steps, checkpoints in %s (monitor: train pause|resume|stop, save)\n",

@@ -628,6 +628,7 @@ int ll_engine_open(struct ll_engine **out, const struct ll_engine_params *p, cha
   snprintf(e->info.device_driver, sizeof e->info.device_driver, "%s", bi.driver);
   snprintf(e->info.device_version, sizeof e->info.device_version, "%s", bi.version);
   e->info.device_fp16 = bi.fp16, e->info.device_subgroups = bi.subgroups;
+  snprintf(e->info.device_dot, sizeof e->info.device_dot, "%s", bi.dot);
   e->info.device_mem_total = bi.mem_total, e->info.device_mem_used = bi.mem_used, e->info.device_max_alloc = bi.max_alloc;
   const char *name;
   snprintf(e->info.name, sizeof e->info.name, "%s", ll_mf_get_str(&e->mf, "general.name", &name) == 0 ? name : p->model_path);

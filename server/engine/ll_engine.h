@@ -44,6 +44,7 @@ struct ll_engine_info {
   // Device details (OpenCL backend; empty / 0 on the CPU): see struct ll_backend_info.
   char device_vendor[64], device_driver[64], device_version[64];
   int device_fp16, device_subgroups;
+  char device_dot[12];      // the fast tier's integer dots: "ptx", "khr", "portable", "off"; "" on the CPU (LL_OPENCL_DOT)
   int64_t device_mem_total, device_mem_used, device_max_alloc; // bytes; used = our allocations
   int64_t n_params;
   int64_t weight_bytes;

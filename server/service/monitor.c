@@ -93,6 +93,7 @@ static json_t *snapshot_json(struct ll_server *s) {
     json_object_set_new(dev, "max_alloc", json_integer(in->device_max_alloc));
     json_object_set_new(dev, "fp16", json_boolean(in->device_fp16));
     json_object_set_new(dev, "subgroups", json_boolean(in->device_subgroups));
+    json_object_set_new(dev, "dot", json_string(in->device_dot));
   }
   json_object_set_new(root, "device", dev);
 
