@@ -89,7 +89,7 @@ struct ll_backend_info {
                                 // device ran dry while the host waited (every blocking read; a read_wait
                                 // whose step had no next step queued behind it)
   int queue_ahead;              // 1: read_async / read_wait serve (a decode step may be queued behind the
-                                // previous one before its ids reach the host); 0: off (LL_OPENCL_QUEUE_AHEAD=0)
+                                // previous one before its ids reach the host); 0: off (LL_OPENCL_QUEUE_AHEAD; default on GPUs)
   int64_t launches;             // kernels queued so far (0 on the CPU)
   int64_t arg_sets;             // kernel arguments set so far (clSetKernelArg; the fast tier's products keep theirs)
   int64_t fast_launches;        // of those, the fast tier's kernels (llsrv_fast.cl: products, rope_kv, attention)

@@ -101,6 +101,7 @@ int main(void) {
     return ll_test_summary();
   }
   const char *dev = getenv("LL_TEST_OPENCL_DEVICE");
+  setenv("LL_OPENCL_QUEUE_AHEAD", "1", 1); // the default on GPUs only; asked for here (PoCL is a CPU device)
   struct ll_engine_params ep;
   ll_engine_params_default(&ep);
   ep.model_path = path, ep.device = dev && *dev ? dev : "opencl:0:0", ep.n_ctx = 256, ep.n_parallel = 3, ep.n_threads = 2;

@@ -724,9 +724,11 @@ int ll_backend_opencl_create(struct ll_backend **out, int plat, int dev, const c
   const char *tier = getenv("LL_OPENCL_REFERENCE");
   c->fast = tier && *tier ? strcmp(tier, "0") == 0 : (dtype & (CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR)) != 0;
   // LL_OPENCL_QUEUE_AHEAD=0: no read one step behind (read_async answers LL_EUNSUPPORTED), so
-  // every decode step waits for its ids before the next is queued (the comparison's baseline).
+  // every decode step waits for its ids before the next is queued; 1: reads one step behind.
+  // Unset: on GPUs and accelerators; off on CPU devices (PoCL), where the host's queueing and
+  // the device's kernels share the same cores (SmolLM2 on two busy cores: 5-20% slower queued).
   const char *qa = getenv("LL_OPENCL_QUEUE_AHEAD");
-  c->queue_ahead = !(qa && strcmp(qa, "0") == 0);
+  c->queue_ahead = qa && *qa ? strcmp(qa, "0") != 0 : (dtype & (CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR)) != 0;
   int rc = 0;
   if (strncmp(in->version, "OpenCL ", 7) != 0 || (in->version[7] == '1' && in->version[9] < '2'))
     rc = ll_errf(err, errlen, LL_EUNSUPPORTED, "opencl: %s reports '%s'; OpenCL 1.2 or later is needed", in->device, in->version);

@@ -61,8 +61,8 @@ for tier in 1 0; do
   echo "$line" | grep -q "$tiername tier"; check $? "tier $tiername not named: $line"
   if [ $tier = 0 ]; then awk -v n="$per_layer" 'BEGIN { exit !(n + 0 > 0 && n <= 6.2) }'; check $? "fast tier: $per_layer launches per layer (at most 6, plus 3 a step)"; fi
 done
-# Decode steps queued one behind the other (the default; LL_OPENCL_QUEUE_AHEAD=0 steps one at a
-# time): the host waits for step n's id with step n + 1 already queued, so only the last step's
+# Decode steps queued one behind the other (LL_OPENCL_QUEUE_AHEAD=1, the default on GPUs; 0 steps
+# one at a time, the default on CPU devices such as PoCL): the host waits for step n's id with step n + 1 already queued, so only the last step's
 # wait leaves the device idle (1 in 7 here, 0.14 a step); one at a time, every wait does. The
 # same 4 bytes down and one wait a step.
 for qa in 1 0; do
@@ -82,7 +82,7 @@ done
 # checks the cache after it).
 q="Reply with one word: yes or no?"
 stop_run() { "$LLSRV" generate --model "$SMOL" --ids -n 40 --temp 0 --chat -p "$q" --device "$1" 2>/dev/null | tr -s ' \n' ' '; } # EOS ends it
-a=$(stop_run cpu); b=$(stop_run "$DEV"); c=$(LL_OPENCL_QUEUE_AHEAD=0 stop_run "$DEV")
+a=$(stop_run cpu); b=$(LL_OPENCL_QUEUE_AHEAD=1 stop_run "$DEV"); c=$(LL_OPENCL_QUEUE_AHEAD=0 stop_run "$DEV")
 echo "stop: cpu '$a', queued '$b', one at a time '$c'"
 [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && [ $(echo $a | wc -w) -lt 40 ]; check $? "stop at EOS: ids differ or no stop ('$a' / '$b' / '$c')"
 # Top-k sampling (the default chain: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05) runs on

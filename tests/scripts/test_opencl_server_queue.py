@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # test_opencl_server_queue.py - the server on the OpenCL device (PoCL, or $LL_TEST_OPENCL_DEVICE)
-# with decode steps queued one behind the other (the default) against the same server stepping
+# with decode steps queued one behind the other (LL_OPENCL_QUEUE_AHEAD=1, the default on GPUs) against the same server stepping
 # one at a time (LL_OPENCL_QUEUE_AHEAD=0), SmolLM2: two seeded top-k requests sharing the batch
 # give the same texts; a greedy request ending on a stop string ends on the same text (the step
 # queued past the stop is dropped with the sequence); a greedy request after them, on sequences
