@@ -11,11 +11,14 @@
 // mutex one after another, so every job after a pause paid n - 1 serialised wake-ups (issue 30).
 #include "ll_threadpool.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #define SPIN_ITERS 20000
 // With more threads than CPUs a spinning thread takes the core a working one needs: spin only
@@ -158,7 +161,45 @@ static void run_part(struct ll_threadpool *p, ll_task_fn fn, void *ctx, int base
     else sched_yield();
 }
 
+// LL_POOL_TRACE=FILE: how a program's parallel work splits (issue 30, tests/bench/train_split.py
+// reads it). Every job then runs on the caller alone, its tasks one after another, and writes
+// one line to FILE: the task function's offset in its binary (nm names it), the caller's CPU
+// nanoseconds since the previous job ended (its serial work between jobs), then each task's
+// CPU nanoseconds. A benchmark's switch, not for serving: it takes the pool's threads away.
+static FILE *trace_file;
+static pthread_once_t trace_once = PTHREAD_ONCE_INIT;
+static void trace_open(void) {
+  const char *path = getenv("LL_POOL_TRACE");
+  if (path && *path) trace_file = fopen(path, "w");
+}
+static int64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+static void trace_job(ll_task_fn fn, void *ctx, int n_tasks) {
+  static _Thread_local int64_t last; // the end of this thread's previous job
+  Dl_info di;
+  uintptr_t off = (uintptr_t)fn;
+  if (dladdr((void *)(uintptr_t)fn, &di) && di.dli_fbase) off -= (uintptr_t)di.dli_fbase;
+  int64_t t = thread_cpu_ns();
+  fprintf(trace_file, "%jx %jd", (uintmax_t)off, (intmax_t)(last ? t - last : 0));
+  for (int i = 0; i < n_tasks; i++) {
+    fn(ctx, i, 0);
+    const int64_t t1 = thread_cpu_ns();
+    fprintf(trace_file, " %jd", (intmax_t)(t1 - t));
+    t = t1;
+  }
+  fputc('\n', trace_file);
+  last = thread_cpu_ns();
+}
+
 void ll_threadpool_run(struct ll_threadpool *p, ll_task_fn fn, void *ctx, int n_tasks) {
+  pthread_once(&trace_once, trace_open);
+  if (trace_file) {
+    trace_job(fn, ctx, n_tasks);
+    return;
+  }
   if (!p || p->n == 1 || n_tasks <= 1) {
     for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
     return;
