@@ -74,11 +74,15 @@ env = {"LL_CPU_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_NUM_THREA
 
 
 class Requests(threading.Thread):
-    """GEN requests one after another for as long as the run lasts (base and adapter=live)."""
+    """GEN requests one after another for as long as the run lasts (base and adapter=live).
+    adapter=live exists once the run has opened (data read, adapters made): until a first live
+    request is answered, "no live adapter: training is not running" is the server's documented
+    answer to a run still starting (under load the start outlasts the first second), counted in
+    `early`; after that, any error is a failure."""
 
     def __init__(self, srv):
         super().__init__(daemon=True)
-        self.srv, self.stop, self.ok, self.bad = srv, False, 0, []
+        self.srv, self.stop, self.ok, self.bad, self.early, self.live_ok = srv, False, 0, [], 0, False
 
     def run(self):
         i = 0
@@ -90,6 +94,9 @@ class Requests(threading.Thread):
                 c.close()
                 if text is not None and kv.get("reason") in ("length", "stop", "eos"):
                     self.ok += 1
+                    self.live_ok = self.live_ok or bool(ad)
+                elif ad and not self.live_ok and "no live adapter: training is not running" in (lines[-1] if lines else ""):
+                    self.early += 1
                 else:
                     self.bad.append(lines[-1:])
             except Exception as ex:  # noqa: BLE001
@@ -130,7 +137,7 @@ try:
     srv.stop(signal.SIGKILL)
     req.stop = True
     req.join(60)
-    n_ok1 = req.ok
+    n_ok1, early1 = req.ok, req.early  # (its errors are not judged: the kill -9 resets the request in flight)
     # The step-20 checkpoint as the first process left it (later ones replace it under keep).
     ck20 = os.path.join(tmp, "step20.ckpt")
     shutil.copyfile(os.path.join(run_dir, "step-%08d.ckpt" % CKPT_STEP), ck20)
@@ -166,7 +173,8 @@ try:
     check(best <= 0.8 * v0, "validation loss <= 0.8 x %.4f within 200 steps (best %.4f)" % (v0, best))
     req.stop = True
     req.join(300)
-    check(not req.bad and req.ok + n_ok1 >= 4, "GEN answered throughout (%d + %d answered, failures %r)" % (n_ok1, req.ok, req.bad[:3]))
+    check(not req.bad and req.ok + n_ok1 >= 4, "GEN answered throughout (%d + %d answered, %d + %d live ones before a run had opened, "
+          "failures %r)" % (n_ok1, req.ok, early1, req.early, req.bad[:3]))
     check(srv.stop() == 0, "SIGTERM exits 0")
 
     # ---- export the step-20 adapter; llsrv's greedy ids with it equal llama.cpp --lora's
