@@ -95,6 +95,7 @@ struct ll_backend_info {
   int64_t fast_launches;        // of those, the fast tier's kernels (llsrv_fast.cl: products, rope_kv, attention)
   int64_t train_fast_launches;  // of those, the fast tier's training kernels (train_fast.cl: tiled products, attention, LoRA forward)
   int64_t split_launches;       // of the fast ones, split-K decode attention (llsrv_split.cl attn_split)
+  int64_t gemm_launches;        // of the fast ones, the prompt products' GEMM tiles (llsrv_gemm.cl)
   char tier[12];                // OpenCL: "reference" or "fast" (LL_OPENCL_REFERENCE); "" on the CPU
   char dot[12];                 // OpenCL: the fast tier's integer dots - "ptx", "khr", "portable" or "off" (LL_OPENCL_DOT); "" on the CPU
   char dot_note[512];           // why dot is not what was asked for or what the device offers ("" when it is)

@@ -26,7 +26,9 @@
 // bf16 as its decode path and the device do: measured 2e-6 for bf16); RoPE with the KV store exact against rope + kv_store
 // (the same expressions, no sum); argmax always exact (the lowest id on ties). Launches are
 // counted: one per fused call, 6 per layer for a decode step's ops; a product's kernel arguments
-// are set once and reused.
+// are set once and reused. Products of 32 tokens or more run as GEMM tiles (llsrv_gemm.cl; their
+// launches counted, gemm_launches) under the same tolerances; the pass without f64 runs the fast
+// tier without them (LL_OPENCL_FAULT=nogemm), as on a device whose limits refuse them: fmmt_*.
 // The device-choice cases run in child processes started before this process touches
 // OpenCL, since the ICD loader reads OCL_ICD_VENDORS once per process.
 #define CL_TARGET_OPENCL_VERSION 120
@@ -909,7 +911,18 @@ static void test_sample(struct ll_backend *cl) {
   free(cand), free(l), free(l0);
 }
 
-static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_backend *ref) {
+static int64_t gemm_launches(struct ll_backend *b) {
+  struct ll_backend_info in;
+  b->i->get_info(b, &in);
+  return in.gemm_launches;
+}
+
+// Products at T tokens: fmm_* below 8, fmmt_* below 32, from 32 on the GEMM tiles (llsrv_gemm.cl:
+// 64 rows x 32 tokens a work-group) where the device takes them (gemm: asserted by their
+// launch counter), else fmmt_*. The shapes are ragged against every tile: T = 19, 77 (2 tiles of
+// 32 + 13), N = 70 (a tile of 64 + 6: the q, k, v launch's matrix 0 spans two blocks), 40 (gate,
+// up: 32 rows of each a tile, + 8), K = 96, 160 (K % 64 == 32: a last chunk of one unit).
+static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_backend *ref, int gemm) {
   struct ll_backend_info in;
   cl->i->get_info(cl, &in);
   CHECKF(strcmp(in.tier, "fast") == 0, "tier '%s'", in.tier);
@@ -919,8 +932,8 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
     int type, k;
   } cases[] = {{LL_TYPE_Q4_0, 160}, {LL_TYPE_Q4_1, 576}, {LL_TYPE_Q5_0, 160}, {LL_TYPE_Q5_1, 160}, {LL_TYPE_Q8_0, 576}, {LL_TYPE_Q4_K, 512},
                {LL_TYPE_Q5_K, 256}, {LL_TYPE_Q6_K, 768}, {LL_TYPE_F32, 96},  {LL_TYPE_F16, 96},   {LL_TYPE_BF16, 96}};
-  static const int Ts[] = {1, 5, 96};
-  const int N[3] = {37, 12, 12};
+  static const int Ts[] = {1, 5, 19, 77};
+  const int N[3] = {70, 40, 40};
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     const int K = cases[ci].k, type = cases[ci].type;
     const int fl = type == LL_TYPE_F32 || type == LL_TYPE_F16 || type == LL_TYPE_BF16;
@@ -943,9 +956,10 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
         randf(a[0], (size_t)T * N[0], 1.0f);
         memcpy(b[0], a[0], (size_t)T * N[0] * 4);
         CHECK(cpu->i->matmul(cpu, a[0], x, &w[0], T, acc) == 0);
-        const int64_t l0 = launches(cl);
+        const int64_t l0 = launches(cl), g0 = gemm_launches(cl);
         CHECK(cl->i->matmul(cl, b[0], x, &w[0], T, acc) == 0);
         CHECKF(launches(cl) - l0 == 1, "fast matmul: %lld launches", (long long)(launches(cl) - l0));
+        CHECKF(gemm_launches(cl) - g0 == (gemm && T >= 32), "fast matmul T=%d: %lld GEMM tiles", T, (long long)(gemm_launches(cl) - g0));
         const double e = nmse(b[0], a[0], (size_t)T * N[0]);
         CHECKF(e < (fl && T >= 32 ? 3e-5 : 1e-9), "fast matmul %s K=%d T=%d acc=%d: nmse %.3g", ll_type_name(type), K, T, acc, e);
         worst_mm = e > worst_mm ? e : worst_mm;
@@ -956,9 +970,9 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
       const double tol = 1e-4;
       const struct ll_weight *const w3[3] = {&w[0], &w[1], &w[2]};
       float *const b3[3] = {b[0], b[1], b[2]};
-      int64_t l0 = launches(cl);
+      int64_t l0 = launches(cl), g0 = gemm_launches(cl);
       CHECK(cl->i->fused_matmul(cl, 3, b3, x, g, 1e-5f, w3, T, LL_FUSE_SET) == 0);
-      CHECK(launches(cl) - l0 == 1);
+      CHECK(launches(cl) - l0 == 1 && gemm_launches(cl) - g0 == (gemm && T >= 32));
       for (int i = 0; i < 3; i++) {
         const double e = nmse(b[i], a[i], (size_t)T * N[i]);
         CHECKF(e < tol, "fused rmsnorm + product %s K=%d T=%d matrix %d: nmse %.3g", ll_type_name(type), K, T, i, e);
@@ -968,9 +982,9 @@ static void test_fast(struct ll_backend *cpu, struct ll_backend *cl, struct ll_b
       CHECK(cpu->i->swiglu(cpu, a[1], a[1], a[2], (int64_t)T * N[1]) == 0);
       const struct ll_weight *const w2[2] = {&w[1], &w[2]};
       float *const b2[2] = {b[1], b[2]};
-      l0 = launches(cl);
+      l0 = launches(cl), g0 = gemm_launches(cl);
       CHECK(cl->i->fused_matmul(cl, 2, b2, x, g, 1e-5f, w2, T, LL_FUSE_SWIGLU) == 0);
-      CHECK(launches(cl) - l0 == 1);
+      CHECK(launches(cl) - l0 == 1 && gemm_launches(cl) - g0 == (gemm && T >= 32));
       const double es = nmse(b[1], a[1], (size_t)T * N[1]);
       CHECKF(es < tol, "fused gate, up, swiglu %s K=%d T=%d: nmse %.3g", ll_type_name(type), K, T, es);
       worst_fused = es > worst_fused ? es : worst_fused;
@@ -1172,7 +1186,7 @@ int main(void) {
     setenv("LL_OPENCL_REFERENCE", "1", 1);
     if (fast && strncmp(reason, "opencl:", 7) == 0) {
       fast->ggml_math = 1;
-      test_fast(cpu, fast, cl);
+      test_fast(cpu, fast, cl, 1);
     } else {
       CHECK(0);
     }
@@ -1209,11 +1223,13 @@ int main(void) {
     test_resident(cl);
     struct ll_backend *fast = NULL;
     setenv("LL_OPENCL_REFERENCE", "0", 1);
+    setenv("LL_OPENCL_FAULT", "nogemm", 1); // as a device whose limits refuse the GEMM tiles
     CHECK(ll_backend_create(&fast, &p, reason, sizeof reason, err, sizeof err) == 0);
+    unsetenv("LL_OPENCL_FAULT");
     setenv("LL_OPENCL_REFERENCE", "1", 1);
     if (fast && strncmp(reason, "opencl:", 7) == 0) {
       fast->ggml_math = 1;
-      test_fast(cpu, fast, cl);
+      test_fast(cpu, fast, cl, 0);
     } else {
       CHECK(0);
     }

@@ -519,6 +519,7 @@ void ocl_get_info(struct ll_backend *b, struct ll_backend_info *info) {
   info->idle_waits = c->idle_waits, info->queue_ahead = c->queue_ahead;
   info->launches = c->launches, info->arg_sets = c->arg_sets, info->fast_launches = c->fast_launches;
   info->train_fast_launches = c->train_fast_launches, info->split_launches = c->split_launches;
+  info->gemm_launches = c->gemm_launches;
   snprintf(info->tier, sizeof info->tier, "%s", c->fast ? "fast" : "reference");
 }
 
@@ -565,6 +566,7 @@ void ocl_free(struct ll_backend *b) {
       if (c->k_mm[t]) clReleaseKernel(c->k_mm[t]);
       if (c->k_fmm[t]) clReleaseKernel(c->k_fmm[t]);
       if (c->k_fmmt[t]) clReleaseKernel(c->k_fmmt[t]);
+      if (c->k_gmm[t]) clReleaseKernel(c->k_gmm[t]);
     }
     if (c->k_rope_kv) clReleaseKernel(c->k_rope_kv);
     if (c->k_argmax) clReleaseKernel(c->k_argmax);

@@ -30,6 +30,7 @@ extern const char ll_opencl_source[]; // kernels/opencl/*.cl, embedded by cmake/
 // reference tier, LL_OPENCL_DOT=off, or no variant passed its probe).
 enum { OCL_DOT_OFF = -1, OCL_DOT_PORTABLE, OCL_DOT_KHR, OCL_DOT_PTX };
 #define TT 8
+#define OCL_GMM_WG 128 // work items of llsrv_gemm.cl's tiles (GWG there)
 
 // Staging buffers (device memory reused across calls; each op names what it puts where).
 // S_C .. S_F: the training ops' extra operands (attention_backward has nine).
@@ -127,7 +128,7 @@ struct ocl_ctx {
   cl_kernel k_quant, k_round, k_mm[LL_TYPE_COUNT], k_mm_f, k_gr_f, k_gr_q, k_rmsnorm, k_rope, k_swiglu, k_geglu, k_add, k_kv_store,
       k_attention;
   // the fast tier (llsrv_fast.cl); k_argmax serves both tiers
-  cl_kernel k_fmm[LL_TYPE_COUNT], k_fmmt[LL_TYPE_COUNT], k_rope_kv, k_argmax,
+  cl_kernel k_fmm[LL_TYPE_COUNT], k_fmmt[LL_TYPE_COUNT], k_gmm[LL_TYPE_COUNT], k_rope_kv, k_argmax,
       k_sample, // sampling on the device (both tiers)
       k_attn_fast, // NULL where the device's local memory cannot hold its tiles (the reference's attention then)
       k_attn_split; // split-K decode attention (llsrv_split.cl); NULL with k_attn_fast
@@ -189,7 +190,7 @@ struct ocl_ctx {
   int tk_first, tk_next; // oldest outstanding ticket, next to give
   int queue_ahead;       // 0: LL_OPENCL_QUEUE_AHEAD=0 (read_async answers LL_EUNSUPPORTED)
   int64_t idle_waits;
-  int64_t bytes_up, bytes_down, waits, launches, arg_sets, fast_launches, train_fast_launches, split_launches;
+  int64_t bytes_up, bytes_down, waits, launches, arg_sets, fast_launches, train_fast_launches, split_launches, gemm_launches;
   struct pending_loss *pend; // completed by ocl_drained()
   int n_pend, cap_pend;
   int64_t mem_used, mem_total, max_alloc; // mem_used: this instance's

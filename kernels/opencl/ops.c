@@ -14,6 +14,12 @@
 #define FT 4 // tokens per work-group (fmm_*)
 #define FTMAX 16 // ... of the prompt kernels (fmmt_*), from TILE_T tokens on
 #define TILE_T 8
+// From GEMM_T tokens on, the GEMM tiles (llsrv_gemm.cl: GR rows x GT tokens a work-group),
+// where the device allows them (program.c). 32 fills a tile (at 32 tokens PoCL ran them 2.5x
+// as fast as fmmt_*, docs/PERFORMANCE.md); a lower threshold (partly empty tiles) is unmeasured.
+#define GEMM_T 32
+#define GR 64
+#define GT 32
 
 int ocl_fused_matmul(struct ll_backend *b, int n, float *const out[], const float *x, const float *g, float eps,
                             const struct ll_weight *const w[], int T, int op) {
@@ -54,15 +60,16 @@ int ocl_fused_matmul(struct ll_backend *b, int n, float *const out[], const floa
   // once: a decode step repeats them all), else the shared one with every argument set.
   // Prompts and batches of TILE_T tokens or more: the kernels that share each weight unit among
   // FTMAX tokens (their arguments change with T: set every call).
-  const int tile = T >= TILE_T, ft = tile ? FTMAX : FT;
+  // GEMM_T tokens or more: the GEMM tiles, when the device took them.
+  const int gemm = T >= GEMM_T && c->k_gmm[type], tile = !gemm && T >= TILE_T, ft = gemm ? GT : tile ? FTMAX : FT;
   struct ocl_kargs shared = {0};
   struct ocl_kargs *ka = &shared;
   struct ocl_weight *ow = w[0]->dev;
   // Decode with a quantized type that has them: the integer-dot products (llsrv_dot.cl, the
   // program LL_OPENCL_DOT and the probe chose), else the float ones.
   const cl_kernel dk = c->k_fmmi[type] ? c->k_fmmi[type] : c->k_fmm[type];
-  shared.k = tile ? c->k_fmmt[type] : dk;
-  if (!tile && ow && ow->owner == c && ow->cx == c->cx) {
+  shared.k = gemm ? c->k_gmm[type] : tile ? c->k_fmmt[type] : dk;
+  if (!tile && !gemm && ow && ow->owner == c && ow->cx == c->cx) {
     if (!ow->fk.k) {
       char name[64];
       cl_program pg = NULL;
@@ -79,13 +86,15 @@ int ocl_fused_matmul(struct ll_backend *b, int n, float *const out[], const floa
   e |= KA(6, eps) | KA(7, norm) | KA(8, om[0]) | KA(9, om[1]) | KA(10, om[2]) | KA(11, Ki);
   e |= KA(12, N[0]) | KA(13, N[1]) | KA(14, N[2]) | KA(15, T) | KA(16, op);
 #undef KA
+  const size_t rows = gemm ? GR : FR, wg = gemm ? OCL_GMM_WG : WG; // output rows and work items a work-group
   size_t blocks = 0;
-  if (op == LL_FUSE_SWIGLU) blocks = ((size_t)N[0] + FR / 2 - 1) / (FR / 2);
+  if (op == LL_FUSE_SWIGLU) blocks = ((size_t)N[0] + rows / 2 - 1) / (rows / 2);
   else
-    for (int i = 0; i < n; i++) blocks += ((size_t)N[i] + FR - 1) / FR;
-  const size_t gl[2] = {WG * blocks, ((size_t)T + ft - 1) / ft}, lo[2] = {WG, 1};
+    for (int i = 0; i < n; i++) blocks += ((size_t)N[i] + rows - 1) / rows;
+  const size_t gl[2] = {wg * blocks, ((size_t)T + ft - 1) / ft}, lo[2] = {wg, 1};
   if (e || (rc = ocl_launch(c, k, 2, gl, lo))) return e ? LL_EIO : rc;
   c->fast_launches++;
+  c->gemm_launches += gemm;
   for (int i = 0; i < nout; i++)
     if ((rc = ocl_get(c, oslot[i], out[i], (size_t)T * N[i] * sizeof(float)))) return rc;
   return 0;

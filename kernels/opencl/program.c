@@ -204,6 +204,8 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
     MK(c->k_fmm[f[i].type], name);
     snprintf(name, sizeof name, "fmmt_%s", f[i].name);
     MK(c->k_fmmt[f[i].type], name);
+    snprintf(name, sizeof name, "gmm_%s", f[i].name);
+    MK(c->k_gmm[f[i].type], name);
   }
   MK(c->k_rope_kv, "rope_kv");
   MK(c->k_argmax, "argmax_rows");
@@ -222,6 +224,22 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
     }
   }
   ocl_split_params(c);
+  // The prompt products' GEMM tiles (llsrv_gemm.cl) take work-groups of OCL_GMM_WG and about
+  // 28 KB of local memory: where the device (or the compiled kernel) allows less, the fast tier
+  // keeps fmmt_* for prompts.
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+    cl_kernel *k = &c->k_gmm[f[i].type];
+    size_t kwg = 0, dwg = 0;
+    cl_ulong lm = 0, klm = 0;
+    if (clGetKernelWorkGroupInfo(*k, c->dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) != CL_SUCCESS || kwg < OCL_GMM_WG ||
+        clGetDeviceInfo(c->dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof dwg, &dwg, NULL) != CL_SUCCESS || dwg < OCL_GMM_WG ||
+        clGetDeviceInfo(c->dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof lm, &lm, NULL) != CL_SUCCESS ||
+        clGetKernelWorkGroupInfo(*k, c->dev, CL_KERNEL_LOCAL_MEM_SIZE, sizeof klm, &klm, NULL) != CL_SUCCESS || klm > lm ||
+        (getenv("LL_OPENCL_FAULT") && strcmp(getenv("LL_OPENCL_FAULT"), "nogemm") == 0)) {
+      clReleaseKernel(*k);
+      *k = NULL;
+    }
+  }
   // The tiled training products take work-groups of 16 x 16: only where both kernels allow
   // 256 work items (else the fast tier keeps the reference's products).
   const cl_kernel tiled[] = {c->k_mm_dx_t, c->k_mm_dw_t, c->k_gemm_t, c->k_mm_dx_qt, c->k_lora_fwd};
