@@ -12,7 +12,8 @@
 #          builds llama-bench with CUDA in the background, makes the two models of the issue
 #          (SmolLM2-135M's shape in Q4_1, a 1B Llama shape in Q4_0: random weights, real shapes)
 #          with `llsrv init --dims` + `convert`, runs test_opencl on the GPU, llsrv bench
-#          (pp512, tg128, 8 streams) on both tiers, llsrv generate's launches and bytes per
+#          (pp512, tg128, 8 streams) on both tiers (and the fast one without its GEMM tiles for
+#          prompts, LL_OPENCL_FAULT=nogemm: fmmt_*), llsrv generate's launches and bytes per
 #          step, then llama-bench -ngl 99 (pp512, tg128); then decode at long contexts (tg64 at
 #          depths $DEPTHS, default 4096: `llsrv bench -d` on the fast tier with split-K attention
 #          as chosen and with it off, LL_OPENCL_SPLIT_KV=0, and llama-bench -d); everything into
@@ -80,13 +81,16 @@ fi
 } >>"$R"
 for m in $MODELS; do
   [ -f $m.gguf ] || continue
-  for tier in 0 1; do
-    name=$([ $tier = 0 ] && echo "llsrv OpenCL fast" || echo "llsrv OpenCL reference")
-    LL_OPENCL_REFERENCE=$tier timeout 150 $L bench --model $m.gguf --device opencl:0:0 -p $P -n $N -r $REPS --parallel 8 >"$OUT/bench_${m}_$tier.log" 2>&1
+  for tier in 0 0g 1; do # 0g: the fast tier without its GEMM tiles for prompts (llsrv_gemm.cl; fmmt_* instead)
+    name=$(case $tier in 0) echo "llsrv OpenCL fast" ;; 0g) echo "llsrv OpenCL fast, no GEMM tiles" ;; *) echo "llsrv OpenCL reference" ;; esac)
+    fault=$([ $tier = 0g ] && echo nogemm)
+    gen=$([ $tier = 0g ] && echo "-n 1" || echo "-n $N --parallel 8") # 0g: the prompt alone (decode is tier 0's)
+    LL_OPENCL_FAULT=$fault LL_OPENCL_REFERENCE=${tier%g} timeout 150 $L bench --model $m.gguf --device opencl:0:0 -p $P $gen -r $REPS >"$OUT/bench_${m}_$tier.log" 2>&1
     pp=$(awk -F'|' "/pp$P /{print \$(NF-1)}" "$OUT/bench_${m}_$tier.log" | head -n 1)
     tg=$(awk -F'|' "/tg$N /{print \$(NF-1)}" "$OUT/bench_${m}_$tier.log" | head -n 1)
     tp=$(awk -F'|' "/tg${N}x8|x8 /{print \$(NF-1)}" "$OUT/bench_${m}_$tier.log" | head -n 1)
     echo "| $m | $name | ${pp:-?} | ${tg:-?} | ${tp:-?} |" >>"$R"
+    [ $tier = 0g ] && continue
     LL_OPENCL_REFERENCE=$tier timeout 60 $L generate --model $m.gguf --device opencl:0:0 -n 16 --temp 0 --ignore-eos -p "Once upon a time" \
       >"$OUT/generate_${m}_$tier.log" 2>&1
   done
