@@ -15,6 +15,9 @@
 // set, as the CPU does; libm's expf (llama2.c models) is not reproduced bit for bit.
 // Why bit for bit: Q8 activation quantization turns a last-bit difference into a whole
 // quantization step on an outlier channel, and greedy outputs then drift from the CPU's.
+
+// LL_SHARED_BEGIN: from here to LL_SHARED_END, also the head of the programs built from one
+// segment of the sources (llsrv_dot.cl; program.c dot_source).
 #pragma OPENCL FP_CONTRACT OFF
 // LL_NO_FP64 (LL_OPENCL_NO_FP64=1 in the environment): the kernels as a device without f64
 // builds them, so the tests cover that path on any device.
@@ -24,9 +27,6 @@
 #endif
 
 #define WG 64 // work-group size of the products, norms and attention
-#define TT 8  // tokens per work-group in a product (the tile for T > 1)
-
-// ---------------------------------------------------------------- helpers
 
 // f32 -> nearest f16 (ties to even; overflow to inf) -> f32, without cl_khr_fp16: by bits, as
 // formats/quant.c's ll_fp32_to_fp16 / ll_fp16_to_fp32.
@@ -45,12 +45,6 @@ inline float round_f16(float f) {
   return as_float(sign | as_uint(r));
 }
 
-inline float round_bf16(float f) {
-  const uint u = as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return as_float(((u >> 16) | 64u) << 16);
-  return as_float(((u + (0x7fffu + ((u >> 16) & 1u))) >> 16) << 16);
-}
-
 #ifdef LL_FP64
 inline float fdiv(float a, float b) { return (float)((double)a / (double)b); }
 inline float fsqrt(float a) { return (float)sqrt((double)a); }
@@ -59,10 +53,21 @@ inline float fdiv(float a, float b) { return a / b; }
 inline float fsqrt(float a) { return sqrt(a); }
 #endif
 
+inline float ldh(global const uchar *p) { return vload_half(0, (global const half *)p); }
+// LL_SHARED_END
+
+#define TT 8  // tokens per work-group in a product (the tile for T > 1)
+
+// ---------------------------------------------------------------- helpers
+
+inline float round_bf16(float f) {
+  const uint u = as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return as_float(((u >> 16) | 64u) << 16);
+  return as_float(((u + (0x7fffu + ((u >> 16) & 1u))) >> 16) << 16);
+}
+
 // ggml's fixed reduction of eight lanes (hsum of a __m256)
 inline float tree8(const float *l) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
-
-inline float ldh(global const uchar *p) { return vload_half(0, (global const half *)p); }
 
 // ggml's vectorised exp (ggml_v_expf), one lane, as kernels/cpu/dot.c's ggml_expf_lane.
 inline float ggml_expf(float x) {

@@ -1,6 +1,6 @@
 // llsrv_dot.cl - the fast tier's decode products on integer dots, and the dot probe: a program
-// of its own (program.c ocl_build_dot), built from this file's text alone with -DLL_DOT_PROGRAM
-// and -DLL_DOT=0 (portable), 1 (cl_khr_integer_dot_product) or 2 (NVIDIA's PTX dp4a). In the
+// of its own (program.c ocl_dot_setup), built from this file's text after the shared segments
+// of llsrv.cl and llsrv_fast.cl (program.c dot_source) with -DLL_DOT_PROGRAM and -DLL_DOT=0 (portable), 1 (cl_khr_integer_dot_product) or 2 (NVIDIA's PTX dp4a). In the
 // main program (every .cl file is embedded and built together) it is compiled out, so a vendor
 // path that does not build costs a rebuild of this small program only, never the main one.
 //
@@ -16,15 +16,8 @@
 // rounding, not its order). Decode only (up to FT tokens a work-group; prompts keep
 // fmmt_*), the same arguments, grid and fusions as fmm_* (ops.c chooses).
 #ifdef LL_DOT_PROGRAM
-#pragma OPENCL FP_CONTRACT OFF
-#if defined(cl_khr_fp64) && !defined(LL_NO_FP64)
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#define LL_FP64 1
-#endif
-
-#define WG 64  // as llsrv.cl
-#define FR 4   // as llsrv_fast.cl: output rows per work-group
-#define FL 16  // work items per row
+// After llsrv.cl's and llsrv_fast.cl's shared segments (the pragmas, f64, WG, FR, FL,
+// round_f16, fdiv, fsqrt, ldh and fmm_store): program.c dot_source.
 #define FT 4   // tokens per work-group (== FR: the norm pass gives each token FL work items)
 #define KC 512 // activations staged per pass (a multiple of 32)
 
@@ -48,29 +41,6 @@ inline int ll_dot4(uint a, uint b, int acc) { return acc + dot_4x8packed_ss_int(
 #else
 #define ll_dot4 ll_dot4_portable
 #endif
-
-// Copies of llsrv.cl's helpers (this program does not include it).
-inline float round_f16(float f) {
-  const uint x = as_uint(f), sign = x & 0x80000000u, ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return as_float(sign | 0x7fc00000u);
-  if (ax >= 0x477ff000u) return as_float(sign | 0x7f800000u);
-  if (ax >= 0x38800000u) {
-    uint m = ax >> 13;
-    const uint rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (m & 1u))) m++;
-    return as_float(sign | (m << 13));
-  }
-  const float r = rint(as_float(ax) * 0x1.0p24f) * 0x1.0p-24f;
-  return as_float(sign | as_uint(r));
-}
-#ifdef LL_FP64
-inline float fdiv(float a, float b) { return (float)((double)a / (double)b); }
-inline float fsqrt(float a) { return (float)sqrt((double)a); }
-#else
-inline float fdiv(float a, float b) { return a / b; }
-inline float fsqrt(float a) { return sqrt(a); }
-#endif
-inline float ldh(global const uchar *p) { return vload_half(0, (global const half *)p); }
 
 // Bits 0..3 of n moved to bit 4 of bytes 0..3 (a Q5 unit's fifth bits, four weights a word).
 inline uint q5_hi(uint n) { return ((n & 1u) << 4) | ((n & 2u) << 11) | ((n & 4u) << 18) | ((n & 8u) << 25); }
@@ -249,30 +219,7 @@ inline void fmmi_body(const int wt, global const uchar *W0, global const uchar *
       }
     }
   }
-  // The FL lanes of each (row, token): part (FR, FT, FL) in local memory.
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int tt = 0; tt < FT; tt++) part[(slot * FT + tt) * FL + lane] = acc[tt];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float r = 0;
-  if (lane < nt) {
-    local const float *pp = part + (slot * FT + lane) * FL;
-    for (int i = 0; i < FL; i++) r += pp[i];
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (op == 2) { // gate (slots 0 .. FR/2-1) and up (the rest) of the same rows meet in local memory
-    if (lane < FT) part[slot * FT + lane] = lane < nt ? r : 0;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (slot < FR / 2 && lane < nt && valid) {
-      const float gv = r, uv = part[(slot + FR / 2) * FT + lane];
-      o0[(size_t)(t0 + lane) * N0 + row] = gv / (1.0f + exp(-gv)) * uv;
-    }
-    return;
-  }
-  if (lane < nt && valid) {
-    const int N = m == 0 ? N0 : m == 1 ? N1 : N2;
-    global float *o = (m == 0 ? o0 : m == 1 ? o1 : o2) + (size_t)(t0 + lane) * N + row;
-    *o = op == 1 ? *o + r : r;
-  }
+  fmm_store(part, acc, FT, nt, slot, lane, op, valid, m, row, t0, o0, o1, o2, N0, N1, N2);
 }
 
 #define FMMI_KERNEL(NAME, WT)                                                                                                      \

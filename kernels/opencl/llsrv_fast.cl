@@ -26,8 +26,44 @@
 // Sums are f32 trees, so results differ from the CPU's in the last bits and vary with the
 // device; they do not vary with batch composition (each row's sums depend on the row alone).
 
+// LL_SHARED_BEGIN (llsrv_dot.cl builds on these too: program.c dot_source)
 #define FR 4  // output rows per work-group
 #define FL 16 // work items per row (FR * FL == WG)
+
+// The end of a product work-group (fmm_*, and llsrv_dot.cl's fmmi_*): the FL lanes' sums of
+// each (row, token) added through local memory (part (FR, ft, FL)) and stored - op 0: o = r,
+// op 1: o += r (the residual), op 2: gate (slots 0 .. FR/2-1) and up (the rest) of the same
+// rows meet and SwiGLU is stored. acc (ft): this work item's sums; m, row, valid: its matrix
+// and output row.
+inline void fmm_store(local float *part, const float *acc, const int ft, const int nt, const int slot, const int lane, const int op, const int valid,
+                      const int m, const int row, const int t0, global float *o0, global float *o1, global float *o2, const int N0, const int N1,
+                      const int N2) {
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int tt = 0; tt < ft; tt++) part[(slot * ft + tt) * FL + lane] = acc[tt];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float r = 0;
+  if (lane < nt) {
+    local const float *pp = part + (slot * ft + lane) * FL;
+    for (int i = 0; i < FL; i++) r += pp[i];
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (op == 2) { // gate (slots 0 .. FR/2-1) and up (the rest) of the same rows meet in local memory
+    if (lane < ft) part[slot * ft + lane] = lane < nt ? r : 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (slot < FR / 2 && lane < nt && valid) {
+      const float gv = r, uv = part[(slot + FR / 2) * ft + lane];
+      o0[(size_t)(t0 + lane) * N0 + row] = gv / (1.0f + exp(-gv)) * uv;
+    }
+    return;
+  }
+  if (lane < nt && valid) {
+    const int N = m == 0 ? N0 : m == 1 ? N1 : N2;
+    global float *o = (m == 0 ? o0 : m == 1 ? o1 : o2) + (size_t)(t0 + lane) * N + row;
+    *o = op == 1 ? *o + r : r;
+  }
+}
+// LL_SHARED_END
+
 #define FT 4  // tokens per work-group (== FR: the norm pass gives each token FL work items)
 #define KC 512 // activations staged in local memory per pass: FT x KC floats (a multiple of 256)
 // Prompts and batches (fmmt_*): FTMAX tokens a work-group share each unpacked weight unit (the
@@ -243,30 +279,7 @@ inline void fmm_body(const int wt, const int ft, const int kc, global const ucha
       }
     }
   }
-  // Sum the FL lanes of each (row, token): part (FR, ft, FL) in local memory.
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int tt = 0; tt < ft; tt++) part[(slot * ft + tt) * FL + lane] = acc[tt];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float r = 0;
-  if (lane < nt) {
-    local const float *pp = part + (slot * ft + lane) * FL;
-    for (int i = 0; i < FL; i++) r += pp[i];
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (op == 2) { // gate (slots 0 .. FR/2-1) and up (the rest) of the same rows meet in local memory
-    if (lane < ft) part[slot * ft + lane] = lane < nt ? r : 0;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (slot < FR / 2 && lane < nt && valid) {
-      const float gv = r, uv = part[(slot + FR / 2) * ft + lane];
-      o0[(size_t)(t0 + lane) * N0 + row] = gv / (1.0f + exp(-gv)) * uv;
-    }
-    return;
-  }
-  if (lane < nt && valid) {
-    const int N = m == 0 ? N0 : m == 1 ? N1 : N2;
-    global float *o = (m == 0 ? o0 : m == 1 ? o1 : o2) + (size_t)(t0 + lane) * N + row;
-    *o = op == 1 ? *o + r : r;
-  }
+  fmm_store(part, acc, ft, nt, slot, lane, op, valid, m, row, t0, o0, o1, o2, N0, N1, N2);
 }
 
 #define FMM_KERNEL(NAME, WT)                                                                                                      \

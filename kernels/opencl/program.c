@@ -273,15 +273,29 @@ int ocl_make_kernels(struct ocl_ctx *c, char *err, size_t errlen) {
 
 static const char *const dot_names[] = {"portable", "khr", "ptx"};
 
-// llsrv_dot.cl's text (between its #ifdef LL_DOT_PROGRAM and #endif // LL_DOT_PROGRAM) out of
-// the embedded sources, NUL-terminated (malloc'd); NULL if the markers are missing.
+// The integer-dot program's text out of the embedded sources, NUL-terminated (malloc'd): the
+// shared segments of llsrv.cl and llsrv_fast.cl (each from a line "// LL_SHARED_BEGIN" to one
+// "// LL_SHARED_END": the pragmas, f64, helpers and fmm_store, written once for both programs)
+// in their order, then llsrv_dot.cl's text (its #ifdef LL_DOT_PROGRAM to #endif //
+// LL_DOT_PROGRAM). NULL if a marker is missing or unpaired.
 static char *dot_source(void) {
-  static const char b[] = "#ifdef LL_DOT_PROGRAM\n", e[] = "#endif // LL_DOT_PROGRAM\n";
+  static const char sb[] = "\n// LL_SHARED_BEGIN", se[] = "\n// LL_SHARED_END\n", b[] = "#ifdef LL_DOT_PROGRAM\n", e[] = "#endif // LL_DOT_PROGRAM\n";
   const char *p = strstr(ll_opencl_source, b), *q = p ? strstr(p, e) : NULL;
   if (!q) return NULL;
   const size_t n = (size_t)(q - p) + sizeof e - 1;
-  char *s = malloc(n + 1);
-  if (s) memcpy(s, p, n), s[n] = 0;
+  size_t total = n, segs = 0;
+  for (const char *a = strstr(ll_opencl_source, sb), *z; a; a = strstr(z, sb), segs++) {
+    if (!(z = strstr(a, se))) return NULL;
+    z += sizeof se - 1, total += (size_t)(z - a);
+  }
+  if (segs == 0) return NULL;
+  char *s = malloc(total + 1), *o = s;
+  if (!s) return NULL;
+  for (const char *a = strstr(ll_opencl_source, sb), *z; a; a = strstr(z, sb)) {
+    z = strstr(a, se) + sizeof se - 1;
+    memcpy(o, a, (size_t)(z - a)), o += z - a;
+  }
+  memcpy(o, p, n), o[n] = 0;
   return s;
 }
 

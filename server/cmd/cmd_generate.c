@@ -46,6 +46,19 @@ static int parse_ids(const char *s, int32_t *ids, int cap) {
   return n;
 }
 
+// Prints the `generated`-th token: its id (ds NULL: --ids, or no tokenizer), else its text as
+// far as the stream has whole UTF-8 characters.
+static void print_token(const struct ll_tokenizer *tok, struct ll_detok_stream *ds, int32_t id, int generated) {
+  char piece[1024];
+  if (!ds || !tok) {
+    printf(generated ? " %d" : "%d", id);
+  } else {
+    int k = ll_detok_stream_push(tok, ds, id, piece, sizeof piece);
+    if (k > 0) fwrite(piece, 1, (size_t)k, stdout);
+  }
+  fflush(stdout);
+}
+
 int ll_cmd_generate(int argc, char **argv) {
   struct ll_engine_params ep;
   ll_engine_params_default(&ep);
@@ -217,13 +230,7 @@ int ll_cmd_generate(int argc, char **argv) {
     const int32_t next = cur;
     ll_sampler_accept(smp, next);
     if (!ignore_eos && tok && ll_tokenizer_is_eog(tok, next)) break;
-    if (print_ids || !tok) {
-      printf(generated ? " %d" : "%d", next);
-    } else {
-      int k = ll_detok_stream_push(tok, &ds, next, piece, sizeof piece);
-      if (k > 0) fwrite(piece, 1, (size_t)k, stdout);
-    }
-    fflush(stdout);
+    print_token(tok, print_ids ? NULL : &ds, next, generated);
     if (generated + 1 == n_predict) {
       generated++;
       break;
@@ -251,13 +258,7 @@ int ll_cmd_generate(int argc, char **argv) {
     int32_t next = by_id ? am : ll_sampler_sample(smp, logits, NULL);
     ll_sampler_accept(smp, next);
     if (!ignore_eos && tok && ll_tokenizer_is_eog(tok, next)) break;
-    if (print_ids || !tok) {
-      printf(generated ? " %d" : "%d", next);
-    } else {
-      int k = ll_detok_stream_push(tok, &ds, next, piece, sizeof piece);
-      if (k > 0) fwrite(piece, 1, (size_t)k, stdout);
-    }
-    fflush(stdout);
+    print_token(tok, print_ids ? NULL : &ds, next, generated);
     if (generated + 1 == n_predict) {
       generated++;
       break;
