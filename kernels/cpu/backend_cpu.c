@@ -208,33 +208,20 @@ static void quant_task(void *vctx, int task, int thread) {
 }
 
 // ---- float weights x a batch: OpenBLAS sgemm ----
-// Each pool task takes a slice of the weight rows (or, for a W of few rows, a slice of the
-// tokens): F16/BF16/quantized rows are widened into the thread's buffer LL_BLAS_ROWS at a
-// time, then out[:, slice] (+)= x · slice^T in one single-threaded sgemm per block (OpenBLAS's
-// own threads are off: our pool is the only one).
-// The split is a function of the shapes alone (issue 30): OpenBLAS's Haswell kernels sum a
-// column in another order when the slices are cut elsewhere, so a split by the thread count
-// gave each thread count its own bits. LL_BLAS_SPLIT slices (a multiple of it for large
-// products: tasks of at most ~2^28 multiply-adds), so a pool of up to LL_BLAS_SPLIT threads
-// gets equal shares: at SmolLM2's shapes (seq 256) 16 slices of 36 rows for q and o (was 4 x 144
-// at 2 threads, 18 x 32 at 16), of 12 for k and v (was 12 x 16 at 16 threads), 96 for gate and
-// up; LoRA A (16 rows) 16 slices of 16 tokens (was one task).
+// Each pool task takes a slice of the weight rows: F16/BF16 rows are widened into the
+// thread's buffer LL_BLAS_ROWS at a time, then out[:, slice] (+)= x · slice^T in one
+// single-threaded sgemm per block (OpenBLAS's own threads are off: our pool is the only one).
 #define LL_BLAS_ROWS 256
-#define LL_BLAS_SPLIT 16
 struct blas_job {
   float *out;
   const float *x;
   const struct ll_weight *w;
   struct cpu_ctx *c;
-  int T, N, K, accumulate, chunk, tchunk; // tchunk: tokens per task (a W of few rows), else 0
+  int T, N, K, accumulate, chunk;
 };
 static void blas_task(void *vctx, int task, int thread) {
   const struct blas_job *j = vctx;
-  int n0 = task * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N, t0 = 0, nt = j->T;
-  if (j->tchunk) {
-    n0 = 0, n1 = j->N, t0 = task * j->tchunk;
-    nt = j->T - t0 < j->tchunk ? j->T - t0 : j->tchunk;
-  }
+  const int n0 = task * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
   const size_t rs = ll_row_size(j->w->type, j->K);
   float *buf = j->c->wbuf + (size_t)thread * LL_BLAS_ROWS * j->K;
   int (*const dq)(int, const void *, float *, int64_t) = ll_cpu_vec_ops()->dequant_row;
@@ -250,26 +237,18 @@ static void blas_task(void *vctx, int task, int thread) {
       for (int r = 0; r < nr; r++) dq(j->w->type, (const char *)j->w->data + (size_t)(r0 + r) * rs, buf + (size_t)r * j->K, j->K);
       wb = buf;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, nr, j->K, 1.0f, j->x + (size_t)t0 * j->K, j->K, wb, j->K,
-                j->accumulate ? 1.0f : 0.0f, j->out + (size_t)t0 * j->N + r0, j->N);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, nr, j->K, 1.0f, j->x, j->K, wb, j->K, j->accumulate ? 1.0f : 0.0f,
+                j->out + r0, j->N);
   }
 }
 static int cpu_matmul_blas(struct cpu_ctx *c, float *out, const float *x, const struct ll_weight *w, int T, int accumulate) {
   if (grow((void **)&c->wbuf, &c->wbuf_cap, (size_t)c->n_threads * LL_BLAS_ROWS * (size_t)w->k * sizeof(float))) return LL_ENOMEM;
-  struct blas_job j = {out, x, w, c, T, (int)w->n, (int)w->k, accumulate, 0, 0};
-  int n_tasks;
-  if (j.N < 4 * LL_BLAS_SPLIT && T >= 2 * LL_BLAS_SPLIT) { // few rows (LoRA A: r x in): slices of tokens
-    j.tchunk = (T + LL_BLAS_SPLIT - 1) / LL_BLAS_SPLIT;
-    j.chunk = j.N;
-    n_tasks = (T + j.tchunk - 1) / j.tchunk;
-  } else {
-    const int64_t macs = (int64_t)T * w->n * w->k;
-    const int64_t parts = LL_BLAS_SPLIT * (macs >> 28 > 0 ? (macs >> 28) : 1);
-    j.chunk = (int)((w->n + parts - 1) / parts);
-    j.chunk = (j.chunk + 3) / 4 * 4; // whole groups of 4 rows
-    n_tasks = (int)((w->n + j.chunk - 1) / j.chunk);
-  }
-  ll_threadpool_run(c->pool, blas_task, &j, n_tasks);
+  struct blas_job j = {out, x, w, c, T, (int)w->n, (int)w->k, accumulate, 0};
+  // Two slices per thread, in multiples of 16 rows: equal work (192 rows: 4 x 48, not 64 + 64 +
+  // 64 over two threads), and a thread that is preempted leaves the other something to take.
+  j.chunk = (int)((w->n + c->n_threads * 2 - 1) / (c->n_threads * 2));
+  j.chunk = (j.chunk + 15) / 16 * 16;
+  ll_threadpool_run(c->pool, blas_task, &j, (int)((w->n + j.chunk - 1) / j.chunk));
   return 0;
 }
 

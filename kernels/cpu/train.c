@@ -21,30 +21,20 @@
 #include "ll_quant.h"
 #include "ll_threadpool.h"
 
-// Work split (shapes only; see the file comment). Issue 30: every product of a training step
-// gives a 16-thread pool at least 16 tasks of equal size at SmolLM2-135M's shapes (seq 256): the
-// task counts below are multiples of 16 wherever the product is that large.
-#define MM_SPLIT 16    // the thread count the splits are balanced for (task counts: its multiples)
-#define MM_TB 16       // dx of float weights with K <= MM_KX / 2 (LoRA B): tokens per task
-#define MM_KX 512      // dx: most columns of a product tile
-#define MM_TT 64       // dx, shared panels: tokens per product tile
-#define MM_PF (1 << 19) // dx, shared panels: most floats of W dequantized at a time (2 MiB)
-#define MM_DR 16       // ... rows of W dequantized per task
-#define MM_NR 256      // dx, row chunks: rows of W dequantized at a time into a thread's panel
-#define MM_TALL 32     // dx: W with at least MM_TALL x T rows (the output head) goes by row chunks
-#define MM_NC 32       // ... at most this many chunks (partial sums: MM_NC x T x K floats)
-#define MM_WORK (1 << 24) // ... and chunks of at most about this many multiply-adds per task
-#define ATT_B 64       // attention: query rows per block
-#define ATT_KB 32      // attention_backward: key rows per block (12 tasks at SmolLM2's 3 kv heads with 64)
+// Work split (shapes only; see the file comment).
+#define MM_TB 32       // dx of float weights with K <= MM_KX / 2: tokens per task
+#define MM_KX 512      // dx of other weights: most columns of W per task (rounded to its blocks)
+#define MM_NR 256      // ... rows of W dequantized per panel (MM_NR x MM_KX floats: 512 KiB)
+#define MM_NB 64       // dw: rows of W per task
+#define MM_KS 128      // dw: columns per task when W has few rows
+#define ATT_B 64       // attention: query rows (and key rows) per block
 #define EW_CHUNK 16384 // element-wise ops: elements per task
 #define RN_RB 16       // rmsnorm_backward: rows per task
 #define GR_CB 64       // get_rows_backward: columns per task
 
 struct ll_cpu_train {
-  float *panel; // matmul_backward's dequantized W panels (shared or per thread); per-thread rows (xent, rope)
+  float *panel; // per-thread dequantized W panels (MM_NR x ks), then per-thread rows (xent, rope)
   size_t panel_cap;
-  float *dxp; // matmul_backward by row chunks: (chunks, T, K) partial sums
-  size_t dxp_cap;
   float *ds; // attention_backward: (H, S, S) softmax gradients, scaled
   size_t ds_cap;
   double *part; // per-task partial sums / per-row losses
@@ -74,7 +64,6 @@ static struct ll_cpu_train *state(struct ll_backend *b) {
 void ll_cpu_train_free(struct ll_cpu_train *t) {
   if (!t) return;
   free(t->panel);
-  free(t->dxp);
   free(t->ds);
   free(t->part);
   free(t->dgp);
@@ -110,38 +99,25 @@ void ll_train_cpu_free_buf(struct ll_backend *b, void *p) {
 int64_t ll_cpu_train_mem_used(struct ll_cpu_train *t) { return t ? (int64_t)atomic_load(&t->mem_used) : 0; }
 
 // ---------------------------------------------------------------- matmul_backward
-// dx (T, K) += dout (T, N) · W (N, K), by one of three splits (each a function of the shapes):
+// dx (T, K) += dout (T, N) · W (N, K)
 //   F32 W of few columns (LoRA B: out x r): each task a block of MM_TB tokens, one sgemm.
-//   Tall W (the output head: N >= MM_TALL T): row chunks. Each task a (chunk of rows, slice of
-//     at most MM_KX columns in whole blocks) pair: the chunk's rows dequantized MM_NR at a time
-//     into the thread's panel, its partial product P_c (T, slice) summed over them; then
-//     dx += P_0 + P_1 + ... in chunk order, by token rows. Each weight is dequantized once and
-//     the partial sums are small beside W (MM_NC x T x K floats against N x K).
-//   Others (the layers' weights): shared panels. W in panels of whole rows (at most MM_PF
-//     floats; F32 W: all of it, in place), each dequantized once into a buffer the tasks share
-//     (MM_DR rows per task), then dx[t-tile, k-tile] += dout[t-tile, panel rows] · panel[:,
-//     k-tile] over tiles of MM_TT tokens x a power-of-two fraction of K, panels in row order.
-//   Issue 30: the split was column slices only (2 of 288 at K = 576, for all tokens): a 16-thread
-//   pool ran every dx product of SmolLM2 - the vocabulary's included - on 2 of its threads. At
-//   T = 256 it is now 4 x 4 = 16 tiles at K = 576 and 4 x 4 at 1536; the head (T = 64 rows a
-//   chunk) 32 chunks x 2 slices. Smaller tiles cost sgemm more packing per FLOP (one thread's CPU
-//   time in dx: +5% for 128 x 64 tiles from 512 KiB panels, 43614a6), row chunks a pass over the
-//   partial sums.
-// dw (N, K) += dout (T, N)ᵀ · x (T, K): tasks of N / MM_SPLIT rows (at least 4), or of K /
-//   MM_SPLIT columns when W has fewer than 4 MM_SPLIT rows (LoRA A: r x in); one sgemm each.
+//   others: each task a slice of up to MM_KX columns of W (whole blocks), for all tokens: W's
+//   rows dequantized MM_NR at a time into the thread's panel (F32: used in place), then
+//   dx[:, slice] += dout[:, rows] · panel. Every weight is dequantized once per call, and tasks
+//   write disjoint columns of dx. Wide slices amortise sgemm's packing of dout's panel (at
+//   SmolLM2's K = 576, 2 slices of 288 ran 5-10% faster than 6 of 96).
+// dw (N, K) += dout (T, N)ᵀ · x (T, K): each task MM_NB rows of dw (and MM_KS columns when N is
+//   small), one sgemm.
 struct mmb_job {
   float *dx, *dw;
   const float *dout, *x;
   const struct ll_weight *w;
-  float *panel;      // shared panels: (np, K) rows n0.. of W as floats; row chunks: per thread (MM_NR, ks)
-  float *part;       // row chunks: (nc, T, K) partial sums
+  struct ll_cpu_train *st;
   size_t rs;         // bytes per row of W
-  int T, N, K;       //
-  int tt, ks;        // tile: tokens, columns (dw: rows tt x columns ks)
-  int n0, np;        // shared panels: the panel's first row and row count
-  int nc, cr;        // row chunks: count, rows per chunk
+  int T, N, K, ks;   // ks: columns per task (dx of quantized W)
   int bs;            // W's block size (elements)
   size_t bsz;        // bytes per block
+  int panel_floats;  // per thread
   atomic_int rc;
 };
 
@@ -153,17 +129,15 @@ static void mmb_dx_f32_task(void *vctx, int task, int thread) {
               j->K, 1.0f, j->dx + (size_t)t0 * j->K, j->K);
 }
 
-// Row chunks: task = chunk c x slice s.
-static void mmb_dx_chunk_task(void *vctx, int task, int thread) {
+static void mmb_dx_q_task(void *vctx, int task, int thread) {
   struct mmb_job *j = vctx;
-  const int nsl = (j->K + j->ks - 1) / j->ks, c = task / nsl, k0 = task % nsl * j->ks, nk = j->K - k0 < j->ks ? j->K - k0 : j->ks;
-  const int r0 = c * j->cr, r1 = r0 + j->cr < j->N ? r0 + j->cr : j->N;
-  float *panel = j->panel + (size_t)thread * MM_NR * j->ks, *p = j->part + (size_t)c * j->T * j->K + k0;
+  const int k0 = task * j->ks, nk = j->K - k0 < j->ks ? j->K - k0 : j->ks;
+  float *panel = j->st->panel + (size_t)thread * j->panel_floats; // (MM_NR, nk)
   const size_t off = (size_t)(k0 / j->bs) * j->bsz;
   const int f32 = j->w->type == LL_TYPE_F32;
   int (*const dq)(int, const void *, float *, int64_t) = ll_cpu_vec_ops()->dequant_row;
-  for (int n0 = r0; n0 < r1; n0 += MM_NR) {
-    const int nr = r1 - n0 < MM_NR ? r1 - n0 : MM_NR;
+  for (int n0 = 0; n0 < j->N; n0 += MM_NR) {
+    const int nr = j->N - n0 < MM_NR ? j->N - n0 : MM_NR;
     const float *wb = (const float *)j->w->data + (size_t)n0 * j->K + k0; // F32: in place
     int ldw = j->K;
     if (!f32) {
@@ -176,61 +150,18 @@ static void mmb_dx_chunk_task(void *vctx, int task, int thread) {
       }
       wb = panel, ldw = nk;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->T, nk, nr, 1.0f, j->dout + n0, j->N, wb, ldw, n0 > r0 ? 1.0f : 0.0f, p, j->K);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->T, nk, nr, 1.0f, j->dout + n0, j->N, wb, ldw, 1.0f, j->dx + k0, j->K);
   }
-}
-
-// Row chunks' sum, one token row per task: dx += P_0 + P_1 + ..., in chunk order.
-static void mmb_dx_sum_task(void *vctx, int t, int thread) {
-  (void)thread;
-  struct mmb_job *j = vctx;
-  float *d = j->dx + (size_t)t * j->K;
-  for (int c = 0; c < j->nc; c++) {
-    const float *p = j->part + ((size_t)c * j->T + t) * j->K;
-    for (int k = 0; k < j->K; k++) d[k] += p[k];
-  }
-}
-
-static void mmb_dq_task(void *vctx, int task, int thread) {
-  (void)thread;
-  struct mmb_job *j = vctx;
-  const int r0 = task * MM_DR, r1 = r0 + MM_DR < j->np ? r0 + MM_DR : j->np;
-  int (*const dq)(int, const void *, float *, int64_t) = ll_cpu_vec_ops()->dequant_row;
-  for (int r = r0; r < r1; r++) {
-    const int rc = dq(j->w->type, (const char *)j->w->data + (size_t)(j->n0 + r) * j->rs, j->panel + (size_t)r * j->K, j->K);
-    if (rc) atomic_store(&j->rc, rc);
-  }
-}
-
-static void mmb_dx_tile_task(void *vctx, int task, int thread) {
-  (void)thread;
-  struct mmb_job *j = vctx;
-  const int nkt = (j->K + j->ks - 1) / j->ks, t0 = task / nkt * j->tt, k0 = task % nkt * j->ks;
-  const int nt = j->T - t0 < j->tt ? j->T - t0 : j->tt, nk = j->K - k0 < j->ks ? j->K - k0 : j->ks;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, nk, j->np, 1.0f, j->dout + (size_t)t0 * j->N + j->n0, j->N, j->panel + k0, j->K,
-              1.0f, j->dx + (size_t)t0 * j->K + k0, j->K);
 }
 
 static void mmb_dw_task(void *vctx, int task, int thread) {
   (void)thread;
   struct mmb_job *j = vctx;
   const int nkb = (j->K + j->ks - 1) / j->ks, nbi = task / nkb, kbi = task % nkb;
-  const int n0 = nbi * j->tt, nn = j->N - n0 < j->tt ? j->N - n0 : j->tt;
+  const int n0 = nbi * MM_NB, nn = j->N - n0 < MM_NB ? j->N - n0 : MM_NB;
   const int k0 = kbi * j->ks, nk = j->K - k0 < j->ks ? j->K - k0 : j->ks;
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nn, nk, j->T, 1.0f, j->dout + n0, j->N, j->x + k0, j->K, 1.0f,
               j->dw + (size_t)n0 * j->K + k0, j->K);
-}
-
-static int div_up(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
-
-// The shared panels' tiles: MM_TT tokens x K / nk columns, nk the least power of two that makes
-// at least MM_SPLIT tiles with columns of at most MM_KX (and at least 16).
-static void mmb_tiles(int T, int K, int *tt, int *ks) {
-  const int ntt = div_up(T, MM_TT);
-  int nk = 1;
-  while ((ntt * nk < MM_SPLIT || div_up(K, nk) > MM_KX) && div_up(K, 2 * nk) >= 16) nk *= 2;
-  *tt = MM_TT;
-  *ks = div_up(K, nk);
 }
 
 int ll_train_cpu_matmul_backward(struct ll_backend *b, float *dx, float *dw, const float *dout, const float *x, const struct ll_weight *w,
@@ -243,63 +174,30 @@ int ll_train_cpu_matmul_backward(struct ll_backend *b, float *dx, float *dw, con
   struct ll_cpu_train *st = state(b);
   if (!st) return LL_ENOMEM;
   if (T == 0) return 0;
-  struct mmb_job j = {.dx = dx, .dw = dw, .dout = dout, .x = x, .w = w, .rs = rs, .T = T, .N = (int)w->n, .K = (int)w->k,
+  struct mmb_job j = {.dx = dx, .dw = dw, .dout = dout, .x = x, .w = w, .st = st, .rs = rs, .T = T, .N = (int)w->n, .K = (int)w->k,
                       .bs = tr->blck_size, .bsz = tr->type_size};
   atomic_init(&j.rc, 0);
-  const int f32 = w->type == LL_TYPE_F32;
-  if (dx && f32 && j.K <= MM_KX / 2) {
-    run(b, mmb_dx_f32_task, &j, div_up(T, MM_TB));
-  } else if (dx && (int64_t)j.N >= (int64_t)MM_TALL * T) {
-    // Slices of at most MM_KX columns in whole blocks, a power of two of them; chunks of whole
-    // MM_NR panels, as many as make MM_SPLIT tasks and tasks of about MM_WORK (at most MM_NC).
-    int ns = 1;
-    while (div_up(j.K, ns) > MM_KX && div_up(j.K, 2 * ns) >= j.bs) ns *= 2;
-    j.ks = div_up(div_up(j.K, ns), j.bs) * j.bs;
-    ns = div_up(j.K, j.ks);
-    int nc = div_up(MM_SPLIT, ns);
-    const int64_t work = (int64_t)T * j.N * j.K / MM_WORK;
-    while (nc < MM_NC && (int64_t)nc * ns < work) nc += div_up(MM_SPLIT, ns);
-    if (nc > MM_NC) nc = MM_NC;
-    j.cr = div_up(div_up(j.N, nc), MM_NR) * MM_NR;
-    j.nc = div_up(j.N, j.cr);
-    if (grow(&st->panel, &st->panel_cap, (size_t)nthreads(b) * MM_NR * j.ks * sizeof(float)) ||
-        grow(&st->dxp, &st->dxp_cap, (size_t)j.nc * T * j.K * sizeof(float)))
-      return LL_ENOMEM;
-    j.panel = st->panel, j.part = st->dxp;
-    run(b, mmb_dx_chunk_task, &j, j.nc * ns);
+  if (dx && w->type == LL_TYPE_F32 && j.K <= MM_KX / 2) {
+    run(b, mmb_dx_f32_task, &j, (T + MM_TB - 1) / MM_TB);
+  } else if (dx) {
+    // Slices of at most MM_KX columns in whole blocks, an even number of them (two threads
+    // finish together): K = 576 gives 2 x 288, 1536 gives 4 x 384.
+    int ns = (j.K + MM_KX - 1) / MM_KX;
+    ns += ns & 1;
+    j.ks = ((j.K + ns - 1) / ns + j.bs - 1) / j.bs * j.bs;
+    if (j.ks < j.bs) j.ks = j.bs;
+    j.panel_floats = MM_NR * j.ks;
+    if (grow(&st->panel, &st->panel_cap, (size_t)nthreads(b) * j.panel_floats * sizeof(float))) return LL_ENOMEM;
+    run(b, mmb_dx_q_task, &j, (j.K + j.ks - 1) / j.ks);
     const int rc = atomic_load(&j.rc);
     if (rc) return rc;
-    run(b, mmb_dx_sum_task, &j, T);
-  } else if (dx) {
-    int np = f32 ? j.N : MM_PF / j.K;
-    if (np < MM_DR) np = MM_DR;
-    if (np > j.N) np = j.N;
-    if (!f32 && grow(&st->panel, &st->panel_cap, (size_t)np * j.K * sizeof(float))) return LL_ENOMEM;
-    mmb_tiles(T, j.K, &j.tt, &j.ks);
-    const int ntasks = div_up(T, j.tt) * div_up(j.K, j.ks);
-    for (j.n0 = 0; j.n0 < j.N; j.n0 += np) {
-      j.np = j.N - j.n0 < np ? j.N - j.n0 : np;
-      if (f32) {
-        j.panel = (float *)w->data + (size_t)j.n0 * j.K;
-      } else {
-        j.panel = st->panel;
-        run(b, mmb_dq_task, &j, div_up(j.np, MM_DR));
-        const int rc = atomic_load(&j.rc);
-        if (rc) return rc;
-      }
-      run(b, mmb_dx_tile_task, &j, ntasks);
-    }
   }
   if (dw) {
-    // N / MM_SPLIT rows of dw per task (at least 4); a matrix of few rows (LoRA A: r x in) in
-    // K / MM_SPLIT columns instead (at least 16), or it would be one task.
-    if (j.N >= 4 * MM_SPLIT) {
-      j.tt = div_up(div_up(j.N, MM_SPLIT), 4) * 4, j.ks = j.K;
-    } else {
-      j.tt = j.N, j.ks = div_up(j.K, MM_SPLIT);
-      if (j.ks < 16) j.ks = 16;
-    }
-    run(b, mmb_dw_task, &j, div_up(j.N, j.tt) * div_up(j.K, j.ks));
+    // MM_NB rows of dw per task; a matrix of few rows (LoRA A: r x in) also split in columns of
+    // MM_KS, or it would be one task.
+    const int nnb = (j.N + MM_NB - 1) / MM_NB;
+    j.ks = nnb >= 4 ? j.K : MM_KS;
+    run(b, mmb_dw_task, &j, nnb * ((j.K + j.ks - 1) / j.ks));
   }
   return 0;
 }
@@ -704,7 +602,7 @@ static void att_bwd_q_task(void *vctx, int task, int thread) {
               j->dq + ((size_t)i0 * H + h) * hd, H * hd);
 }
 
-// phase 2 per (kv head, key block [j0, j1) of ATT_KB keys): only queries i >= j0 see these keys, so
+// phase 2 per (kv head, key block [j0, j1)): only queries i >= j0 see these keys, so
 //   dv_rows = Σ_h att_h[j0:S, j0:j1]ᵀ · dout_h[j0:S];  dk_rows = Σ_h ds_h[j0:S, j0:j1]ᵀ · q_h[j0:S]
 // the heads of the group added in head order.
 static void att_bwd_kv_task(void *vctx, int task, int thread) {
@@ -712,7 +610,7 @@ static void att_bwd_kv_task(void *vctx, int task, int thread) {
   const struct att_job *j = vctx;
   const int H = j->H, Hkv = j->Hkv, hd = j->hd, S = j->S, grp = H / Hkv;
   const int kh = task % Hkv, jb = task / Hkv; // the longest (first) blocks first
-  const int j0 = jb * ATT_KB, j1 = j0 + ATT_KB < S ? j0 + ATT_KB : S, nj = j1 - j0, ni = S - j0;
+  const int j0 = jb * ATT_B, j1 = j0 + ATT_B < S ? j0 + ATT_B : S, nj = j1 - j0, ni = S - j0;
   float *dv = j->dv + ((size_t)j0 * Hkv + kh) * hd, *dk = j->dk + ((size_t)j0 * Hkv + kh) * hd;
   for (int g = 0; g < grp; g++) {
     const int h = kh * grp + g;
@@ -736,6 +634,6 @@ int ll_train_cpu_attention_backward(struct ll_backend *b, float *dq, float *dk, 
   struct att_job j = {.dq = dq, .dk = dk, .dv = dv, .ds = st->ds, .att = (float *)att, .q = q, .k = k, .v = v, .dout = dout, .S = S,
                       .H = n_head, .Hkv = n_head_kv, .hd = head_dim, .nb = nb, .scale = scale};
   run(b, att_bwd_q_task, &j, nb * n_head);
-  run(b, att_bwd_kv_task, &j, (S + ATT_KB - 1) / ATT_KB * n_head_kv);
+  run(b, att_bwd_kv_task, &j, nb * n_head_kv);
   return 0;
 }

@@ -12,8 +12,8 @@
 #     every step's loss below 512 points; jansson prints doubles exactly) - the same curve.
 #  4. The validation loss reaches <= 0.8 x the step-0 validation loss within 200 steps.
 #  5. The step-20 checkpoint, exported by `llsrv export`, gives llama.cpp's --lora greedy ids:
-#     tests/ref/smollm2_finetune_greedy64.tsv holds llama.cpp 0c1e5709's (AVX2-only build, the
-#     generator of tests/ref/README.md section 6) 64 greedy ids per prompt with that
+#     tests/ref/smollm2_finetune_greedy64.tsv holds llama.cpp 0c1e5709's (AVX2 build, the
+#     refgen_lora program of tests/ref/README.md section 5) 64 greedy ids per prompt with that
 #     exported adapter, whose sha256 is checked first. What is compared: llsrv's and llama.cpp's
 #     inference with the same trained adapter bytes. Those bytes are reproducible only where the
 #     training arithmetic is: the test pins llsrv's kernels to AVX2 (LL_CPU_ISA=avx2: the
@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from llsrv_client import BIN, Checker, Monitor, Server, escape, lora_ids_vs_llamacpp, wait_until  # noqa: E402
 
-SHA = "5107a08363f0858cc2c656457e88314d727975c9ce90aa6a406e2e309e974da3"
+SHA = "dc605a0fe9a69acd9a57f69b4ab1ffa28a799082cde0f89a1ad8f3361ec186fd"
 check = Checker()
 src = os.environ["LL_SOURCE_DIR"]
 model = os.path.join(os.environ["LL_MODEL_CACHE"], "SmolLM2-135M-Instruct.Q4_1.gguf")
